@@ -1,0 +1,31 @@
+# Two entry points a user needs: `make autotune` and `make test`. Both set up .venv first.
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+JOB    ?= examples/dlrm_small.yaml
+STAMP  := $(VENV)/.setup-stamp
+# fbgemm-gpu when a GPU is visible, the CPU build otherwise.
+FBGEMM := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo fbgemm-gpu==1.8.0 || echo fbgemm-gpu-cpu==1.8.0)
+
+.PHONY: setup autotune test test-fast clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.13.0 $(FBGEMM)
+	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -c "import torch, fbgemm_gpu, ray, mlflow, sklearn, scipy; print('setup ok: torch', torch.__version__, 'ray', ray.__version__, 'mlflow', mlflow.__version__)"
+	touch $(STAMP)
+
+autotune: setup
+	$(PY) -m orchestrator.autotune --job $(JOB)
+
+test: setup
+	$(PY) -m pytest -q tests
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" tests
+
+clean:
+	rm -rf $(VENV) mlflow.db mlartifacts .autotune

@@ -1,0 +1,70 @@
+"""`Decision` and `Plan`: what was chosen, and every alternative with its predicted time."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class Candidate:
+    name: str
+    predicted_ms: float | None  # None when infeasible
+    feasible: bool
+    detail: dict[str, Any] = field(default_factory=dict)  # policy-specific: placement, memory, breakdown
+
+
+@dataclass
+class Decision:
+    policy: str
+    choice: str
+    predicted_ms: float
+    candidates: list[Candidate]  # ranked, fastest first, infeasible last
+    choice_detail: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Decision":
+        return cls(
+            policy=data["policy"], choice=data["choice"], predicted_ms=data["predicted_ms"],
+            candidates=[Candidate(**c) for c in data["candidates"]], choice_detail=data.get("choice_detail", {}),
+        )
+
+
+@dataclass
+class Plan:
+    job: dict[str, Any]
+    hardware_id: str
+    model_version: str | None
+    predicted_iteration_ms: float
+    decisions: dict[str, Decision]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def table_to_rank(self) -> list[int]:
+        return list(self.decisions["sharding"].choice_detail["table_to_rank"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=1)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        return cls(
+            job=data["job"], hardware_id=data["hardware_id"], model_version=data.get("model_version"),
+            predicted_iteration_ms=data["predicted_iteration_ms"],
+            decisions={k: Decision.from_dict(v) for k, v in data["decisions"].items()},
+            notes=data.get("notes", []),
+        )
+
+    def save(self, path: str | Path) -> Path:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(self.to_json())
+        return path
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Plan":
+        return cls.from_dict(json.loads(Path(path).read_text()))

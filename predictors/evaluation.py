@@ -1,0 +1,58 @@
+"""Held-out scoring: a seeded 80/20 split per op, GMAE / MAPE / std of relative error."""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+
+from probes.records import Measurement
+
+
+@dataclass
+class ErrorStats:
+    gmae: float  # geometric mean of |pred - meas| / meas
+    mape: float  # arithmetic mean of the same
+    std: float
+    n: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def relative_errors(predict: Callable[[dict], float], rows: Sequence[Measurement]) -> np.ndarray:
+    pred = np.array([predict(r.params) for r in rows])
+    meas = np.array([r.median_s for r in rows])
+    return np.abs(pred - meas) / meas
+
+
+def error_stats(errors: np.ndarray) -> ErrorStats:
+    if len(errors) == 0:
+        return ErrorStats(float("nan"), float("nan"), float("nan"), 0)
+    floor = 1e-6  # an exact hit must not send the geometric mean to zero
+    return ErrorStats(
+        gmae=float(np.exp(np.mean(np.log(np.maximum(errors, floor))))),
+        mape=float(np.mean(errors)),
+        std=float(np.std(errors)),
+        n=int(len(errors)),
+    )
+
+
+def split_by_op(
+    rows: Sequence[Measurement], seed: int, test_fraction: float = 0.2
+) -> tuple[list[Measurement], list[Measurement]]:
+    """Per op, a random `test_fraction` of rows (at least one when an op has 3+) is held out."""
+    by_op: dict[str, list[Measurement]] = defaultdict(list)
+    for r in rows:
+        by_op[r.op].append(r)
+    rng = np.random.default_rng(seed)
+    train, test = [], []
+    for op in sorted(by_op):
+        items = by_op[op]
+        n_test = int(round(len(items) * test_fraction)) if len(items) >= 3 else 0
+        n_test = max(n_test, 1) if len(items) >= 3 else 0
+        order = rng.permutation(len(items))
+        test += [items[i] for i in order[:n_test]]
+        train += [items[i] for i in order[n_test:]]
+    return train, test

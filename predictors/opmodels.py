@@ -1,0 +1,232 @@
+"""Per-op performance models, fitted to measurements and serialised as plain data.
+
+Two families for now (the richer ones arrive with the predictors issue):
+- `LinearCostModel`: time = sum_i c_i * feature_i with c >= 0, fitted by non-negative least
+  squares on *relative* error (each row divided by its own time), so small ops count as much
+  as large ones. With features such as (1, flops, bytes) it is a roofline-shaped additive model
+  that extrapolates sanely.
+- `CurveModel`: for collectives, per (group size, scope) the measured time-vs-bytes curve,
+  interpolated in log-log space; beyond the largest size it extends with the last measured
+  bandwidth.
+- `AlphaBetaModel`: t = alpha + bytes * beta per group, the baseline collectives must beat.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import defaultdict
+from typing import Any, Sequence
+
+import numpy as np
+from scipy.optimize import nnls
+
+from predictors.features import feature_vector
+from probes.records import Measurement
+
+Params = dict[str, Any]
+
+
+class OpModel(ABC):
+    kind: str = ""
+
+    def __init__(self, op: str):
+        self.op = op
+
+    @abstractmethod
+    def fit(self, rows: Sequence[Measurement]) -> "OpModel": ...
+
+    @abstractmethod
+    def predict(self, params: Params) -> float: ...
+
+    @abstractmethod
+    def out_of_range(self, params: Params) -> list[str]:
+        """Why `params` lies far outside what was measured (empty when it does not)."""
+
+    @abstractmethod
+    def to_dict(self) -> dict[str, Any]: ...
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "OpModel":
+        kind = data["kind"]
+        if kind not in MODEL_KINDS:
+            raise ValueError(f"unknown model kind {kind!r}; known: {sorted(MODEL_KINDS)}")
+        return MODEL_KINDS[kind]._from_dict(data)
+
+    @classmethod
+    @abstractmethod
+    def _from_dict(cls, data: dict[str, Any]) -> "OpModel": ...
+
+
+class LinearCostModel(OpModel):
+    kind = "linear_nnls"
+    RANGE_SLACK = 4.0  # how far beyond the measured range a feature may go before we flag it
+
+    def __init__(self, op: str, features: Sequence[str]):
+        super().__init__(op)
+        self.features = list(features)
+        self.coef = np.zeros(len(self.features))
+        self.lo = np.zeros(len(self.features))
+        self.hi = np.zeros(len(self.features))
+
+    def fit(self, rows: Sequence[Measurement]) -> "LinearCostModel":
+        if len(rows) < len(self.features):
+            raise ValueError(f"{self.op}: {len(rows)} measurements cannot fit {len(self.features)} coefficients")
+        x = np.array([feature_vector(self.features, r.params) for r in rows], dtype=np.float64)
+        t = np.array([r.median_s for r in rows], dtype=np.float64)
+        scale = x.max(axis=0)
+        scale[scale == 0] = 1.0
+        # Minimise sum(((x c - t) / t)^2): divide every row by its own time.
+        coef, _ = nnls((x / scale) / t[:, None], np.ones_like(t), maxiter=50 * x.shape[1])
+        self.coef = coef / scale
+        self.lo, self.hi = x.min(axis=0), x.max(axis=0)
+        return self
+
+    def predict(self, params: Params) -> float:
+        return float(np.dot(self.coef, feature_vector(self.features, params)))
+
+    def out_of_range(self, params: Params) -> list[str]:
+        x = feature_vector(self.features, params)
+        out = []
+        for name, v, lo, hi in zip(self.features, x, self.lo, self.hi):
+            if v > hi * self.RANGE_SLACK or (lo > 0 and v < lo / self.RANGE_SLACK):
+                out.append(f"{self.op}.{name}={v:.3g} outside measured [{lo:.3g}, {hi:.3g}]")
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "op": self.op, "features": self.features,
+            "coef": self.coef.tolist(), "lo": self.lo.tolist(), "hi": self.hi.tolist(),
+        }
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> "LinearCostModel":
+        model = cls(data["op"], data["features"])
+        model.coef, model.lo, model.hi = (np.asarray(data[k], dtype=np.float64) for k in ("coef", "lo", "hi"))
+        return model
+
+
+def _group_key(params: Params) -> str:
+    return f"{int(params['world'])}:{params.get('scope', 'intra')}"
+
+
+class CurveModel(OpModel):
+    """Measured latency curve per collective group, interpolated in log2(bytes)-log(time)."""
+
+    kind = "loglog_curve"
+
+    def __init__(self, op: str):
+        super().__init__(op)
+        self.curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def fit(self, rows: Sequence[Measurement]) -> "CurveModel":
+        grouped: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for r in rows:
+            grouped[_group_key(r.params)][np.log2(r.params["bytes"])].append(np.log(r.median_s))
+        for key, points in grouped.items():
+            xs = np.array(sorted(points))
+            ys = np.array([np.mean(points[x]) for x in xs])
+            # Time never falls as messages grow: enforce it against noise.
+            self.curves[key] = (xs, np.maximum.accumulate(ys))
+        return self
+
+    def _curve(self, params: Params) -> tuple[np.ndarray, np.ndarray]:
+        key = _group_key(params)
+        if key not in self.curves:
+            raise KeyError(f"{self.op}: no measurements for group {key}; measured groups: {sorted(self.curves)}")
+        return self.curves[key]
+
+    def predict(self, params: Params) -> float:
+        xs, ys = self._curve(params)
+        x = np.log2(max(float(params["bytes"]), 1.0))
+        if x <= xs[0]:
+            return float(np.exp(ys[0]))
+        if x >= xs[-1] and len(xs) >= 2:
+            # Extend with the bandwidth of the last measured step: t grows linearly in bytes.
+            t_last, t_prev = np.exp(ys[-1]), np.exp(ys[-2])
+            per_byte = max((t_last - t_prev) / (2 ** xs[-1] - 2 ** xs[-2]), 0.0)
+            return float(t_last + per_byte * (2**x - 2 ** xs[-1]))
+        return float(np.exp(np.interp(x, xs, ys)))
+
+    def out_of_range(self, params: Params) -> list[str]:
+        try:
+            xs, _ = self._curve(params)
+        except KeyError as exc:
+            return [str(exc)]
+        x = np.log2(max(float(params["bytes"]), 1.0))
+        if x > xs[-1] + 2:
+            return [f"{self.op}.bytes={params['bytes']:.3g} beyond measured max {2 ** xs[-1]:.3g}"]
+        return []
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind, "op": self.op,
+            "curves": {k: {"log2_bytes": xs.tolist(), "log_seconds": ys.tolist()} for k, (xs, ys) in self.curves.items()},
+        }
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> "CurveModel":
+        model = cls(data["op"])
+        model.curves = {
+            k: (np.asarray(v["log2_bytes"]), np.asarray(v["log_seconds"])) for k, v in data["curves"].items()
+        }
+        return model
+
+
+class AlphaBetaModel(OpModel):
+    """t = alpha + beta * bytes per group, fitted on relative error: the collective baseline."""
+
+    kind = "alpha_beta"
+
+    def __init__(self, op: str):
+        super().__init__(op)
+        self.groups: dict[str, LinearCostModel] = {}
+
+    def fit(self, rows: Sequence[Measurement]) -> "AlphaBetaModel":
+        grouped: dict[str, list[Measurement]] = defaultdict(list)
+        for r in rows:
+            grouped[_group_key(r.params)].append(r)
+        self.groups = {k: LinearCostModel(self.op, ["one", "bytes"]).fit(v) for k, v in grouped.items()}
+        return self
+
+    def predict(self, params: Params) -> float:
+        return self.groups[_group_key(params)].predict(params)
+
+    def out_of_range(self, params: Params) -> list[str]:
+        key = _group_key(params)
+        return self.groups[key].out_of_range(params) if key in self.groups else [f"no group {key}"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "op": self.op, "groups": {k: m.to_dict() for k, m in self.groups.items()}}
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> "AlphaBetaModel":
+        model = cls(data["op"])
+        model.groups = {k: LinearCostModel._from_dict(v) for k, v in data["groups"].items()}
+        return model
+
+
+MODEL_KINDS: dict[str, type[OpModel]] = {
+    m.kind: m for m in (LinearCostModel, CurveModel, AlphaBetaModel)
+}
+
+GEMM_FEATURES = ["one", "flops", "bytes", "mn"]
+EMBEDDING_FEATURES = ["one", "tables", "bags", "lookups", "gathered_elems", "output_elems", "distinct_elems"]
+
+
+def default_model_for(op: str) -> OpModel:
+    """The model family we fit for each op we measure."""
+    if op == "gemm":
+        return LinearCostModel(op, GEMM_FEATURES)
+    if op.startswith("embedding_"):
+        return LinearCostModel(op, EMBEDDING_FEATURES)
+    if op in ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "broadcast"):
+        return CurveModel(op)
+    raise ValueError(f"no model family for op {op!r}")
+
+
+def baseline_model_for(op: str) -> OpModel | None:
+    """The simple baseline each family is scored against (None where the family is the baseline)."""
+    if op in ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "broadcast"):
+        return AlphaBetaModel(op)
+    if op == "gemm":
+        return LinearCostModel(op, ["one", "flops"])  # compute roofline with a launch term
+    return None

@@ -1,0 +1,126 @@
+"""FBGEMM table-batched embedding (TBE) lookups, forward and backward, and their features.
+
+A probe point is a *set* of tables looked up together by one `SplitTableBatchedEmbeddingBags
+Codegen` (as one rank does in a sharded DLRM). Its features are aggregated over the tables so
+that one model costs any rank's table set, however heterogeneous.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+
+from probes.indices import Distribution, distinct_rows, reuse_histogram, sample_indices
+from probes.records import Measurement
+from probes.timing import time_callable
+
+
+@dataclass(frozen=True)
+class TableShape:
+    num_embeddings: int
+    embedding_dim: int
+    pooling_factor: int
+    distribution: Distribution = Distribution()
+
+
+def make_tbe(tables: Sequence[TableShape], device: torch.device, learning_rate: float = 0.01):
+    """A TBE over `tables` with the exact-SGD update fused into backward (as DLRM trains)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
+        ComputeDevice,
+        SplitTableBatchedEmbeddingBagsCodegen,
+    )
+
+    cuda = device.type == "cuda"
+    location = EmbeddingLocation.DEVICE if cuda else EmbeddingLocation.HOST
+    compute = ComputeDevice.CUDA if cuda else ComputeDevice.CPU
+    specs = [(t.num_embeddings, t.embedding_dim, location, compute) for t in tables]
+    kwargs: dict[str, Any] = {}
+    if cuda:
+        kwargs["device"] = device
+    return SplitTableBatchedEmbeddingBagsCodegen(
+        embedding_specs=specs,
+        optimizer=EmbOptimType.EXACT_SGD,
+        learning_rate=learning_rate,
+        pooling_mode=PoolingMode.SUM,
+        **kwargs,
+    )
+
+
+def make_batch(
+    tables: Sequence[TableShape], batch_size: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
+    """Flat indices and offsets in TBE's table-major layout, plus each table's indices."""
+    per_table = [
+        sample_indices(t.num_embeddings, batch_size * t.pooling_factor, t.distribution, rng) for t in tables
+    ]
+    lengths = np.concatenate([np.full(batch_size, t.pooling_factor, dtype=np.int64) for t in tables])
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    return np.concatenate(per_table), offsets, per_table
+
+
+def batch_features(tables: Sequence[TableShape], batch_size: int, per_table: Sequence[np.ndarray]) -> dict[str, Any]:
+    """The aggregated features the embedding model is fitted on (all plain numbers)."""
+    lookups = sum(batch_size * t.pooling_factor for t in tables)
+    hist = reuse_histogram(np.concatenate([idx + (i << 40) for i, idx in enumerate(per_table)]))
+    return {
+        "T": len(tables),
+        "B": batch_size,
+        "D_sum": sum(t.embedding_dim for t in tables),
+        "E_sum": sum(t.num_embeddings for t in tables),
+        "L_mean": float(np.mean([t.pooling_factor for t in tables])),
+        "lookups": lookups,
+        "gathered_elems": sum(batch_size * t.pooling_factor * t.embedding_dim for t in tables),
+        "output_elems": batch_size * sum(t.embedding_dim for t in tables),
+        "distinct_elems": sum(distinct_rows(idx) * t.embedding_dim for idx, t in zip(per_table, tables)),
+        "table_elems": sum(t.num_embeddings * t.embedding_dim for t in tables),
+        "reuse_hist": [round(float(x), 6) for x in hist],
+    }
+
+
+def expected_features(tables: Sequence[TableShape], batch_size: int, seed: int = 0) -> dict[str, Any]:
+    """Features of a typical batch, for predicting a table set that was never measured."""
+    _, _, per_table = make_batch(tables, batch_size, np.random.default_rng(seed))
+    return batch_features(tables, batch_size, per_table)
+
+
+def measure_tbe(
+    tables: Sequence[TableShape],
+    batch_size: int,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+    max_seconds: float = 1.5,
+) -> list[Measurement]:
+    """Time forward and backward (with the fused SGD update) of one TBE batch."""
+    device = torch.device(device)
+    rng = np.random.default_rng(seed)
+    tbe = make_tbe(tables, device)
+    flat, offsets, per_table = make_batch(tables, batch_size, rng)
+    indices_t = torch.from_numpy(flat).to(device)
+    offsets_t = torch.from_numpy(offsets).to(device)
+    features = batch_features(tables, batch_size, per_table)
+    features["tables"] = [
+        [t.num_embeddings, t.embedding_dim, t.pooling_factor, t.distribution.label()] for t in tables
+    ]
+
+    fwd = time_callable(lambda: tbe(indices_t, offsets_t), device=device, max_seconds=max_seconds)
+
+    state: dict[str, torch.Tensor] = {}
+
+    def forward_for_backward() -> None:
+        out = tbe(indices_t, offsets_t)
+        state["out"] = out
+        state["grad"] = torch.randn_like(out)
+
+    def backward() -> None:
+        state["out"].backward(state["grad"])
+
+    bwd = time_callable(backward, device=device, max_seconds=max_seconds, setup=forward_for_backward)
+    common = dict(device=str(device), family="embedding")
+    return [
+        Measurement("embedding_fwd", features, fwd.median_s, fwd.spread_s, fwd.repeats, **common),
+        Measurement("embedding_bwd", dict(features), bwd.median_s, bwd.spread_s, bwd.repeats, **common),
+    ]

@@ -1,0 +1,71 @@
+"""Sparse-feature index generation and the reuse-factor histogram.
+
+The embedding-lookup cost depends on how often the rows of a batch repeat (cache hits), not
+only on how many rows are read, so both the probe and the predictor describe a batch by its
+reuse-factor histogram: the share of touched rows hit once, 2-3 times, 4-7 times, ...
+(power-of-two bins, 17 of them).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+REUSE_BINS = 17
+_HASH_PRIME = 2_654_435_761  # spreads hot rows over the table, as real ids are
+
+
+@dataclass(frozen=True)
+class Distribution:
+    """`uniform`, or Zipf with exponent `s` over the table's rows."""
+
+    kind: str = "uniform"
+    s: float = 0.0
+
+    @classmethod
+    def parse(cls, value: object) -> "Distribution":
+        if value in (None, "uniform"):
+            return cls("uniform")
+        if isinstance(value, dict) and set(value) == {"zipf"}:
+            return cls("zipf", float(value["zipf"]))
+        if isinstance(value, Distribution):
+            return value
+        raise ValueError(f"distribution must be 'uniform' or {{zipf: s}}, got {value!r}")
+
+    def to_json(self) -> object:
+        return "uniform" if self.kind == "uniform" else {"zipf": self.s}
+
+    def label(self) -> str:
+        return "uniform" if self.kind == "uniform" else f"zipf{self.s:g}"
+
+
+@lru_cache(maxsize=64)
+def _zipf_cdf(num_rows: int, s: float) -> np.ndarray:
+    ranks = np.arange(1, num_rows + 1, dtype=np.float64)
+    weights = ranks ** (-s)
+    cdf = np.cumsum(weights)
+    return cdf / cdf[-1]
+
+
+def sample_indices(num_rows: int, count: int, dist: Distribution, rng: np.random.Generator) -> np.ndarray:
+    """`count` row ids in [0, num_rows) drawn from `dist` (int64)."""
+    if dist.kind == "uniform":
+        return rng.integers(0, num_rows, size=count, dtype=np.int64)
+    ranks = np.searchsorted(_zipf_cdf(num_rows, dist.s), rng.random(count), side="right")
+    ranks = np.minimum(ranks, num_rows - 1).astype(np.int64)
+    return (ranks * _HASH_PRIME) % num_rows
+
+
+def reuse_histogram(indices: np.ndarray) -> np.ndarray:
+    """Share of distinct rows by hit count, binned [1], [2,3], [4,7], ... (17 bins)."""
+    if len(indices) == 0:
+        return np.zeros(REUSE_BINS)
+    _, counts = np.unique(np.asarray(indices), return_counts=True)
+    bins = np.minimum(np.floor(np.log2(counts)).astype(int), REUSE_BINS - 1)
+    hist = np.bincount(bins, minlength=REUSE_BINS).astype(np.float64)
+    return hist / hist.sum()
+
+
+def distinct_rows(indices: np.ndarray) -> int:
+    return int(len(np.unique(np.asarray(indices))))

@@ -1,0 +1,141 @@
+"""Sweep generation: which probe points to measure, in an order that survives a short budget.
+
+Local points (GEMM, embedding) are interleaved across families and shuffled by seed, so a
+sweep cut short still spans every family and the whole range; collective sizes are visited in
+bit-reversed order of their exponent for the same reason. Points derived from a job (its MLP
+layers, its tables grouped as the sharders would group them) come first: they are where the
+predictor will be asked.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+import torch
+
+from probes.collective import COLLECTIVE_OPS, measure_collective
+from probes.embedding import TableShape, measure_tbe
+from probes.gemm import linear_layer_gemms, measure_gemm
+from probes.indices import Distribution
+from probes.records import Measurement
+
+LOCAL_FAMILIES = ("gemm", "embedding")
+
+
+@dataclass(frozen=True)
+class ProbeSpec:
+    family: str
+    params: dict[str, Any] = field(hash=False)
+    key: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"family": self.family, "params": self.params, "key": self.key}
+
+
+def run_local_probe(spec: ProbeSpec, device: str = "cpu") -> list[Measurement]:
+    """Run one GEMM or embedding probe point on `device`."""
+    p = spec.params
+    if spec.family == "gemm":
+        return [measure_gemm(p["M"], p["N"], p["K"], p.get("dtype", "float32"), device=device)]
+    if spec.family == "embedding":
+        tables = [TableShape(e, d, l, Distribution.parse(dist)) for e, d, l, dist in p["tables"]]
+        return measure_tbe(tables, p["B"], device=device, seed=p.get("seed", 0))
+    raise ValueError(f"{spec.family!r} is not a local probe family; expected one of {LOCAL_FAMILIES}")
+
+
+def run_collective_probe(spec: ProbeSpec, device: str = "cpu") -> list[Measurement]:
+    """Run one collective point; every member of the current process group must call it."""
+    return measure_collective(spec.params["op"], spec.params["bytes"], device=device, scope=spec.params.get("scope", "intra"))
+
+
+def _log_uniform(rng: np.random.Generator, lo: int, hi: int) -> int:
+    return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+
+
+def gemm_specs(n: int, seed: int, max_dim: int = 2048) -> list[ProbeSpec]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        m, nn, k = (_log_uniform(rng, 8, max_dim) for _ in range(3))
+        out.append(ProbeSpec("gemm", {"M": m, "N": nn, "K": k, "dtype": "float32"}, f"gemm:{m}x{nn}x{k}"))
+    return out
+
+
+_DISTS: list[Any] = ["uniform", {"zipf": 0.8}, {"zipf": 1.05}, {"zipf": 1.2}]
+
+
+def embedding_specs(n: int, seed: int, max_rows: int = 1_000_000, max_batch: int = 4096) -> list[ProbeSpec]:
+    """Random table sets: T tables each with its own rows, dim, pooling and distribution."""
+    rng = np.random.default_rng(seed + 1)
+    out = []
+    for i in range(n):
+        T = int(rng.integers(1, 9))
+        tables = [
+            [
+                _log_uniform(rng, 1_000, max_rows),
+                int(rng.choice([8, 16, 32, 64, 128])),
+                _log_uniform(rng, 1, 64),
+                _DISTS[int(rng.integers(0, len(_DISTS)))],
+            ]
+            for _ in range(T)
+        ]
+        B = _log_uniform(rng, 64, max_batch)
+        out.append(ProbeSpec("embedding", {"tables": tables, "B": B, "seed": i}, f"emb:{i}"))
+    return out
+
+
+def job_specs(job, table_groups: Iterable[Sequence[int]] = ()) -> list[ProbeSpec]:
+    """The points a DLRM job will be predicted at: its MLP GEMMs and its per-rank table sets."""
+
+    out: list[ProbeSpec] = []
+    B, W = job.batch_size, job.world_size
+    seen = set()
+    for fan_in, fan_out in job.dense_layers():
+        for m, n, k in linear_layer_gemms(B, fan_in, fan_out):
+            if (m, n, k) not in seen:
+                seen.add((m, n, k))
+                out.append(ProbeSpec("gemm", {"M": m, "N": n, "K": k, "dtype": "float32"}, f"job-gemm:{m}x{n}x{k}"))
+    groups = {tuple(sorted(g)) for g in table_groups if g}
+    for i, group in enumerate(sorted(groups)):
+        tables = [
+            [job.tables[t].num_embeddings, job.tables[t].embedding_dim, job.tables[t].pooling_factor,
+             job.tables[t].distribution.to_json()]
+            for t in group
+        ]
+        out.append(ProbeSpec("embedding", {"tables": tables, "B": B * W, "seed": job.seed}, f"job-emb:{group}"))
+    return out
+
+
+def interleave(*lists: Sequence[ProbeSpec]) -> list[ProbeSpec]:
+    return [s for group in itertools.zip_longest(*lists) for s in group if s is not None]
+
+
+def _bit_reversed(n: int) -> list[int]:
+    bits = max(1, (n - 1).bit_length())
+    order = sorted(range(2**bits), key=lambda i: int(format(i, f"0{bits}b")[::-1], 2))
+    return [i for i in order if i < n]
+
+
+def collective_specs(world: int, max_bytes: int, scope: str = "intra", min_bytes: int = 4) -> list[ProbeSpec]:
+    """Message sizes doubling from `min_bytes` to `max_bytes`, visited coarse-to-fine."""
+    sizes = []
+    b = min_bytes
+    while b <= max_bytes:
+        sizes.append(b)
+        b *= 2
+    out = []
+    for i in _bit_reversed(len(sizes)):
+        for op in COLLECTIVE_OPS:
+            out.append(ProbeSpec("collective", {"op": op, "bytes": sizes[i], "world": world, "scope": scope}, f"{op}:{sizes[i]}"))
+    return out
+
+
+def default_max_collective_bytes(device: str) -> int:
+    """Largest message: bounded by free memory on a GPU; on CPU, 64 MiB keeps gloo quick."""
+    if device.startswith("cuda") and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        return int(2 ** math.floor(math.log2(free / 4)))
+    return 64 * 2**20

@@ -1,0 +1,1 @@
+"""Reference workloads: real training loops the orchestrator launches and the probes time."""
