@@ -1,0 +1,1 @@
+"""The only layer that talks to Ray and MLflow: CLIs, fan-out, fingerprint, registry, launch."""

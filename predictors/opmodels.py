@@ -18,6 +18,7 @@ from typing import Any, Sequence
 
 import numpy as np
 from scipy.optimize import nnls
+from sklearn.isotonic import IsotonicRegression
 
 from predictors.features import feature_vector
 from probes.records import Measurement
@@ -109,7 +110,11 @@ def _group_key(params: Params) -> str:
 
 
 class CurveModel(OpModel):
-    """Measured latency curve per collective group, interpolated in log2(bytes)-log(time)."""
+    """Measured latency curve per collective group: isotonic in log2(bytes)-log(time).
+
+    Isotonic regression (time never falls as messages grow) averages noise away instead of
+    following it; the fitted step points are stored as plain arrays and interpolated.
+    """
 
     kind = "loglog_curve"
 
@@ -123,9 +128,9 @@ class CurveModel(OpModel):
             grouped[_group_key(r.params)][np.log2(r.params["bytes"])].append(np.log(r.median_s))
         for key, points in grouped.items():
             xs = np.array(sorted(points))
-            ys = np.array([np.mean(points[x]) for x in xs])
-            # Time never falls as messages grow: enforce it against noise.
-            self.curves[key] = (xs, np.maximum.accumulate(ys))
+            ys = np.array([np.median(points[x]) for x in xs])
+            fitted = IsotonicRegression(increasing=True).fit_transform(xs, ys)
+            self.curves[key] = (xs, np.asarray(fitted, dtype=np.float64))
         return self
 
     def _curve(self, params: Params) -> tuple[np.ndarray, np.ndarray]:

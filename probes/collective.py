@@ -33,7 +33,7 @@ def measure_collective(
     nbytes: int,
     device: torch.device | str = "cpu",
     scope: str = "intra",
-    max_seconds: float = 1.0,
+    target_s: float = 0.2,
 ) -> list[Measurement]:
     """Time `op` on a message of `nbytes` per rank (float32, rounded to a multiple of world)."""
     if op not in COLLECTIVE_OPS:
@@ -52,9 +52,15 @@ def measure_collective(
     def step() -> None:
         fn()
 
-    # Everyone must run the same number of repeats, so the stopping rule is fixed here.
+    # Everyone must run the same number of repeats: size the count from a few warm-up runs
+    # (about `target_s` of work, 11..201 repeats) and agree on the largest across ranks.
     dist.barrier()
-    t = time_callable(step, device=device, warmup=2, min_repeats=7, max_repeats=7, max_seconds=1e9)
+    probe = time_callable(step, device=device, warmup=3, min_repeats=3, max_repeats=3, max_seconds=1e9)
+    want = torch.tensor([min(max(int(target_s / max(probe.median_s, 1e-7)), 11), 201)])
+    dist.all_reduce(want, op=dist.ReduceOp.MAX)
+    repeats = int(want)
+    dist.barrier()
+    t = time_callable(step, device=device, warmup=0, min_repeats=repeats, max_repeats=repeats, max_seconds=1e9)
     slowest = torch.tensor([t.median_s, t.spread_s], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
     if rank != 0:

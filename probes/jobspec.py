@@ -2,6 +2,7 @@
 
 Schema (YAML or an equivalent dict), DLRM:
 
+    name: dlrm_small                # optional label (default "job")
     workload: dlrm                  # required; allowed: dlrm
     world_size: 2                   # ranks (devices), >= 1
     batch_size: 256                 # samples per rank per iteration
@@ -77,6 +78,7 @@ class JobSpec:
     warmup_iterations: int = 5
     seed: int = 0
     memory_cap_gb: float | None = None
+    name: str = "job"
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -97,6 +99,7 @@ class JobSpec:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            "name": self.name,
             "workload": self.workload,
             "world_size": self.world_size,
             "batch_size": self.batch_size,
@@ -174,6 +177,10 @@ class _Validator:
         iterations = self.int_field(data, "iterations", "", default=20)
         warmup = self.int_field(data, "warmup_iterations", "", minimum=0, default=5)
         seed = self.int_field(data, "seed", "", minimum=0, default=0)
+        name = data.get("name", "job")
+        if not isinstance(name, str) or not name:
+            self.fail("name", "a non-empty string", name)
+            name = "job"
         cap = data.get("memory_cap_gb")
         if cap is not None and (isinstance(cap, bool) or not isinstance(cap, (int, float)) or cap <= 0):
             self.fail("memory_cap_gb", "a positive number of GiB", cap)
@@ -185,7 +192,7 @@ class _Validator:
         return JobSpec(
             workload=workload, world_size=world, batch_size=batch, dense=dense, tables=tables,
             iterations=iterations, warmup_iterations=warmup, seed=seed,
-            memory_cap_gb=float(cap) if cap is not None else None, raw=dict(data),
+            memory_cap_gb=float(cap) if cap is not None else None, name=name, raw=dict(data),
         )
 
     def dense(self, data: Any) -> DenseSpec:

@@ -67,21 +67,29 @@ def gemm_specs(n: int, seed: int, max_dim: int = 2048) -> list[ProbeSpec]:
 _DISTS: list[Any] = ["uniform", {"zipf": 0.8}, {"zipf": 1.05}, {"zipf": 1.2}]
 
 
-def embedding_specs(n: int, seed: int, max_rows: int = 1_000_000, max_batch: int = 4096) -> list[ProbeSpec]:
-    """Random table sets: T tables each with its own rows, dim, pooling and distribution."""
+def embedding_specs(
+    n: int, seed: int, max_rows: int = 500_000, max_batch: int = 4096, max_table_bytes: int = 256 * 2**20
+) -> list[ProbeSpec]:
+    """Random table sets: T tables each with its own rows, dim, pooling and distribution.
+
+    A set whose weights exceed `max_table_bytes` is drawn again, so probes stay inside memory.
+    """
     rng = np.random.default_rng(seed + 1)
     out = []
     for i in range(n):
         T = int(rng.integers(1, 9))
-        tables = [
-            [
-                _log_uniform(rng, 1_000, max_rows),
-                int(rng.choice([8, 16, 32, 64, 128])),
-                _log_uniform(rng, 1, 64),
-                _DISTS[int(rng.integers(0, len(_DISTS)))],
+        while True:
+            tables = [
+                [
+                    _log_uniform(rng, 1_000, max_rows),
+                    int(rng.choice([8, 16, 32, 64, 128])),
+                    _log_uniform(rng, 1, 64),
+                    _DISTS[int(rng.integers(0, len(_DISTS)))],
+                ]
+                for _ in range(T)
             ]
-            for _ in range(T)
-        ]
+            if sum(e * d * 4 for e, d, _, _ in tables) <= max_table_bytes:
+                break
         B = _log_uniform(rng, 64, max_batch)
         out.append(ProbeSpec("embedding", {"tables": tables, "B": B, "seed": i}, f"emb:{i}"))
     return out

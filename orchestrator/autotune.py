@@ -1,0 +1,126 @@
+"""Autotune a job: fingerprint, recalibrate if needed, plan with the predictor, launch, compare.
+
+    python -m orchestrator.autotune --job J [--dry-run] [--recalibrate auto|always|never]
+        [--tracking-uri U] [--ray-address A] [--plan-out P] [--calibration-budget-s S] [--json]
+
+Everything lands in one MLflow run (experiment "autotune"): the calibration when one happens
+(measurement table, held-out errors, registered model), the plan, the predicted and measured
+iteration times and their relative error.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import mlflow
+
+from orchestrator import registry
+from orchestrator.calibrate import DEFAULT_BUDGET_S, calibrate, describe, print_summary
+from orchestrator.cli_common import EXIT_NO_MODEL, add_common, fingerprint, run_main
+from orchestrator.jobfile import load_job
+from orchestrator.planning import make_plan
+from orchestrator.progress import say
+
+
+def job_hash(job_dict: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(job_dict, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.autotune", description=__doc__.splitlines()[0])
+    parser.add_argument("--job", required=True, help="job YAML file (see examples/)")
+    parser.add_argument("--dry-run", action="store_true", help="plan and log, but do not launch the job")
+    parser.add_argument("--recalibrate", choices=("auto", "always", "never"), default="auto",
+                        help="auto: only when models are missing, stale or drifting (default)")
+    parser.add_argument("--plan-out", help="write the plan JSON here (default .autotune/plans/<job>-<hardware>.json)")
+    parser.add_argument("--calibration-budget-s", type=float, default=DEFAULT_BUDGET_S)
+    parser.add_argument("--max-model-age-days", type=float, default=7.0)
+    parser.add_argument("--iterations", type=int, help="timed iterations when launching (default: the job's)")
+    add_common(parser)
+    return parser.parse_args(argv)
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    t0 = time.monotonic()
+    job = load_job(args.job)
+    uri = registry.configure(args.tracking_uri)
+    fp = fingerprint(args.ray_address, start_ray=True)
+    hw = fp.hardware_id
+    say(f"hardware {hw}: {fp.summary()}; MLflow at {uri}")
+    summary: dict[str, Any] = {"hardware_id": hw, "job": job.name, "tracking_uri": uri}
+
+    with mlflow.start_run(run_name=f"autotune-{job.name}") as run:
+        summary["run_id"] = run.info.run_id
+        mlflow.set_tags({"kind": "autotune", "hardware_id": hw, "job_name": job.name, "job_hash": job_hash(job.to_dict())})
+        mlflow.log_dict(job.to_dict(), "job.json")
+
+        champion = registry.get_alias(hw, registry.CHAMPION)
+        freshness = registry.check_freshness(champion, fp.software, args.max_model_age_days)
+        needed = args.recalibrate == "always" or (args.recalibrate == "auto" and not freshness.fresh)
+        if needed:
+            why = "forced by --recalibrate always" if args.recalibrate == "always" else "; ".join(freshness.reasons)
+            say(f"recalibrating: {why}")
+            mlflow.set_tag("recalibration_reason", why)
+            info = describe(calibrate(fp, args.calibration_budget_s, job, job.seed))
+            print_summary(info)
+            summary["calibration"] = info
+            champion = registry.get_alias(hw, registry.CHAMPION)
+        elif champion is None:
+            say(f"no champion model for {hw} and --recalibrate never: nothing to plan with")
+            return EXIT_NO_MODEL
+        else:
+            state = "fresh" if freshness.fresh else "stale (" + "; ".join(freshness.reasons) + ")"
+            say(f"reusing champion {champion.name} v{champion.version}: {state}; no recalibration")
+        summary["recalibrated"] = needed
+        summary["model"] = f"{champion.name}/{champion.version}"
+        mlflow.set_tags({"model_name": champion.name, "model_version": champion.version})
+
+        plan = make_plan(job, champion.model, fp, champion.version)
+        plan_path = Path(args.plan_out or f".autotune/plans/{job.name}-{hw}.json")
+        plan.save(plan_path)
+        mlflow.log_dict(plan.to_dict(), "plan.json")
+        mlflow.log_metric("predicted_iteration_ms", plan.predicted_iteration_ms)
+        sharding = plan.decisions["sharding"]
+        mlflow.set_tag("sharding_choice", sharding.choice)
+        say(f"plan: sharder {sharding.choice}, predicted {plan.predicted_iteration_ms:.2f} ms/iteration; "
+            f"candidates: " + ", ".join(f"{c.name}={c.predicted_ms:.2f}" for c in sharding.candidates if c.feasible))
+        say(f"plan written to {plan_path}")
+        summary.update({"plan": str(plan_path), "sharding": sharding.choice, "predicted_iteration_ms": plan.predicted_iteration_ms})
+
+        if not args.dry_run:
+            from orchestrator.launch import launch_dlrm
+
+            iterations = args.iterations or job.iterations
+            say(f"launching {job.name} on {job.world_size} worker(s) for {iterations} timed iterations")
+            result = launch_dlrm(job, plan.table_to_rank, iterations, use_gpu=fp.device_kind == "cuda")
+            error = abs(plan.predicted_iteration_ms - result.iteration_ms) / result.iteration_ms
+            mlflow.log_metrics({
+                "measured_iteration_ms": result.iteration_ms,
+                "prediction_error": error,
+                "loss_first": result.loss_first,
+                "loss_last": result.loss_last,
+            })
+            mlflow.log_dict(result.to_dict(), "launch.json")
+            say(f"measured {result.iteration_ms:.2f} ms/iteration vs predicted {plan.predicted_iteration_ms:.2f} ms "
+                f"(error {error:.1%})")
+            summary.update({"measured_iteration_ms": result.iteration_ms, "prediction_error": error})
+        summary["wall_s"] = round(time.monotonic() - t0, 1)
+        mlflow.log_metric("autotune_wall_s", summary["wall_s"])
+    say(f"done in {summary['wall_s']}s; browse with: mlflow ui --backend-store-uri {uri}")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

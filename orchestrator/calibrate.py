@@ -1,0 +1,190 @@
+"""Calibration: measure this cluster through Ray, fit the per-op models, register them.
+
+    python -m orchestrator.calibrate [--budget-s S] [--tracking-uri U] [--ray-address A] [--job J] [--json]
+
+Measurements are appended to `.autotune/calibrations/<stamp>/measurements.jsonl` as each
+probe returns and logged to MLflow before the fit runs, so nothing measured is lost to a
+later failure.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import mlflow
+
+from orchestrator import registry
+from orchestrator.cluster import HardwareFingerprint
+from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes
+from orchestrator.measurement_store import MeasurementStore
+from orchestrator.progress import Progress, say
+from policies.sharders import SHARDERS, NoFeasiblePlanError
+from predictors.performance_model import PerformanceModel, fit_performance_model
+from probes.jobspec import JobSpec
+from probes.records import Measurement
+from probes.sweep import (
+    collective_specs,
+    default_max_collective_bytes,
+    embedding_specs,
+    gemm_specs,
+    interleave,
+    job_specs,
+)
+
+COLLECTIVE_SHARE = 0.3  # of the budget; collectives rarely need all of it on one node
+DEFAULT_BUDGET_S = 120.0
+STORE_ROOT = Path(".autotune/calibrations")
+
+
+@dataclass
+class CalibrationResult:
+    hardware_id: str
+    rows: list[Measurement]
+    failures: list[dict[str, Any]]
+    model: PerformanceModel
+    registration: registry.Registration
+    directory: Path
+    wall_s: float
+
+    def rows_per_op(self) -> dict[str, int]:
+        return dict(sorted(Counter(r.op for r in self.rows).items()))
+
+
+def job_table_groups(job: JobSpec) -> list[list[int]]:
+    """Per-rank table sets of every sharder's placement: the embedding points a plan needs."""
+    groups = []
+    for sharder in SHARDERS.values():
+        try:
+            placement = sharder(job.tables, job.world_size, float("inf"), seed=job.seed)
+        except NoFeasiblePlanError:
+            continue
+        for r in range(job.world_size):
+            groups.append([i for i, q in enumerate(placement) if q == r])
+    return groups
+
+
+def measure(
+    fingerprint: HardwareFingerprint, budget_s: float, store: MeasurementStore, job: JobSpec | None = None, seed: int = 0
+) -> tuple[int, int]:
+    """Run the sweep over one ProbeActor per device until done or out of budget."""
+    devices = sum(fingerprint.devices_per_node)
+    device = fingerprint.device_kind
+    local = interleave(gemm_specs(4000, seed), embedding_specs(3000, seed))
+    if job is not None:
+        local = job_specs(job, job_table_groups(job)) + local
+    coll = collective_specs(devices, default_max_collective_bytes(device)) if devices > 1 else []
+
+    start = time.monotonic()
+    pool = ActorPool(device, fingerprint.hardware_id, devices, strategy="SPREAD").start()
+    done = failed = 0
+    try:
+        say(f"probing {devices} device(s) of {fingerprint.summary()} for up to {budget_s:.0f}s")
+        if coll:
+            bar = Progress("collectives", len(coll), budget_s * COLLECTIVE_SHARE)
+            d, f = run_collective_probes(pool, coll, store, start + budget_s * COLLECTIVE_SHARE, bar.update)
+            bar.close()
+            done, failed = done + d, failed + f
+        remaining = budget_s - (time.monotonic() - start)
+        bar = Progress("kernels", len(local), remaining)
+        d, f = run_local_probes(pool, local, store, time.monotonic() + remaining, bar.update)
+        bar.close()
+        done, failed = done + d, failed + f
+    finally:
+        pool.stop()
+    return done, failed
+
+
+def fit_and_register(
+    store: MeasurementStore, fingerprint: HardwareFingerprint, seed: int = 0
+) -> tuple[PerformanceModel, registry.Registration]:
+    """Log the table (first: it is the asset), fit on a seeded split, log errors, register."""
+    rows, failures = store.rows(), store.failures()
+    if not rows:
+        raise RuntimeError(f"calibration measured nothing; failures: {failures[:3]}")
+    registry.log_measurements(rows, fingerprint.hardware_id, failures)
+    model, test_rows = fit_performance_model(rows, fingerprint.hardware_id, seed=seed)
+    model.meta.update({"software": fingerprint.software, "devices": fingerprint.summary()})
+    registry.log_model_metrics(model)
+    registration = registry.register_bundle(model, test_rows, fingerprint.software)
+    return model, registration
+
+
+def calibrate(
+    fingerprint: HardwareFingerprint, budget_s: float = DEFAULT_BUDGET_S, job: JobSpec | None = None, seed: int = 0
+) -> CalibrationResult:
+    """Measure, fit and register inside the active MLflow run."""
+    t0 = time.monotonic()
+    directory = STORE_ROOT / f"{time.strftime('%Y%m%d-%H%M%S')}-{fingerprint.hardware_id}"
+    store = MeasurementStore(directory)
+    (directory / "fingerprint.json").write_text(json.dumps(fingerprint.to_dict(), indent=1))
+    mlflow.log_params({"hardware_id": fingerprint.hardware_id, "calibration_budget_s": budget_s, "calibration_seed": seed})
+    mlflow.log_dict(fingerprint.to_dict(), "fingerprint.json")
+    done, failed = measure(fingerprint, budget_s, store, job, seed)
+    say(f"measured {done} probe points ({failed} failed) in {time.monotonic() - t0:.0f}s; fitting")
+    model, registration = fit_and_register(store, fingerprint, seed)
+    result = CalibrationResult(
+        fingerprint.hardware_id, store.rows(), store.failures(), model, registration, directory, time.monotonic() - t0
+    )
+    mlflow.log_metric("calibration_wall_s", result.wall_s)
+    return result
+
+
+def describe(result: CalibrationResult) -> dict[str, Any]:
+    return {
+        "hardware_id": result.hardware_id,
+        "rows_per_op": result.rows_per_op(),
+        "failures": len(result.failures),
+        "heldout": {op: {k: v for k, v in s.items() if k in ("gmae", "mape", "baseline_gmae", "n")} for op, s in result.model.metrics.items()},
+        "model": f"{result.registration.name}/{result.registration.version}",
+        "promoted": result.registration.promoted,
+        "promotion_reason": result.registration.reason,
+        "measurements": str(result.directory / "measurements.jsonl"),
+        "wall_s": round(result.wall_s, 1),
+    }
+
+
+def print_summary(info: dict[str, Any]) -> None:
+    say(f"calibration of {info['hardware_id']} done in {info['wall_s']}s, {info['failures']} failed probe(s)")
+    say("rows per op: " + ", ".join(f"{op}={n}" for op, n in info["rows_per_op"].items()))
+    for op, s in info["heldout"].items():
+        base = f", baseline {s['baseline_gmae']:.1%}" if s.get("baseline_gmae") is not None else ""
+        say(f"  held-out {op:14s} GMAE {s['gmae']:.1%}  MAPE {s['mape']:.1%}  (n={s['n']}{base})")
+    say(f"registered {info['model']}: {'champion' if info['promoted'] else 'challenger'} ({info['promotion_reason']})")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from orchestrator import ray_runtime
+    from orchestrator.cluster import cluster_fingerprint
+    from orchestrator.jobfile import load_job
+
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.calibrate", description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="probe time budget (default %(default)s)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    parser.add_argument("--ray-address", help="Ray cluster address (default: $RAY_ADDRESS or a local cluster)")
+    parser.add_argument("--job", help="also measure the shapes this job file will be predicted at")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    args = parser.parse_args(argv)
+
+    job = load_job(args.job) if args.job else None
+    uri = registry.configure(args.tracking_uri)
+    ray_runtime.connect(args.ray_address)
+    fingerprint = cluster_fingerprint()
+    with mlflow.start_run(run_name=f"calibrate-{fingerprint.hardware_id}"):
+        mlflow.set_tags({"kind": "calibration", "hardware_id": fingerprint.hardware_id})
+        info = describe(calibrate(fingerprint, args.budget_s, job, args.seed))
+    info["tracking_uri"] = uri
+    print_summary(info)
+    if args.json:
+        print(json.dumps(info))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,203 @@
+"""Fan probes out over one `ProbeActor` per device, inside a placement group.
+
+Local probes go through a work queue (one in flight per actor). A probe that raises, or whose
+actor dies, is retried once on another actor; a second failure is recorded with its error.
+Every result is written to the `MeasurementStore` as it arrives. Collective probes run on a
+gang of all actors sharing one torch.distributed group; a failed point tears the gang down,
+rebuilds it (replacing dead actors) and retries once.
+"""
+from __future__ import annotations
+
+import collections
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import ray
+from ray.exceptions import GetTimeoutError, RayActorError, RayError
+from ray.util.placement_group import placement_group, remove_placement_group
+from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+from orchestrator.measurement_store import MeasurementStore
+from orchestrator.probe_actor import ProbeActor
+from probes.sweep import ProbeSpec
+
+ProgressFn = Callable[[int, int], None]  # (done, failed) increments
+
+
+@dataclass
+class ActorPool:
+    """The actors, one per bundle of a placement group, with their replacements on death."""
+
+    device_kind: str
+    hardware_id: str
+    num_devices: int
+    strategy: str = "PACK"
+    pg: object = None
+    actors: list = field(default_factory=list)
+    replaced: int = 0
+
+    def start(self, ready_timeout_s: float = 120.0) -> "ActorPool":
+        bundle = {"CPU": 1, "GPU": 1} if self.device_kind == "cuda" else {"CPU": 1}
+        self.pg = placement_group([dict(bundle) for _ in range(self.num_devices)], strategy=self.strategy)
+        try:
+            ray.get(self.pg.ready(), timeout=ready_timeout_s)
+        except GetTimeoutError:
+            remove_placement_group(self.pg)
+            raise RuntimeError(
+                f"could not reserve {self.num_devices} x {bundle} within {ready_timeout_s:.0f}s; "
+                f"cluster resources: {ray.cluster_resources()}"
+            ) from None
+        self.actors = [self._spawn(i) for i in range(self.num_devices)]
+        ray.get([a.where.remote() for a in self.actors])
+        return self
+
+    def _spawn(self, index: int):
+        options = {
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=index),
+            "num_cpus": 1,
+        }
+        if self.device_kind == "cuda":
+            options["num_gpus"] = 1
+        return ProbeActor.options(**options).remote(self.device_kind, self.hardware_id)
+
+    def replace(self, index: int) -> None:
+        try:
+            ray.kill(self.actors[index])
+        except RayError:
+            pass
+        self.actors[index] = self._spawn(index)
+        self.replaced += 1
+
+    def stop(self) -> None:
+        for a in self.actors:
+            try:
+                ray.kill(a)
+            except RayError:
+                pass
+        if self.pg is not None:
+            remove_placement_group(self.pg)
+            self.pg = None
+
+    def nodes(self) -> list[str]:
+        return [w["node_id"] for w in ray.get([a.where.remote() for a in self.actors])]
+
+
+def run_local_probes(
+    pool: ActorPool,
+    specs: Sequence[ProbeSpec],
+    store: MeasurementStore,
+    deadline: float,
+    progress: ProgressFn | None = None,
+) -> tuple[int, int]:
+    """Measure `specs` until done or `deadline`; returns (points measured, points failed)."""
+    queue = collections.deque((s, 0, None) for s in specs)  # (spec, attempt, actor that failed it)
+    idle = list(range(len(pool.actors)))
+    in_flight: dict = {}
+    done = failed = 0
+
+    def submit() -> None:
+        while idle and queue and time.monotonic() < deadline:
+            spec, attempt, avoid = queue[0]
+            choices = [i for i in idle if i != avoid] or idle
+            actor_index = choices[0]
+            queue.popleft()
+            idle.remove(actor_index)
+            ref = pool.actors[actor_index].run_local.remote(spec)
+            in_flight[ref] = (actor_index, spec, attempt)
+
+    submit()
+    while in_flight:
+        ready, _ = ray.wait(list(in_flight), num_returns=1)
+        ref = ready[0]
+        actor_index, spec, attempt = in_flight.pop(ref)
+        try:
+            rows = ray.get(ref)
+            store.add(rows)
+            done += 1
+            progress and progress(1, 0)
+        except RayError as exc:
+            if isinstance(exc, RayActorError):
+                pool.replace(actor_index)
+            if attempt == 0 and len(pool.actors) >= 1:
+                queue.appendleft((spec, 1, actor_index))
+            else:
+                store.add_failure(spec.to_dict(), _short(exc), attempt + 1)
+                failed += 1
+                progress and progress(0, 1)
+        idle.append(actor_index)
+        submit()
+    return done, failed
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return (text[-1] if text else type(exc).__name__)[:500]
+
+
+class Gang:
+    """All pool actors joined in one process group for collective probes."""
+
+    def __init__(self, pool: ActorPool, timeout_s: float = 120.0):
+        self.pool, self.timeout_s = pool, timeout_s
+        self.scope = "intra" if len(set(pool.nodes())) == 1 else "inter"
+
+    def form(self) -> None:
+        leader = self.pool.actors[0]
+        addr = ray.get(leader.where.remote())["ip"]
+        port = ray.get(leader.free_port.remote())
+        world = len(self.pool.actors)
+        ray.get([a.init_group.remote(addr, port, rank, world, self.timeout_s) for rank, a in enumerate(self.pool.actors)])
+
+    def disband(self) -> None:
+        refs = [a.destroy_group.remote() for a in self.pool.actors]
+        for ref in refs:
+            try:
+                ray.get(ref, timeout=30)
+            except RayError:
+                pass
+
+    def rebuild(self) -> None:
+        """A group with a dead or stuck member cannot be reused: restart every member."""
+        for i in range(len(self.pool.actors)):
+            self.pool.replace(i)
+        self.form()
+
+    def run(self, spec: ProbeSpec):
+        refs = [a.run_collective.remote(spec) for a in self.pool.actors]
+        results = ray.get(refs, timeout=self.timeout_s * 2)
+        return [row for rows in results for row in rows]
+
+
+def run_collective_probes(
+    pool: ActorPool,
+    specs: Sequence[ProbeSpec],
+    store: MeasurementStore,
+    deadline: float,
+    progress: ProgressFn | None = None,
+) -> tuple[int, int]:
+    if len(pool.actors) < 2:
+        return 0, 0
+    gang = Gang(pool)
+    gang.form()
+    done = failed = 0
+    try:
+        for spec in specs:
+            if time.monotonic() >= deadline:
+                break
+            spec = ProbeSpec(spec.family, {**spec.params, "world": len(pool.actors), "scope": gang.scope}, spec.key)
+            for attempt in (0, 1):
+                try:
+                    store.add(gang.run(spec))
+                    done += 1
+                    progress and progress(1, 0)
+                    break
+                except (RayError, GetTimeoutError) as exc:
+                    gang.rebuild()
+                    if attempt == 1:
+                        store.add_failure(spec.to_dict(), _short(exc), 2)
+                        failed += 1
+                        progress and progress(0, 1)
+    finally:
+        gang.disband()
+    return done, failed

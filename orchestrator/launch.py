@@ -1,0 +1,101 @@
+"""Launching the real job with a plan: Ray Train's TorchTrainer over the same Ray cluster.
+
+Each worker builds its rank of the sharded DLRM (probes.workloads.dlrm) on the process group
+Ray Train set up (NCCL with GPUs, gloo without) and times `iterations` steps after warm-up.
+The reported iteration time is the median over steps of the slowest rank's step time.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from probes.jobspec import JobSpec
+
+
+@dataclass
+class LaunchResult:
+    iteration_ms: float
+    iterations: int
+    per_iteration_ms: list[float]
+    loss_first: float
+    loss_last: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+def _train_loop(config: dict[str, Any]) -> None:
+    import ray.train
+    import ray.train.torch
+    import torch
+
+    from probes.workloads.dlrm import ShardedDLRM
+
+    torch.set_num_threads(config["threads_per_worker"])
+    ctx = ray.train.get_context()
+    spec = JobSpec.from_dict(config["job"])
+    model = ShardedDLRM(spec, config["table_to_rank"], ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device())
+    result = model.run(config["iterations"], config["warmup"])
+    metrics = {
+        "iteration_ms": result.median_s * 1e3,
+        "per_iteration_ms": [t * 1e3 for t in result.iteration_s],
+        "loss_first": result.losses[0],
+        "loss_last": result.losses[-1],
+    }
+    if ctx.get_world_rank() == 0:
+        ray.get(config["collector"].put.remote(metrics))
+    ray.train.report(metrics)
+
+
+class _ResultCollector:
+    """Holds rank 0's metrics: Ray Train's Result keeps metrics only beside checkpoints."""
+
+    def __init__(self) -> None:
+        self.metrics: dict[str, Any] | None = None
+
+    def put(self, metrics: dict[str, Any]) -> None:
+        self.metrics = metrics
+
+    def get(self) -> dict[str, Any] | None:
+        return self.metrics
+
+
+def launch_dlrm(
+    spec: JobSpec, table_to_rank: Sequence[int], iterations: int | None = None, use_gpu: bool = False,
+    storage: str | Path = ".autotune/ray_results",
+) -> LaunchResult:
+    import ray
+    from ray.train import RunConfig, ScalingConfig
+    from ray.train.torch import TorchTrainer
+
+    iterations = iterations or spec.iterations
+    available = ray.cluster_resources().get("GPU" if use_gpu else "CPU", 0)
+    if available < spec.world_size:
+        raise RuntimeError(
+            f"job needs world_size={spec.world_size} {'GPU' if use_gpu else 'CPU'} workers, "
+            f"the Ray cluster has {available:g}"
+        )
+    collector = ray.remote(num_cpus=0)(_ResultCollector).remote()
+    trainer = TorchTrainer(
+        _train_loop,
+        train_loop_config={
+            "job": spec.to_dict(),
+            "table_to_rank": list(table_to_rank),
+            "iterations": iterations,
+            "warmup": spec.warmup_iterations,
+            "threads_per_worker": 1,
+            "collector": collector,
+        },
+        scaling_config=ScalingConfig(num_workers=spec.world_size, use_gpu=use_gpu, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name=f"dlrm-{spec.name}", storage_path=str(Path(storage).resolve())),
+    )
+    trainer.fit()
+    metrics = ray.get(collector.get.remote())
+    ray.kill(collector)
+    if metrics is None:
+        raise RuntimeError("the training job finished without reporting its timings")
+    return LaunchResult(
+        float(metrics["iteration_ms"]), iterations, list(metrics["per_iteration_ms"]),
+        float(metrics["loss_first"]), float(metrics["loss_last"]),
+    )

@@ -1,0 +1,61 @@
+"""`ProbeActor`: one per device, runs probes there; a gang of them runs collectives."""
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from typing import Any
+
+import ray
+
+from probes.records import Measurement
+from probes.sweep import ProbeSpec, run_collective_probe, run_local_probe
+
+
+@ray.remote
+class ProbeActor:
+    """Pinned to one placement-group bundle (one GPU, or one CPU slot), one intra-op thread."""
+
+    def __init__(self, device_kind: str = "cpu", hardware_id: str = "", threads: int = 1):
+        import torch
+
+        torch.set_num_threads(threads)
+        self.device = "cuda:0" if device_kind == "cuda" else "cpu"  # Ray sets CUDA_VISIBLE_DEVICES
+        self.hardware_id = hardware_id
+        self.node = socket.gethostname()
+        self.backend = "nccl" if device_kind == "cuda" else "gloo"
+
+    def _stamp(self, rows: list[Measurement]) -> list[Measurement]:
+        for r in rows:
+            r.hardware_id, r.node = self.hardware_id, self.node
+        return rows
+
+    def where(self) -> dict[str, Any]:
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
+
+    def run_local(self, spec: ProbeSpec) -> list[Measurement]:
+        return self._stamp(run_local_probe(spec, self.device))
+
+    def free_port(self) -> int:
+        with socket.socket() as s:
+            s.bind(("", 0))
+            return s.getsockname()[1]
+
+    def init_group(self, addr: str, port: int, rank: int, world: int, timeout_s: float = 120.0) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        dist.init_process_group(
+            self.backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
+            timeout=datetime.timedelta(seconds=timeout_s),
+        )
+
+    def run_collective(self, spec: ProbeSpec) -> list[Measurement]:
+        return self._stamp(run_collective_probe(spec, self.device))
+
+    def destroy_group(self) -> None:
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()

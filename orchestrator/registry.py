@@ -1,0 +1,230 @@
+"""MLflow as the memory: calibration runs, the per-hardware model registry, champion rules.
+
+One registered model per hardware_id (`perfmodel-<hardware_id>`); its versions are
+PerformanceModel bundles stored as JSON artifacts. Alias `champion` marks the version plans use;
+a new version takes it only when it is not worse than the current champion on the new
+held-out rows (the champion is re-scored on them), else it gets alias `challenger`.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import mlflow
+from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
+
+from predictors.performance_model import MODEL_FILE, PerformanceModel
+from probes.records import Measurement, measurements_to_frame
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+EXPERIMENT = "autotune"
+CHAMPION, CHALLENGER = "champion", "challenger"
+PYFUNC_CODE = str(Path(__file__).with_name("pyfunc_model.py"))
+BUNDLE_ARTIFACT = "performance_model"
+
+
+def resolve_tracking_uri(uri: str | None) -> str:
+    """--tracking-uri, else MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working dir."""
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+
+
+def configure(uri: str | None) -> str:
+    """Point MLflow at `uri` and make sure our experiment exists (artifacts beside a sqlite db)."""
+    uri = resolve_tracking_uri(uri)
+    mlflow.set_tracking_uri(uri)
+    if mlflow.get_experiment_by_name(EXPERIMENT) is None:
+        location = None
+        if uri.startswith("sqlite:///"):
+            db = Path(uri[len("sqlite:///"):]).resolve()
+            location = (db.parent / "mlartifacts").as_uri()
+        try:
+            mlflow.create_experiment(EXPERIMENT, artifact_location=location)
+        except MlflowException:
+            pass  # created concurrently
+    mlflow.set_experiment(EXPERIMENT)
+    return uri
+
+
+def model_name(hardware_id: str) -> str:
+    return f"perfmodel-{hardware_id}"
+
+
+@dataclass
+class RegisteredBundle:
+    name: str
+    version: str
+    tags: dict[str, str]
+    created_ms: int
+    model: PerformanceModel
+
+    @property
+    def age_days(self) -> float:
+        return (time.time() * 1000 - self.created_ms) / 86_400_000
+
+
+def _read_bundle(name: str, version: str) -> PerformanceModel:
+    with tempfile.TemporaryDirectory() as tmp:
+        local = mlflow.artifacts.download_artifacts(f"models:/{name}/{version}", dst_path=tmp)
+        found = list(Path(local).rglob(MODEL_FILE))
+        if not found:
+            raise FileNotFoundError(f"model {name} v{version} has no {MODEL_FILE}")
+        return PerformanceModel.load_dir(found[0].parent)
+
+
+def get_alias(hardware_id: str, alias: str = CHAMPION) -> RegisteredBundle | None:
+    """The version under `alias` for `hardware_id`, or None when there is none."""
+    client = MlflowClient()
+    name = model_name(hardware_id)
+    try:
+        mv = client.get_model_version_by_alias(name, alias)
+    except MlflowException:
+        return None
+    return RegisteredBundle(name, str(mv.version), dict(mv.tags), int(mv.creation_timestamp), _read_bundle(name, mv.version))
+
+
+def load_performance_model(tracking_uri: str | None, hardware_id: str, alias: str = CHAMPION) -> PerformanceModel:
+    configure(tracking_uri)
+    found = get_alias(hardware_id, alias)
+    if found is None:
+        raise LookupError(f"no model registered as {model_name(hardware_id)}@{alias} at {resolve_tracking_uri(tracking_uri)}")
+    return found.model
+
+
+@dataclass
+class Freshness:
+    fresh: bool
+    reasons: list[str] = field(default_factory=list)
+
+
+def check_freshness(
+    champion: RegisteredBundle | None,
+    software: dict[str, str],
+    max_age_days: float = 7.0,
+    drift_bound: float = 0.5,
+    drift_window: int = 5,
+) -> Freshness:
+    """Missing, older than `max_age_days`, built on other software, or drifting → not fresh.
+
+    Drifting: the geomean prediction error of the last `drift_window` jobs planned with this
+    version exceeds `drift_bound` (needs at least 3 such jobs).
+    """
+    if champion is None:
+        return Freshness(False, ["no champion model for this hardware"])
+    reasons = []
+    if champion.age_days > max_age_days:
+        reasons.append(f"champion v{champion.version} is {champion.age_days:.1f} days old (> {max_age_days})")
+    recorded = json.loads(champion.tags.get("software", "{}"))
+    changed = {k: (recorded.get(k), v) for k, v in software.items() if recorded.get(k) != v}
+    if changed:
+        reasons.append("software changed since calibration: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()))
+    errors = recent_prediction_errors(champion.name, champion.version, drift_window)
+    if len(errors) >= 3:
+        gm = math.exp(sum(math.log(max(e, 1e-6)) for e in errors) / len(errors))
+        if gm > drift_bound:
+            reasons.append(f"prediction drift: geomean error {gm:.1%} over the last {len(errors)} jobs > {drift_bound:.0%}")
+    return Freshness(not reasons, reasons)
+
+
+def recent_prediction_errors(name: str, version: str, limit: int) -> list[float]:
+    runs = mlflow.search_runs(
+        experiment_names=[EXPERIMENT],
+        filter_string=f"tags.model_name = '{name}' and tags.model_version = '{version}' and metrics.prediction_error >= 0",
+        order_by=["attributes.start_time DESC"],
+        max_results=limit,
+        output_format="list",
+    )
+    return [r.data.metrics["prediction_error"] for r in runs]
+
+
+def log_measurements(rows: Sequence[Measurement], hardware_id: str, failures: Sequence[dict] = ()) -> None:
+    """The table as parquet and as an MLflow dataset input of the active run."""
+    frame = measurements_to_frame(rows)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "measurements.parquet"
+        frame.to_parquet(path, index=False)
+        mlflow.log_artifact(str(path))
+        if failures:
+            fpath = Path(tmp) / "failures.json"
+            fpath.write_text(json.dumps(list(failures), indent=1))
+            mlflow.log_artifact(str(fpath))
+    dataset = mlflow.data.from_pandas(frame, name=f"measurements-{hardware_id}")
+    mlflow.log_input(dataset, context="calibration")
+    counts = frame["op"].value_counts().to_dict() if len(frame) else {}
+    mlflow.log_metrics({f"rows.{op}": float(n) for op, n in counts.items()})
+    mlflow.log_metric("probe_failures", float(len(failures)))
+
+
+def log_model_metrics(model: PerformanceModel) -> None:
+    metrics = {}
+    for op, stats in model.metrics.items():
+        for key in ("gmae", "mape", "std", "baseline_gmae"):
+            value = stats.get(key)
+            if value is not None and math.isfinite(value):
+                metrics[f"heldout.{op}.{key}"] = float(value)
+        metrics[f"heldout.{op}.n_test"] = float(stats.get("n", 0))
+    mlflow.log_metrics(metrics)
+
+
+def _aggregate_gmae(stats: dict[str, Any]) -> float:
+    values = [s["gmae"] if isinstance(s, dict) else s.gmae for s in stats.values()]
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    return math.exp(sum(math.log(max(v, 1e-6)) for v in values) / len(values)) if values else float("inf")
+
+
+@dataclass
+class Registration:
+    name: str
+    version: str
+    promoted: bool
+    reason: str
+
+
+def register_bundle(
+    model: PerformanceModel, test_rows: Sequence[Measurement], software: dict[str, str]
+) -> Registration:
+    """Log `model` to the active run, register it, and apply the champion rule."""
+    client = MlflowClient()
+    name = model_name(model.hardware_id)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = model.save(tmp)
+        info = mlflow.pyfunc.log_model(
+            name=BUNDLE_ARTIFACT,
+            python_model=PYFUNC_CODE,
+            artifacts={BUNDLE_ARTIFACT: str(path)},
+            registered_model_name=name,
+            pip_requirements=["cluster-autotune"],
+        )
+    version = str(info.registered_model_version)
+    new_gmae = _aggregate_gmae(model.metrics)
+    tags = {
+        "hardware_id": model.hardware_id,
+        "software": json.dumps(software, sort_keys=True),
+        "heldout_gmae": f"{new_gmae:.6f}",
+        "run_id": mlflow.active_run().info.run_id,
+    }
+    for op, stats in model.metrics.items():
+        tags[f"gmae.{op}"] = f"{stats.get('gmae', float('nan')):.6f}"
+    for key, value in tags.items():
+        client.set_model_version_tag(name, version, key, value)
+    client.set_registered_model_tag(name, "hardware_id", model.hardware_id)
+
+    champion = get_alias(model.hardware_id, CHAMPION)
+    if champion is None:
+        promoted, reason = True, "first model for this hardware"
+    else:
+        # Score the old champion on the *new* held-out rows, the only fair comparison.
+        old_gmae = _aggregate_gmae(champion.model.score(test_rows)) if test_rows else float("inf")
+        promoted = new_gmae <= old_gmae
+        verdict = "not worse than" if promoted else "worse than"
+        reason = f"held-out GMAE {new_gmae:.2%} is {verdict} champion v{champion.version}'s {old_gmae:.2%} on the same rows"
+    client.set_registered_model_alias(name, CHAMPION if promoted else CHALLENGER, version)
+    client.set_model_version_tag(name, version, "promotion", reason)
+    mlflow.set_tags({"registered_model": name, "registered_version": version, "promoted": str(promoted), "promotion_reason": reason})
+    return Registration(name, version, promoted, reason)
