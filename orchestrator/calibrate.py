@@ -24,6 +24,7 @@ from orchestrator.cluster import HardwareFingerprint
 from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.progress import Progress, say
+from policies.dlrm_cost import STEP_OP, fit_overhead, score_steps
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from predictors.performance_model import PerformanceModel, fit_performance_model
 from probes.jobspec import JobSpec
@@ -35,9 +36,12 @@ from probes.sweep import (
     gemm_specs,
     interleave,
     job_specs,
+    training_specs,
 )
 
-COLLECTIVE_SHARE = 0.3  # of the budget; collectives rarely need all of it on one node
+COLLECTIVE_SHARE = 0.25  # of the budget; collectives rarely need all of it on one node
+TRAINING_SHARE = 0.2
+TRAINING_PROBES = 16
 DEFAULT_BUDGET_S = 120.0
 STORE_ROOT = Path(".autotune/calibrations")
 
@@ -79,6 +83,7 @@ def measure(
     if job is not None:
         local = job_specs(job, job_table_groups(job)) + local
     coll = collective_specs(devices, default_max_collective_bytes(device)) if devices > 1 else []
+    training = training_specs(TRAINING_PROBES, seed, devices) if devices > 1 else []
 
     start = time.monotonic()
     pool = ActorPool(device, fingerprint.hardware_id, devices, strategy="SPREAD").start()
@@ -88,6 +93,12 @@ def measure(
         if coll:
             bar = Progress("collectives", len(coll), budget_s * COLLECTIVE_SHARE)
             d, f = run_collective_probes(pool, coll, store, start + budget_s * COLLECTIVE_SHARE, bar.update)
+            bar.close()
+            done, failed = done + d, failed + f
+        if training:
+            share = budget_s * TRAINING_SHARE
+            bar = Progress("training probes", len(training), share)
+            d, f = run_collective_probes(pool, training, store, time.monotonic() + share, bar.update)
             bar.close()
             done, failed = done + d, failed + f
         remaining = budget_s - (time.monotonic() - start)
@@ -108,11 +119,25 @@ def fit_and_register(
     if not rows:
         raise RuntimeError(f"calibration measured nothing; failures: {failures[:3]}")
     registry.log_measurements(rows, fingerprint.hardware_id, failures)
-    model, test_rows = fit_performance_model(rows, fingerprint.hardware_id, seed=seed)
+    kernel_rows = [r for r in rows if r.op != STEP_OP]
+    step_rows = [r for r in rows if r.op == STEP_OP]
+    model, test_rows = fit_performance_model(kernel_rows, fingerprint.hardware_id, seed=seed)
+    if step_rows:
+        test_rows += fit_overhead(model, step_rows, seed=seed)
     model.meta.update({"software": fingerprint.software, "devices": fingerprint.summary()})
     registry.log_model_metrics(model)
-    registration = registry.register_bundle(model, test_rows, fingerprint.software)
+    registration = registry.register_bundle(model, test_rows, fingerprint.software, scorer=score_bundle)
     return model, registration
+
+
+def score_bundle(bundle: PerformanceModel, rows: Sequence[Measurement]) -> dict[str, Any]:
+    """Per-op errors plus whole-step error, so a bundle that predicts kernels well but steps
+    badly cannot keep the champion title."""
+    scores: dict[str, Any] = bundle.score(rows)
+    steps = [r for r in rows if r.op == STEP_OP]
+    if steps:
+        scores[STEP_OP] = score_steps(bundle, steps)
+    return scores
 
 
 def calibrate(

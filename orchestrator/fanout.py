@@ -185,7 +185,8 @@ def run_collective_probes(
         for spec in specs:
             if time.monotonic() >= deadline:
                 break
-            spec = ProbeSpec(spec.family, {**spec.params, "world": len(pool.actors), "scope": gang.scope}, spec.key)
+            if spec.family == "collective":
+                spec = ProbeSpec(spec.family, {**spec.params, "world": len(pool.actors), "scope": gang.scope}, spec.key)
             for attempt in (0, 1):
                 try:
                     store.add(gang.run(spec))

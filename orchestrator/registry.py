@@ -14,7 +14,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import mlflow
 from mlflow import MlflowClient
@@ -173,6 +173,7 @@ def log_model_metrics(model: PerformanceModel) -> None:
 
 
 def _aggregate_gmae(stats: dict[str, Any]) -> float:
+    """Geometric mean over ops of each op's GMAE."""
     values = [s["gmae"] if isinstance(s, dict) else s.gmae for s in stats.values()]
     values = [v for v in values if v is not None and math.isfinite(v)]
     return math.exp(sum(math.log(max(v, 1e-6)) for v in values) / len(values)) if values else float("inf")
@@ -186,10 +187,18 @@ class Registration:
     reason: str
 
 
+Scorer = Callable[[PerformanceModel, Sequence[Measurement]], dict[str, Any]]
+
+
 def register_bundle(
-    model: PerformanceModel, test_rows: Sequence[Measurement], software: dict[str, str]
+    model: PerformanceModel, test_rows: Sequence[Measurement], software: dict[str, str], scorer: Scorer | None = None
 ) -> Registration:
-    """Log `model` to the active run, register it, and apply the champion rule."""
+    """Log `model` to the active run, register it, and apply the champion rule.
+
+    `scorer(bundle, rows) -> {op: ErrorStats}` scores a bundle on held-out rows; the default
+    scores per-op models only, callers add composite checks (whole training steps).
+    """
+    scorer = scorer or (lambda bundle, rows: bundle.score(rows))
     client = MlflowClient()
     name = model_name(model.hardware_id)
     with tempfile.TemporaryDirectory() as tmp:
@@ -219,8 +228,12 @@ def register_bundle(
     if champion is None:
         promoted, reason = True, "first model for this hardware"
     else:
-        # Score the old champion on the *new* held-out rows, the only fair comparison.
-        old_gmae = _aggregate_gmae(champion.model.score(test_rows)) if test_rows else float("inf")
+        # Both bundles scored on the *new* held-out rows, on the ops both model: the only fair
+        # comparison (the champion never saw these rows; the new bundle held them out).
+        old_scores = scorer(champion.model, test_rows)
+        new_scores = {op: s for op, s in scorer(model, test_rows).items() if op in old_scores}
+        old_scores = {op: s for op, s in old_scores.items() if op in new_scores}
+        new_gmae, old_gmae = _aggregate_gmae(new_scores), _aggregate_gmae(old_scores)
         promoted = new_gmae <= old_gmae
         verdict = "not worse than" if promoted else "worse than"
         reason = f"held-out GMAE {new_gmae:.2%} is {verdict} champion v{champion.version}'s {old_gmae:.2%} on the same rows"

@@ -22,6 +22,9 @@ FEATURES: dict[str, Callable[[Params], float]] = {
     "output_elems": lambda p: float(p["output_elems"]),
     "distinct_elems": lambda p: float(p["distinct_elems"]),
     "bags": lambda p: float(p["B"]) * float(p["T"]),
+    # Per-iteration framework overhead of a training step
+    "dense_layers": lambda p: float(p["dense_layers"]),
+    "tables_total": lambda p: float(p["tables_total"]),
 }
 
 

@@ -47,7 +47,9 @@ def run_local_probe(spec: ProbeSpec, device: str = "cpu") -> list[Measurement]:
 
 
 def run_collective_probe(spec: ProbeSpec, device: str = "cpu") -> list[Measurement]:
-    """Run one collective point; every member of the current process group must call it."""
+    """Run one collective or training point; every member of the current process group must call it."""
+    if spec.family == "training":
+        return run_training_probe(spec, device)
     return measure_collective(spec.params["op"], spec.params["bytes"], device=device, scope=spec.params.get("scope", "intra"))
 
 
@@ -147,3 +149,63 @@ def default_max_collective_bytes(device: str) -> int:
         free, _ = torch.cuda.mem_get_info()
         return int(2 ** math.floor(math.log2(free / 4)))
     return 64 * 2**20
+
+
+def training_specs(n: int, seed: int, world: int) -> list[ProbeSpec]:
+    """Small random DLRMs whose steps are dominated by framework (CPU-side) overhead.
+
+    Kernels are tiny, so the gap between a measured step and the sum of its predicted kernels
+    is the per-iteration, per-layer and per-table overhead the cost model must add.
+    """
+    rng = np.random.default_rng(seed + 2)
+    out = []
+    for i in range(n):
+        n_tables = int(rng.integers(1, 13))
+        job = {
+            "name": f"overhead{i}",
+            "workload": "dlrm",
+            "world_size": world,
+            "batch_size": int(rng.choice([16, 32, 64, 128])),
+            "seed": i,
+            "dense": {
+                "num_dense_features": int(rng.integers(4, 17)),
+                "bottom_mlp": [int(rng.choice([16, 32, 64])) for _ in range(int(rng.integers(1, 5)))],
+                "top_mlp": [int(rng.choice([16, 32, 64])) for _ in range(int(rng.integers(0, 4)))] + [1],
+            },
+            "tables": [
+                {
+                    "name": f"t{j}",
+                    "num_embeddings": int(rng.integers(100, 2000)),
+                    "embedding_dim": int(rng.choice([4, 8, 16])),
+                    "pooling_factor": int(rng.integers(1, 5)),
+                    "distribution": "uniform",
+                }
+                for j in range(n_tables)
+            ],
+        }
+        placement = [int(r) for r in rng.integers(0, world, size=n_tables)]
+        out.append(ProbeSpec("training", {"job": job, "table_to_rank": placement}, f"train:{i}"))
+    return out
+
+
+def run_training_probe(spec: ProbeSpec, device: str = "cpu", iterations: int = 30, warmup: int = 5) -> list[Measurement]:
+    """A few real DLRM steps on the current process group; rank 0 returns the step time."""
+    import torch.distributed as dist
+
+    from probes.jobspec import JobSpec
+    from probes.workloads.dlrm import ShardedDLRM
+
+    job = JobSpec.from_dict(spec.params["job"])
+    placement = spec.params["table_to_rank"]
+    model = ShardedDLRM(job, placement, dist.get_rank(), dist.get_world_size(), torch.device(device))
+    result = model.run(iterations, warmup)
+    if dist.get_rank() != 0:
+        return []
+    times = np.asarray(result.iteration_s)
+    q1, q3 = np.percentile(times, [25, 75])
+    return [
+        Measurement(
+            "dlrm_step", {"job": spec.params["job"], "table_to_rank": placement}, float(np.median(times)),
+            float(q3 - q1), len(times), device=device, world_size=dist.get_world_size(), family="training",
+        )
+    ]
