@@ -1,0 +1,53 @@
+"""Plan a job with the registered champion, without launching it.
+
+    python -m orchestrator.plan --job J [--out P] [--tracking-uri U] [--ray-address A] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, Sequence
+
+from orchestrator import registry
+from orchestrator.cli_common import add_common, champion_or_exit, emit, fingerprint, run_main
+from orchestrator.jobfile import load_job
+from orchestrator.planning import make_plan
+from orchestrator.progress import say
+
+
+def _human(plan: dict[str, Any]) -> None:
+    decision = plan["decisions"]["sharding"]
+    say(f"hardware {plan['hardware_id']}, model v{plan['model_version']}")
+    for c in decision["candidates"]:
+        mark = "*" if c["name"] == decision["choice"] else " "
+        if c["feasible"]:
+            mem = max(c["detail"]["rank_memory_bytes"]) / 2**20
+            say(f" {mark} {c['name']:20s} {c['predicted_ms']:8.2f} ms   max rank memory {mem:8.1f} MiB")
+        else:
+            say(f"   {c['name']:20s} infeasible: {c['detail'].get('reason')}")
+    say(f"chosen: {decision['choice']} at {plan['predicted_iteration_ms']:.2f} ms/iteration")
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.plan", description=__doc__.splitlines()[0])
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--out", help="also write the plan JSON to this file")
+    add_common(parser)
+    args = parser.parse_args(argv)
+    job = load_job(args.job)
+    registry.configure(args.tracking_uri)
+    fp = fingerprint(args.ray_address, start_ray=False)
+    champion = champion_or_exit(fp.hardware_id)
+    plan = make_plan(job, champion.model, fp, champion.version)
+    if args.out:
+        plan.save(args.out)
+    emit(plan.to_dict(), args.json, _human)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+"""Predict a job's iteration time under a given plan with the registered champion.
+
+    python -m orchestrator.predict --job J --plan P [--tracking-uri U] [--json]   → {"iteration_ms": ...}
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from orchestrator import registry
+from orchestrator.cli_common import add_common, champion_or_exit, emit, fingerprint, run_main
+from orchestrator.jobfile import load_job
+from orchestrator.progress import say
+from policies.dlrm_cost import estimate_iteration
+from policies.plan import Plan
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.predict", description=__doc__.splitlines()[0])
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--plan", required=True, help="a plan JSON written by autotune or plan")
+    add_common(parser)
+    args = parser.parse_args(argv)
+    job = load_job(args.job)
+    plan = Plan.load(args.plan)
+    registry.configure(args.tracking_uri)
+    fp = fingerprint(args.ray_address, start_ray=False)
+    if plan.hardware_id != fp.hardware_id:
+        say(f"note: the plan was made for {plan.hardware_id}; predicting for this hardware, {fp.hardware_id}")
+    champion = champion_or_exit(fp.hardware_id)
+    cost = estimate_iteration(job, plan.table_to_rank, champion.model)
+    out = {"iteration_ms": cost.iteration_s * 1e3, "breakdown": cost.to_dict(), "hardware_id": fp.hardware_id,
+           "model_version": champion.version}
+    emit(out, args.json, lambda o: say(f"predicted {o['iteration_ms']:.2f} ms/iteration with model v{o['model_version']}"))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Run a job for real with a given plan on the Ray cluster and report its iteration time.
+
+    python -m orchestrator.run --job J --plan P --iters N [--ray-address A] [--json]
+        → {"iteration_ms": ..., "iterations": N}
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Sequence
+
+from orchestrator.cli_common import add_common, emit, fingerprint, run_main
+from orchestrator.jobfile import load_job
+from orchestrator.launch import launch_dlrm
+from orchestrator.progress import say
+from policies.plan import Plan
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.run", description=__doc__.splitlines()[0])
+    parser.add_argument("--job", required=True)
+    parser.add_argument("--plan", required=True)
+    parser.add_argument("--iters", type=int, help="timed iterations (default: the job's)")
+    add_common(parser)
+    args = parser.parse_args(argv)
+    job = load_job(args.job)
+    plan = Plan.load(args.plan)
+    fp = fingerprint(args.ray_address, start_ray=True)
+    result = launch_dlrm(job, plan.table_to_rank, args.iters, use_gpu=fp.device_kind == "cuda")
+    out = {"iteration_ms": result.iteration_ms, "iterations": result.iterations,
+           "per_iteration_ms": result.per_iteration_ms, "loss_first": result.loss_first, "loss_last": result.loss_last}
+    emit(out, args.json, lambda o: say(f"measured {o['iteration_ms']:.2f} ms/iteration over {o['iterations']} iterations"))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,41 @@
+"""Shared fixtures: one local Ray cluster per session (starting Ray is the slow part)."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE_JOB = REPO / "examples" / "dlrm_small.yaml"
+
+os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+
+@pytest.fixture(scope="session")
+def ray_local():
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture()
+def tiny_job_dict() -> dict:
+    return {
+        "name": "tiny",
+        "workload": "dlrm",
+        "world_size": 2,
+        "batch_size": 32,
+        "iterations": 5,
+        "warmup_iterations": 2,
+        "dense": {"num_dense_features": 4, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
+        "tables": [
+            {"name": f"t{i}", "num_embeddings": 1000 * (i + 1), "embedding_dim": 8 * (1 + i % 2),
+             "pooling_factor": 1 + i, "distribution": "uniform" if i % 2 else {"zipf": 1.1}}
+            for i in range(5)
+        ],
+    }

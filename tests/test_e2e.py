@@ -1,0 +1,80 @@
+"""The whole cycle through the real CLIs, in a scratch directory with its own sqlite MLflow."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def cli(module: str, *args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"{module} {args} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
+    return proc
+
+
+def last_json(stdout: str) -> dict:
+    return json.loads(stdout.strip().splitlines()[-1])
+
+
+def test_invalid_job_exits_2_naming_the_field(tmp_path, tiny_job_dict):
+    tiny_job_dict["tables"][1]["distribution"] = "gaussian"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(tiny_job_dict))
+    proc = cli("orchestrator.autotune", "--job", "bad.yaml", cwd=tmp_path, check=False)
+    assert proc.returncode == 2
+    assert "tables[1].distribution: expected 'uniform' or {zipf: s} with s > 0, got 'gaussian'" in proc.stderr
+    assert not (tmp_path / "mlflow.db").exists(), "bad input is refused before anything starts"
+
+
+def test_plan_without_models_exits_3_with_a_hint(tmp_path):
+    proc = cli("orchestrator.plan", "--job", str(REPO / "examples/dlrm_small.yaml"), "--json", cwd=tmp_path, check=False)
+    assert proc.returncode == 3 and "orchestrator.calibrate" in proc.stderr
+
+
+@pytest.mark.slow
+def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
+    (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny_job_dict))
+    first = last_json(cli("orchestrator.autotune", "--job", "tiny.yaml", "--calibration-budget-s", "25", "--json", cwd=tmp_path).stdout)
+    assert first["recalibrated"] is True
+    assert first["calibration"]["promoted"] is True
+    rows = first["calibration"]["rows_per_op"]
+    assert {"gemm", "embedding_fwd", "embedding_bwd", "all_reduce", "all_to_all", "dlrm_step"} <= set(rows)
+    assert first["measured_iteration_ms"] > 0 and first["predicted_iteration_ms"] > 0
+    assert first["prediction_error"] == pytest.approx(
+        abs(first["predicted_iteration_ms"] - first["measured_iteration_ms"]) / first["measured_iteration_ms"])
+
+    second_proc = cli("orchestrator.autotune", "--job", "tiny.yaml", "--json", cwd=tmp_path)
+    second = last_json(second_proc.stdout)
+    assert second["recalibrated"] is False and second["model"] == first["model"]
+    assert "reusing champion" in second_proc.stderr and "no recalibration" in second_proc.stderr
+
+    # What MLflow holds for the first run.
+    import mlflow
+    from mlflow import MlflowClient
+
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    client = MlflowClient()
+    run = client.get_run(first["run_id"])
+    m = run.data.metrics
+    assert {"predicted_iteration_ms", "measured_iteration_ms", "prediction_error", "heldout.gemm.gmae"} <= set(m)
+    artifacts = {a.path for a in client.list_artifacts(first["run_id"])}
+    assert {"measurements.parquet", "plan.json", "fingerprint.json", "job.json"} <= artifacts
+    name = first["model"].split("/")[0]
+    champion = client.get_model_version_by_alias(name, "champion")
+    assert champion.tags["hardware_id"] == first["hardware_id"]
+
+    plan = last_json(cli("orchestrator.plan", "--job", "tiny.yaml", "--json", cwd=tmp_path).stdout)
+    assert len(plan["decisions"]["sharding"]["candidates"]) == 6
+    plan_path = Path(tmp_path) / second["plan"]
+    predicted = last_json(cli("orchestrator.predict", "--job", "tiny.yaml", "--plan", str(plan_path), "--json", cwd=tmp_path).stdout)
+    assert predicted["iteration_ms"] == pytest.approx(second["predicted_iteration_ms"])
+    ran = last_json(cli("orchestrator.run", "--job", "tiny.yaml", "--plan", str(plan_path), "--iters", "3", "--json", cwd=tmp_path).stdout)
+    assert ran["iterations"] == 3 and ran["iteration_ms"] > 0

@@ -1,0 +1,78 @@
+"""Probe fan-out through Ray: a two-actor gloo gang, and a killed actor's probe retried."""
+import time
+
+import ray
+
+from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes
+from orchestrator.measurement_store import MeasurementStore
+from probes.sweep import ProbeSpec, collective_specs, gemm_specs, training_specs
+
+
+def test_two_actor_gloo_collective_probe(ray_local, tmp_path):
+    pool = ActorPool("cpu", "hw-test", 2).start()
+    store = MeasurementStore(tmp_path)
+    try:
+        specs = [s for s in collective_specs(2, 2**20) if s.params["bytes"] in (4, 2**12, 2**20)]
+        done, failed = run_collective_probes(pool, specs, store, time.monotonic() + 120)
+    finally:
+        pool.stop()
+    assert (done, failed) == (6, 0)
+    rows = store.rows()
+    assert sorted({r.op for r in rows}) == ["all_reduce", "all_to_all"]
+    for r in rows:
+        assert r.world_size == 2 and r.params["world"] == 2 and r.params["scope"] == "intra"
+        assert r.median_s > 0 and r.repeats >= 11 and r.hardware_id == "hw-test"
+        assert r.extra["bus_bw"] > 0
+        if r.op == "all_reduce":  # busBW = algBW * 2(n-1)/n = algBW for n = 2
+            assert abs(r.extra["bus_bw"] - r.extra["alg_bw"]) < 1e-6 * r.extra["alg_bw"]
+    small = next(r for r in rows if r.op == "all_reduce" and r.params["bytes"] == 8)
+    large = next(r for r in rows if r.op == "all_reduce" and r.params["bytes"] == 2**20)
+    assert large.median_s > small.median_s
+
+
+def test_killed_actor_is_replaced_and_nothing_is_lost(ray_local, tmp_path):
+    pool = ActorPool("cpu", "hw-test", 2).start()
+    store = MeasurementStore(tmp_path)
+    specs = gemm_specs(12, seed=3, max_dim=256)
+    killed = []
+
+    def kill_once(done: int, failed: int) -> None:
+        if not killed:  # kill an actor while it holds a probe in flight
+            victim = pool.actors[0]
+            ray.kill(victim)
+            killed.append(victim)
+
+    try:
+        done, failed = run_local_probes(pool, specs, store, time.monotonic() + 120, kill_once)
+    finally:
+        pool.stop()
+    assert killed and pool.replaced >= 1
+    assert (done, failed) == (12, 0)
+    measured = sorted((r.params["M"], r.params["N"], r.params["K"]) for r in store.rows())
+    assert measured == sorted((s.params["M"], s.params["N"], s.params["K"]) for s in specs)
+
+
+def test_probe_that_always_fails_is_recorded_not_dropped(ray_local, tmp_path):
+    pool = ActorPool("cpu", "hw-test", 2).start()
+    store = MeasurementStore(tmp_path)
+    bad = ProbeSpec("no_such_family", {"x": 1}, "bad")
+    try:
+        done, failed = run_local_probes(pool, [bad] + gemm_specs(2, seed=0, max_dim=64), store, time.monotonic() + 60)
+    finally:
+        pool.stop()
+    assert (done, failed) == (2, 1)
+    [failure] = store.failures()
+    assert failure["attempts"] == 2 and "no_such_family" in failure["error"]
+    assert failure["spec"]["key"] == "bad"
+
+
+def test_training_probe_runs_on_the_gang(ray_local, tmp_path):
+    pool = ActorPool("cpu", "hw-test", 2).start()
+    store = MeasurementStore(tmp_path)
+    try:
+        done, failed = run_collective_probes(pool, training_specs(1, seed=0, world=2), store, time.monotonic() + 120)
+    finally:
+        pool.stop()
+    assert (done, failed) == (1, 0)
+    [row] = store.rows()
+    assert row.op == "dlrm_step" and row.median_s > 0 and row.world_size == 2

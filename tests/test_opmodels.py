@@ -1,0 +1,119 @@
+import json
+
+import numpy as np
+import pytest
+
+from predictors import OutOfRangeError, PerformanceModel, fit_performance_model
+from predictors.evaluation import split_by_op
+from predictors.opmodels import AlphaBetaModel, CurveModel, LinearCostModel, OpModel
+from probes.gemm import gemm_params, measure_gemm
+from probes.records import Measurement
+
+
+def gemm_row(m, n, k, seconds):
+    return Measurement("gemm", gemm_params(m, n, k), seconds, 0.0, 5)
+
+
+def test_linear_model_recovers_known_costs():
+    rng = np.random.default_rng(0)
+    rows = []
+    for _ in range(60):
+        m, n, k = rng.integers(8, 2048, size=3)
+        p = gemm_params(m, n, k)
+        rows.append(gemm_row(m, n, k, 5e-6 + p["flops"] / 50e9 + p["bytes"] / 10e9))
+    model = LinearCostModel("gemm", ["one", "flops", "bytes"]).fit(rows)
+    assert np.allclose(model.coef, [5e-6, 1 / 50e9, 1 / 10e9], rtol=1e-3)
+    p = gemm_params(100, 200, 300)
+    assert model.predict(p) == pytest.approx(5e-6 + p["flops"] / 50e9 + p["bytes"] / 10e9, rel=1e-3)
+
+
+def collective_rows(op, alpha, bw, world=2, noise=0.0, seed=0):
+    rng = np.random.default_rng(seed)
+    return [
+        Measurement(op, {"op": op, "bytes": 2**e, "world": world, "scope": "intra"},
+                    (alpha + 2**e / bw) * (1 + noise * rng.standard_normal()), 0.0, 11)
+        for e in range(2, 27)
+    ]
+
+
+def test_curve_model_interpolates_and_extends_with_bandwidth():
+    rows = collective_rows("all_reduce", 50e-6, 2e9)
+    model = CurveModel("all_reduce").fit(rows)
+    mid = {"bytes": 3 * 2**20, "world": 2, "scope": "intra"}
+    assert model.predict(mid) == pytest.approx(50e-6 + 3 * 2**20 / 2e9, rel=0.05)
+    beyond = {"bytes": 2**29, "world": 2, "scope": "intra"}
+    assert model.predict(beyond) == pytest.approx(50e-6 + 2**29 / 2e9, rel=0.05)
+    assert model.out_of_range(beyond), "eight times the largest message is flagged"
+    assert not model.out_of_range(mid)
+    with pytest.raises(KeyError, match="no measurements for group 8:intra"):
+        model.predict({"bytes": 1024, "world": 8, "scope": "intra"})
+
+
+def test_curve_model_is_monotone_under_noise():
+    model = CurveModel("all_to_all").fit(collective_rows("all_to_all", 100e-6, 1e9, noise=0.3))
+    xs = [2**e for e in range(2, 27)]
+    ys = [model.predict({"bytes": b, "world": 2, "scope": "intra"}) for b in xs]
+    assert all(b >= a for a, b in zip(ys, ys[1:]))
+
+
+@pytest.mark.parametrize("model", [
+    LinearCostModel("gemm", ["one", "flops", "bytes", "mn"]),
+    CurveModel("all_reduce"),
+    AlphaBetaModel("all_reduce"),
+])
+def test_json_round_trip_reproduces_predictions(model):
+    rows = collective_rows("all_reduce", 20e-6, 5e9) if model.op == "all_reduce" else [
+        gemm_row(m, m, m, 1e-6 + m**3 / 1e10) for m in range(8, 600, 20)]
+    model.fit(rows)
+    clone = OpModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    for r in rows:
+        assert clone.predict(r.params) == model.predict(r.params)
+
+
+def test_unknown_model_kind_is_refused():
+    with pytest.raises(ValueError, match="unknown model kind 'pickle'"):
+        OpModel.from_dict({"kind": "pickle", "op": "x"})
+
+
+def test_out_of_range_flag_and_strict_refusal():
+    rows = [gemm_row(m, m, m, 1e-6 + m**3 / 1e10) for m in range(16, 256, 8)]
+    bundle, _ = fit_performance_model(rows, "hw")
+    far = gemm_params(8192, 8192, 8192)
+    assert bundle.out_of_range("gemm", **far)
+    with pytest.raises(OutOfRangeError, match="outside measured"):
+        bundle.predict("gemm", strict=True, **far)
+    assert bundle.predict("gemm", **far) > 0  # non-strict still answers
+
+
+def test_fit_then_predict_on_real_gemm_measurements():
+    """Measured here, fitted, and checked on shapes the fit never saw."""
+    rng = np.random.default_rng(1)
+    rows = [measure_gemm(*(int(x) for x in rng.integers(32, 512, size=3)), max_seconds=0.2) for _ in range(40)]
+    bundle, test = fit_performance_model(rows, "hw", seed=0)
+    assert len(test) == 8
+    stats = bundle.metrics["gemm"]
+    assert stats["n"] == 8 and stats["n_train"] == 32
+    # An honest fit on real timings on a shared 2-core box: well within a factor of two.
+    assert stats["gmae"] < 0.5, stats
+    big = measure_gemm(400, 400, 400, max_seconds=0.2)
+    small = measure_gemm(40, 40, 40, max_seconds=0.2)
+    assert bundle.predict("gemm", **big.params) > bundle.predict("gemm", **small.params)
+
+
+def test_split_is_seeded_and_per_op():
+    rows = [gemm_row(8, 8, i + 8, 1e-6) for i in range(20)] + collective_rows("all_reduce", 1e-5, 1e9)
+    a_train, a_test = split_by_op(rows, seed=3)
+    b_train, b_test = split_by_op(rows, seed=3)
+    assert [r.params for r in a_test] == [r.params for r in b_test]
+    assert sum(r.op == "gemm" for r in a_test) == 4 and sum(r.op == "all_reduce" for r in a_test) == 5
+    assert len(a_train) + len(a_test) == len(rows)
+
+
+def test_bundle_save_load(tmp_path):
+    rows = [gemm_row(m, m, m, 1e-6 + m**3 / 1e10) for m in range(16, 256, 8)] + collective_rows("all_to_all", 1e-5, 1e9)
+    bundle, _ = fit_performance_model(rows, "hw-1")
+    bundle.save(tmp_path)
+    loaded = PerformanceModel.load_dir(tmp_path)
+    assert loaded.ops == ["all_to_all", "gemm"]
+    assert loaded.predict("gemm", **gemm_params(100, 100, 100)) == bundle.predict("gemm", **gemm_params(100, 100, 100))
+    assert loaded.metrics == json.loads(json.dumps(bundle.metrics))

@@ -1,0 +1,99 @@
+"""The MLflow side: registration, the champion rule, loading as data, no pickles."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import mlflow
+import numpy as np
+import pytest
+
+from orchestrator import registry
+from predictors import PerformanceModel, fit_performance_model
+from probes.gemm import gemm_params
+from probes.records import Measurement
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def rows(noise: float, seed: int, bias: float = 1.0) -> list[Measurement]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(50):
+        m, n, k = (int(x) for x in rng.integers(8, 1024, size=3))
+        p = gemm_params(m, n, k)
+        t = (3e-6 + p["flops"] / 3e10) * bias * (1 + noise * rng.standard_normal())
+        out.append(Measurement("gemm", p, abs(t), 0.0, 5))
+    return out
+
+
+@pytest.fixture()
+def tracking(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    registry.configure(uri)
+    yield uri
+    mlflow.set_tracking_uri(None)
+
+
+def register(model, test, hw):
+    with mlflow.start_run():
+        return registry.register_bundle(model, test, {"torch": "x"})
+
+
+def test_first_is_champion_then_worse_is_challenger_then_better_wins(tracking):
+    hw = "cpu-test"
+    good, good_test = fit_performance_model(rows(0.02, 0), hw)
+    first = register(good, good_test, hw)
+    assert first.promoted and first.version == "1"
+
+    # A model fitted to biased measurements is worse on the new, unbiased held-out rows.
+    bad, _ = fit_performance_model(rows(0.02, 1, bias=1.8), hw)
+    _, fresh_test = fit_performance_model(rows(0.02, 2), hw)
+    second = register(bad, fresh_test, hw)
+    assert not second.promoted and "worse than champion v1" in second.reason
+    assert registry.get_alias(hw, registry.CHAMPION).version == "1"
+    assert registry.get_alias(hw, registry.CHALLENGER).version == "2"
+
+    better, better_test = fit_performance_model(rows(0.0, 3), hw)
+    third = register(better, better_test, hw)
+    assert third.promoted
+    champion = registry.get_alias(hw, registry.CHAMPION)
+    assert champion.version == "3"
+    assert champion.tags["hardware_id"] == hw and "heldout_gmae" in champion.tags
+
+
+def test_loading_in_a_fresh_process_reproduces_predictions_and_no_pickles(tracking, tmp_path):
+    hw = "cpu-fresh"
+    model, test = fit_performance_model(rows(0.05, 4), hw)
+    register(model, test, hw)
+    shapes = [gemm_params(64, 128, 256), gemm_params(1000, 10, 700)]
+    expected = [model.predict("gemm", **p) for p in shapes]
+    code = (
+        "import json, sys; from predictors import PerformanceModel; "
+        f"m = PerformanceModel.load({tracking!r}, {hw!r}); "
+        f"print(json.dumps([m.predict('gemm', **p) for p in {shapes!r}]))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == expected
+
+    artifacts = list((tmp_path / "mlartifacts").rglob("*"))
+    assert any(p.name == "performance_model.json" for p in artifacts)
+    assert not [p for p in artifacts if p.suffix in (".pkl", ".pickle") or "pickle" in p.name]
+
+
+def test_missing_champion_is_a_clear_lookup_error(tracking):
+    with pytest.raises(LookupError, match="no model registered as perfmodel-nowhere@champion"):
+        PerformanceModel.load(tracking, "nowhere")
+
+
+def test_freshness_reasons(tracking):
+    hw = "cpu-fresh2"
+    model, test = fit_performance_model(rows(0.02, 5), hw)
+    register(model, test, hw)
+    champion = registry.get_alias(hw)
+    assert registry.check_freshness(champion, {"torch": "x"}).fresh
+    stale = registry.check_freshness(champion, {"torch": "y"})
+    assert not stale.fresh and "torch x -> y" in stale.reasons[0]
+    assert not registry.check_freshness(champion, {"torch": "x"}, max_age_days=-1).fresh
+    assert registry.check_freshness(None, {}).reasons == ["no champion model for this hardware"]
