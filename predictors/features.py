@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+import numpy as np
+
 Params = dict[str, Any]
 
 FEATURES: dict[str, Callable[[Params], float]] = {
@@ -15,6 +17,10 @@ FEATURES: dict[str, Callable[[Params], float]] = {
     "flops": lambda p: float(p["flops"]),
     "bytes": lambda p: float(p["bytes"]),
     "mn": lambda p: float(p["M"]) * float(p["N"]),
+    "M": lambda p: float(p["M"]),
+    "N": lambda p: float(p["N"]),
+    "K": lambda p: float(p["K"]),
+    "arith_intensity": lambda p: float(p["flops"]) / max(float(p["bytes"]), 1.0),
     # Embedding lookups (aggregated over a rank's tables)
     "tables": lambda p: float(p["T"]),
     "lookups": lambda p: float(p["lookups"]),
@@ -22,6 +28,11 @@ FEATURES: dict[str, Callable[[Params], float]] = {
     "output_elems": lambda p: float(p["output_elems"]),
     "distinct_elems": lambda p: float(p["distinct_elems"]),
     "bags": lambda p: float(p["B"]) * float(p["T"]),
+    "B": lambda p: float(p["B"]),
+    "D_sum": lambda p: float(p["D_sum"]),
+    "E_sum": lambda p: float(p["E_sum"]),
+    "L_mean": lambda p: float(p["L_mean"]),
+    "table_elems": lambda p: float(p["table_elems"]),
     # Per-iteration framework overhead of a training step
     "dense_layers": lambda p: float(p["dense_layers"]),
     "tables_total": lambda p: float(p["tables_total"]),
@@ -33,3 +44,21 @@ def feature_vector(names: list[str], params: Params) -> list[float]:
         return [FEATURES[n](params) for n in names]
     except KeyError as exc:
         raise KeyError(f"params {sorted(params)} lack {exc} needed by features {names}") from None
+
+
+def design_row(names: list[str], params: Params) -> list[float]:
+    """Model inputs from params: `log:<feature>` is log(1 + value); `hist:<key>` expands a list
+    (the 17 reuse-factor bins); `is:<key>=<value>` is a one-hot indicator."""
+    row: list[float] = []
+    for name in names:
+        kind, _, arg = name.partition(":")
+        if kind == "log":
+            row.append(float(np.log1p(max(FEATURES[arg](params), 0.0))))
+        elif kind == "hist":
+            row.extend(float(v) for v in params[arg])
+        elif kind == "is":
+            key, _, value = arg.partition("=")
+            row.append(1.0 if str(params.get(key)) == value else 0.0)
+        else:
+            raise KeyError(f"unknown design feature {name!r}")
+    return row

@@ -27,7 +27,16 @@ Params = dict[str, Any]
 
 
 class OpModel(ABC):
+    """Subclasses with a `kind` register themselves, so `from_dict` can rebuild any of them
+    (and only them: an unknown kind is refused, never imported or executed)."""
+
     kind: str = ""
+    _registry: dict[str, type["OpModel"]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind:
+            OpModel._registry[cls.kind] = cls
 
     def __init__(self, op: str):
         self.op = op
@@ -48,9 +57,9 @@ class OpModel(ABC):
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "OpModel":
         kind = data["kind"]
-        if kind not in MODEL_KINDS:
-            raise ValueError(f"unknown model kind {kind!r}; known: {sorted(MODEL_KINDS)}")
-        return MODEL_KINDS[kind]._from_dict(data)
+        if kind not in OpModel._registry:
+            raise ValueError(f"unknown model kind {kind!r}; known: {sorted(OpModel._registry)}")
+        return OpModel._registry[kind]._from_dict(data)
 
     @classmethod
     @abstractmethod
@@ -105,7 +114,7 @@ class LinearCostModel(OpModel):
         return model
 
 
-def _group_key(params: Params) -> str:
+def group_key(params: Params) -> str:
     return f"{int(params['world'])}:{params.get('scope', 'intra')}"
 
 
@@ -125,7 +134,7 @@ class CurveModel(OpModel):
     def fit(self, rows: Sequence[Measurement]) -> "CurveModel":
         grouped: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
         for r in rows:
-            grouped[_group_key(r.params)][np.log2(r.params["bytes"])].append(np.log(r.median_s))
+            grouped[group_key(r.params)][np.log2(r.params["bytes"])].append(np.log(r.median_s))
         for key, points in grouped.items():
             xs = np.array(sorted(points))
             ys = np.array([np.median(points[x]) for x in xs])
@@ -134,7 +143,7 @@ class CurveModel(OpModel):
         return self
 
     def _curve(self, params: Params) -> tuple[np.ndarray, np.ndarray]:
-        key = _group_key(params)
+        key = group_key(params)
         if key not in self.curves:
             raise KeyError(f"{self.op}: no measurements for group {key}; measured groups: {sorted(self.curves)}")
         return self.curves[key]
@@ -188,15 +197,15 @@ class AlphaBetaModel(OpModel):
     def fit(self, rows: Sequence[Measurement]) -> "AlphaBetaModel":
         grouped: dict[str, list[Measurement]] = defaultdict(list)
         for r in rows:
-            grouped[_group_key(r.params)].append(r)
+            grouped[group_key(r.params)].append(r)
         self.groups = {k: LinearCostModel(self.op, ["one", "bytes"]).fit(v) for k, v in grouped.items()}
         return self
 
     def predict(self, params: Params) -> float:
-        return self.groups[_group_key(params)].predict(params)
+        return self.groups[group_key(params)].predict(params)
 
     def out_of_range(self, params: Params) -> list[str]:
-        key = _group_key(params)
+        key = group_key(params)
         return self.groups[key].out_of_range(params) if key in self.groups else [f"no group {key}"]
 
     def to_dict(self) -> dict[str, Any]:
@@ -207,31 +216,3 @@ class AlphaBetaModel(OpModel):
         model = cls(data["op"])
         model.groups = {k: LinearCostModel._from_dict(v) for k, v in data["groups"].items()}
         return model
-
-
-MODEL_KINDS: dict[str, type[OpModel]] = {
-    m.kind: m for m in (LinearCostModel, CurveModel, AlphaBetaModel)
-}
-
-GEMM_FEATURES = ["one", "flops", "bytes", "mn"]
-EMBEDDING_FEATURES = ["one", "tables", "bags", "lookups", "gathered_elems", "output_elems", "distinct_elems"]
-
-
-def default_model_for(op: str) -> OpModel:
-    """The model family we fit for each op we measure."""
-    if op == "gemm":
-        return LinearCostModel(op, GEMM_FEATURES)
-    if op.startswith("embedding_"):
-        return LinearCostModel(op, EMBEDDING_FEATURES)
-    if op in ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "broadcast"):
-        return CurveModel(op)
-    raise ValueError(f"no model family for op {op!r}")
-
-
-def baseline_model_for(op: str) -> OpModel | None:
-    """The simple baseline each family is scored against (None where the family is the baseline)."""
-    if op in ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "broadcast"):
-        return AlphaBetaModel(op)
-    if op == "gemm":
-        return LinearCostModel(op, ["one", "flops"])  # compute roofline with a launch term
-    return None

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from predictors.evaluation import ErrorStats, error_stats, relative_errors, split_by_op
-from predictors.opmodels import OpModel, baseline_model_for, default_model_for
+from predictors.families import baseline_model_for, default_model_for
+from predictors.opmodels import OpModel
 from probes.records import Measurement
 
 MODEL_FILE = "performance_model.json"
@@ -109,7 +110,7 @@ def fit_performance_model(
     models: dict[str, OpModel] = {}
     metrics: dict[str, dict[str, Any]] = {}
     for op, op_rows in sorted(by_op.items()):
-        model = default_model_for(op).fit(op_rows)
+        model = default_model_for(op, seed).fit(op_rows)
         models[op] = model
         stats = error_stats(relative_errors(model.predict, test_by_op[op])).to_dict()
         baseline = baseline_model_for(op)

@@ -1,0 +1,160 @@
+"""The three-region collective latency model, fitted per (op, group size, scope).
+
+Latency against message size m has three regions:
+- m <= m1: a constant start-up latency t_s (protocol and synchronisation dominate);
+- m1 < m < m2: a transition where the achieved bandwidth grows with the message:
+  t = m / 10^s(log2 m), s(x) = L / (1 + exp(-k (x - x0))) + b, a sigmoid in log space;
+- m >= m2: t = t_s + m / BW_max (the link is saturated).
+Eight parameters (t_s, m1, m2, L, x0, k, b, BW_max). The breakpoints are chosen from the
+measured sizes by cross-validation inside the training rows, the rest by least squares on
+log time, so noise does not buy a spurious transition: with m1 = m2 the model is exactly
+alpha-beta, the baseline it must beat.
+"""
+from __future__ import annotations
+
+import warnings
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+from scipy.optimize import least_squares
+
+from predictors.opmodels import OpModel, group_key
+from probes.records import Measurement
+
+
+@dataclass
+class SigmoidCurve:
+    t_s: float
+    x1: float  # log2(m1)
+    x2: float  # log2(m2)
+    L: float
+    x0: float
+    k: float
+    b: float
+    bw_max: float  # bytes / second
+    x_min: float
+    x_max: float
+
+    def predict_log2(self, x: np.ndarray) -> np.ndarray:
+        x = np.asarray(x, dtype=np.float64)
+        m = np.exp2(x)
+        flat = np.full_like(x, self.t_s)
+        saturated = self.t_s + m / self.bw_max
+        sig = self.L / (1.0 + np.exp(-self.k * (x - self.x0))) + self.b
+        transition = m / np.power(10.0, sig)
+        return np.where(x <= self.x1, flat, np.where(x >= self.x2, saturated, transition))
+
+
+def _fit_tail(x: np.ndarray, t: np.ndarray, t_s: float) -> float:
+    """BW_max from t - t_s = m / BW on the saturated points (relative least squares)."""
+    m = np.exp2(x)
+    extra = np.maximum(t - t_s, 1e-12)
+    # minimise sum((m/BW - extra)/t)^2 over 1/BW >= 0
+    a = m / t
+    inv_bw = max(float(np.dot(a, extra / t) / max(np.dot(a, a), 1e-300)), 1e-18)
+    return 1.0 / inv_bw
+
+
+def _fit_given_breaks(x: np.ndarray, t: np.ndarray, x1: float, x2: float) -> SigmoidCurve:
+    low = x <= x1
+    t_s = float(np.median(t[low])) if low.any() else float(t.min())
+    high = x >= x2
+    if high.sum() >= 1:
+        bw = _fit_tail(x[high], t[high], t_s)
+    else:
+        bw = float(np.exp2(x.max()) / max(t.max() - t_s, 1e-12))
+    mid = (~low) & (~high)
+    # Sigmoid of achieved bandwidth in log10, anchored to both neighbouring regions.
+    bw_lo = np.log10(np.exp2(x1) / t_s)
+    bw_hi = np.log10(np.exp2(x2) / (t_s + np.exp2(x2) / bw))
+    L0, b0 = max(bw_hi - bw_lo, 1e-3), bw_lo
+    params = np.array([L0, (x1 + x2) / 2, 1.0, b0])
+    if mid.sum() >= 2:
+        xm, ym = x[mid], np.log10(np.exp2(x[mid]) / t[mid])
+
+        def resid(p: np.ndarray) -> np.ndarray:
+            L, x0, k, b = p
+            return L / (1.0 + np.exp(-k * (xm - x0))) + b - ym
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fit = least_squares(resid, params, bounds=([0, x1 - 8, 1e-3, -30], [30, x2 + 8, 20, 30]))
+        params = fit.x
+    L, x0, k, b = (float(v) for v in params)
+    return SigmoidCurve(t_s, float(x1), float(x2), L, x0, k, b, float(bw), float(x.min()), float(x.max()))
+
+
+def _log_error(curve: SigmoidCurve, x: np.ndarray, t: np.ndarray) -> float:
+    pred = curve.predict_log2(x)
+    return float(np.mean(np.abs(np.log(np.maximum(pred, 1e-15)) - np.log(t))))
+
+
+def fit_sigmoid_curve(x: np.ndarray, t: np.ndarray, folds: int = 5, seed: int = 0) -> SigmoidCurve:
+    """Choose (x1, x2) among the measured sizes by k-fold CV, then refit on all points."""
+    order = np.argsort(x)
+    x, t = np.asarray(x, dtype=np.float64)[order], np.asarray(t, dtype=np.float64)[order]
+    levels = np.unique(x)
+    candidates = [(a, b) for i, a in enumerate(levels) for b in levels[i:]]
+    if len(x) < 2 * folds:
+        folds = max(2, len(x) // 2)
+    assignment = np.random.default_rng(seed).permutation(len(x)) % folds
+    best, best_err = (levels[0], levels[0]), np.inf
+    for x1, x2 in candidates:
+        err = 0.0
+        for f in range(folds):
+            train, test = assignment != f, assignment == f
+            if train.sum() < 3 or not test.any():
+                continue
+            err += _log_error(_fit_given_breaks(x[train], t[train], x1, x2), x[test], t[test]) * test.sum()
+        if err < best_err - 1e-12:
+            best, best_err = (x1, x2), err
+    return _fit_given_breaks(x, t, *best)
+
+
+class SigmoidCollectiveModel(OpModel):
+    kind = "sigmoid_collective"
+
+    def __init__(self, op: str):
+        super().__init__(op)
+        self.curves: dict[str, SigmoidCurve] = {}
+
+    def fit(self, rows: Sequence[Measurement]) -> "SigmoidCollectiveModel":
+        grouped: dict[str, list[Measurement]] = defaultdict(list)
+        for r in rows:
+            grouped[group_key(r.params)].append(r)
+        for key, items in grouped.items():
+            x = np.log2([max(float(r.params["bytes"]), 1.0) for r in items])
+            t = np.array([r.median_s for r in items])
+            self.curves[key] = fit_sigmoid_curve(x, t)
+        return self
+
+    def _curve(self, params: dict[str, Any]) -> SigmoidCurve:
+        key = group_key(params)
+        if key not in self.curves:
+            raise KeyError(f"{self.op}: no measurements for group {key}; measured groups: {sorted(self.curves)}")
+        return self.curves[key]
+
+    def predict(self, params: dict[str, Any]) -> float:
+        x = np.log2(max(float(params["bytes"]), 1.0))
+        return float(self._curve(params).predict_log2(np.array([x]))[0])
+
+    def out_of_range(self, params: dict[str, Any]) -> list[str]:
+        try:
+            curve = self._curve(params)
+        except KeyError as exc:
+            return [str(exc)]
+        x = np.log2(max(float(params["bytes"]), 1.0))
+        if x > curve.x_max + 2:
+            return [f"{self.op}.bytes={params['bytes']:.3g} beyond measured max {2 ** curve.x_max:.3g}"]
+        return []
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "op": self.op, "curves": {k: asdict(c) for k, c in self.curves.items()}}
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> "SigmoidCollectiveModel":
+        model = cls(data["op"])
+        model.curves = {k: SigmoidCurve(**v) for k, v in data["curves"].items()}
+        return model
