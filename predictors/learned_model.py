@@ -5,7 +5,7 @@ which extrapolates sanely; `f` is an ML regressor on log-scaled shape features (
 embedding lookups, the 17 reuse-factor bins) that corrects it where cache, vectorisation and
 threading effects bend the curve. An MLP and gradient-boosted trees are both fitted on a
 seeded split of the training rows; the one with the lower validation GMAE is kept and refitted
-on all training rows. Outside the measured range the base model's range check applies.
+on all training rows, unless the base alone validates better (then no correction is used). Outside the measured range the base model's range check applies.
 """
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ class LearnedKernelModel(OpModel):
         self.design = list(design)
         self.seed = seed
         self.regressor: Any = None
+        self.chosen = "base"
         self.validation: dict[str, float] = {}
 
     def _x(self, rows_params: Sequence[dict[str, Any]]) -> np.ndarray:
@@ -55,30 +56,36 @@ class LearnedKernelModel(OpModel):
             reg = cls.fit(x[train], target[train], seed=self.seed)
             self.validation[name] = _gmae(x[val, -1] + reg.predict(x[val]), y_log[val])
         self.validation["base"] = _gmae(x[val, -1], y_log[val])
-        best = min(CANDIDATES, key=lambda n: self.validation[n])
-        self.regressor = CANDIDATES[best].fit(x, target, seed=self.seed)
+        best = min(self.validation, key=lambda n: self.validation[n])
+        self.chosen = best
+        self.regressor = CANDIDATES[best].fit(x, target, seed=self.seed) if best in CANDIDATES else None
         return self
+
+    def _correction(self, x: np.ndarray) -> np.ndarray:
+        return self.regressor.predict(x) if self.regressor is not None else np.zeros(len(x))
 
     def predict(self, params: dict[str, Any]) -> float:
         x = self._x([params])
-        return float(np.exp(x[0, -1] + self.regressor.predict(x)[0]))
+        return float(np.exp(x[0, -1] + self._correction(x)[0]))
 
     def predict_many(self, params: Sequence[dict[str, Any]]) -> np.ndarray:
         x = self._x(params)
-        return np.exp(x[:, -1] + self.regressor.predict(x))
+        return np.exp(x[:, -1] + self._correction(x))
 
     def out_of_range(self, params: dict[str, Any]) -> list[str]:
         return self.base.out_of_range(params)
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "op": self.op, "base": self.base.to_dict(), "design": self.design,
-                "seed": self.seed, "regressor": self.regressor.to_dict(), "validation": self.validation}
+                "seed": self.seed, "chosen": self.chosen, "validation": self.validation,
+                "regressor": self.regressor.to_dict() if self.regressor is not None else None}
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> "LearnedKernelModel":
         model = cls(data["op"], data["base"]["features"], data["design"], data.get("seed", 0))
         model.base = LinearCostModel._from_dict(data["base"])
-        model.regressor = regressor_from_dict(data["regressor"])
+        model.regressor = regressor_from_dict(data["regressor"]) if data.get("regressor") else None
+        model.chosen = data.get("chosen", "base")
         model.validation = data.get("validation", {})
         return model
 

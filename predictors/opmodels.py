@@ -164,7 +164,7 @@ class CurveModel(OpModel):
         try:
             xs, _ = self._curve(params)
         except KeyError as exc:
-            return [str(exc)]
+            return [exc.args[0]]
         x = np.log2(max(float(params["bytes"]), 1.0))
         if x > xs[-1] + 2:
             return [f"{self.op}.bytes={params['bytes']:.3g} beyond measured max {2 ** xs[-1]:.3g}"]

@@ -129,13 +129,17 @@ def _bit_reversed(n: int) -> list[int]:
     return [i for i in order if i < n]
 
 
-def collective_specs(world: int, max_bytes: int, scope: str = "intra", min_bytes: int = 4) -> list[ProbeSpec]:
-    """Message sizes doubling from `min_bytes` to `max_bytes`, visited coarse-to-fine."""
+def collective_specs(
+    world: int, max_bytes: int, scope: str = "intra", min_bytes: int = 4, per_octave: int = 2
+) -> list[ProbeSpec]:
+    """Message sizes from `min_bytes` to `max_bytes`, `per_octave` per doubling (2: 2^k and
+    2^(k+1/2)), visited coarse-to-fine so a cut-short sweep still spans the range."""
     sizes = []
     b = min_bytes
     while b <= max_bytes:
-        sizes.append(b)
+        sizes.extend(s for s in (int(b * 2 ** (i / per_octave)) for i in range(per_octave)) if s <= max_bytes)
         b *= 2
+    sizes = sorted(set(sizes))
     out = []
     for i in _bit_reversed(len(sizes)):
         for op in COLLECTIVE_OPS:

@@ -24,9 +24,9 @@ def time_callable(
     fn: Callable[[], object],
     device: torch.device | str = "cpu",
     warmup: int = 2,
-    min_repeats: int = 5,
+    min_repeats: int = 15,
     max_repeats: int = 50,
-    rel_tolerance: float = 0.03,
+    rel_tolerance: float = 0.02,
     max_seconds: float = 2.0,
     setup: Callable[[], object] | None = None,
 ) -> Timing:

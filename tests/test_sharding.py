@@ -6,6 +6,7 @@ from policies.sharders import SHARDERS, NoFeasiblePlanError, rank_memory
 from policies.sharding import choose_sharding
 from predictors import fit_performance_model
 from probes.collective import collective_params
+from probes.embedding import TableShape, expected_features
 from probes.gemm import gemm_params
 from probes.jobspec import JobSpec
 from probes.records import Measurement
@@ -19,11 +20,11 @@ def synthetic_model() -> "PerformanceModel":
         m, n, k = (int(x) for x in rng.integers(8, 1024, size=3))
         p = gemm_params(m, n, k)
         rows.append(Measurement("gemm", p, 2e-6 + p["flops"] / 2e10, 0, 5))
-    for op in ("embedding_fwd", "embedding_bwd"):
-        for _ in range(40):
-            T, B, L, D = int(rng.integers(1, 9)), int(rng.integers(64, 4096)), int(rng.integers(1, 32)), int(rng.choice([8, 16, 64]))
-            p = {"T": T, "B": B, "lookups": B * L * T, "gathered_elems": B * L * T * D, "output_elems": B * T * D,
-                 "distinct_elems": B * L * T * D / 2, "table_elems": 0}
+    for i in range(40):
+        tables = [TableShape(int(rng.integers(1000, 100_000)), int(rng.choice([8, 16, 64])), int(rng.integers(1, 32)))
+                  for _ in range(int(rng.integers(1, 9)))]
+        p = expected_features(tables, int(rng.integers(64, 2048)), seed=i)
+        for op in ("embedding_fwd", "embedding_bwd"):
             rows.append(Measurement(op, p, 1e-5 + p["gathered_elems"] / 1e9, 0, 5))
     for op in ("all_reduce", "all_to_all"):
         for e in range(2, 27):

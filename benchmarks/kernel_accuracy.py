@@ -1,0 +1,89 @@
+"""Held-out accuracy of the per-op models from a fresh calibration on this machine.
+
+    .venv/bin/python benchmarks/kernel_accuracy.py [--budget-s 240] [--noise-points 40]
+
+1. `python -m orchestrator.calibrate --budget-s B` in a scratch directory (its own MLflow);
+   per op: held-out GMAE / MAPE of our model and of the baseline, on the same 20% of rows.
+2. The measurement noise floor: `--noise-points` GEMM and embedding points measured twice in
+   this process, one after the other; the GMAE between the two measurements is the error a
+   perfect model would still show against a single measurement.
+Writes benchmarks/results/kernel_accuracy_<hardware_id>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+
+def calibrate(budget_s: float) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1"}
+    env.pop("MLFLOW_TRACKING_URI", None)
+    with tempfile.TemporaryDirectory() as scratch:
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.calibrate", "--budget-s", str(budget_s), "--json"],
+                              cwd=scratch, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.stderr.write(proc.stderr[-3000:])
+        raise SystemExit("calibration failed")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def noise_floor(points: int, seed: int = 11) -> dict[str, float]:
+    import torch
+
+    from probes.sweep import embedding_specs, gemm_specs, run_local_probe
+
+    torch.set_num_threads(1)
+    out = {}
+    for family, specs in (("gemm", gemm_specs(points, seed)), ("embedding_fwd", embedding_specs(points, seed))):
+        errors = []
+        for spec in specs:
+            a = run_local_probe(spec)[0].median_s
+            b = run_local_probe(spec)[0].median_s
+            errors.append(abs(a - b) / b)
+        out[family] = float(np.exp(np.mean(np.log(np.maximum(errors, 1e-6)))))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-s", type=float, default=240)
+    parser.add_argument("--noise-points", type=int, default=40)
+    args = parser.parse_args()
+    info = calibrate(args.budget_s)
+    ops = {
+        op: {"gmae": s["gmae"], "mape": s["mape"], "baseline_gmae": s.get("baseline_gmae"), "n_test": s["n"]}
+        for op, s in info["heldout"].items()
+    }
+    noise = noise_floor(args.noise_points) if args.noise_points else {}
+    result = {
+        "hardware_id": info["hardware_id"],
+        "command": f"python benchmarks/kernel_accuracy.py --budget-s {args.budget_s:g} --noise-points {args.noise_points}",
+        "budget_s": args.budget_s,
+        "rows_per_op": info["rows_per_op"],
+        "ops": ops,
+        "repeat_measurement_gmae": noise,
+    }
+    out = REPO / "benchmarks/results" / f"kernel_accuracy_{info['hardware_id']}.json"
+    out.write_text(json.dumps(result, indent=1))
+    print(f"hardware {info['hardware_id']}, calibration budget {args.budget_s:g}s")
+    print(f"{'op':16s} {'rows':>6s} {'n_test':>6s} {'GMAE':>7s} {'MAPE':>7s} {'baseline GMAE':>14s}")
+    for op, s in ops.items():
+        base = f"{s['baseline_gmae']:.1%}" if s["baseline_gmae"] is not None else "-"
+        print(f"{op:16s} {info['rows_per_op'].get(op, 0):6d} {s['n_test']:6d} {s['gmae']:7.1%} {s['mape']:7.1%} {base:>14s}")
+    for family, g in noise.items():
+        print(f"repeat-measurement GMAE ({family}, same point measured twice): {g:.1%}")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The model families of the predictors issue: sigmoid collectives, learned kernel models."""
+import json
+
+import numpy as np
+import pytest
+
+from predictors.collective_model import SigmoidCollectiveModel, SigmoidCurve, fit_sigmoid_curve
+from predictors.learned_model import LearnedKernelModel
+from predictors.opmodels import AlphaBetaModel, OpModel
+from predictors.regressors import ArrayMLP, ArrayTrees
+from probes.gemm import gemm_params
+from probes.records import Measurement
+
+TRUE = SigmoidCurve(t_s=40e-6, x1=10.0, x2=20.0, L=2.5, x0=15.0, k=0.9, b=6.5, bw_max=8e9, x_min=2, x_max=28)
+
+
+def curve_rows(curve: SigmoidCurve, noise: float = 0.0, seed: int = 0, op: str = "all_reduce"):
+    rng = np.random.default_rng(seed)
+    xs = np.arange(2, 28.01, 0.5)
+    ts = curve.predict_log2(xs) * (1 + noise * rng.standard_normal(len(xs)))
+    return [Measurement(op, {"bytes": float(2**x), "world": 4, "scope": "intra"}, float(t), 0.0, 11) for x, t in zip(xs, ts)]
+
+
+def test_sigmoid_fit_recovers_known_parameters():
+    rows = curve_rows(TRUE)
+    x = np.log2([r.params["bytes"] for r in rows])
+    t = np.array([r.median_s for r in rows])
+    fitted = fit_sigmoid_curve(x, t)
+    assert fitted.t_s == pytest.approx(TRUE.t_s, rel=1e-6)
+    assert fitted.bw_max == pytest.approx(TRUE.bw_max, rel=0.02)
+    assert abs(fitted.x1 - TRUE.x1) <= 1.0 and abs(fitted.x2 - TRUE.x2) <= 1.0
+    # Inside the transition the sigmoid itself is recovered: same curve everywhere.
+    grid = np.linspace(3, 27, 97)
+    assert np.allclose(fitted.predict_log2(grid), TRUE.predict_log2(grid), rtol=0.03)
+
+
+def test_sigmoid_beats_alpha_beta_where_the_curve_bends():
+    train = curve_rows(TRUE, noise=0.03, seed=1)
+    test = curve_rows(TRUE, noise=0.0)
+    sig = SigmoidCollectiveModel("all_reduce").fit(train)
+    ab = AlphaBetaModel("all_reduce").fit(train)
+    err = lambda m: np.exp(np.mean([np.log(abs(m.predict(r.params) - r.median_s) / r.median_s + 1e-9) for r in test]))  # noqa: E731
+    assert err(sig) < 0.5 * err(ab)
+    assert err(sig) < 0.05
+
+
+def test_sigmoid_round_trip_and_range():
+    model = SigmoidCollectiveModel("all_to_all").fit(curve_rows(TRUE, op="all_to_all"))
+    clone = OpModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    for b in (8, 5000, 2**22, 2**27):
+        p = {"bytes": b, "world": 4, "scope": "intra"}
+        assert clone.predict(p) == model.predict(p)
+    assert model.out_of_range({"bytes": 2**31, "world": 4, "scope": "intra"})
+    assert model.out_of_range({"bytes": 8, "world": 2, "scope": "intra"}) == [
+        "all_to_all: no measurements for group 2:intra; measured groups: ['4:intra']"]
+
+
+@pytest.mark.parametrize("cls", [ArrayMLP, ArrayTrees])
+def test_array_regressors_fit_and_round_trip(cls):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(400, 4))
+    y = np.sin(x[:, 0]) + 0.5 * x[:, 1] ** 2
+    reg = cls.fit(x, y)
+    assert np.mean((reg.predict(x) - y) ** 2) < 0.1 * np.var(y)
+    clone = cls.from_dict(json.loads(json.dumps(reg.to_dict())))
+    assert np.array_equal(clone.predict(x), reg.predict(x))
+
+
+def test_array_trees_equal_sklearn():
+    from sklearn.ensemble import GradientBoostingRegressor
+
+    rng = np.random.default_rng(1)
+    x, y = rng.normal(size=(300, 5)), rng.normal(size=300)
+    ours = ArrayTrees.fit(x, y, seed=3, trees=50, depth=3)
+    ref = GradientBoostingRegressor(n_estimators=50, max_depth=3, learning_rate=0.05, subsample=0.8,
+                                    min_samples_leaf=3, random_state=3).fit(x, y)
+    assert np.allclose(ours.predict(x), ref.predict(x), atol=1e-12)
+
+
+def test_learned_model_fits_a_bent_curve_the_roofline_misses():
+    """Throughput that drops past a cache size: an additive roofline cannot bend, the ML part can."""
+    rng = np.random.default_rng(2)
+    rows = []
+    for _ in range(300):
+        m, n, k = (int(v) for v in np.exp(rng.uniform(np.log(8), np.log(2048), size=3)))
+        p = gemm_params(m, n, k)
+        slow = 3.0 if p["bytes"] > 2e6 else 1.0  # out of cache: 3x slower per flop
+        rows.append(Measurement("gemm", p, 2e-6 + slow * p["flops"] / 4e10, 0.0, 15))
+    train, test = rows[:240], rows[240:]
+    model = LearnedKernelModel("gemm", ["one", "flops", "bytes"], ["log:flops", "log:bytes"]).fit(train)
+    err = lambda f: np.exp(np.mean([np.log(abs(f(r.params) - r.median_s) / r.median_s + 1e-9) for r in test]))  # noqa: E731
+    assert err(model.predict) < 0.5 * err(model.base.predict)
+    assert set(model.validation) == {"mlp", "gbt", "base"}
+    clone = OpModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    assert [clone.predict(r.params) for r in test] == [model.predict(r.params) for r in test]
