@@ -30,16 +30,19 @@ from predictors.performance_model import PerformanceModel, fit_performance_model
 from probes.jobspec import JobSpec
 from probes.records import Measurement
 from probes.sweep import (
+    collective_groups,
     collective_specs,
     default_max_collective_bytes,
+    elementwise_specs,
     embedding_specs,
     gemm_specs,
     interleave,
     job_specs,
+    memcpy_specs,
     training_specs,
 )
 
-COLLECTIVE_SHARE = 0.25  # of the budget; collectives rarely need all of it on one node
+COLLECTIVE_SHARE = 0.35  # of the budget: six collective variants per group need ~50 sizes each
 TRAINING_SHARE = 0.2
 TRAINING_PROBES = 16
 DEFAULT_BUDGET_S = 120.0
@@ -58,6 +61,9 @@ class CalibrationResult:
 
     def rows_per_op(self) -> dict[str, int]:
         return dict(sorted(Counter(r.op for r in self.rows).items()))
+
+    def rows_per_family(self) -> dict[str, int]:
+        return dict(sorted(Counter(r.family for r in self.rows).items()))
 
 
 def job_table_groups(job: JobSpec) -> list[list[int]]:
@@ -79,14 +85,15 @@ def measure(
     """Run the sweep over one ProbeActor per device until done or out of budget."""
     devices = sum(fingerprint.devices_per_node)
     device = fingerprint.device_kind
-    local = interleave(gemm_specs(4000, seed), embedding_specs(3000, seed))
+    local = interleave(gemm_specs(4000, seed, device_kind=device), embedding_specs(3000, seed),
+                       elementwise_specs(4000, seed), memcpy_specs(1000, seed, device))
     if job is not None:
         local = job_specs(job, job_table_groups(job)) + local
-    coll = collective_specs(devices, default_max_collective_bytes(device)) if devices > 1 else []
     training = training_specs(TRAINING_PROBES, seed, devices) if devices > 1 else []
 
     start = time.monotonic()
     pool = ActorPool(device, fingerprint.hardware_id, devices, strategy="SPREAD").start()
+    coll = collective_specs(collective_groups(pool.nodes()), default_max_collective_bytes(device)) if devices > 1 else []
     done = failed = 0
     try:
         say(f"probing {devices} device(s) of {fingerprint.summary()} for up to {budget_s:.0f}s")
@@ -122,9 +129,10 @@ def fit_and_register(
     kernel_rows = [r for r in rows if r.op != STEP_OP]
     step_rows = [r for r in rows if r.op == STEP_OP]
     model, test_rows = fit_performance_model(kernel_rows, fingerprint.hardware_id, seed=seed)
+    model.meta.update({"software": fingerprint.software, "devices": fingerprint.summary(),
+                       "device_kind": fingerprint.device_kind})
     if step_rows:
         test_rows += fit_overhead(model, step_rows, seed=seed)
-    model.meta.update({"software": fingerprint.software, "devices": fingerprint.summary()})
     registry.log_model_metrics(model)
     registration = registry.register_bundle(model, test_rows, fingerprint.software, scorer=score_bundle)
     return model, registration
@@ -163,6 +171,7 @@ def calibrate(
 def describe(result: CalibrationResult) -> dict[str, Any]:
     return {
         "hardware_id": result.hardware_id,
+        "rows_per_family": result.rows_per_family(),
         "rows_per_op": result.rows_per_op(),
         "failures": len(result.failures),
         "heldout": {op: {k: v for k, v in s.items() if k in ("gmae", "mape", "baseline_gmae", "n")} for op, s in result.model.metrics.items()},
@@ -176,6 +185,7 @@ def describe(result: CalibrationResult) -> dict[str, Any]:
 
 def print_summary(info: dict[str, Any]) -> None:
     say(f"calibration of {info['hardware_id']} done in {info['wall_s']}s, {info['failures']} failed probe(s)")
+    say("rows per family: " + ", ".join(f"{f}={n}" for f, n in info["rows_per_family"].items()))
     say("rows per op: " + ", ".join(f"{op}={n}" for op, n in info["rows_per_op"].items()))
     for op, s in info["heldout"].items():
         base = f", baseline {s['baseline_gmae']:.1%}" if s.get("baseline_gmae") is not None else ""

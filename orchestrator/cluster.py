@@ -196,13 +196,16 @@ def software_versions() -> dict[str, str]:
     return versions
 
 
-def local_node_fingerprint() -> NodeFingerprint:
-    """This process's node. Without a GPU the devices are the usable CPU cores (one slot each)."""
+def local_node_fingerprint(cpu_slots: int | None = None) -> NodeFingerprint:
+    """This process's node. Without a GPU the devices are the usable CPU cores (one slot each),
+    at most `cpu_slots`: the CPUs Ray may schedule there, which a node started with
+    `--num-cpus` or a container quota keeps below the cores the affinity mask shows."""
     gpus, links, gpu_software = _nvml_devices()
     cores = _usable_cores()
     memory = _total_memory()
     cpu = _cpu_model()
-    devices = gpus or [DeviceInfo("cpu", cpu, memory // max(cores, 1), i) for i in range(cores)]
+    slots = min(cores, cpu_slots) if cpu_slots else cores
+    devices = gpus or [DeviceInfo("cpu", cpu, memory // max(cores, 1), i) for i in range(slots)]
     software = {**software_versions(), **gpu_software}
     return NodeFingerprint(socket.gethostname(), cpu, cores, memory, devices, links, software)
 
@@ -215,7 +218,8 @@ def cluster_fingerprint() -> HardwareFingerprint:
     remote = ray.remote(num_cpus=0)(local_node_fingerprint)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
     refs = [
-        remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote()
+        remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
+            int(n.get("Resources", {}).get("CPU", 0)) or None)
         for n in nodes
     ]
     return HardwareFingerprint(ray.get(refs))

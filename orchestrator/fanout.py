@@ -119,7 +119,7 @@ def run_local_probes(
         except RayError as exc:
             if isinstance(exc, RayActorError):
                 pool.replace(actor_index)
-            if attempt == 0 and len(pool.actors) >= 1:
+            if attempt == 0:
                 queue.appendleft((spec, 1, actor_index))
             else:
                 store.add_failure(spec.to_dict(), _short(exc), attempt + 1)
@@ -140,7 +140,12 @@ class Gang:
 
     def __init__(self, pool: ActorPool, timeout_s: float = 120.0):
         self.pool, self.timeout_s = pool, timeout_s
-        self.scope = "intra" if len(set(pool.nodes())) == 1 else "inter"
+        self.nodes = pool.nodes()
+
+    def scope(self, ranks: Sequence[int] | None = None) -> str:
+        """`intra` when every member of the group is on one node, else `inter`."""
+        members = range(len(self.nodes)) if ranks is None else ranks
+        return "intra" if len({self.nodes[r] for r in members}) == 1 else "inter"
 
     def form(self) -> None:
         leader = self.pool.actors[0]
@@ -161,6 +166,7 @@ class Gang:
         """A group with a dead or stuck member cannot be reused: restart every member."""
         for i in range(len(self.pool.actors)):
             self.pool.replace(i)
+        self.nodes = self.pool.nodes()
         self.form()
 
     def run(self, spec: ProbeSpec):
@@ -186,7 +192,7 @@ def run_collective_probes(
             if time.monotonic() >= deadline:
                 break
             if spec.family == "collective":
-                spec = ProbeSpec(spec.family, {**spec.params, "world": len(pool.actors), "scope": gang.scope}, spec.key)
+                spec = ProbeSpec(spec.family, {**spec.params, "scope": gang.scope(spec.params.get("ranks"))}, spec.key)
             for attempt in (0, 1):
                 try:
                     store.add(gang.run(spec))

@@ -22,7 +22,8 @@ class ProbeActor:
         torch.set_num_threads(threads)
         self.device = "cuda:0" if device_kind == "cuda" else "cpu"  # Ray sets CUDA_VISIBLE_DEVICES
         self.hardware_id = hardware_id
-        self.node = socket.gethostname()
+        # Simulated nodes share a hostname; the Ray node id tells them apart.
+        self.node = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:12]}"
         self.backend = "nccl" if device_kind == "cuda" else "gloo"
 
     def _stamp(self, rows: list[Measurement]) -> list[Measurement]:
@@ -44,6 +45,9 @@ class ProbeActor:
     def init_group(self, addr: str, port: int, rank: int, world: int, timeout_s: float = 120.0) -> None:
         import torch.distributed as dist
 
+        from probes.collective import forget_groups
+
+        forget_groups()
         if dist.is_initialized():
             dist.destroy_process_group()
         dist.init_process_group(
@@ -57,5 +61,8 @@ class ProbeActor:
     def destroy_group(self) -> None:
         import torch.distributed as dist
 
+        from probes.collective import forget_groups
+
+        forget_groups()
         if dist.is_initialized():
             dist.destroy_process_group()

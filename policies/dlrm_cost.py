@@ -1,12 +1,13 @@
 """Predicted iteration time of a table-wise sharded DLRM, from the per-op models.
 
-INTERIM: until the critical-path simulator lands (its own issue), an iteration is costed as
-a straight sum without overlap: the slowest rank's embedding forward + backward (the others
-wait for it at the all-to-all), the dense MLP GEMMs (forward and both backward products per
-layer), the forward and backward pooled-embedding all-to-all, the DDP gradient all-reduce per
-bucket, and the CPU-side framework overhead of a step. That overhead is fitted from short
-real training probes (`fit_overhead`): what their measured step time leaves over after the
-kernel models, as a function of the number of dense layers and tables.
+The kernels of an iteration are costed by the critical-path simulator over the job's execution
+graph (`predictors.dlrm_graph`): ranks wait for each other at every collective, kernels wait
+for the collectives they read. The plain sum it replaces is kept as the baseline: the slowest
+rank's embedding forward + backward, the dense MLP GEMMs (forward and both backward products
+per layer), the forward and backward pooled-embedding all-to-all, the DDP gradient all-reduce
+per bucket. Either way the CPU-side framework overhead of a step is added; it is fitted from
+short real training probes (`fit_overhead`): what their measured step time leaves over after
+the kernels, as a function of the number of dense layers and tables.
 """
 from __future__ import annotations
 
@@ -15,16 +16,16 @@ from typing import Sequence
 
 import numpy as np
 
+from predictors.dlrm_graph import all_to_all_bytes, build_dlrm_graph, ddp_buckets
 from predictors.evaluation import ErrorStats, error_stats, split_by_op
 from predictors.opmodels import LinearCostModel
 from predictors.performance_model import PerformanceModel
+from predictors.simulator import model_cost, simulate
 from probes.embedding import expected_features
 from probes.gemm import gemm_params, linear_layer_gemms
 from probes.jobspec import JobSpec
 from probes.records import Measurement
 
-DDP_FIRST_BUCKET_BYTES = 1 * 2**20
-DDP_BUCKET_BYTES = 25 * 2**20
 OVERHEAD_OP = "dlrm_overhead"
 OVERHEAD_FEATURES = ["one", "dense_layers", "tables_total"]
 STEP_OP = "dlrm_step"
@@ -54,26 +55,17 @@ class CostBreakdown:
         }
 
 
-def ddp_buckets(param_bytes: int) -> list[int]:
-    """Bucket sizes DDP all-reduces: a small first bucket, then up to 25 MiB each."""
-    buckets, left = [], param_bytes
-    first = min(left, DDP_FIRST_BUCKET_BYTES)
-    if first:
-        buckets.append(first)
-        left -= first
-    while left > 0:
-        buckets.append(min(left, DDP_BUCKET_BYTES))
-        left -= buckets[-1]
-    return buckets
-
-
 def overhead_params(spec: JobSpec) -> dict:
     return {"dense_layers": len(spec.dense_layers()), "tables_total": len(spec.tables), "world": spec.world_size}
 
 
 def estimate_iteration(
-    spec: JobSpec, table_to_rank: Sequence[int], model: PerformanceModel, include_overhead: bool = True
+    spec: JobSpec, table_to_rank: Sequence[int], model: PerformanceModel, include_overhead: bool = True,
+    simulate_graph: bool = True,
 ) -> CostBreakdown:
+    """The iteration's kernels through the critical-path simulator over the job's execution
+    graph (`simulate_graph`), or as the plain sum below (the baseline); plus the fitted
+    per-step CPU overhead."""
     W, B = spec.world_size, spec.batch_size
     problems: list[str] = []
 
@@ -97,10 +89,8 @@ def estimate_iteration(
         for m, n, k in linear_layer_gemms(B, fan_in, fan_out):
             dense += predict("gemm", **gemm_params(m, n, k))
 
-    # Pooled-embedding all-to-all: a rank sends W*B*width_r floats and receives B*sum(widths);
-    # the message size of an uneven all-to-all is the largest per-rank send or receive.
-    widths = [sum(spec.tables[i].embedding_dim for i, q in enumerate(table_to_rank) if q == r) for r in range(W)]
-    a2a_bytes = 4 * max(max(W * B * w for w in widths), B * sum(widths))
+    # Pooled-embedding all-to-all, forward and backward (the largest per-rank send or receive).
+    a2a_bytes = all_to_all_bytes(spec, table_to_rank)
     a2a = 2 * predict("all_to_all", bytes=a2a_bytes, world=W, scope="intra") if W > 1 else 0.0
 
     param_bytes = 4 * sum(i * o + o for i, o in spec.dense_layers())
@@ -110,12 +100,22 @@ def estimate_iteration(
     if include_overhead and OVERHEAD_OP in model.models:
         overhead = predict(OVERHEAD_OP, **overhead_params(spec))
 
-    slowest = max(f + b for f, b in zip(emb_fwd, emb_bwd))
-    total = slowest + dense + a2a + allreduce + overhead
+    if simulate_graph:
+        graph = build_dlrm_graph(spec, table_to_rank)
+        kernels = simulate(graph, model_cost(model), synchronous=is_synchronous(model)).iteration_s
+    else:
+        kernels = max(f + b for f, b in zip(emb_fwd, emb_bwd)) + dense + a2a + allreduce
+    total = kernels + overhead
     return CostBreakdown(total, emb_fwd, emb_bwd, dense, a2a, allreduce, overhead, sorted(set(problems)))
 
 
-def fit_overhead(model: PerformanceModel, step_rows: Sequence[Measurement], seed: int = 0) -> list[Measurement]:
+def is_synchronous(model: PerformanceModel) -> bool:
+    """CPU kernels and gloo collectives hold the issuing thread; CUDA kernels do not."""
+    return model.meta.get("device_kind", "cpu") != "cuda"
+
+
+def fit_overhead(model: PerformanceModel, step_rows: Sequence[Measurement], seed: int = 0,
+                 simulate_graph: bool = True) -> list[Measurement]:
     """Fit the step overhead on a seeded split of training-probe rows; score whole steps.
 
     Adds `dlrm_overhead` to `model.models` and held-out `dlrm_step` metrics (whole-iteration
@@ -125,23 +125,26 @@ def fit_overhead(model: PerformanceModel, step_rows: Sequence[Measurement], seed
     residuals = []
     for row in train:
         job = JobSpec.from_dict(row.params["job"])
-        kernels = estimate_iteration(job, row.params["table_to_rank"], model, include_overhead=False).iteration_s
+        kernels = estimate_iteration(job, row.params["table_to_rank"], model, include_overhead=False,
+                                     simulate_graph=simulate_graph).iteration_s
         # A step cannot cost less than its kernels; floor the residual at 2% of the step.
         residuals.append(Measurement(OVERHEAD_OP, overhead_params(job), max(row.median_s - kernels, 0.02 * row.median_s), 0.0, row.repeats))
     model.models[OVERHEAD_OP] = LinearCostModel(OVERHEAD_OP, OVERHEAD_FEATURES).fit(residuals)
 
-    stats = score_steps(model, test).to_dict()
+    stats = score_steps(model, test, simulate_graph=simulate_graph).to_dict()
     stats["baseline_gmae"] = score_steps(model, test, include_overhead=False).gmae if test else None
     stats["n_train"] = len(train)
     model.metrics[STEP_OP] = stats
     return test
 
 
-def score_steps(model: PerformanceModel, step_rows: Sequence[Measurement], include_overhead: bool = True) -> ErrorStats:
+def score_steps(model: PerformanceModel, step_rows: Sequence[Measurement], include_overhead: bool = True,
+                simulate_graph: bool = True) -> ErrorStats:
     """Relative error of whole predicted training steps against measured `dlrm_step` rows."""
     errors = []
     for row in step_rows:
         job = JobSpec.from_dict(row.params["job"])
-        predicted = estimate_iteration(job, row.params["table_to_rank"], model, include_overhead).iteration_s
+        predicted = estimate_iteration(job, row.params["table_to_rank"], model, include_overhead,
+                                       simulate_graph).iteration_s
         errors.append(abs(predicted - row.median_s) / row.median_s)
     return error_stats(np.asarray(errors))

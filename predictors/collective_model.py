@@ -7,8 +7,8 @@ Latency against message size m has three regions:
 - m >= m2: t = t_s + m / BW_max (the link is saturated).
 Eight parameters (t_s, m1, m2, L, x0, k, b, BW_max). The breakpoints are chosen from the
 measured sizes by cross-validation inside the training rows, the rest by least squares on
-log time, so noise does not buy a spurious transition: with m1 = m2 the model is exactly
-alpha-beta, the baseline it must beat.
+log time, so noise does not buy a spurious transition; when no breakpoint pair validates
+better than a single start-up + bandwidth line, that line (alpha-beta, the baseline) is kept.
 """
 from __future__ import annotations
 
@@ -86,18 +86,37 @@ def _fit_given_breaks(x: np.ndarray, t: np.ndarray, x1: float, x2: float) -> Sig
     return SigmoidCurve(t_s, float(x1), float(x2), L, x0, k, b, float(bw), float(x.min()), float(x.max()))
 
 
+def _fit_alpha_beta(x: np.ndarray, t: np.ndarray) -> SigmoidCurve:
+    """t = t_s + m / BW over every point (non-negative, relative least squares): the degenerate
+    curve whose breakpoints both lie below the smallest message."""
+    from scipy.optimize import nnls
+
+    m = np.exp2(x)
+    design = np.column_stack([np.ones_like(m), m]) / t[:, None]
+    scale = design.max(axis=0)
+    (alpha, inv_bw), _ = nnls(design / scale, np.ones_like(t))
+    alpha, inv_bw = alpha / scale[0], inv_bw / scale[1]
+    below = float(x.min()) - 1.0
+    return SigmoidCurve(max(float(alpha), 1e-12), below, below, 0.0, below, 1.0, 0.0,
+                        1.0 / max(float(inv_bw), 1e-18), float(x.min()), float(x.max()))
+
+
 def _log_error(curve: SigmoidCurve, x: np.ndarray, t: np.ndarray) -> float:
     pred = curve.predict_log2(x)
     return float(np.mean(np.abs(np.log(np.maximum(pred, 1e-15)) - np.log(t))))
 
 
-def _cv_error(x: np.ndarray, t: np.ndarray, assignment: np.ndarray, folds: int, x1: float, x2: float) -> float:
+def _cv_error(x: np.ndarray, t: np.ndarray, assignment: np.ndarray, folds: int, x1: float | None,
+              x2: float | None) -> float:
+    """k-fold error of the curve with breakpoints (x1, x2), or of plain alpha-beta (None)."""
     err = 0.0
     for f in range(folds):
         train, test = assignment != f, assignment == f
         if train.sum() < 3 or not test.any():
             continue
-        err += _log_error(_fit_given_breaks(x[train], t[train], x1, x2), x[test], t[test]) * test.sum()
+        curve = (_fit_alpha_beta(x[train], t[train]) if x1 is None
+                 else _fit_given_breaks(x[train], t[train], x1, x2))
+        err += _log_error(curve, x[test], t[test]) * test.sum()
     return err
 
 
@@ -127,7 +146,10 @@ def fit_sigmoid_curve(x: np.ndarray, t: np.ndarray, folds: int = 4, seed: int = 
     coarse = sorted(set(range(0, n, 3)) | {n - 1})
     _, (bi, bj) = search(coarse, coarse)
     near = lambda c: [k for k in range(max(0, c - 3), min(n, c + 4))]  # noqa: E731
-    _, (bi, bj) = search(near(bi), near(bj))
+    best, (bi, bj) = search(near(bi), near(bj))
+    # Too few or too noisy points to place a transition: keep the start-up + bandwidth line.
+    if _cv_error(x, t, assignment, folds, None, None) <= best:
+        return _fit_alpha_beta(x, t)
     return _fit_given_breaks(x, t, levels[bi], levels[bj])
 
 

@@ -2,31 +2,50 @@
 from __future__ import annotations
 
 from predictors.collective_model import SigmoidCollectiveModel
-from predictors.learned_model import EMBEDDING_DESIGN, GEMM_DESIGN, LearnedKernelModel
-from predictors.opmodels import AlphaBetaModel, LinearCostModel, OpModel
+from predictors.learned_model import EMBEDDING_DESIGN, GEMM_DESIGN, ROW_OP_DESIGN, LearnedKernelModel
+from predictors.overhead_model import OverheadModel
+from predictors.opmodels import AlphaBetaModel, GroupedCostModel, LinearCostModel, OpModel
 
 COLLECTIVES = ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "broadcast")
 GEMM_FEATURES = ["one", "flops", "bytes", "mn"]
+STREAMING_OPS = ("relu", "gelu", "tanh", "add", "mul")
+ROW_OPS = ("layer_norm", "softmax", "dropout")
+# Element-wise ops start from the roofline (launch + bytes / bandwidth); row ops add a per-row
+# cost (one reduction per row). The learned part corrects where caches bend either.
+ROOFLINE_FEATURES = ["one", "bytes"]
+ROW_OP_FEATURES = ["one", "rows", "bytes"]
 EMBEDDING_FEATURES = ["one", "tables", "bags", "lookups", "gathered_elems", "output_elems", "distinct_elems"]
 
 
 def default_model_for(op: str, seed: int = 0) -> OpModel:
     if op == "gemm":
-        return LearnedKernelModel(op, GEMM_FEATURES, GEMM_DESIGN, seed)
+        return LearnedKernelModel(op, GEMM_FEATURES, GEMM_DESIGN, seed, group_by=("dtype", "float32"))
     if op.startswith("embedding_"):
         return LearnedKernelModel(op, EMBEDDING_FEATURES, EMBEDDING_DESIGN, seed)
     if op in COLLECTIVES:
         return SigmoidCollectiveModel(op)
+    if op == "cpu_overhead":
+        return OverheadModel(op)
+    if op == "memcpy":
+        return LearnedKernelModel(op, ROOFLINE_FEATURES, ["log:bytes"], seed, group_by=("direction", "d2d"))
+    if op in STREAMING_OPS:
+        return LearnedKernelModel(op, ROOFLINE_FEATURES, ROW_OP_DESIGN, seed)
+    if op in ROW_OPS:
+        return LearnedKernelModel(op, ROW_OP_FEATURES, ROW_OP_DESIGN, seed)
     raise ValueError(f"no model family for op {op!r}")
 
 
 def baseline_model_for(op: str) -> OpModel | None:
-    """Collectives: alpha-beta. GEMM: launch + flops roofline. Embeddings: the additive
-    linear roofline over lookups and bytes (what the learned model starts from)."""
+    """Collectives: alpha-beta. GEMM: launch + flops roofline. Embeddings and element-wise /
+    row ops: the additive linear roofline the learned model starts from."""
     if op in COLLECTIVES:
         return AlphaBetaModel(op)
     if op == "gemm":
-        return LinearCostModel(op, ["one", "flops"])
+        return GroupedCostModel(op, ["one", "flops"], "dtype", "float32")
     if op.startswith("embedding_"):
         return LinearCostModel(op, EMBEDDING_FEATURES)
+    if op in STREAMING_OPS or op in ROW_OPS:
+        return LinearCostModel(op, ROOFLINE_FEATURES)
+    if op == "memcpy":
+        return GroupedCostModel(op, ROOFLINE_FEATURES, "direction", "d2d")
     return None

@@ -16,7 +16,8 @@ FEATURES: dict[str, Callable[[Params], float]] = {
     # GEMM
     "flops": lambda p: float(p["flops"]),
     "bytes": lambda p: float(p["bytes"]),
-    "mn": lambda p: float(p["M"]) * float(p["N"]),
+    "mn": lambda p: float(p.get("batch", 1)) * float(p["M"]) * float(p["N"]),
+    "batch": lambda p: float(p.get("batch", 1)),
     "M": lambda p: float(p["M"]),
     "N": lambda p: float(p["N"]),
     "K": lambda p: float(p["K"]),
@@ -33,6 +34,10 @@ FEATURES: dict[str, Callable[[Params], float]] = {
     "E_sum": lambda p: float(p["E_sum"]),
     "L_mean": lambda p: float(p["L_mean"]),
     "table_elems": lambda p: float(p["table_elems"]),
+    # Element-wise / normalisation
+    "rows": lambda p: float(p["rows"]),
+    "cols": lambda p: float(p["cols"]),
+    "numel": lambda p: float(p["numel"]),
     # Per-iteration framework overhead of a training step
     "dense_layers": lambda p: float(p["dense_layers"]),
     "tables_total": lambda p: float(p["tables_total"]),

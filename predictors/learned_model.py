@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from predictors.features import design_row
-from predictors.opmodels import LinearCostModel, OpModel
+from predictors.opmodels import GroupedCostModel, LinearCostModel, OpModel
 from predictors.regressors import ArrayMLP, ArrayTrees, regressor_from_dict
 from probes.records import Measurement
 
@@ -29,9 +29,12 @@ def _gmae(pred_log: np.ndarray, true_log: np.ndarray) -> float:
 class LearnedKernelModel(OpModel):
     kind = "learned_kernel"
 
-    def __init__(self, op: str, base_features: Sequence[str], design: Sequence[str], seed: int = 0):
+    def __init__(self, op: str, base_features: Sequence[str], design: Sequence[str], seed: int = 0,
+                 group_by: tuple[str, str] | None = None):
+        """`group_by` = (param, default value): fit the base per value of that param."""
         super().__init__(op)
-        self.base = LinearCostModel(op, base_features)
+        self.base: LinearCostModel | GroupedCostModel = (
+            GroupedCostModel(op, base_features, *group_by) if group_by else LinearCostModel(op, base_features))
         self.design = list(design)
         self.seed = seed
         self.regressor: Any = None
@@ -83,15 +86,17 @@ class LearnedKernelModel(OpModel):
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> "LearnedKernelModel":
         model = cls(data["op"], data["base"]["features"], data["design"], data.get("seed", 0))
-        model.base = LinearCostModel._from_dict(data["base"])
+        model.base = OpModel.from_dict(data["base"])  # type: ignore[assignment]
         model.regressor = regressor_from_dict(data["regressor"]) if data.get("regressor") else None
         model.chosen = data.get("chosen", "base")
         model.validation = data.get("validation", {})
         return model
 
 
-GEMM_DESIGN = ["log:M", "log:N", "log:K", "log:flops", "log:bytes", "log:arith_intensity",
-               "is:dtype=float32", "is:dtype=bfloat16", "is:dtype=float16"]
+GEMM_DESIGN = ["log:M", "log:N", "log:K", "log:batch", "log:flops", "log:bytes", "log:arith_intensity",
+               "is:dtype=float32", "is:dtype=bfloat16", "is:dtype=float16",
+               "is:variant=addmm", "is:variant=bmm", "is:variant=baddbmm"]
 EMBEDDING_DESIGN = ["log:tables", "log:B", "log:D_sum", "log:E_sum", "log:L_mean", "log:lookups",
                     "log:gathered_elems", "log:output_elems", "log:distinct_elems", "log:table_elems",
                     "hist:reuse_hist"]
+ROW_OP_DESIGN = ["log:rows", "log:cols", "log:numel", "log:bytes"]

@@ -114,6 +114,59 @@ class LinearCostModel(OpModel):
         return model
 
 
+class GroupedCostModel(OpModel):
+    """One `LinearCostModel` per value of a categorical param (e.g. GEMM dtype): an emulated
+    bf16 product on a CPU without bf16 units runs 50x below fp32, which no shared per-flop
+    cost can describe."""
+
+    kind = "grouped_linear"
+
+    def __init__(self, op: str, features: Sequence[str], key: str, default: str):
+        super().__init__(op)
+        self.features, self.key, self.default = list(features), key, default
+        self.groups: dict[str, LinearCostModel] = {}
+
+    def _group(self, params: Params) -> str:
+        return str(params.get(self.key, self.default))
+
+    def fit(self, rows: Sequence[Measurement]) -> "GroupedCostModel":
+        by_group: dict[str, list[Measurement]] = defaultdict(list)
+        for r in rows:
+            by_group[self._group(r.params)].append(r)
+        self.groups = {
+            g: LinearCostModel(self.op, self.features).fit(rs) for g, rs in sorted(by_group.items())
+            if len(rs) >= len(self.features)
+        }
+        if not self.groups:
+            raise ValueError(f"{self.op}: no {self.key} group has {len(self.features)} measurements to fit")
+        return self
+
+    def _model(self, params: Params) -> LinearCostModel:
+        group = self._group(params)
+        if group not in self.groups:
+            raise KeyError(f"{self.op}: no measurements with {self.key}={group!r}; measured: {sorted(self.groups)}")
+        return self.groups[group]
+
+    def predict(self, params: Params) -> float:
+        return self._model(params).predict(params)
+
+    def out_of_range(self, params: Params) -> list[str]:
+        group = self._group(params)
+        if group not in self.groups:
+            return [f"{self.op}.{self.key}={group!r} never measured (measured: {sorted(self.groups)})"]
+        return self.groups[group].out_of_range(params)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "op": self.op, "features": self.features, "key": self.key, "default": self.default,
+                "groups": {g: m.to_dict() for g, m in self.groups.items()}}
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> "GroupedCostModel":
+        model = cls(data["op"], data["features"], data["key"], data["default"])
+        model.groups = {g: LinearCostModel._from_dict(m) for g, m in data["groups"].items()}
+        return model
+
+
 def group_key(params: Params) -> str:
     return f"{int(params['world'])}:{params.get('scope', 'intra')}"
 

@@ -29,6 +29,10 @@ class PerformanceModel:
 
     def predict(self, op: str, strict: bool = False, **params: Any) -> float:
         """Seconds for one `op` with `params`; `strict` refuses far extrapolation."""
+        return self.predict_params(op, params, strict)
+
+    def predict_params(self, op: str, params: dict[str, Any], strict: bool = False) -> float:
+        """`predict` for a params dict as probes record it (which may hold an `op` key)."""
         if op not in self.models:
             raise KeyError(f"no model for op {op!r}; this bundle has {sorted(self.models)}")
         model = self.models[op]

@@ -18,10 +18,12 @@ _HASH_PRIME = 2_654_435_761  # spreads hot rows over the table, as real ids are
 
 @dataclass(frozen=True)
 class Distribution:
-    """`uniform`, or Zipf with exponent `s` over the table's rows."""
+    """`uniform`, Zipf with exponent `s` over the table's rows, or `profile`: the access curve
+    of table `table` of the shipped reuse-factor profile (probes/reuse_profile.py)."""
 
     kind: str = "uniform"
     s: float = 0.0
+    table: str = ""
 
     @classmethod
     def parse(cls, value: object) -> "Distribution":
@@ -29,14 +31,23 @@ class Distribution:
             return cls("uniform")
         if isinstance(value, dict) and set(value) == {"zipf"}:
             return cls("zipf", float(value["zipf"]))
+        if isinstance(value, dict) and set(value) == {"profile"}:
+            from probes.reuse_profile import load_profile
+
+            load_profile().table(str(value["profile"]))  # unknown names fail here, with the choices
+            return cls("profile", table=str(value["profile"]))
         if isinstance(value, Distribution):
             return value
-        raise ValueError(f"distribution must be 'uniform' or {{zipf: s}}, got {value!r}")
+        raise ValueError(f"distribution must be 'uniform', {{zipf: s}} or {{profile: table}}, got {value!r}")
 
     def to_json(self) -> object:
+        if self.kind == "profile":
+            return {"profile": self.table}
         return "uniform" if self.kind == "uniform" else {"zipf": self.s}
 
     def label(self) -> str:
+        if self.kind == "profile":
+            return f"profile:{self.table}"
         return "uniform" if self.kind == "uniform" else f"zipf{self.s:g}"
 
 
@@ -52,8 +63,16 @@ def sample_indices(num_rows: int, count: int, dist: Distribution, rng: np.random
     """`count` row ids in [0, num_rows) drawn from `dist` (int64)."""
     if dist.kind == "uniform":
         return rng.integers(0, num_rows, size=count, dtype=np.int64)
+    if dist.kind == "profile":
+        from probes.reuse_profile import load_profile, sample_from_table
+
+        return sample_from_table(load_profile().table(dist.table), num_rows, count, rng)
     ranks = np.searchsorted(_zipf_cdf(num_rows, dist.s), rng.random(count), side="right")
-    ranks = np.minimum(ranks, num_rows - 1).astype(np.int64)
+    return spread_ranks(np.minimum(ranks, num_rows - 1).astype(np.int64), num_rows)
+
+
+def spread_ranks(ranks: np.ndarray, num_rows: int) -> np.ndarray:
+    """Hot-first ranks to row ids, scattered over the table as real hashed ids are."""
     return (ranks * _HASH_PRIME) % num_rows
 
 

@@ -18,7 +18,7 @@ Schema (YAML or an equivalent dict), DLRM:
         num_embeddings: 100000      # rows
         embedding_dim: 32           # columns
         pooling_factor: 8           # lookups per sample (bag size)
-        distribution: uniform       # or {zipf: 1.1}
+        distribution: uniform       # or {zipf: 1.1}, or {profile: power1.1} (probes/data/reuse_profile.json)
     memory_cap_gb: 8                # optional per-rank cap for embedding tables
 
 Interaction is concatenation: the top MLP reads the bottom MLP output next to every pooled
@@ -237,8 +237,12 @@ class _Validator:
                 dist = Distribution.parse(dist_value)
                 if dist.kind == "zipf" and not dist.s > 0:
                     raise ValueError
-            except (ValueError, TypeError):
-                self.fail(f"{path}distribution", "'uniform' or {zipf: s} with s > 0", dist_value)
+            except (ValueError, TypeError, KeyError):
+                from probes.reuse_profile import load_profile
+
+                self.fail(f"{path}distribution",
+                          f"'uniform', {{zipf: s}} with s > 0, or {{profile: name}} with name in {load_profile().names}",
+                          dist_value)
                 dist = Distribution()
             out.append(
                 TableSpec(

@@ -17,12 +17,15 @@ import numpy as np
 import torch
 
 from probes.collective import COLLECTIVE_OPS, measure_collective
+from probes.elementwise import ELEMENTWISE_OPS, measure_elementwise
 from probes.embedding import TableShape, measure_tbe
-from probes.gemm import linear_layer_gemms, measure_gemm
+from probes.gemm import PRODUCTS, linear_layer_gemms, measure_gemm
 from probes.indices import Distribution
+from probes.memcpy import directions_for, measure_memcpy
+from probes.overheads import cycling_step, profile_overheads
 from probes.records import Measurement
 
-LOCAL_FAMILIES = ("gemm", "embedding")
+LOCAL_FAMILIES = ("gemm", "embedding", "elementwise", "memcpy")
 
 
 @dataclass(frozen=True)
@@ -39,10 +42,15 @@ def run_local_probe(spec: ProbeSpec, device: str = "cpu") -> list[Measurement]:
     """Run one GEMM or embedding probe point on `device`."""
     p = spec.params
     if spec.family == "gemm":
-        return [measure_gemm(p["M"], p["N"], p["K"], p.get("dtype", "float32"), device=device)]
+        return [measure_gemm(p["M"], p["N"], p["K"], p.get("dtype", "float32"), device=device,
+                             variant=p.get("variant", "mm"), batch=p.get("batch", 1), product=p.get("product"))]
     if spec.family == "embedding":
         tables = [TableShape(e, d, l, Distribution.parse(dist)) for e, d, l, dist in p["tables"]]
         return measure_tbe(tables, p["B"], device=device, seed=p.get("seed", 0))
+    if spec.family == "elementwise":
+        return [measure_elementwise(p["op"], p["rows"], p["cols"], device=device)]
+    if spec.family == "memcpy":
+        return [measure_memcpy(p["direction"], p["bytes"], device=device)]
     raise ValueError(f"{spec.family!r} is not a local probe family; expected one of {LOCAL_FAMILIES}")
 
 
@@ -50,23 +58,75 @@ def run_collective_probe(spec: ProbeSpec, device: str = "cpu") -> list[Measureme
     """Run one collective or training point; every member of the current process group must call it."""
     if spec.family == "training":
         return run_training_probe(spec, device)
-    return measure_collective(spec.params["op"], spec.params["bytes"], device=device, scope=spec.params.get("scope", "intra"))
+    p = spec.params
+    return measure_collective(p["op"], p["bytes"], device=device, scope=p.get("scope", "intra"), ranks=p.get("ranks"),
+                              uneven=p.get("uneven", False), seed=p.get("seed", 0))
 
 
 def _log_uniform(rng: np.random.Generator, lo: int, hi: int) -> int:
     return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
 
 
-def gemm_specs(n: int, seed: int, max_dim: int = 2048) -> list[ProbeSpec]:
+# Share of GEMM points per variant, and per dtype on each device kind. Reduced-precision
+# products on a CPU without bf16/fp16 units are emulated (~50x below fp32): sampled more
+# rarely and capped in flops so one point stays under a second.
+_VARIANT_SHARE = {"mm": 0.55, "addmm": 0.15, "bmm": 0.15, "baddbmm": 0.15}
+_DTYPE_SHARE = {"cpu": {"float32": 0.85, "bfloat16": 0.15},
+                "cuda": {"float32": 0.4, "bfloat16": 0.3, "float16": 0.3}}
+_MAX_FLOPS = {"cpu": {"float32": 2.0 * 2048**3, "bfloat16": 2.0 * 256**3},
+              "cuda": {"float32": 2.0 * 8192**3, "bfloat16": 2.0 * 8192**3, "float16": 2.0 * 8192**3}}
+
+
+def gemm_specs(n: int, seed: int, max_dim: int = 2048, device_kind: str = "cpu") -> list[ProbeSpec]:
+    """M, N, K (and the batch of bmm/baddbmm) log-uniform; variant and dtype drawn by share;
+    a shape over the dtype's flop cap is drawn again."""
+    kind = "cuda" if device_kind.startswith("cuda") else "cpu"
     rng = np.random.default_rng(seed)
+    variants, v_p = zip(*_VARIANT_SHARE.items())
+    dtypes, d_p = zip(*_DTYPE_SHARE[kind].items())
     out = []
     for i in range(n):
-        m, nn, k = (_log_uniform(rng, 8, max_dim) for _ in range(3))
-        out.append(ProbeSpec("gemm", {"M": m, "N": nn, "K": k, "dtype": "float32"}, f"gemm:{m}x{nn}x{k}"))
+        variant = str(rng.choice(variants, p=v_p))
+        dtype = str(rng.choice(dtypes, p=d_p))
+        while True:
+            m, nn, k = (_log_uniform(rng, 8, max_dim) for _ in range(3))
+            batch = _log_uniform(rng, 2, 64) if variant in ("bmm", "baddbmm") else 1
+            if 2.0 * batch * m * nn * k <= _MAX_FLOPS[kind][dtype]:
+                break
+        params = {"M": m, "N": nn, "K": k, "dtype": dtype, "variant": variant, "batch": batch}
+        out.append(ProbeSpec("gemm", params, f"{variant}:{batch}x{m}x{nn}x{k}:{dtype}"))
     return out
 
 
-_DISTS: list[Any] = ["uniform", {"zipf": 0.8}, {"zipf": 1.05}, {"zipf": 1.2}]
+def elementwise_specs(n: int, seed: int, max_numel: int = 4 * 2**20) -> list[ProbeSpec]:
+    """Each element-wise / normalisation op over log-uniform (rows, cols), ops in turn."""
+    rng = np.random.default_rng(seed + 3)
+    out = []
+    for i in range(n):
+        op = ELEMENTWISE_OPS[i % len(ELEMENTWISE_OPS)]
+        cols = _log_uniform(rng, 16, 4096)
+        rows = max(1, min(_log_uniform(rng, 1, 8192), max_numel // cols))
+        out.append(ProbeSpec("elementwise", {"op": op, "rows": rows, "cols": cols}, f"{op}:{rows}x{cols}"))
+    return out
+
+
+def memcpy_specs(n: int, seed: int, device_kind: str = "cpu", max_bytes: int = 256 * 2**20) -> list[ProbeSpec]:
+    """Copy sizes log-uniform from 4 B to `max_bytes`, directions in turn."""
+    rng = np.random.default_rng(seed + 4)
+    directions = directions_for(device_kind)
+    out = []
+    for i in range(n):
+        direction = directions[i % len(directions)]
+        nbytes = _log_uniform(rng, 4, max_bytes) // 4 * 4 or 4
+        out.append(ProbeSpec("memcpy", {"direction": direction, "bytes": nbytes}, f"memcpy-{direction}:{nbytes}"))
+    return out
+
+
+def _distributions() -> list[Any]:
+    """Uniform, three Zipf exponents, and every table of the shipped reuse-factor profile."""
+    from probes.reuse_profile import load_profile
+
+    return ["uniform", {"zipf": 0.8}, {"zipf": 1.05}, {"zipf": 1.2}] + [{"profile": n} for n in load_profile().names]
 
 
 def embedding_specs(
@@ -77,6 +137,7 @@ def embedding_specs(
     A set whose weights exceed `max_table_bytes` is drawn again, so probes stay inside memory.
     """
     rng = np.random.default_rng(seed + 1)
+    dists = _distributions()
     out = []
     for i in range(n):
         T = int(rng.integers(1, 9))
@@ -86,7 +147,7 @@ def embedding_specs(
                     _log_uniform(rng, 1_000, max_rows),
                     int(rng.choice([8, 16, 32, 64, 128])),
                     _log_uniform(rng, 1, 64),
-                    _DISTS[int(rng.integers(0, len(_DISTS)))],
+                    dists[int(rng.integers(0, len(dists)))],
                 ]
                 for _ in range(T)
             ]
@@ -104,10 +165,11 @@ def job_specs(job, table_groups: Iterable[Sequence[int]] = ()) -> list[ProbeSpec
     B, W = job.batch_size, job.world_size
     seen = set()
     for fan_in, fan_out in job.dense_layers():
-        for m, n, k in linear_layer_gemms(B, fan_in, fan_out):
+        for product, (m, n, k) in zip(PRODUCTS, linear_layer_gemms(B, fan_in, fan_out)):
             if (m, n, k) not in seen:
                 seen.add((m, n, k))
-                out.append(ProbeSpec("gemm", {"M": m, "N": n, "K": k, "dtype": "float32"}, f"job-gemm:{m}x{n}x{k}"))
+                params = {"M": m, "N": n, "K": k, "dtype": "float32", "product": product}
+                out.append(ProbeSpec("gemm", params, f"job-gemm-{product}:{m}x{n}x{k}"))
     groups = {tuple(sorted(g)) for g in table_groups if g}
     for i, group in enumerate(sorted(groups)):
         tables = [
@@ -129,21 +191,45 @@ def _bit_reversed(n: int) -> list[int]:
     return [i for i in order if i < n]
 
 
+def collective_groups(nodes: Sequence[str]) -> list[tuple[int, ...]]:
+    """Rank groups to measure, given each rank's node: for every size 2..world, the first
+    ranks that share a node (an intra-node group) and, across nodes, ranks taken round-robin
+    over the nodes (an inter-node group)."""
+    by_node: dict[str, list[int]] = {}
+    for rank, node in enumerate(nodes):
+        by_node.setdefault(node, []).append(rank)
+    columns = list(itertools.zip_longest(*by_node.values()))
+    round_robin = [r for col in columns for r in col if r is not None]
+    biggest_node = max(by_node.values(), key=len)
+    groups: list[tuple[int, ...]] = []
+    for size in range(2, len(nodes) + 1):
+        if size <= len(biggest_node):
+            groups.append(tuple(biggest_node[:size]))
+        if len(by_node) > 1:
+            groups.append(tuple(sorted(round_robin[:size])))
+    return list(dict.fromkeys(groups))
+
+
 def collective_specs(
-    world: int, max_bytes: int, scope: str = "intra", min_bytes: int = 4, per_octave: int = 2
+    groups: Sequence[Sequence[int]], max_bytes: int, min_bytes: int = 4, per_octave: int = 2
 ) -> list[ProbeSpec]:
-    """Message sizes from `min_bytes` to `max_bytes`, `per_octave` per doubling (2: 2^k and
-    2^(k+1/2)), visited coarse-to-fine so a cut-short sweep still spans the range."""
+    """Every collective (and an uneven all-to-all) on every group, message sizes from
+    `min_bytes` to `max_bytes`, `per_octave` per doubling (2: 2^k and 2^(k+1/2)), visited
+    coarse-to-fine so a cut-short sweep still spans the range of every op and group."""
     sizes = []
     b = min_bytes
     while b <= max_bytes:
         sizes.extend(s for s in (int(b * 2 ** (i / per_octave)) for i in range(per_octave)) if s <= max_bytes)
         b *= 2
     sizes = sorted(set(sizes))
+    variants = [(op, False) for op in COLLECTIVE_OPS] + [("all_to_all", True)]
     out = []
     for i in _bit_reversed(len(sizes)):
-        for op in COLLECTIVE_OPS:
-            out.append(ProbeSpec("collective", {"op": op, "bytes": sizes[i], "world": world, "scope": scope}, f"{op}:{sizes[i]}"))
+        for ranks in groups:
+            for op, uneven in variants:
+                params = {"op": op, "bytes": sizes[i], "ranks": list(ranks), "uneven": uneven, "seed": i}
+                tag = f"{op}{'-uneven' if uneven else ''}:{sizes[i]}:g{len(ranks)}"
+                out.append(ProbeSpec("collective", params, tag))
     return out
 
 
@@ -203,6 +289,8 @@ def run_training_probe(spec: ProbeSpec, device: str = "cpu", iterations: int = 3
     placement = spec.params["table_to_rank"]
     model = ShardedDLRM(job, placement, dist.get_rank(), dist.get_world_size(), torch.device(device))
     result = model.run(iterations, warmup)
+    # Every rank profiles (the steps hold collectives); rank 0 reports the per-op overheads.
+    overheads = profile_overheads(cycling_step(model), iterations=5, warmup=0, device=device, workload="dlrm")
     if dist.get_rank() != 0:
         return []
     times = np.asarray(result.iteration_s)
@@ -212,4 +300,4 @@ def run_training_probe(spec: ProbeSpec, device: str = "cpu", iterations: int = 3
             "dlrm_step", {"job": spec.params["job"], "table_to_rank": placement}, float(np.median(times)),
             float(q3 - q1), len(times), device=device, world_size=dist.get_world_size(), family="training",
         )
-    ]
+    ] + overheads

@@ -5,6 +5,7 @@ import ray
 
 from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes
 from orchestrator.measurement_store import MeasurementStore
+from probes.collective import COLLECTIVE_OPS
 from probes.sweep import ProbeSpec, collective_specs, gemm_specs, training_specs
 
 
@@ -12,19 +13,21 @@ def test_two_actor_gloo_collective_probe(ray_local, tmp_path):
     pool = ActorPool("cpu", "hw-test", 2).start()
     store = MeasurementStore(tmp_path)
     try:
-        specs = [s for s in collective_specs(2, 2**20) if s.params["bytes"] in (4, 2**12, 2**20)]
+        specs = [s for s in collective_specs([(0, 1)], 2**20) if s.params["bytes"] in (4, 2**12, 2**20)]
         done, failed = run_collective_probes(pool, specs, store, time.monotonic() + 120)
     finally:
         pool.stop()
-    assert (done, failed) == (6, 0)
+    assert (done, failed) == (18, 0)  # 3 sizes x (5 collectives + an uneven all-to-all)
     rows = store.rows()
-    assert sorted({r.op for r in rows}) == ["all_reduce", "all_to_all"]
+    assert sorted({r.op for r in rows}) == sorted(COLLECTIVE_OPS)
+    assert sum(1 for r in rows if r.params.get("uneven")) == 3
     for r in rows:
         assert r.world_size == 2 and r.params["world"] == 2 and r.params["scope"] == "intra"
         assert r.median_s > 0 and r.repeats >= 11 and r.hardware_id == "hw-test"
-        assert r.extra["bus_bw"] > 0
-        if r.op == "all_reduce":  # busBW = algBW * 2(n-1)/n = algBW for n = 2
-            assert abs(r.extra["bus_bw"] - r.extra["alg_bw"]) < 1e-6 * r.extra["alg_bw"]
+        assert r.extra["bus_bw"] > 0 and r.extra["ranks"] == [0, 1]
+        # nccl-tests conventions for n = 2: all_reduce 2(n-1)/n = 1, broadcast 1, others (n-1)/n
+        factor = 1.0 if r.op in ("all_reduce", "broadcast") else 0.5
+        assert abs(r.extra["bus_bw"] - factor * r.extra["alg_bw"]) < 1e-6 * r.extra["alg_bw"]
     small = next(r for r in rows if r.op == "all_reduce" and r.params["bytes"] == 8)
     large = next(r for r in rows if r.op == "all_reduce" and r.params["bytes"] == 2**20)
     assert large.median_s > small.median_s
@@ -74,5 +77,9 @@ def test_training_probe_runs_on_the_gang(ray_local, tmp_path):
     finally:
         pool.stop()
     assert (done, failed) == (1, 0)
-    [row] = store.rows()
-    assert row.op == "dlrm_step" and row.median_s > 0 and row.world_size == 2
+    [row] = [r for r in store.rows() if r.op == "dlrm_step"]
+    assert row.median_s > 0 and row.world_size == 2
+    overheads = [r for r in store.rows() if r.op == "cpu_overhead"]
+    assert {r.params["kind"] for r in overheads} >= {"gap", "dispatch"}
+    assert any(r.params["aten_op"].startswith("c10d::") for r in overheads)  # the gang's all-to-all
+    assert all(0 < r.median_s < row.median_s for r in overheads)

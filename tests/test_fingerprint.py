@@ -33,3 +33,10 @@ def test_mixed_software_is_reported():
     a, b = local_node_fingerprint(), local_node_fingerprint()
     b.software = {**b.software, "torch": "0.0"}
     assert HardwareFingerprint([a, b]).software["torch"].startswith("mixed:")
+
+
+def test_cpu_slots_cap_the_devices_of_a_cpu_node():
+    node = local_node_fingerprint(cpu_slots=1)
+    if any(d.kind == "cuda" for d in node.devices):
+        return  # GPU nodes count GPUs, not CPU slots
+    assert len(node.devices) == 1 and node.cpu_cores >= 1

@@ -28,7 +28,7 @@ def test_round_trip(tiny_job_dict):
         (lambda d: d.update(workload="gpt"), "workload: expected one of ['dlrm'], got 'gpt'"),
         (lambda d: d.pop("world_size"), "world_size: required field is missing"),
         (lambda d: d.update(batch_size=0), "batch_size: expected an integer >= 1, got 0"),
-        (lambda d: d["tables"][2].update(distribution="normal"), "tables[2].distribution: expected 'uniform' or {zipf: s} with s > 0, got 'normal'"),
+        (lambda d: d["tables"][2].update(distribution="normal"), "tables[2].distribution: expected 'uniform', {zipf: s} with s > 0, or {profile: name}"),
         (lambda d: d["tables"][1].update(distribution={"zipf": -1}), "tables[1].distribution"),
         (lambda d: d["tables"][3].update(name="t0"), "tables[3].name: expected a name not used by another table"),
         (lambda d: d["tables"][0].pop("embedding_dim"), "tables[0].embedding_dim: required field is missing"),
@@ -65,3 +65,14 @@ def test_job_file_errors_name_the_file(tmp_path):
         load_job(tmp_path / "broken.yaml")
     with pytest.raises(JobSpecError, match="not found"):
         load_job(tmp_path / "missing.yaml")
+
+
+def test_unknown_profile_table_names_the_choices():
+    from probes.jobspec import JobSpec, JobSpecError
+
+    data = {"workload": "dlrm", "world_size": 2, "batch_size": 8,
+            "dense": {"num_dense_features": 4, "bottom_mlp": [8], "top_mlp": [1]},
+            "tables": [{"name": "a", "num_embeddings": 10, "embedding_dim": 4, "pooling_factor": 1,
+                        "distribution": {"profile": "nope"}}]}
+    with pytest.raises(JobSpecError, match=r"tables\[0\]\.distribution.*power1\.1"):
+        JobSpec.from_dict(data)

@@ -1,0 +1,181 @@
+"""Critical-path simulation of one iteration over an `ExecutionGraph`.
+
+Summing kernel times ignores waiting. Per rank the simulator keeps a CPU time front and one
+front per stream:
+- the CPU issues ops in order, paying each op's CPU-side overhead; an op starts at
+  max(CPU issue time, its stream's front, the end of every op it depends on) — the intra-rank
+  synchronisation that makes a kernel wait for the collective whose output it reads;
+- a collective starts only when the last member of its group has arrived and ends for all
+  members together — the inter-rank synchronisation;
+- on a synchronous device (a CPU, or gloo collectives) an op also holds the CPU until it
+  ends, so nothing overlaps it on that rank.
+The iteration time is the latest front over ranks. The result keeps per-rank, per-stream
+busy time, the communication time not hidden behind compute (exposed), and the critical path.
+"""
+from __future__ import annotations
+
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+from typing import Callable
+
+from predictors.graph import ExecutionGraph, GraphOp
+
+CostFn = Callable[[GraphOp], float]
+
+
+@dataclass
+class RankTimeline:
+    end_s: float = 0.0
+    cpu_s: float = 0.0
+    busy_s: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    exposed_comm_s: float = 0.0
+    waiting_s: float = 0.0  # time spent waiting for other ranks at collectives
+
+
+@dataclass
+class SimResult:
+    iteration_s: float
+    ranks: list[RankTimeline]
+    critical_path: list[tuple[int, int, str]]  # (rank, op index, name), first to last
+    spans: list[list[tuple[float, float]]]  # per rank, per op: (start, end)
+
+    def to_dict(self) -> dict:
+        return {
+            "iteration_ms": self.iteration_s * 1e3,
+            "ranks": [{"end_ms": r.end_s * 1e3, "cpu_ms": r.cpu_s * 1e3, "exposed_comm_ms": r.exposed_comm_s * 1e3,
+                       "waiting_ms": r.waiting_s * 1e3, "busy_ms": {k: v * 1e3 for k, v in r.busy_s.items()}}
+                      for r in self.ranks],
+            "critical_path": [f"r{r}:{name}" for r, _, name in self.critical_path],
+        }
+
+
+class DeadlockError(RuntimeError):
+    """Ranks wait on collectives that can never meet (mismatched order or groups)."""
+
+
+def simulate(graph: ExecutionGraph, cost: CostFn, cpu_overhead: CostFn | None = None,
+             synchronous: bool = False) -> SimResult:
+    """Simulate one iteration. `cost(op)` is the op's device time, `cpu_overhead(op)` the
+    CPU time to issue it (default 0); `synchronous` makes every op hold the issuing CPU."""
+    overhead = cpu_overhead or (lambda _op: 0.0)
+    n = graph.world_size
+    cpu = [0.0] * n
+    fronts = [defaultdict(float) for _ in range(n)]
+    spans: list[list[tuple[float, float]]] = [[(0.0, 0.0)] * len(ops) for ops in graph.ranks]
+    # Who each op waited for last (for the critical path): (rank, op index) or None.
+    blamed: list[list[tuple[int, int] | None]] = [[None] * len(ops) for ops in graph.ranks]
+    last_on_stream: list[dict[str, int]] = [dict() for _ in range(n)]
+    last_issued = [-1] * n
+    timelines = [RankTimeline() for _ in range(n)]
+    position = [0] * n
+    # Collectives are matched per group in issue order: the k-th on a group meets the k-th.
+    arrivals: dict[tuple[tuple[int, ...], int], dict[int, tuple[float, int, tuple[int, int] | None]]] = defaultdict(dict)
+    seen_on_group: list[dict[tuple[int, ...], int]] = [defaultdict(int) for _ in range(n)]
+    ready = deque(range(n))
+
+    def ready_time(r: int, i: int, o: GraphOp) -> tuple[float, tuple[int, int] | None]:
+        t, who = cpu[r], ((r, last_issued[r]) if last_issued[r] >= 0 else None)
+        if fronts[r][o.stream] > t:
+            t, who = fronts[r][o.stream], (r, last_on_stream[r][o.stream])
+        for d in o.deps:
+            if spans[r][d][1] > t:
+                t, who = spans[r][d][1], (r, d)
+        return t, who
+
+    def finish(r: int, i: int, o: GraphOp, start: float, end: float, who) -> None:
+        spans[r][i] = (start, end)
+        blamed[r][i] = who
+        fronts[r][o.stream] = end
+        last_on_stream[r][o.stream] = i
+        last_issued[r] = i
+        if synchronous:
+            cpu[r] = end
+        timelines[r].busy_s[o.stream] += end - start
+
+    while ready:
+        r = ready.popleft()
+        ops = graph.ranks[r]
+        while position[r] < len(ops):
+            i = position[r]
+            o = ops[i]
+            if o.kind != "collective":
+                cpu[r] += overhead(o)
+                start, who = ready_time(r, i, o)
+                dur = o.duration_s if o.duration_s is not None else cost(o)
+                finish(r, i, o, start, start + dur, who)
+                position[r] += 1
+                continue
+            key = (o.group, seen_on_group[r][o.group])
+            if r not in arrivals[key]:
+                cpu[r] += overhead(o)
+                t, who = ready_time(r, i, o)
+                arrivals[key][r] = (t, i, who)
+            if len(arrivals[key]) < len(o.group):
+                break  # wait for the others; they will re-queue this rank
+            start = max(a[0] for a in arrivals[key].values())
+            late_rank, (_, late_i, _) = max(arrivals[key].items(), key=lambda kv: kv[1][0])
+            dur = o.duration_s if o.duration_s is not None else cost(o)
+            for member, (t_arrive, idx, who) in arrivals[key].items():
+                m_op = graph.ranks[member][idx]
+                # The late arriver waited on its own predecessor; everyone else waited on it.
+                blame = who if member == late_rank else (late_rank, late_i)
+                timelines[member].waiting_s += start - t_arrive
+                finish(member, idx, m_op, start, start + dur, blame)
+                seen_on_group[member][o.group] += 1
+                position[member] += 1
+                if member != r:
+                    ready.append(member)
+            del arrivals[key]
+        # a rank that stopped on an unmet collective is re-queued by the last to arrive
+    stuck = [r for r in range(n) if position[r] < len(graph.ranks[r])]
+    if stuck:
+        raise DeadlockError(f"ranks {stuck} wait at {[graph.ranks[r][position[r]].name for r in stuck]}")
+
+    for r in range(n):
+        tl = timelines[r]
+        tl.cpu_s = cpu[r]
+        tl.end_s = max([cpu[r]] + list(fronts[r].values()))
+        tl.exposed_comm_s = _exposed(spans[r], graph.ranks[r])
+    iteration = max((tl.end_s for tl in timelines), default=0.0)
+    return SimResult(iteration, timelines, _critical_path(graph, spans, blamed), spans)
+
+
+def _exposed(spans: list[tuple[float, float]], ops: list[GraphOp]) -> float:
+    """Communication time during which no compute-stream op of the rank runs."""
+    comm = [s for s, o in zip(spans, ops) if o.stream == "comm"]
+    compute = sorted(s for s, o in zip(spans, ops) if o.stream == "compute")
+    exposed = 0.0
+    for start, end in comm:
+        covered = 0.0
+        for cs, ce in compute:
+            covered += max(0.0, min(end, ce) - max(start, cs))
+        exposed += max(0.0, (end - start) - covered)
+    return exposed
+
+
+def _critical_path(graph: ExecutionGraph, spans, blamed) -> list[tuple[int, int, str]]:
+    """Walk back from the op that ends last through whatever each op waited for."""
+    best = None
+    for r, rank_spans in enumerate(spans):
+        for i, (_, end) in enumerate(rank_spans):
+            if best is None or end > spans[best[0]][best[1]][1]:
+                best = (r, i)
+    path = []
+    seen = set()
+    while best is not None and best not in seen:
+        seen.add(best)
+        r, i = best
+        path.append((r, i, graph.ranks[r][i].name))
+        best = blamed[r][i]
+    return path[::-1]
+
+
+def model_cost(model) -> CostFn:
+    """Device time of a graph op from a fitted `PerformanceModel` (ops of empty table sets: 0)."""
+
+    def cost(op: GraphOp) -> float:
+        if not op.params:
+            return 0.0
+        return model.predict_params(op.op, op.params)
+
+    return cost
