@@ -129,6 +129,8 @@ def fit_and_register(
     kernel_rows = [r for r in rows if r.op != STEP_OP]
     step_rows = [r for r in rows if r.op == STEP_OP]
     model, test_rows = fit_performance_model(kernel_rows, fingerprint.hardware_id, seed=seed)
+    for op, why in model.meta.get("unfitted", {}).items():
+        say(f"WARNING: no model for {op} ({why}); raise the calibration budget to measure it")
     model.meta.update({"software": fingerprint.software, "devices": fingerprint.summary(),
                        "device_kind": fingerprint.device_kind})
     if step_rows:

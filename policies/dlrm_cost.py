@@ -102,7 +102,9 @@ def estimate_iteration(
 
     if simulate_graph:
         graph = build_dlrm_graph(spec, table_to_rank)
-        kernels = simulate(graph, model_cost(model), synchronous=is_synchronous(model)).iteration_s
+        unpriced: set[str] = set()
+        kernels = simulate(graph, model_cost(model, unpriced), synchronous=is_synchronous(model)).iteration_s
+        problems.extend(f"no model for {op}: priced at 0, the estimate is a lower bound" for op in unpriced)
     else:
         kernels = max(f + b for f, b in zip(emb_fwd, emb_bwd)) + dense + a2a + allreduce
     total = kernels + overhead

@@ -19,6 +19,9 @@ from predictors.regressors import ArrayMLP, ArrayTrees, regressor_from_dict
 from probes.records import Measurement
 
 CANDIDATES = {"mlp": ArrayMLP, "gbt": ArrayTrees}
+# Below this many training rows a validation split leaves too little to fit or judge a
+# regressor (the MLP's own early-stopping split needs several rows), so the base is used alone.
+MIN_ROWS_FOR_CORRECTION = 20
 
 
 def _gmae(pred_log: np.ndarray, true_log: np.ndarray) -> float:
@@ -52,6 +55,10 @@ class LearnedKernelModel(OpModel):
         x = self._x(params)
         y_log = np.log([r.median_s for r in rows])
         target = y_log - x[:, -1]
+        if len(rows) < MIN_ROWS_FOR_CORRECTION:
+            self.chosen, self.regressor = "base", None
+            self.validation = {"base": _gmae(x[:, -1], y_log)}
+            return self
         order = np.random.default_rng(self.seed).permutation(len(rows))
         n_val = max(1, len(rows) // 5)
         val, train = order[:n_val], order[n_val:]

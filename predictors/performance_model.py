@@ -113,8 +113,13 @@ def fit_performance_model(
 
     models: dict[str, OpModel] = {}
     metrics: dict[str, dict[str, Any]] = {}
+    unfitted: dict[str, str] = {}
     for op, op_rows in sorted(by_op.items()):
-        model = default_model_for(op, seed).fit(op_rows)
+        try:
+            model = default_model_for(op, seed).fit(op_rows)
+        except ValueError as exc:  # too few or degenerate rows: report the op, keep the rest
+            unfitted[op] = f"{len(op_rows)} training rows: {exc}"
+            continue
         models[op] = model
         stats = error_stats(relative_errors(model.predict, test_by_op[op])).to_dict()
         baseline = baseline_model_for(op)
@@ -123,5 +128,5 @@ def fit_performance_model(
             stats["baseline_gmae"] = error_stats(relative_errors(baseline.predict, test_by_op[op])).gmae
         stats["n_train"] = len(op_rows)
         metrics[op] = stats
-    meta = {"seed": seed, "test_fraction": test_fraction, "n_rows": len(rows)}
+    meta = {"seed": seed, "test_fraction": test_fraction, "n_rows": len(rows), "unfitted": unfitted}
     return PerformanceModel(hardware_id, models, metrics, meta), test

@@ -170,11 +170,19 @@ def _critical_path(graph: ExecutionGraph, spans, blamed) -> list[tuple[int, int,
     return path[::-1]
 
 
-def model_cost(model) -> CostFn:
-    """Device time of a graph op from a fitted `PerformanceModel` (ops of empty table sets: 0)."""
+def model_cost(model, unpriced: set[str] | None = None) -> CostFn:
+    """Device time of a graph op from a fitted `PerformanceModel` (ops of empty table sets: 0).
+
+    An op the bundle has no model for (a bundle calibrated before that family was probed, or
+    with too few rows to fit it) costs 0 and its name is added to `unpriced` when given, so
+    callers can report the estimate as a lower bound instead of failing the whole plan.
+    """
 
     def cost(op: GraphOp) -> float:
         if not op.params:
+            return 0.0
+        if unpriced is not None and op.op not in model.models:
+            unpriced.add(op.op)
             return 0.0
         return model.predict_params(op.op, op.params)
 

@@ -30,7 +30,8 @@ def test_invalid_job_exits_2_naming_the_field(tmp_path, tiny_job_dict):
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(tiny_job_dict))
     proc = cli("orchestrator.autotune", "--job", "bad.yaml", cwd=tmp_path, check=False)
     assert proc.returncode == 2
-    assert "tables[1].distribution: expected 'uniform' or {zipf: s} with s > 0, got 'gaussian'" in proc.stderr
+    assert "tables[1].distribution: expected 'uniform', {zipf: s} with s > 0, or {profile: name}" in proc.stderr
+    assert "got 'gaussian'" in proc.stderr
     assert not (tmp_path / "mlflow.db").exists(), "bad input is refused before anything starts"
 
 
