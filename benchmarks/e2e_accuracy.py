@@ -1,0 +1,126 @@
+"""Whole-iteration accuracy of the critical-path simulator on random DLRM tasks run for real.
+
+    .venv/bin/python benchmarks/e2e_accuracy.py [--tasks 12] [--budget-s 300] [--tracking-uri URI]
+
+Calibrates this machine (generic sweep, no knowledge of the tasks) into a scratch MLflow store,
+or uses the champion already registered under `--tracking-uri`. Then draws random DLRM tasks
+the anchor's way (probes/workloads/random_dlrm.py), places each task's tables with one of the
+sharders (cycling through all of them, so plans vary), runs each for real through the same Ray
+Train launcher as `orchestrator.run` (2 ranks, gloo on CPU) and predicts it three ways:
+- `predicted`: the simulator over the task's execution graph plus the fitted step overhead
+  (what the policies use);
+- `sum+overhead`: kernels summed without synchronisation, plus the same overhead;
+- `baseline`: the plain sum of kernel times (the anchor's baseline).
+Prints a row per task and writes benchmarks/results/e2e_accuracy_dlrm.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from orchestrator import ray_runtime, registry  # noqa: E402
+from orchestrator.cluster import cluster_fingerprint  # noqa: E402
+from orchestrator.launch import launch_dlrm  # noqa: E402
+from policies.dlrm_cost import estimate_iteration  # noqa: E402
+from policies.sharders import SHARDERS, rank_memory  # noqa: E402
+from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
+
+MEMORY_CAP_BYTES = 4 * 2**30
+
+
+def calibrate_into(scratch: Path, budget_s: float, seed: int) -> str:
+    """Run the calibration CLI (its own Ray) into a sqlite store in `scratch`; return the URI."""
+    uri = f"sqlite:///{scratch / 'mlflow.db'}"
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1"}
+    cmd = [sys.executable, "-m", "orchestrator.calibrate", "--budget-s", str(budget_s), "--seed", str(seed),
+           "--tracking-uri", uri]
+    print(f"calibrating ({budget_s:g}s budget): {' '.join(cmd[1:])}", flush=True)
+    subprocess.run(cmd, cwd=scratch, env=env, check=True)
+    return uri
+
+
+def geomean(errors: list[float]) -> float:
+    return math.exp(sum(math.log(max(e, 1e-6)) for e in errors) / len(errors))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=12)
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--scale", type=float, default=0.05, help="shrinks table rows (and pooling) to fit CPU ranks")
+    parser.add_argument("--budget-s", type=float, default=300, help="calibration budget when no --tracking-uri")
+    parser.add_argument("--tracking-uri", help="use the champion registered here instead of calibrating")
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(REPO / "benchmarks/results/e2e_accuracy_dlrm.json"))
+    args = parser.parse_args()
+
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        uri = args.tracking_uri or calibrate_into(scratch, args.budget_s, args.seed)
+        registry.configure(uri)
+        ray_runtime.connect()
+        fingerprint = cluster_fingerprint()
+        model = registry.load_performance_model(uri, fingerprint.hardware_id)
+        print(f"model for {fingerprint.hardware_id}: ops {sorted(model.models)}", flush=True)
+
+        rows = []
+        sharders = list(SHARDERS)
+        for i, spec in enumerate(random_dlrm_tasks(args.tasks, args.world_size, args.seed, args.scale)):
+            sharder = sharders[i % len(sharders)]
+            placement = SHARDERS[sharder](spec.tables, spec.world_size, MEMORY_CAP_BYTES, seed=args.seed)
+            t0 = time.perf_counter()
+            predicted = estimate_iteration(spec, placement, model).iteration_s * 1e3
+            predict_ms = (time.perf_counter() - t0) * 1e3
+            summed = estimate_iteration(spec, placement, model, simulate_graph=False).iteration_s * 1e3
+            baseline = estimate_iteration(spec, placement, model, include_overhead=False,
+                                          simulate_graph=False).iteration_s * 1e3
+            measured = launch_dlrm(spec, placement, iterations=args.iterations,
+                                   storage=scratch / "ray_results").iteration_ms
+            row = {
+                "name": spec.name, "sharder": sharder, "tables": len(spec.tables), "batch_size": spec.batch_size,
+                "rank_memory_mb": [round(b / 2**20, 1) for b in rank_memory(spec.tables, placement, spec.world_size)],
+                "measured_ms": measured, "predicted_ms": predicted, "error": abs(predicted - measured) / measured,
+                "sum_overhead_ms": summed, "sum_overhead_error": abs(summed - measured) / measured,
+                "baseline_ms": baseline, "baseline_error": abs(baseline - measured) / measured,
+                "predict_wall_ms": predict_ms,
+            }
+            rows.append(row)
+            print(f"{row['name']:9s} {sharder:18s} T={row['tables']:2d} B={spec.batch_size:4d}  "
+                  f"measured {measured:8.2f} ms  predicted {predicted:8.2f} ({row['error']:6.1%})  "
+                  f"sum+overhead {summed:8.2f} ({row['sum_overhead_error']:6.1%})  "
+                  f"kernel sum {baseline:8.2f} ({row['baseline_error']:6.1%})", flush=True)
+        ray_runtime.shutdown()
+
+    result = {
+        "hardware_id": fingerprint.hardware_id,
+        "command": f"python benchmarks/e2e_accuracy.py --tasks {args.tasks} --budget-s {args.budget_s:g} "
+                   f"--scale {args.scale:g} --seed {args.seed}" + (" --tracking-uri URI" if args.tracking_uri else ""),
+        "world_size": args.world_size,
+        "model_ops": sorted(model.models),
+        "tasks": rows,
+        "geomean_error": geomean([r["error"] for r in rows]),
+        "sum_overhead_geomean_error": geomean([r["sum_overhead_error"] for r in rows]),
+        "baseline_geomean_error": geomean([r["baseline_error"] for r in rows]),
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"geomean error: simulator {result['geomean_error']:.1%}, sum+overhead "
+          f"{result['sum_overhead_geomean_error']:.1%}, kernel-sum baseline {result['baseline_geomean_error']:.1%} "
+          f"over {len(rows)} tasks")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
