@@ -1,8 +1,9 @@
 """Launching the real job with a plan: Ray Train's TorchTrainer over the same Ray cluster.
 
-Each worker builds its rank of the sharded DLRM (probes.workloads.dlrm) on the process group
-Ray Train set up (NCCL with GPUs, gloo without) and times `iterations` steps after warm-up.
-The reported iteration time is the median over steps of the slowest rank's step time.
+Each worker builds its rank of the sharded DLRM (probes.workloads.dlrm), or of the parallel
+transformer block stack (probes.workloads.transformer), on the process group Ray Train set up
+(NCCL with GPUs, gloo without) and times `iterations` steps after warm-up. The reported
+iteration time is the median over steps of the slowest rank's step time.
 """
 from __future__ import annotations
 
@@ -30,12 +31,18 @@ def _train_loop(config: dict[str, Any]) -> None:
     import ray.train.torch
     import torch
 
-    from probes.workloads.dlrm import ShardedDLRM
-
     torch.set_num_threads(config["threads_per_worker"])
     ctx = ray.train.get_context()
-    spec = JobSpec.from_dict(config["job"])
-    model = ShardedDLRM(spec, config["table_to_rank"], ctx.get_world_rank(), ctx.get_world_size(), ray.train.torch.get_device())
+    device = ray.train.torch.get_device()
+    if "transformer" in config:
+        from probes.workloads.transformer import ParallelTransformer, TransformerSpec
+
+        model = ParallelTransformer(TransformerSpec.from_dict(config["transformer"]), ctx.get_world_rank(), device)
+    else:
+        from probes.workloads.dlrm import ShardedDLRM
+
+        spec = JobSpec.from_dict(config["job"])
+        model = ShardedDLRM(spec, config["table_to_rank"], ctx.get_world_rank(), ctx.get_world_size(), device)
     result = model.run(config["iterations"], config["warmup"])
     metrics = {
         "iteration_ms": result.median_s * 1e3,
@@ -65,30 +72,37 @@ def launch_dlrm(
     spec: JobSpec, table_to_rank: Sequence[int], iterations: int | None = None, use_gpu: bool = False,
     storage: str | Path = ".autotune/ray_results",
 ) -> LaunchResult:
+    config = {"job": spec.to_dict(), "table_to_rank": list(table_to_rank),
+              "iterations": iterations or spec.iterations, "warmup": spec.warmup_iterations}
+    return _launch(config, spec.world_size, f"dlrm-{spec.name}", use_gpu, storage)
+
+
+def launch_transformer(
+    spec: Any, iterations: int | None = None, use_gpu: bool = False, storage: str | Path = ".autotune/ray_results",
+) -> LaunchResult:
+    """Run a `TransformerSpec` (data x tensor parallel) for real and time it."""
+    config = {"transformer": spec.to_dict(), "iterations": iterations or spec.iterations,
+              "warmup": spec.warmup_iterations}
+    return _launch(config, spec.world_size, f"transformer-{spec.name}", use_gpu, storage)
+
+
+def _launch(config: dict[str, Any], world_size: int, name: str, use_gpu: bool, storage: str | Path) -> LaunchResult:
     import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
-    iterations = iterations or spec.iterations
     available = ray.cluster_resources().get("GPU" if use_gpu else "CPU", 0)
-    if available < spec.world_size:
+    if available < world_size:
         raise RuntimeError(
-            f"job needs world_size={spec.world_size} {'GPU' if use_gpu else 'CPU'} workers, "
+            f"job needs world_size={world_size} {'GPU' if use_gpu else 'CPU'} workers, "
             f"the Ray cluster has {available:g}"
         )
     collector = ray.remote(num_cpus=0)(_ResultCollector).remote()
     trainer = TorchTrainer(
         _train_loop,
-        train_loop_config={
-            "job": spec.to_dict(),
-            "table_to_rank": list(table_to_rank),
-            "iterations": iterations,
-            "warmup": spec.warmup_iterations,
-            "threads_per_worker": 1,
-            "collector": collector,
-        },
-        scaling_config=ScalingConfig(num_workers=spec.world_size, use_gpu=use_gpu, resources_per_worker={"CPU": 1}),
-        run_config=RunConfig(name=f"dlrm-{spec.name}", storage_path=str(Path(storage).resolve())),
+        train_loop_config={**config, "threads_per_worker": 1, "collector": collector},
+        scaling_config=ScalingConfig(num_workers=world_size, use_gpu=use_gpu, resources_per_worker={"CPU": 1}),
+        run_config=RunConfig(name=name, storage_path=str(Path(storage).resolve())),
     )
     trainer.fit()
     metrics = ray.get(collector.get.remote())
@@ -96,6 +110,6 @@ def launch_dlrm(
     if metrics is None:
         raise RuntimeError("the training job finished without reporting its timings")
     return LaunchResult(
-        float(metrics["iteration_ms"]), iterations, list(metrics["per_iteration_ms"]),
+        float(metrics["iteration_ms"]), config["iterations"], list(metrics["per_iteration_ms"]),
         float(metrics["loss_first"]), float(metrics["loss_last"]),
     )

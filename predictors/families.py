@@ -8,8 +8,8 @@ from predictors.opmodels import AlphaBetaModel, GroupedCostModel, LinearCostMode
 
 COLLECTIVES = ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "broadcast")
 GEMM_FEATURES = ["one", "flops", "bytes", "mn"]
-STREAMING_OPS = ("relu", "gelu", "tanh", "add", "mul")
-ROW_OPS = ("layer_norm", "softmax", "dropout")
+STREAMING_OPS = ("relu", "gelu", "tanh", "add", "mul", "gelu_bwd")
+ROW_OPS = ("layer_norm", "softmax", "dropout", "layer_norm_bwd", "softmax_bwd")
 # Element-wise ops start from the roofline (launch + bytes / bandwidth); row ops add a per-row
 # cost (one reduction per row). The learned part corrects where caches bend either.
 ROOFLINE_FEATURES = ["one", "bytes"]

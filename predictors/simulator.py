@@ -187,3 +187,18 @@ def model_cost(model, unpriced: set[str] | None = None) -> CostFn:
         return model.predict_params(op.op, op.params)
 
     return cost
+
+
+def model_cpu_overhead(model) -> CostFn:
+    """CPU time to issue a graph op: the measured pooled dispatch + between-op gap medians
+    (`cpu_overhead` rows from the training probes); 0 when the bundle has none."""
+    overheads = model.models.get("cpu_overhead")
+    if overheads is None:
+        return lambda _op: 0.0
+    per_op = sum(overheads.predict({"kind": kind, "aten_op": "*"}) for kind in ("dispatch", "gap")
+                 if not overheads.out_of_range({"kind": kind, "aten_op": "*"}))
+
+    def cost(op: GraphOp) -> float:
+        return per_op if op.params else 0.0
+
+    return cost

@@ -1,4 +1,8 @@
-"""Element-wise and normalisation ops over (rows, cols) activations, forward.
+"""Element-wise and normalisation ops over (rows, cols) activations, forward and backward.
+
+The backward kernels a training step runs (`gelu_bwd`, `layer_norm_bwd`, `softmax_bwd`) are
+measured as the aten backward ops autograd calls, so a graph builder prices them instead of
+guessing a multiple of the forward. (relu's and dropout's backward are a masked multiply.)
 
 Element-wise ops stream memory, so a roofline (launch + bytes / bandwidth) describes them;
 normalisation and softmax reduce along rows, so their cost also depends on the row length.
@@ -17,13 +21,15 @@ from probes.timing import time_callable
 UNARY = ("relu", "gelu", "tanh")
 BINARY = ("add", "mul")
 ROW_OPS = ("layer_norm", "softmax", "dropout")
-ELEMENTWISE_OPS = UNARY + BINARY + ROW_OPS
+BACKWARD_OPS = ("gelu_bwd", "layer_norm_bwd", "softmax_bwd")
+ELEMENTWISE_OPS = UNARY + BINARY + ROW_OPS + BACKWARD_OPS
 
 
 def elementwise_params(op: str, rows: int, cols: int, dtype: str = "float32") -> dict:
     numel = rows * cols
     size = torch.tensor([], dtype=getattr(torch, dtype)).element_size()
-    tensors = 3 if op in BINARY else 2  # inputs read + output written
+    # inputs read + outputs written (backward: grad_out and the saved tensor in, grad_in out)
+    tensors = 3 if op in BINARY or op in BACKWARD_OPS else 2
     return {"op": op, "rows": int(rows), "cols": int(cols), "numel": int(numel), "dtype": dtype,
             "bytes": float(tensors * numel * size)}
 
@@ -32,6 +38,8 @@ def _kernel(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> Cal
     cols = x.shape[-1]
     weight = torch.ones(cols, dtype=x.dtype, device=x.device)
     bias = torch.zeros(cols, dtype=x.dtype, device=x.device)
+    if op in BACKWARD_OPS:
+        return _backward_kernel(op, x, y, weight, bias)
     return {
         "relu": lambda: torch.clamp_min(x, 0.0, out=out),
         "gelu": lambda: F.gelu(x),
@@ -42,6 +50,20 @@ def _kernel(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> Cal
         "softmax": lambda: torch.softmax(x, dim=-1),
         "dropout": lambda: F.dropout(x, p=0.1, training=True),
     }[op]
+
+
+def _backward_kernel(op: str, x: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor,
+                     bias: torch.Tensor) -> Callable[[], object]:
+    """The aten op autograd runs for `op`'s forward, with the tensors it saved."""
+    aten = torch.ops.aten
+    if op == "gelu_bwd":
+        return lambda: aten.gelu_backward(grad, x)
+    if op == "softmax_bwd":
+        probs = torch.softmax(x, dim=-1)
+        return lambda: aten._softmax_backward_data(grad, probs, -1, x.dtype)
+    cols = x.shape[-1]
+    _, mean, rstd = aten.native_layer_norm(x, [cols], weight, bias, 1e-5)
+    return lambda: aten.native_layer_norm_backward(grad, x, [cols], mean, rstd, weight, bias, [True, True, True])
 
 
 def measure_elementwise(op: str, rows: int, cols: int, device: torch.device | str = "cpu", dtype: str = "float32",

@@ -1,0 +1,109 @@
+"""Whole-iteration accuracy of the critical-path simulator on small GPT-style block stacks
+run for real over 2 ranks (data parallel, and tensor parallel for comparison).
+
+    .venv/bin/python benchmarks/e2e_accuracy_transformer.py [--tasks 12] [--budget-s 300] [--tracking-uri URI]
+
+Calibrates this machine with the generic sweep into a scratch MLflow store (or uses the
+champion under `--tracking-uri`), draws random block stacks (layers, hidden, heads, sequence
+length, batch), runs each through the Ray Train launcher and predicts it with the simulator
+over `predictors/transformer_graph.py`'s graph; the baseline is the plain sum of the slowest
+rank's kernels. Writes benchmarks/results/e2e_accuracy_transformer.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.e2e_accuracy import calibrate_into, geomean  # noqa: E402
+from orchestrator import ray_runtime, registry  # noqa: E402
+from orchestrator.cluster import cluster_fingerprint  # noqa: E402
+from orchestrator.launch import launch_transformer  # noqa: E402
+from policies.transformer_cost import estimate_transformer_iteration  # noqa: E402
+from probes.workloads.transformer import TransformerSpec  # noqa: E402
+
+
+def random_transformer(index: int, world_size: int, tensor_parallel: int, seed: int) -> TransformerSpec:
+    rng = np.random.default_rng([seed, index, 104729])
+    hidden = int(rng.choice([64, 128, 256]))
+    heads = int(rng.choice([h for h in (2, 4, 8) if hidden % h == 0 and h % tensor_parallel == 0]))
+    return TransformerSpec(
+        layers=int(rng.integers(1, 5)), hidden=hidden, heads=heads, seq_len=int(rng.choice([32, 64, 128])),
+        batch_size=int(rng.choice([2, 4, 8])), world_size=world_size, tensor_parallel=tensor_parallel,
+        dropout=0.1, seed=index, name=f"gpt{index}-tp{tensor_parallel}",
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tasks", type=int, default=12, help="data-parallel tasks")
+    parser.add_argument("--tp-tasks", type=int, default=4, help="tensor-parallel tasks, reported apart")
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--budget-s", type=float, default=300)
+    parser.add_argument("--tracking-uri")
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=str(REPO / "benchmarks/results/e2e_accuracy_transformer.json"))
+    args = parser.parse_args()
+
+    specs = [random_transformer(i, args.world_size, 1, args.seed) for i in range(args.tasks)]
+    specs += [random_transformer(100 + i, args.world_size, args.world_size, args.seed) for i in range(args.tp_tasks)]
+    with tempfile.TemporaryDirectory() as tmp:
+        scratch = Path(tmp)
+        uri = args.tracking_uri or calibrate_into(scratch, args.budget_s, args.seed)
+        registry.configure(uri)
+        ray_runtime.connect()
+        fingerprint = cluster_fingerprint()
+        model = registry.load_performance_model(uri, fingerprint.hardware_id)
+        rows = []
+        for spec in specs:
+            t0 = time.perf_counter()
+            estimate = estimate_transformer_iteration(spec, model)
+            predict_ms = (time.perf_counter() - t0) * 1e3
+            measured = launch_transformer(spec, iterations=args.iterations, storage=scratch / "ray_results").iteration_ms
+            predicted, baseline = estimate.iteration_s * 1e3, estimate.kernel_sum_s * 1e3
+            row = {"name": spec.name, "spec": spec.to_dict(), "tensor_parallel": spec.tensor_parallel,
+                   "measured_ms": measured, "predicted_ms": predicted, "error": abs(predicted - measured) / measured,
+                   "baseline_ms": baseline, "baseline_error": abs(baseline - measured) / measured,
+                   "exposed_comm_ms": max(t.exposed_comm_s for t in estimate.simulation.ranks) * 1e3,
+                   "predict_wall_ms": predict_ms, "problems": estimate.problems[:5]}
+            rows.append(row)
+            print(f"{spec.name:10s} L={spec.layers} H={spec.hidden:3d} heads={spec.heads} S={spec.seq_len:3d} "
+                  f"B={spec.batch_size}  measured {measured:8.2f} ms  predicted {predicted:8.2f} ({row['error']:6.1%})  "
+                  f"kernel sum {baseline:8.2f} ({row['baseline_error']:6.1%})", flush=True)
+        ray_runtime.shutdown()
+
+    dp = [r for r in rows if r["tensor_parallel"] == 1]
+    tp = [r for r in rows if r["tensor_parallel"] > 1]
+    result = {
+        "hardware_id": fingerprint.hardware_id,
+        "command": f"python benchmarks/e2e_accuracy_transformer.py --tasks {args.tasks} --tp-tasks {args.tp_tasks} "
+                   f"--budget-s {args.budget_s:g} --seed {args.seed}" + (" --tracking-uri URI" if args.tracking_uri else ""),
+        "tasks": dp,
+        "geomean_error": geomean([r["error"] for r in dp]),
+        "baseline_geomean_error": geomean([r["baseline_error"] for r in dp]),
+        "tensor_parallel_tasks": tp,
+        "tensor_parallel_geomean_error": geomean([r["error"] for r in tp]) if tp else None,
+        "tensor_parallel_baseline_geomean_error": geomean([r["baseline_error"] for r in tp]) if tp else None,
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"data parallel: geomean error {result['geomean_error']:.1%} (kernel-sum baseline "
+          f"{result['baseline_geomean_error']:.1%}) over {len(dp)} tasks")
+    if tp:
+        print(f"tensor parallel: geomean error {result['tensor_parallel_geomean_error']:.1%} (baseline "
+              f"{result['tensor_parallel_baseline_geomean_error']:.1%}) over {len(tp)} tasks")
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

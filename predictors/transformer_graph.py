@@ -1,0 +1,168 @@
+"""Build the per-rank `ExecutionGraph` of one GPT-style block-stack iteration from a
+`TransformerSpec`, mirroring `probes/workloads/transformer.py` op for op (no run needed).
+
+Per block, forward: layer_norm; QKV projection (column-parallel under TP); the head permute
+(a copy); the q scaling (mul); q·kᵀ and ·v as batched GEMMs over local heads; softmax and
+dropout on the scores; the context permute back (a copy); output projection (row-parallel:
+all-reduce over the TP group, then the bias); dropout + residual; the MLP the same way with
+gelu. Backward in reverse with each linear's grad_input and grad_weight products, the aten
+backward kernels of layer_norm / softmax / gelu, masked multiplies for dropout, the TP
+all-reduce of the column-parallel inputs' gradients, and DDP bucket all-reduces over the
+data-parallel group on the communication stream as gradients fill buckets. Then SGD.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from predictors.dlrm_graph import DDP_BUCKET_BYTES, FLOAT, ddp_buckets
+from predictors.graph import ExecutionGraph, GraphOp
+from probes.gemm import gemm_params
+from probes.workloads.transformer import TransformerSpec
+
+
+def _elementwise(op: str, rows: int, cols: int) -> dict[str, Any]:
+    three = op in ("add", "mul") or op.endswith("_bwd")
+    return {"op": op, "rows": rows, "cols": cols, "numel": rows * cols, "dtype": "float32",
+            "bytes": float((3 if three else 2) * rows * cols * FLOAT)}
+
+
+def _copy(nbytes: int) -> dict[str, Any]:
+    return {"direction": "d2d", "bytes": float(nbytes)}
+
+
+def block_param_numel(spec: TransformerSpec) -> int:
+    """Parameters of one block on one rank (TP shards the four linear layers)."""
+    H, local = spec.hidden, spec.hidden // spec.tensor_parallel
+    linears = (H * 3 * local + 3 * local) + (local * H + H) + (H * 4 * local + 4 * local) + (4 * local * H + H)
+    return linears + 4 * H  # two layer norms
+
+
+class _Rank:
+    def __init__(self, spec: TransformerSpec, rank: int, scope: str):
+        self.ops: list[GraphOp] = []
+        self.spec, self.scope = spec, scope
+        self.tp_group, self.dp_group = spec.tp_group_of(rank), spec.dp_group_of(rank)
+        self.prev: int | None = None
+
+    def add(self, name: str, kind: str, op: str, params: dict[str, Any], extra_deps: tuple[int, ...] = (),
+            stream: str = "compute", group: tuple[int, ...] = (), chain: bool = True) -> int:
+        deps = ([self.prev] if self.prev is not None else []) + [d for d in extra_deps if d is not None]
+        self.ops.append(GraphOp(name, kind, op, params, stream, sorted(set(deps)), group))
+        index = len(self.ops) - 1
+        if chain:
+            self.prev = index
+        return index
+
+    def elementwise(self, name: str, op: str, rows: int, cols: int) -> int:
+        return self.add(name, "compute", op, _elementwise(op, rows, cols))
+
+    def gemm(self, name: str, m: int, n: int, k: int, variant: str = "mm", batch: int = 1) -> int:
+        return self.add(name, "compute", "gemm", gemm_params(m, n, k, variant=variant, batch=batch))
+
+    def tp_all_reduce(self, name: str, nbytes: int) -> None:
+        if self.spec.tensor_parallel > 1:
+            params = {"bytes": int(nbytes), "world": self.spec.tensor_parallel, "scope": self.scope}
+            self.add(name, "collective", "all_reduce", params, stream="comm", group=self.tp_group)
+
+
+def build_transformer_graph(spec: TransformerSpec, scope: str = "intra",
+                            bucket_bytes: int = DDP_BUCKET_BYTES) -> ExecutionGraph:
+    B, S, H, tp = spec.batch_size, spec.seq_len, spec.hidden, spec.tensor_parallel
+    T, local, h, d = B * S, H // tp, spec.heads // tp, spec.head_dim
+    BH = B * h
+    dropout = spec.dropout > 0
+    bias = "addmm" if tp == 1 else "mm"  # row-parallel layers add their bias after the all-reduce
+    per_block_bytes = FLOAT * block_param_numel(spec)
+    ranks = []
+    for r in range(spec.world_size):
+        g = _Rank(spec, r, scope)
+        for layer in range(spec.layers):
+            p = f"b{layer}."
+            residual = g.prev
+            g.elementwise(p + "ln1", "layer_norm", T, H)
+            g.gemm(p + "qkv", T, 3 * local, H, "addmm")
+            g.add(p + "qkv_permute", "memory", "memcpy", _copy(FLOAT * T * 3 * local))
+            g.elementwise(p + "q_scale", "mul", T, local)
+            g.gemm(p + "scores", S, S, d, "bmm", BH)
+            g.elementwise(p + "softmax", "softmax", BH * S, S)
+            if dropout:
+                g.elementwise(p + "attn_dropout", "dropout", BH * S, S)
+            g.gemm(p + "context", S, d, S, "bmm", BH)
+            g.add(p + "context_permute", "memory", "memcpy", _copy(FLOAT * T * local))
+            g.gemm(p + "out", T, H, local, bias)
+            g.tp_all_reduce(p + "out_all_reduce", FLOAT * T * H)
+            if tp > 1:
+                g.elementwise(p + "out_bias", "add", T, H)
+            if dropout:
+                g.elementwise(p + "out_dropout", "dropout", T, H)
+            g.add(p + "residual1", "compute", "add", _elementwise("add", T, H), (residual,))
+            residual = g.prev
+            g.elementwise(p + "ln2", "layer_norm", T, H)
+            g.gemm(p + "fc1", T, 4 * local, H, "addmm")
+            g.elementwise(p + "gelu", "gelu", T, 4 * local)
+            g.gemm(p + "fc2", T, H, 4 * local, bias)
+            g.tp_all_reduce(p + "fc2_all_reduce", FLOAT * T * H)
+            if tp > 1:
+                g.elementwise(p + "fc2_bias", "add", T, H)
+            if dropout:
+                g.elementwise(p + "mlp_dropout", "dropout", T, H)
+            g.add(p + "residual2", "compute", "add", _elementwise("add", T, H), (residual,))
+        g.elementwise("ln_f", "layer_norm", T, H)
+        g.elementwise("mse_loss", "mul", T, H)
+        g.elementwise("mse_loss_bwd", "mul", T, H)
+        g.elementwise("ln_f_bwd", "layer_norm_bwd", T, H)
+
+        buckets = ddp_buckets(per_block_bytes * spec.layers + FLOAT * 2 * H, bucket_bytes) \
+            if spec.data_parallel > 1 else []
+        filled, reduces = FLOAT * 2 * H, []
+
+        def gradients_ready(nbytes: int, after: int) -> None:
+            """DDP launches a bucket's all-reduce once its last gradient is written."""
+            nonlocal filled
+            filled += nbytes
+            while buckets and filled >= buckets[0] - 1e-9:
+                filled -= buckets[0]
+                params = {"bytes": int(buckets.pop(0)), "world": spec.data_parallel, "scope": scope}
+                reduces.append(g.add(f"ddp_all_reduce{len(reduces)}", "collective", "all_reduce", params,
+                                     (after,), stream="comm", group=g.dp_group, chain=False))
+
+        def linear_backward(name: str, fan_in: int, fan_out: int) -> None:
+            grad_weight = g.add(name + "_grad_weight", "compute", "gemm", gemm_params(fan_out, fan_in, T), chain=False)
+            g.gemm(name + "_grad_input", T, fan_in, fan_out)
+            gradients_ready(FLOAT * (fan_in * fan_out + fan_out), grad_weight)
+
+        for layer in range(spec.layers - 1, -1, -1):
+            p = f"b{layer}."
+            if dropout:
+                g.elementwise(p + "mlp_dropout_bwd", "mul", T, H)
+            linear_backward(p + "fc2", 4 * local, H)
+            g.elementwise(p + "gelu_bwd", "gelu_bwd", T, 4 * local)
+            linear_backward(p + "fc1", H, 4 * local)
+            g.tp_all_reduce(p + "fc1_input_grad_all_reduce", FLOAT * T * H)
+            g.elementwise(p + "ln2_bwd", "layer_norm_bwd", T, H)
+            gradients_ready(FLOAT * 2 * H, g.prev)
+            g.elementwise(p + "residual2_grad", "add", T, H)
+            if dropout:
+                g.elementwise(p + "out_dropout_bwd", "mul", T, H)
+            linear_backward(p + "out", local, H)
+            g.add(p + "context_permute_bwd", "memory", "memcpy", _copy(FLOAT * T * local))
+            g.gemm(p + "context_grad_attn", S, S, d, "bmm", BH)
+            g.gemm(p + "context_grad_v", S, d, S, "bmm", BH)
+            if dropout:
+                g.elementwise(p + "attn_dropout_bwd", "mul", BH * S, S)
+            g.elementwise(p + "softmax_bwd", "softmax_bwd", BH * S, S)
+            g.gemm(p + "scores_grad_q", S, d, S, "bmm", BH)
+            g.gemm(p + "scores_grad_k", S, d, S, "bmm", BH)
+            g.elementwise(p + "q_scale_bwd", "mul", T, local)
+            g.add(p + "qkv_permute_bwd", "memory", "memcpy", _copy(FLOAT * T * 3 * local))
+            linear_backward(p + "qkv", H, 3 * local)
+            g.tp_all_reduce(p + "qkv_input_grad_all_reduce", FLOAT * T * H)
+            g.elementwise(p + "ln1_bwd", "layer_norm_bwd", T, H)
+            gradients_ready(FLOAT * 2 * H, g.prev)
+            g.elementwise(p + "residual1_grad", "add", T, H)
+        params_numel = per_block_bytes * spec.layers // FLOAT + 2 * H
+        cols = 1024
+        g.add("optimizer_step", "compute", "add", _elementwise("add", -(-params_numel // cols), cols), tuple(reduces))
+        ranks.append(g.ops)
+    return ExecutionGraph(ranks, meta={"job": spec.name, "workload": "transformer",
+                                       "tensor_parallel": tp, "data_parallel": spec.data_parallel})

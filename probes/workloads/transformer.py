@@ -1,0 +1,222 @@
+"""A GPT-style block stack trained with data and tensor parallelism: the real job the
+transformer execution-graph builder (predictors/transformer_graph.py) mirrors op for op.
+
+Pre-LN blocks: layer_norm → QKV projection → scaled q·kᵀ → softmax → dropout → ·v → output
+projection → dropout → residual; layer_norm → fc1 → gelu → fc2 → dropout → residual. Tensor
+parallelism splits heads and the fc1 width Megatron-style: QKV and fc1 are column-parallel
+(the input's gradient is all-reduced over the TP group in backward), the output projection
+and fc2 are row-parallel (their outputs are all-reduced in forward, bias added after). Data
+parallelism all-reduces gradients with DDP over the ranks holding the same TP shard. The
+input is a random activation batch and the loss a mean-squared error against a random
+target: the block stack is what is timed, not a tokenizer.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+
+class TransformerSpecError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class TransformerSpec:
+    layers: int
+    hidden: int
+    heads: int
+    seq_len: int
+    batch_size: int  # sequences per data-parallel rank
+    world_size: int
+    tensor_parallel: int = 1
+    dropout: float = 0.1
+    iterations: int = 20
+    warmup_iterations: int = 5
+    seed: int = 0
+    name: str = "transformer"
+
+    def __post_init__(self) -> None:
+        problems = [f"{k}: expected an integer >= 1, got {getattr(self, k)!r}"
+                    for k in ("layers", "hidden", "heads", "seq_len", "batch_size", "world_size", "tensor_parallel")
+                    if not isinstance(getattr(self, k), int) or getattr(self, k) < 1]
+        if not problems:
+            if self.hidden % self.heads:
+                problems.append(f"heads: expected a divisor of hidden={self.hidden}, got {self.heads}")
+            if self.heads % self.tensor_parallel:
+                problems.append(f"tensor_parallel: expected a divisor of heads={self.heads}, got {self.tensor_parallel}")
+            if self.world_size % self.tensor_parallel:
+                problems.append(f"tensor_parallel: expected a divisor of world_size={self.world_size}, got {self.tensor_parallel}")
+        if not 0.0 <= self.dropout < 1.0:
+            problems.append(f"dropout: expected 0 <= p < 1, got {self.dropout!r}")
+        if problems:
+            raise TransformerSpecError("invalid transformer spec:\n  " + "\n  ".join(problems))
+
+    @property
+    def data_parallel(self) -> int:
+        return self.world_size // self.tensor_parallel
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden // self.heads
+
+    def tp_group_of(self, rank: int) -> tuple[int, ...]:
+        """Consecutive ranks share a TP group (TP is the inner, faster dimension)."""
+        start = rank - rank % self.tensor_parallel
+        return tuple(range(start, start + self.tensor_parallel))
+
+    def dp_group_of(self, rank: int) -> tuple[int, ...]:
+        return tuple(range(rank % self.tensor_parallel, self.world_size, self.tensor_parallel))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "TransformerSpec":
+        unknown = sorted(set(data) - set(cls.__dataclass_fields__))
+        if unknown:
+            raise TransformerSpecError(f"invalid transformer spec:\n  unknown field(s) {unknown}; "
+                                       f"allowed: {sorted(cls.__dataclass_fields__)}")
+        return cls(**data)
+
+
+class _CopyToTensorParallel(torch.autograd.Function):
+    """Identity forward; all-reduce of the input gradient over the TP group in backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, group=ctx.group)
+        return grad, None
+
+
+class _ReduceFromTensorParallel(torch.autograd.Function):
+    """All-reduce of partial outputs over the TP group forward; identity backward."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, group: Any) -> torch.Tensor:
+        x = x.contiguous()
+        dist.all_reduce(x, group=group)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad, None
+
+
+class Block(nn.Module):
+    def __init__(self, spec: TransformerSpec, tp_group: Any):
+        super().__init__()
+        H, tp = spec.hidden, spec.tensor_parallel
+        self.spec, self.tp_group = spec, tp_group
+        self.local_heads = spec.heads // tp
+        local = H // tp
+        self.ln1, self.ln2 = nn.LayerNorm(H), nn.LayerNorm(H)
+        self.qkv = nn.Linear(H, 3 * local)
+        self.out = nn.Linear(local, H, bias=tp == 1)
+        self.fc1 = nn.Linear(H, 4 * local)
+        self.fc2 = nn.Linear(4 * local, H, bias=tp == 1)
+        if tp > 1:  # row-parallel biases are added once, after the all-reduce
+            self.out_bias, self.fc2_bias = nn.Parameter(torch.zeros(H)), nn.Parameter(torch.zeros(H))
+
+    def _enter(self, x: torch.Tensor) -> torch.Tensor:
+        return _CopyToTensorParallel.apply(x, self.tp_group) if self.spec.tensor_parallel > 1 else x
+
+    def _leave(self, x: torch.Tensor, bias: str) -> torch.Tensor:
+        if self.spec.tensor_parallel == 1:
+            return x
+        return _ReduceFromTensorParallel.apply(x, self.tp_group) + getattr(self, bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, S, d, h = self.spec.batch_size, self.spec.seq_len, self.spec.head_dim, self.local_heads
+        p = self.spec.dropout
+        qkv = self.qkv(self._enter(self.ln1(x)))  # [B*S, 3*h*d]
+        qkv = qkv.view(B, S, 3, h, d).permute(2, 0, 3, 1, 4).contiguous().view(3, B * h, S, d)
+        q, k, v = qkv[0] * (1.0 / math.sqrt(d)), qkv[1], qkv[2]
+        attn = F.dropout(torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1), p, self.training)
+        ctx = torch.bmm(attn, v).view(B, h, S, d).transpose(1, 2).contiguous().view(B * S, h * d)
+        x = x + F.dropout(self._leave(self.out(ctx), "out_bias"), p, self.training)
+        y = self.fc2(F.gelu(self.fc1(self._enter(self.ln2(x)))))
+        return x + F.dropout(self._leave(y, "fc2_bias"), p, self.training)
+
+
+class BlockStack(nn.Module):
+    def __init__(self, spec: TransformerSpec, tp_group: Any):
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(spec, tp_group) for _ in range(spec.layers))
+        self.ln_f = nn.LayerNorm(spec.hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.ln_f(x)
+
+
+@dataclass
+class TransformerRunResult:
+    iteration_s: list[float]  # per timed iteration, the slowest rank's time
+    losses: list[float]
+
+    @property
+    def median_s(self) -> float:
+        return float(np.median(self.iteration_s))
+
+
+class ParallelTransformer:
+    """One rank of the block stack on the default process group (gloo or NCCL)."""
+
+    def __init__(self, spec: TransformerSpec, rank: int, device: torch.device):
+        if dist.get_world_size() != spec.world_size:
+            raise ValueError(f"spec wants world_size={spec.world_size}, the process group has {dist.get_world_size()}")
+        self.spec, self.rank, self.device = spec, rank, device
+        # Every rank creates every group, in the same order (torch.distributed requires it).
+        tp_groups = {g: dist.new_group(list(g)) for g in sorted({spec.tp_group_of(r) for r in range(spec.world_size)})} \
+            if spec.tensor_parallel > 1 else {}
+        dp_groups = {g: dist.new_group(list(g)) for g in sorted({spec.dp_group_of(r) for r in range(spec.world_size)})} \
+            if 1 < spec.data_parallel < spec.world_size else {}
+        torch.manual_seed(spec.seed + rank % spec.tensor_parallel)  # TP shards differ, DP replicas agree
+        module = BlockStack(spec, tp_groups.get(spec.tp_group_of(rank))).to(device)
+        if spec.data_parallel > 1:
+            dp_group = dp_groups.get(spec.dp_group_of(rank))  # None: the default group
+            module = nn.parallel.DistributedDataParallel(module, process_group=dp_group)
+        self.model = module
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3)
+        dp_rank = rank // spec.tensor_parallel
+        rng = np.random.default_rng([spec.seed, dp_rank])
+        shape = (spec.batch_size * spec.seq_len, spec.hidden)
+        self.x = torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(device)
+        self.target = torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(device)
+
+    def step(self) -> float:
+        loss = F.mse_loss(self.model(self.x), self.target)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optimizer.step()
+        return float(loss.detach())
+
+    def run(self, iterations: int, warmup: int) -> TransformerRunResult:
+        for _ in range(warmup):
+            self.step()
+        times, losses = [], []
+        for _ in range(iterations):
+            dist.barrier()
+            t0 = time.perf_counter()
+            losses.append(self.step())
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            times.append(time.perf_counter() - t0)
+        slowest = torch.tensor(times, dtype=torch.float64)
+        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+        return TransformerRunResult([float(t) for t in slowest], losses)
