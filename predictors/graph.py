@@ -24,6 +24,8 @@ class GraphOp:
     deps: list[int] = field(default_factory=list)
     group: tuple[int, ...] = ()  # collective members (global ranks)
     duration_s: float | None = None  # a measured duration (imported traces) overrides the model
+    issue_s: float | None = None  # measured CPU time spent issuing it (imported traces)
+    blocking: bool | None = None  # holds the issuing CPU until done; None: the device's rule
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

@@ -56,8 +56,12 @@ class DeadlockError(RuntimeError):
 def simulate(graph: ExecutionGraph, cost: CostFn, cpu_overhead: CostFn | None = None,
              synchronous: bool = False) -> SimResult:
     """Simulate one iteration. `cost(op)` is the op's device time, `cpu_overhead(op)` the
-    CPU time to issue it (default 0); `synchronous` makes every op hold the issuing CPU."""
-    overhead = cpu_overhead or (lambda _op: 0.0)
+    CPU time to issue it (default 0); `synchronous` makes every op hold the issuing CPU.
+    An op's own measured `duration_s` / `issue_s` / `blocking` (imported traces) win."""
+    model_overhead = cpu_overhead or (lambda _op: 0.0)
+
+    def overhead(o: GraphOp) -> float:
+        return o.issue_s if o.issue_s is not None else model_overhead(o)
     n = graph.world_size
     cpu = [0.0] * n
     fronts = [defaultdict(float) for _ in range(n)]
@@ -88,7 +92,7 @@ def simulate(graph: ExecutionGraph, cost: CostFn, cpu_overhead: CostFn | None = 
         fronts[r][o.stream] = end
         last_on_stream[r][o.stream] = i
         last_issued[r] = i
-        if synchronous:
+        if o.blocking if o.blocking is not None else synchronous:
             cpu[r] = end
         timelines[r].busy_s[o.stream] += end - start
 

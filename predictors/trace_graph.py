@@ -1,0 +1,102 @@
+"""Import captured step traces (`probes/trace_capture.py`, one per rank) as an
+`ExecutionGraph`, so the simulator can be checked on what really ran.
+
+Per rank, every top-level op of the step's thread becomes a blocking op with its measured
+duration, and the CPU time before it (the gap after the previous op) its measured issue time.
+Each collective work item of the backend's thread becomes a non-blocking collective on the
+communication stream, right after the op that launched it (the latest `c10d::` op started
+before it), over all ranks. Its duration is the shortest of the ranks' measured durations:
+the last rank to arrive waits for nobody, so its time is the transfer alone, and the
+simulator must reconstruct everyone else's waiting. An op that the thread started only after
+a collective finished inside the gap before it (it was blocked in `wait`) depends on that
+collective, and its issue time counts from the collective's end.
+
+`gemm_params_from_shapes` prices matrix products of an imported trace with the GEMM model, so
+per-op predictions can be compared with what ran (`compare_gemms`).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Callable, Sequence
+
+from predictors.graph import ExecutionGraph, GraphOp
+
+LAUNCH_PREFIX = "c10d::"
+
+
+def _collective_durations(traces: Sequence[dict[str, Any]]) -> list[float]:
+    counts = {len(t["comm"]) for t in traces}
+    if len(counts) != 1:
+        raise ValueError(f"ranks recorded different numbers of collectives: {[len(t['comm']) for t in traces]}")
+    return [min(t["comm"][k]["end_s"] - t["comm"][k]["start_s"] for t in traces) for k in range(counts.pop())]
+
+
+def _rank_ops(trace: dict[str, Any], world: int, transfer_s: Sequence[float]) -> list[GraphOp]:
+    ops: list[GraphOp] = []
+    comm = trace["comm"]
+    comm_index: dict[int, int] = {}  # k-th collective → its op index
+    next_comm = 0
+    prev_end = 0.0
+    for op in trace["ops"]:
+        deps, issue_from = [], prev_end
+        for k in range(next_comm):
+            end = comm[k]["end_s"]
+            if prev_end < end <= op["start_s"] and k in comm_index:
+                deps.append(comm_index[k])
+                issue_from = max(issue_from, end)
+        ops.append(GraphOp(op["name"], "compute", op["name"], {"shapes": op.get("shapes", [])},
+                           deps=sorted(set(deps)), duration_s=op["end_s"] - op["start_s"],
+                           issue_s=max(op["start_s"] - issue_from, 0.0), blocking=True))
+        launcher = len(ops) - 1
+        prev_end = op["end_s"]
+        # Collectives this launch started (work items starting before the next op starts).
+        while op["name"].startswith(LAUNCH_PREFIX) and next_comm < len(comm) and comm[next_comm]["start_s"] >= op["start_s"]:
+            item = comm[next_comm]
+            ops.append(GraphOp(item["name"], "collective", item["name"].split(":")[-1], {}, "comm", [launcher],
+                               tuple(range(world)), duration_s=transfer_s[next_comm], issue_s=0.0, blocking=False))
+            comm_index[next_comm] = len(ops) - 1
+            next_comm += 1
+            break
+    if next_comm != len(comm):
+        raise ValueError(f"{len(comm) - next_comm} collective work item(s) have no launching c10d op")
+    return ops
+
+
+def graph_from_traces(traces: Sequence[dict[str, Any]]) -> ExecutionGraph:
+    """One trace per rank, rank order."""
+    transfer = _collective_durations(traces)
+    ranks = [_rank_ops(t, len(traces), transfer) for t in traces]
+    return ExecutionGraph(ranks, meta={"source": "trace", "measured_step_s": [t["step_s"] for t in traces],
+                                       "unprofiled_step_s": [t.get("unprofiled_step_s") for t in traces]})
+
+
+def gemm_params_from_shapes(name: str, shapes: Sequence[Sequence[int]]) -> tuple[int, int, int, str, int] | None:
+    """(M, N, K, variant, batch) of a matrix product from its recorded input shapes."""
+    try:
+        if name == "aten::linear" and len(shapes[0]) == 2 and len(shapes[1]) == 2:
+            (m, k), (n, _) = shapes[0], shapes[1]
+            return m, n, k, ("addmm" if len(shapes) > 2 and shapes[2] else "mm"), 1
+        if name in ("aten::mm", "aten::addmm"):
+            a, b = (shapes[1], shapes[2]) if name == "aten::addmm" else (shapes[0], shapes[1])
+            return a[0], b[1], a[1], name.split("::")[1], 1
+        if name in ("aten::bmm", "aten::baddbmm"):
+            a, b = (shapes[1], shapes[2]) if name == "aten::baddbmm" else (shapes[0], shapes[1])
+            return a[1], b[2], a[2], name.split("::")[1], a[0]
+    except (IndexError, TypeError, ValueError):
+        return None
+    return None
+
+
+def compare_gemms(graph: ExecutionGraph, predict: Callable[[int, int, int, str, int], float]) -> list[dict[str, Any]]:
+    """Per distinct (op, shape) of rank 0: count, measured and predicted seconds (each)."""
+    seen: dict[tuple, list[float]] = defaultdict(list)
+    for op in graph.ranks[0]:
+        shape = gemm_params_from_shapes(op.op, op.params.get("shapes", []))
+        if shape is not None and op.duration_s is not None:
+            seen[(op.op, shape)].append(op.duration_s)
+    rows = []
+    for (name, shape), times in seen.items():
+        times.sort()
+        rows.append({"op": name, "mnk_variant_batch": list(shape), "count": len(times),
+                     "measured_s": times[len(times) // 2], "predicted_s": predict(*shape)})
+    return rows

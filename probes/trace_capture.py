@@ -1,0 +1,77 @@
+"""Capture what one training step really ran, as plain JSON, for the trace importer
+(`predictors/trace_graph.py`).
+
+A few steps run under `torch.profiler` with shapes recorded; for the last one we keep, on the
+calling thread, every top-level dispatcher op (name, start, end, input shapes) and, from the
+collective backend's own threads, every collective work item (`gloo:all_reduce`, ...; NCCL
+kernels on a GPU) with its start and end. Times are seconds from the step's start. Every rank
+of a process group must call `capture_step_trace` together (the steps hold collectives).
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile, record_function
+
+from probes.overheads import STEP_MARK, is_dispatcher_op, _has_op_ancestor
+
+COLLECTIVE_PREFIXES = ("gloo:", "nccl:", "ncclDevKernel", "ncclKernel")
+
+
+def _is_collective_work(e: Any) -> bool:
+    return e.name.startswith(COLLECTIVE_PREFIXES)
+
+
+def capture_step_trace(step: Callable[[], object], iterations: int = 3, warmup: int = 2,
+                       barrier: Callable[[], None] | None = None) -> dict[str, Any]:
+    """Profile `iterations` steps after `warmup`; return the last step as a JSON-able trace.
+
+    `barrier` (e.g. `torch.distributed.barrier`) runs before every step so ranks start
+    together, as the launcher's timed steps do; the unprofiled step times are kept beside the
+    trace so the profiler's own inflation is visible.
+    """
+    sync = barrier or (lambda: None)
+    for _ in range(warmup):
+        sync()
+        step()
+    plain = []
+    for _ in range(iterations):
+        sync()
+        t0 = time.perf_counter()
+        step()
+        plain.append(time.perf_counter() - t0)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(iterations):
+            sync()
+            with record_function(STEP_MARK):
+                step()
+    events = prof.events()
+    windows = sorted((e for e in events if e.name == STEP_MARK), key=lambda e: e.time_range.start)
+    if not windows:
+        raise RuntimeError("the profiler recorded no step")
+    window = windows[-1]
+    lo, hi = float(window.time_range.start), float(window.time_range.end)
+    main = window.thread
+
+    def inside(e: Any) -> bool:
+        return lo <= e.time_range.start and e.time_range.end <= hi + 1.0
+
+    ops, comm = [], []
+    for e in events:
+        if not inside(e) or e.name == STEP_MARK:
+            continue
+        if _is_collective_work(e):
+            comm.append({"name": e.name, "start_s": (e.time_range.start - lo) * 1e-6,
+                         "end_s": (e.time_range.end - lo) * 1e-6})
+        elif e.thread == main and is_dispatcher_op(e) and not _has_op_ancestor(e):
+            ops.append({"name": e.name, "start_s": (e.time_range.start - lo) * 1e-6,
+                        "end_s": (e.time_range.end - lo) * 1e-6,
+                        "shapes": [list(s) if isinstance(s, (list, tuple)) else [] for s in (e.input_shapes or [])]})
+    ops.sort(key=lambda o: o["start_s"])
+    comm.sort(key=lambda o: o["start_s"])
+    return {"step_s": (hi - lo) * 1e-6, "unprofiled_step_s": float(np.median(plain)), "ops": ops, "comm": comm,
+            "threads": threading.active_count()}
