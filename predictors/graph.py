@@ -11,7 +11,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 KINDS = ("compute", "memory", "collective")
-STREAMS = ("compute", "comm")
+STREAMS = ("compute", "comm")  # plus "comm:<channel>": backends that run collectives concurrently
+
+
+def is_comm_stream(stream: str) -> bool:
+    return stream == "comm" or stream.startswith("comm:")
 
 
 @dataclass
@@ -30,7 +34,7 @@ class GraphOp:
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
             raise ValueError(f"op {self.name!r}: kind {self.kind!r} not in {KINDS}")
-        if self.stream not in STREAMS:
+        if self.stream not in STREAMS and not is_comm_stream(self.stream):
             raise ValueError(f"op {self.name!r}: stream {self.stream!r} not in {STREAMS}")
         if self.kind == "collective" and len(self.group) < 1:
             raise ValueError(f"collective {self.name!r} needs its group's ranks")

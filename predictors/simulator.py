@@ -14,11 +14,12 @@ busy time, the communication time not hidden behind compute (exposed), and the c
 """
 from __future__ import annotations
 
+import bisect
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Callable
 
-from predictors.graph import ExecutionGraph, GraphOp
+from predictors.graph import ExecutionGraph, GraphOp, is_comm_stream
 
 CostFn = Callable[[GraphOp], float]
 
@@ -145,15 +146,33 @@ def simulate(graph: ExecutionGraph, cost: CostFn, cpu_overhead: CostFn | None = 
 
 
 def _exposed(spans: list[tuple[float, float]], ops: list[GraphOp]) -> float:
-    """Communication time during which no compute-stream op of the rank runs."""
-    comm = [s for s, o in zip(spans, ops) if o.stream == "comm"]
-    compute = sorted(s for s, o in zip(spans, ops) if o.stream == "compute")
+    """Communication time during which no compute-stream op of the rank runs.
+
+    Compute spans are merged into disjoint intervals with prefix sums of their lengths, so each
+    collective's covered time is two binary searches (a rank has tens of thousands of ops)."""
+    merged: list[list[float]] = []
+    for start, end in sorted(s for s, o in zip(spans, ops) if o.stream == "compute" and s[1] > s[0]):
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    starts = [m[0] for m in merged]
+    prefix = [0.0]
+    for a, b in merged:
+        prefix.append(prefix[-1] + (b - a))
+
+    def covered_until(t: float) -> float:
+        """Compute time in [0, t]."""
+        k = bisect.bisect_right(starts, t)  # intervals starting at or before t
+        if k == 0:
+            return 0.0
+        a, b = merged[k - 1]
+        return prefix[k - 1] + (min(t, b) - a)
+
     exposed = 0.0
-    for start, end in comm:
-        covered = 0.0
-        for cs, ce in compute:
-            covered += max(0.0, min(end, ce) - max(start, cs))
-        exposed += max(0.0, (end - start) - covered)
+    for (start, end), o in zip(spans, ops):
+        if is_comm_stream(o.stream) and end > start:
+            exposed += max(0.0, (end - start) - (covered_until(end) - covered_until(start)))
     return exposed
 
 

@@ -3,8 +3,8 @@
 
 Per rank, every top-level op of the step's thread becomes a blocking op with its measured
 duration, and the CPU time before it (the gap after the previous op) its measured issue time.
-Each collective work item of the backend's thread becomes a non-blocking collective on the
-communication stream, right after the op that launched it (the latest `c10d::` op started
+Each collective work item of the backend's threads becomes a non-blocking collective on the
+communication stream of its thread (gloo runs collectives on several threads at once), right after the op that launched it (the latest `c10d::` op started
 before it), over all ranks. Its duration is the shortest of the ranks' measured durations:
 the last rank to arrive waits for nobody, so its time is the transfer alone, and the
 simulator must reconstruct everyone else's waiting. An op that the thread started only after
@@ -35,6 +35,9 @@ def _rank_ops(trace: dict[str, Any], world: int, transfer_s: Sequence[float]) ->
     ops: list[GraphOp] = []
     comm = trace["comm"]
     comm_index: dict[int, int] = {}  # k-th collective → its op index
+    # Each backend worker thread is a channel: gloo runs collectives on a few threads at once.
+    threads = sorted({item.get("thread", 0) for item in comm})
+    channel = {t: "comm" if i == 0 else f"comm:{i}" for i, t in enumerate(threads)}
     next_comm = 0
     prev_end = 0.0
     for op in trace["ops"]:
@@ -52,7 +55,7 @@ def _rank_ops(trace: dict[str, Any], world: int, transfer_s: Sequence[float]) ->
         # Collectives this launch started (work items starting before the next op starts).
         while op["name"].startswith(LAUNCH_PREFIX) and next_comm < len(comm) and comm[next_comm]["start_s"] >= op["start_s"]:
             item = comm[next_comm]
-            ops.append(GraphOp(item["name"], "collective", item["name"].split(":")[-1], {}, "comm", [launcher],
+            ops.append(GraphOp(item["name"], "collective", item["name"].split(":")[-1], {}, channel[item.get("thread", 0)], [launcher],
                                tuple(range(world)), duration_s=transfer_s[next_comm], issue_s=0.0, blocking=False))
             comm_index[next_comm] = len(ops) - 1
             next_comm += 1
@@ -63,11 +66,10 @@ def _rank_ops(trace: dict[str, Any], world: int, transfer_s: Sequence[float]) ->
 
 
 def graph_from_traces(traces: Sequence[dict[str, Any]]) -> ExecutionGraph:
-    """One trace per rank, rank order."""
+    """One captured step per rank (an element of a trace's `steps`), rank order."""
     transfer = _collective_durations(traces)
     ranks = [_rank_ops(t, len(traces), transfer) for t in traces]
-    return ExecutionGraph(ranks, meta={"source": "trace", "measured_step_s": [t["step_s"] for t in traces],
-                                       "unprofiled_step_s": [t.get("unprofiled_step_s") for t in traces]})
+    return ExecutionGraph(ranks, meta={"source": "trace", "measured_step_s": [t["step_s"] for t in traces]})
 
 
 def gemm_params_from_shapes(name: str, shapes: Sequence[Sequence[int]]) -> tuple[int, int, int, str, int] | None:

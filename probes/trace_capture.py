@@ -9,7 +9,6 @@ of a process group must call `capture_step_trace` together (the steps hold colle
 """
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Callable
 
@@ -26,9 +25,10 @@ def _is_collective_work(e: Any) -> bool:
     return e.name.startswith(COLLECTIVE_PREFIXES)
 
 
-def capture_step_trace(step: Callable[[], object], iterations: int = 3, warmup: int = 2,
+def capture_step_trace(step: Callable[[], object], iterations: int = 5, warmup: int = 2,
                        barrier: Callable[[], None] | None = None) -> dict[str, Any]:
-    """Profile `iterations` steps after `warmup`; return the last step as a JSON-able trace.
+    """Profile `iterations` steps after `warmup`; return them as a JSON-able trace:
+    `{"unprofiled_step_s", "steps": [{"step_s", "ops", "comm"}, ...]}` (step order).
 
     `barrier` (e.g. `torch.distributed.barrier`) runs before every step so ranks start
     together, as the launcher's timed steps do; the unprofiled step times are kept beside the
@@ -53,7 +53,10 @@ def capture_step_trace(step: Callable[[], object], iterations: int = 3, warmup: 
     windows = sorted((e for e in events if e.name == STEP_MARK), key=lambda e: e.time_range.start)
     if not windows:
         raise RuntimeError("the profiler recorded no step")
-    window = windows[-1]
+    return {"unprofiled_step_s": float(np.median(plain)), "steps": [_one_step(events, w) for w in windows]}
+
+
+def _one_step(events: Any, window: Any) -> dict[str, Any]:
     lo, hi = float(window.time_range.start), float(window.time_range.end)
     main = window.thread
 
@@ -66,12 +69,11 @@ def capture_step_trace(step: Callable[[], object], iterations: int = 3, warmup: 
             continue
         if _is_collective_work(e):
             comm.append({"name": e.name, "start_s": (e.time_range.start - lo) * 1e-6,
-                         "end_s": (e.time_range.end - lo) * 1e-6})
+                         "end_s": (e.time_range.end - lo) * 1e-6, "thread": int(e.thread)})
         elif e.thread == main and is_dispatcher_op(e) and not _has_op_ancestor(e):
             ops.append({"name": e.name, "start_s": (e.time_range.start - lo) * 1e-6,
                         "end_s": (e.time_range.end - lo) * 1e-6,
                         "shapes": [list(s) if isinstance(s, (list, tuple)) else [] for s in (e.input_shapes or [])]})
     ops.sort(key=lambda o: o["start_s"])
     comm.sort(key=lambda o: o["start_s"])
-    return {"step_s": (hi - lo) * 1e-6, "unprofiled_step_s": float(np.median(plain)), "ops": ops, "comm": comm,
-            "threads": threading.active_count()}
+    return {"step_s": (hi - lo) * 1e-6, "ops": ops, "comm": comm}

@@ -87,3 +87,29 @@ def test_graph_validation_and_json_round_trip():
     g = ExecutionGraph([[comp("A", 3), coll("C", 2, deps=[0])], [coll("C", 2)]], meta={"job": "x"})
     again = ExecutionGraph.from_dict(json.loads(json.dumps(g.to_dict())))
     assert simulate(again, cost).iteration_s == simulate(g, cost).iteration_s
+
+
+def test_exposed_communication_matches_a_brute_force_count():
+    import numpy as np
+
+    from predictors.graph import GraphOp
+    from predictors.simulator import _exposed
+
+    rng = np.random.default_rng(0)
+    for _ in range(20):
+        ops, spans = [], []
+        for _ in range(30):
+            start = float(rng.uniform(0, 10))
+            spans.append((start, start + float(rng.uniform(0, 2))))
+            comm = rng.random() < 0.3
+            ops.append(GraphOp("x", "collective" if comm else "compute", "x", stream="comm" if comm else "compute",
+                               group=(0,) if comm else ()))
+        grid = np.linspace(0, 12, 120_001)
+        busy = np.zeros_like(grid, dtype=bool)
+        for (a, b), o in zip(spans, ops):
+            if o.stream == "compute":
+                busy |= (grid >= a) & (grid < b)
+        step = grid[1] - grid[0]
+        expected = sum(float(((grid >= a) & (grid < b) & ~busy).sum()) * step
+                       for (a, b), o in zip(spans, ops) if o.stream == "comm")
+        assert _exposed(spans, ops) == pytest.approx(expected, abs=1e-3)
