@@ -25,6 +25,9 @@ from orchestrator.fanout import ActorPool, run_collective_probes, run_local_prob
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.progress import Progress, say
 from policies.dlrm_cost import STEP_OP, fit_overhead, score_steps
+from policies.transformer_cost import TRANSFORMER_STEP_OP, fit_transformer_overhead, score_transformer_steps
+from predictors.context_model import fit_context_factors
+from probes.in_context import IN_CONTEXT_OP
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from predictors.performance_model import PerformanceModel, fit_performance_model
 from probes.jobspec import JobSpec
@@ -40,11 +43,13 @@ from probes.sweep import (
     job_specs,
     memcpy_specs,
     training_specs,
+    transformer_training_specs,
 )
 
 COLLECTIVE_SHARE = 0.35  # of the budget: six collective variants per group need ~50 sizes each
 TRAINING_SHARE = 0.2
 TRAINING_PROBES = 16
+TRANSFORMER_PROBES = 6
 DEFAULT_BUDGET_S = 120.0
 STORE_ROOT = Path(".autotune/calibrations")
 
@@ -89,7 +94,8 @@ def measure(
                        elementwise_specs(4000, seed), memcpy_specs(1000, seed, device))
     if job is not None:
         local = job_specs(job, job_table_groups(job)) + local
-    training = training_specs(TRAINING_PROBES, seed, devices) if devices > 1 else []
+    training = interleave(training_specs(TRAINING_PROBES, seed, devices),
+                          transformer_training_specs(TRANSFORMER_PROBES, seed, devices)) if devices > 1 else []
 
     start = time.monotonic()
     pool = ActorPool(device, fingerprint.hardware_id, devices, strategy="SPREAD").start()
@@ -126,15 +132,21 @@ def fit_and_register(
     if not rows:
         raise RuntimeError(f"calibration measured nothing; failures: {failures[:3]}")
     registry.log_measurements(rows, fingerprint.hardware_id, failures)
-    kernel_rows = [r for r in rows if r.op != STEP_OP]
+    kernel_rows = [r for r in rows if r.op not in (STEP_OP, TRANSFORMER_STEP_OP, IN_CONTEXT_OP)]
     step_rows = [r for r in rows if r.op == STEP_OP]
     model, test_rows = fit_performance_model(kernel_rows, fingerprint.hardware_id, seed=seed)
+    context_rows = [r for r in rows if r.op == IN_CONTEXT_OP]
+    if context_rows:  # its held-out rows score kernels in context, not the bundle's ops
+        fit_context_factors(model, context_rows, seed=seed)
     for op, why in model.meta.get("unfitted", {}).items():
         say(f"WARNING: no model for {op} ({why}); raise the calibration budget to measure it")
     model.meta.update({"software": fingerprint.software, "devices": fingerprint.summary(),
                        "device_kind": fingerprint.device_kind})
     if step_rows:
         test_rows += fit_overhead(model, step_rows, seed=seed)
+    transformer_rows = [r for r in rows if r.op == TRANSFORMER_STEP_OP]
+    if len(transformer_rows) >= 3:
+        test_rows += fit_transformer_overhead(model, transformer_rows, seed=seed)
     registry.log_model_metrics(model)
     registration = registry.register_bundle(model, test_rows, fingerprint.software, scorer=score_bundle)
     return model, registration
@@ -147,6 +159,9 @@ def score_bundle(bundle: PerformanceModel, rows: Sequence[Measurement]) -> dict[
     steps = [r for r in rows if r.op == STEP_OP]
     if steps:
         scores[STEP_OP] = score_steps(bundle, steps)
+    transformer_steps = [r for r in rows if r.op == TRANSFORMER_STEP_OP]
+    if transformer_steps and "transformer_overhead" in bundle.models:
+        scores[TRANSFORMER_STEP_OP] = score_transformer_steps(bundle, transformer_steps)
     return scores
 
 
@@ -195,6 +210,32 @@ def print_summary(info: dict[str, Any]) -> None:
     say(f"registered {info['model']}: {'champion' if info['promoted'] else 'challenger'} ({info['promotion_reason']})")
 
 
+def refit_main(directory: Path, tracking_uri: str | None, seed: int, as_json: bool) -> int:
+    """Fit and register from stored measurements, on the hardware that took them."""
+    from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint
+
+    if not (directory / "measurements.jsonl").exists():
+        raise SystemExit(f"--refit {directory}: no measurements.jsonl there")
+    fingerprint = HardwareFingerprint([local_node_fingerprint()])
+    recorded = json.loads((directory / "fingerprint.json").read_text()).get("hardware_id")
+    if recorded != fingerprint.hardware_id:
+        raise SystemExit(f"--refit {directory}: measured on {recorded}, this machine is {fingerprint.hardware_id}")
+    uri = registry.configure(tracking_uri)
+    t0 = time.monotonic()
+    store = MeasurementStore(directory)
+    with mlflow.start_run(run_name=f"refit-{fingerprint.hardware_id}"):
+        mlflow.set_tags({"kind": "calibration", "hardware_id": fingerprint.hardware_id, "refit_of": str(directory)})
+        model, registration = fit_and_register(store, fingerprint, seed)
+        result = CalibrationResult(fingerprint.hardware_id, store.rows(), store.failures(), model, registration,
+                                   directory, time.monotonic() - t0)
+        info = describe(result)
+    info["tracking_uri"] = uri
+    print_summary(info)
+    if as_json:
+        print(json.dumps(info))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from orchestrator import ray_runtime
     from orchestrator.cluster import cluster_fingerprint
@@ -206,8 +247,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--ray-address", help="Ray cluster address (default: $RAY_ADDRESS or a local cluster)")
     parser.add_argument("--job", help="also measure the shapes this job file will be predicted at")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--refit", metavar="DIR", help="measure nothing: fit and register again from a calibration "
+                        "directory's measurements.jsonl (e.g. after the model code improved)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     args = parser.parse_args(argv)
+    if args.refit:
+        return refit_main(Path(args.refit), args.tracking_uri, args.seed, args.json)
 
     job = load_job(args.job) if args.job else None
     uri = registry.configure(args.tracking_uri)

@@ -1,32 +1,77 @@
 """Iteration time of a GPT-style block stack under a data/tensor-parallel layout: the
-critical-path simulator over the layout's execution graph, kernels priced by the fitted
-bundle and each op's issue cost by the measured CPU-overhead distribution."""
+critical-path simulator over the layout's execution graph (kernels priced by the fitted bundle
+with its in-context factors, each op's issue cost from the measured CPU-overhead
+distribution), plus the per-step framework overhead the graph does not list (autograd's
+views, transposes, gradient accumulation: several hundred small ops a step), fitted like the
+DLRM one from the residuals of the calibration's transformer training probes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Sequence
 
+import numpy as np
+
+from predictors.evaluation import ErrorStats, error_stats, split_by_op
+from predictors.opmodels import LinearCostModel
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import SimResult, model_cost, model_cpu_overhead, simulate
 from predictors.transformer_graph import build_transformer_graph
+from probes.records import Measurement
 from probes.workloads.transformer import TransformerSpec
+
+TRANSFORMER_STEP_OP = "transformer_step"
+TRANSFORMER_OVERHEAD_OP = "transformer_overhead"
+OVERHEAD_FEATURES = ["one", "layers"]
 
 
 @dataclass
 class TransformerEstimate:
     iteration_s: float
-    kernel_sum_s: float  # the sum-of-kernels baseline (slowest rank, no waiting, no overhead)
+    kernel_sum_s: float  # baseline: the slowest rank's isolated kernel times summed, nothing else
     simulation: SimResult
+    overhead_s: float = 0.0
     problems: list[str] = field(default_factory=list)
 
 
-def estimate_transformer_iteration(spec: TransformerSpec, model: PerformanceModel) -> TransformerEstimate:
+def estimate_transformer_iteration(spec: TransformerSpec, model: PerformanceModel,
+                                   include_overhead: bool = True) -> TransformerEstimate:
     graph = build_transformer_graph(spec)
     unpriced: set[str] = set()
-    cost = model_cost(model, unpriced)
     synchronous = model.meta.get("device_kind", "cpu") != "cuda"
-    result = simulate(graph, cost, cpu_overhead=model_cpu_overhead(model), synchronous=synchronous)
-    kernel_sum = max(sum(cost(op) for op in ops) for ops in graph.ranks)
+    result = simulate(graph, model_cost(model, unpriced), cpu_overhead=model_cpu_overhead(model), synchronous=synchronous)
+    isolated = model_cost(model, set(), in_context=False)
+    kernel_sum = max(sum(isolated(op) for op in ops) for ops in graph.ranks)
     problems = sorted({p for ops in graph.ranks for op in ops if op.params and op.op in model.models
                        for p in model.models[op.op].out_of_range(op.params)})
     problems += [f"no model for {op}: priced at 0, the estimate is a lower bound" for op in sorted(unpriced)]
-    return TransformerEstimate(result.iteration_s, kernel_sum, result, problems)
+    overhead = 0.0
+    if include_overhead and TRANSFORMER_OVERHEAD_OP in model.models:
+        overhead = model.predict(TRANSFORMER_OVERHEAD_OP, layers=spec.layers)
+    return TransformerEstimate(result.iteration_s + overhead, kernel_sum, result, overhead, problems)
+
+
+def fit_transformer_overhead(model: PerformanceModel, step_rows: Sequence[Measurement], seed: int = 0) -> list[Measurement]:
+    """Fit the per-step overhead on a seeded split of `transformer_step` rows (residual of the
+    measured step over the simulated one, floored at 2% of the step); score whole steps."""
+    train, test = split_by_op(step_rows, seed)
+    residuals = []
+    for row in train:
+        spec = TransformerSpec.from_dict(row.params["transformer"])
+        simulated = estimate_transformer_iteration(spec, model, include_overhead=False).iteration_s
+        residuals.append(Measurement(TRANSFORMER_OVERHEAD_OP, {"layers": spec.layers},
+                                     max(row.median_s - simulated, 0.02 * row.median_s), 0.0, row.repeats))
+    model.models[TRANSFORMER_OVERHEAD_OP] = LinearCostModel(TRANSFORMER_OVERHEAD_OP, OVERHEAD_FEATURES).fit(residuals)
+    stats = score_transformer_steps(model, test).to_dict()
+    stats["baseline_gmae"] = score_transformer_steps(model, test, baseline=True).gmae if test else None
+    stats["n_train"] = len(train)
+    model.metrics[TRANSFORMER_STEP_OP] = stats
+    return test
+
+
+def score_transformer_steps(model: PerformanceModel, rows: Sequence[Measurement], baseline: bool = False) -> ErrorStats:
+    errors = []
+    for row in rows:
+        estimate = estimate_transformer_iteration(TransformerSpec.from_dict(row.params["transformer"]), model)
+        predicted = estimate.kernel_sum_s if baseline else estimate.iteration_s
+        errors.append(abs(predicted - row.median_s) / row.median_s)
+    return error_stats(np.asarray(errors))

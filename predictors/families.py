@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from predictors.collective_model import SigmoidCollectiveModel
+from predictors.context_model import ContextFactorModel  # noqa: F401  (registers its kind for loading)
 from predictors.learned_model import EMBEDDING_DESIGN, GEMM_DESIGN, ROW_OP_DESIGN, LearnedKernelModel
 from predictors.overhead_model import OverheadModel
 from predictors.opmodels import AlphaBetaModel, GroupedCostModel, LinearCostModel, OpModel

@@ -41,6 +41,7 @@ FEATURES: dict[str, Callable[[Params], float]] = {
     # Per-iteration framework overhead of a training step
     "dense_layers": lambda p: float(p["dense_layers"]),
     "tables_total": lambda p: float(p["tables_total"]),
+    "layers": lambda p: float(p["layers"]),
 }
 
 

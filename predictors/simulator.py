@@ -193,13 +193,16 @@ def _critical_path(graph: ExecutionGraph, spans, blamed) -> list[tuple[int, int,
     return path[::-1]
 
 
-def model_cost(model, unpriced: set[str] | None = None) -> CostFn:
+def model_cost(model, unpriced: set[str] | None = None, in_context: bool = True) -> CostFn:
     """Device time of a graph op from a fitted `PerformanceModel` (ops of empty table sets: 0).
 
     An op the bundle has no model for (a bundle calibrated before that family was probed, or
     with too few rows to fit it) costs 0 and its name is added to `unpriced` when given, so
     callers can report the estimate as a lower bound instead of failing the whole plan.
+    Kernels are scaled by the bundle's in-context factors (`in_context`) when it has them:
+    the isolated probes' warm-cache times, corrected to what a training step really sees.
     """
+    context = model.models.get("in_context") if in_context else None
 
     def cost(op: GraphOp) -> float:
         if not op.params:
@@ -207,7 +210,10 @@ def model_cost(model, unpriced: set[str] | None = None) -> CostFn:
         if unpriced is not None and op.op not in model.models:
             unpriced.add(op.op)
             return 0.0
-        return model.predict_params(op.op, op.params)
+        seconds = model.predict_params(op.op, op.params)
+        if context is not None and op.kind != "collective":
+            seconds *= context.factor(op.op)
+        return seconds
 
     return cost
 

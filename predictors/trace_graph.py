@@ -20,6 +20,7 @@ from collections import defaultdict
 from typing import Any, Callable, Sequence
 
 from predictors.graph import ExecutionGraph, GraphOp
+from probes.in_context import gemm_params_from_shapes
 
 LAUNCH_PREFIX = "c10d::"
 
@@ -70,23 +71,6 @@ def graph_from_traces(traces: Sequence[dict[str, Any]]) -> ExecutionGraph:
     transfer = _collective_durations(traces)
     ranks = [_rank_ops(t, len(traces), transfer) for t in traces]
     return ExecutionGraph(ranks, meta={"source": "trace", "measured_step_s": [t["step_s"] for t in traces]})
-
-
-def gemm_params_from_shapes(name: str, shapes: Sequence[Sequence[int]]) -> tuple[int, int, int, str, int] | None:
-    """(M, N, K, variant, batch) of a matrix product from its recorded input shapes."""
-    try:
-        if name == "aten::linear" and len(shapes[0]) == 2 and len(shapes[1]) == 2:
-            (m, k), (n, _) = shapes[0], shapes[1]
-            return m, n, k, ("addmm" if len(shapes) > 2 and shapes[2] else "mm"), 1
-        if name in ("aten::mm", "aten::addmm"):
-            a, b = (shapes[1], shapes[2]) if name == "aten::addmm" else (shapes[0], shapes[1])
-            return a[0], b[1], a[1], name.split("::")[1], 1
-        if name in ("aten::bmm", "aten::baddbmm"):
-            a, b = (shapes[1], shapes[2]) if name == "aten::baddbmm" else (shapes[0], shapes[1])
-            return a[1], b[2], a[2], name.split("::")[1], a[0]
-    except (IndexError, TypeError, ValueError):
-        return None
-    return None
 
 
 def compare_gemms(graph: ExecutionGraph, predict: Callable[[int, int, int, str, int], float]) -> list[dict[str, Any]]:

@@ -22,7 +22,9 @@ from probes.embedding import TableShape, measure_tbe
 from probes.gemm import PRODUCTS, linear_layer_gemms, measure_gemm
 from probes.indices import Distribution
 from probes.memcpy import directions_for, measure_memcpy
+from probes.in_context import in_context_rows
 from probes.overheads import cycling_step, profile_overheads
+from probes.trace_capture import capture_step_trace
 from probes.records import Measurement
 
 LOCAL_FAMILIES = ("gemm", "embedding", "elementwise", "memcpy")
@@ -279,25 +281,51 @@ def training_specs(n: int, seed: int, world: int) -> list[ProbeSpec]:
 
 
 def run_training_probe(spec: ProbeSpec, device: str = "cpu", iterations: int = 30, warmup: int = 5) -> list[Measurement]:
-    """A few real DLRM steps on the current process group; rank 0 returns the step time."""
+    """A few real training steps on the current process group; rank 0 returns the step time,
+    the per-op CPU overheads and the in-context kernel times of a captured step."""
     import torch.distributed as dist
 
-    from probes.jobspec import JobSpec
-    from probes.workloads.dlrm import ShardedDLRM
+    if "transformer" in spec.params:
+        from probes.workloads.transformer import ParallelTransformer, TransformerSpec
 
-    job = JobSpec.from_dict(spec.params["job"])
-    placement = spec.params["table_to_rank"]
-    model = ShardedDLRM(job, placement, dist.get_rank(), dist.get_world_size(), torch.device(device))
+        model: Any = ParallelTransformer(TransformerSpec.from_dict(spec.params["transformer"]), dist.get_rank(),
+                                         torch.device(device))
+        step_op, workload, step = "transformer_step", "transformer", model.step
+        iterations = min(iterations, 10)
+        params = {"transformer": spec.params["transformer"]}
+    else:
+        from probes.jobspec import JobSpec
+        from probes.workloads.dlrm import ShardedDLRM
+
+        placement = spec.params["table_to_rank"]
+        model = ShardedDLRM(JobSpec.from_dict(spec.params["job"]), placement, dist.get_rank(),
+                            dist.get_world_size(), torch.device(device))
+        step_op, workload, step = "dlrm_step", "dlrm", cycling_step(model)
+        params = {"job": spec.params["job"], "table_to_rank": placement}
     result = model.run(iterations, warmup)
-    # Every rank profiles (the steps hold collectives); rank 0 reports the per-op overheads.
-    overheads = profile_overheads(cycling_step(model), iterations=5, warmup=0, device=device, workload="dlrm")
+    # Every rank profiles (the steps hold collectives); rank 0 reports.
+    overheads = profile_overheads(step, iterations=5, warmup=0, device=device, workload=workload)
+    trace = capture_step_trace(step, iterations=3, warmup=0, barrier=dist.barrier)
     if dist.get_rank() != 0:
         return []
     times = np.asarray(result.iteration_s)
     q1, q3 = np.percentile(times, [25, 75])
+    world = dist.get_world_size()
     return [
-        Measurement(
-            "dlrm_step", {"job": spec.params["job"], "table_to_rank": placement}, float(np.median(times)),
-            float(q3 - q1), len(times), device=device, world_size=dist.get_world_size(), family="training",
-        )
-    ] + overheads
+        Measurement(step_op, params, float(np.median(times)), float(q3 - q1), len(times), device=device,
+                    world_size=world, family="training")
+    ] + overheads + in_context_rows(trace["steps"], device, world, workload)
+
+
+def transformer_training_specs(n: int, seed: int, world: int) -> list[ProbeSpec]:
+    """Small data-parallel block stacks: their captured steps give the in-context times of the
+    transformer kernels (gelu, softmax, layer_norm and their backward, batched GEMMs)."""
+    rng = np.random.default_rng(seed + 3)
+    out = []
+    for i in range(n):
+        hidden = int(rng.choice([64, 128, 256]))
+        spec = {"layers": int(rng.integers(1, 3)), "hidden": hidden, "heads": int(rng.choice([2, 4])),
+                "seq_len": int(rng.choice([32, 64, 128])), "batch_size": int(rng.choice([2, 4])),
+                "world_size": world, "tensor_parallel": 1, "dropout": 0.1, "seed": i, "name": f"probe{i}"}
+        out.append(ProbeSpec("training", {"transformer": spec}, f"train-transformer:{i}"))
+    return out

@@ -79,3 +79,8 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     assert predicted["iteration_ms"] == pytest.approx(second["predicted_iteration_ms"])
     ran = last_json(cli("orchestrator.run", "--job", "tiny.yaml", "--plan", str(plan_path), "--iters", "3", "--json", cwd=tmp_path).stdout)
     assert ran["iterations"] == 3 and ran["iteration_ms"] > 0
+
+    # Refit from the stored measurements: nothing is probed, a new version is registered.
+    measurements = Path(tmp_path) / first["calibration"]["measurements"]
+    refit = last_json(cli("orchestrator.calibrate", "--refit", str(measurements.parent), "--json", cwd=tmp_path).stdout)
+    assert refit["model"] == f"{name}/2" and refit["rows_per_op"] == first["calibration"]["rows_per_op"]

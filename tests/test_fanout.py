@@ -6,7 +6,7 @@ import ray
 from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes
 from orchestrator.measurement_store import MeasurementStore
 from probes.collective import COLLECTIVE_OPS
-from probes.sweep import ProbeSpec, collective_specs, gemm_specs, training_specs
+from probes.sweep import ProbeSpec, collective_specs, gemm_specs, training_specs, transformer_training_specs
 
 
 def test_two_actor_gloo_collective_probe(ray_local, tmp_path):
@@ -73,13 +73,21 @@ def test_training_probe_runs_on_the_gang(ray_local, tmp_path):
     pool = ActorPool("cpu", "hw-test", 2).start()
     store = MeasurementStore(tmp_path)
     try:
-        done, failed = run_collective_probes(pool, training_specs(1, seed=0, world=2), store, time.monotonic() + 120)
+        specs = training_specs(1, seed=0, world=2) + transformer_training_specs(1, seed=0, world=2)
+        done, failed = run_collective_probes(pool, specs, store, time.monotonic() + 120)
     finally:
         pool.stop()
-    assert (done, failed) == (1, 0)
+    assert (done, failed) == (2, 0)
     [row] = [r for r in store.rows() if r.op == "dlrm_step"]
     assert row.median_s > 0 and row.world_size == 2
     overheads = [r for r in store.rows() if r.op == "cpu_overhead"]
     assert {r.params["kind"] for r in overheads} >= {"gap", "dispatch"}
     assert any(r.params["aten_op"].startswith("c10d::") for r in overheads)  # the gang's all-to-all
     assert all(0 < r.median_s < row.median_s for r in overheads)
+    # Kernels timed inside the captured steps, priced by the isolated probes' op and params.
+    in_context = [r for r in store.rows() if r.op == "in_context"]
+    assert {"gemm", "relu"} <= {r.params["model_op"] for r in in_context if r.params["workload"] == "dlrm"}
+    assert {"gelu", "softmax", "layer_norm"} <= {r.params["model_op"] for r in in_context
+                                                 if r.params["workload"] == "transformer"}
+    [step] = [r for r in store.rows() if r.op == "transformer_step"]
+    assert step.median_s > 0

@@ -1,7 +1,8 @@
 import pytest
 
 from predictors.simulator import simulate
-from predictors.trace_graph import gemm_params_from_shapes, graph_from_traces
+from predictors.trace_graph import graph_from_traces
+from probes.in_context import gemm_params_from_shapes, model_op_for
 
 
 def _op(name, start_ms, end_ms, shapes=()):
@@ -48,3 +49,12 @@ def test_gemm_shapes_from_recorded_inputs():
     assert gemm_params_from_shapes("aten::mm", [[256, 64], [64, 13]]) == (256, 13, 64, "mm", 1)
     assert gemm_params_from_shapes("aten::bmm", [[8, 32, 16], [8, 16, 32]]) == (32, 32, 16, "bmm", 8)
     assert gemm_params_from_shapes("aten::relu", [[4, 4]]) is None
+
+
+def test_traced_ops_map_to_the_isolated_probe_ops():
+    op, params = model_op_for("aten::linear", [[256, 800], [128, 800], [128]])
+    assert op == "gemm" and (params["M"], params["N"], params["K"], params["variant"]) == (256, 128, 800, "addmm")
+    op, params = model_op_for("aten::gelu", [[2, 128, 256]])
+    assert op == "gelu" and (params["rows"], params["cols"]) == (256, 256)
+    assert model_op_for("aten::mul", [[256], []]) is None  # by a scalar: not the probed form
+    assert model_op_for("aten::view", [[4, 4]]) is None

@@ -1,0 +1,106 @@
+"""`ContextFactorModel`: how much slower each kernel runs inside a real training step than in
+its isolated probe, learned from captured training steps (`probes/in_context.py`).
+
+Isolated probes time a kernel with warm caches and a warm allocator; a training step does not
+(see probes/in_context.py for the figures on the development VM). For every op with enough
+in-context rows, the factor is the geometric median of measured / isolated-prediction ratios:
+robust to the few ops a busy step stretches by scheduling, and a ratio, so it transfers
+across shapes. It is fitted on a seeded split and scored on the held-out rows against the
+isolated model alone (the baseline). Factors are clipped to [0.5, 8]; an op never seen in a
+step keeps factor 1. Stored as plain JSON like every other model.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Sequence
+
+import numpy as np
+
+from predictors.evaluation import error_stats, split_by_op
+from predictors.opmodels import OpModel, Params
+from probes.in_context import IN_CONTEXT_OP
+from probes.records import Measurement
+
+MIN_ROWS = 5
+CLIP = (0.5, 8.0)
+
+
+class ContextFactorModel(OpModel):
+    kind = "context_factors"
+
+    def __init__(self, op: str = IN_CONTEXT_OP):
+        super().__init__(op)
+        self.factors: dict[str, float] = {}
+        self.counts: dict[str, int] = {}
+
+    def fit_against(self, rows: Sequence[Measurement], isolated: Any) -> "ContextFactorModel":
+        """`isolated`: the bundle whose per-op models price the rows' params in isolation."""
+        ratios: dict[str, list[float]] = defaultdict(list)
+        for r in rows:
+            op = str(r.params.get("model_op"))
+            if op not in isolated.models or r.median_s <= 0:
+                continue
+            predicted = isolated.predict_params(op, _kernel_params(r.params))
+            if predicted > 0:
+                ratios[op].append(np.log(r.median_s / predicted))
+        self.factors = {op: float(np.clip(np.exp(np.median(v)), *CLIP)) for op, v in ratios.items() if len(v) >= MIN_ROWS}
+        self.counts = {op: len(v) for op, v in ratios.items() if len(v) >= MIN_ROWS}
+        return self
+
+    def fit(self, rows: Sequence[Measurement]) -> "ContextFactorModel":
+        raise TypeError("ContextFactorModel is fitted against a bundle: use fit_context_factors")
+
+    def factor(self, op: str) -> float:
+        return self.factors.get(op, 1.0)
+
+    def predict(self, params: Params) -> float:
+        return self.factor(str(params.get("model_op")))
+
+    def out_of_range(self, params: Params) -> list[str]:
+        op = str(params.get("model_op"))
+        return [] if op in self.factors else [f"{self.op}: {op} never seen inside a training step; factor 1"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "op": self.op, "factors": self.factors, "counts": self.counts}
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> "ContextFactorModel":
+        model = cls(data["op"])
+        model.factors = {k: float(v) for k, v in data["factors"].items()}
+        model.counts = {k: int(v) for k, v in data.get("counts", {}).items()}
+        return model
+
+
+def _kernel_params(params: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in params.items() if k not in ("model_op", "aten_op", "workload")}
+
+
+def fit_context_factors(model: Any, rows: Sequence[Measurement], seed: int = 0) -> list[Measurement]:
+    """Add `in_context` factors to `model` from a seeded split of in-context rows; record
+    held-out GMAE of in-context kernel times with the factors and without (the baseline).
+    Returns the held-out rows (for reporting; they are not rows of any bundle op)."""
+    # Split per model op so every op keeps rows on both sides.
+    keyed = [Measurement(f"{IN_CONTEXT_OP}:{r.params.get('model_op')}", r.params, r.median_s, r.spread_s, r.repeats)
+             for r in rows]
+    train_keyed, test_keyed = split_by_op(keyed, seed)
+    train = [Measurement(IN_CONTEXT_OP, r.params, r.median_s, r.spread_s, r.repeats) for r in train_keyed]
+    test = [Measurement(IN_CONTEXT_OP, r.params, r.median_s, r.spread_s, r.repeats) for r in test_keyed]
+    factors = ContextFactorModel().fit_against(train, model)
+    model.models[IN_CONTEXT_OP] = factors
+
+    def errors(use_factor: bool) -> np.ndarray:
+        out = []
+        for r in test:
+            op = str(r.params.get("model_op"))
+            if op not in model.models:
+                continue
+            predicted = model.predict_params(op, _kernel_params(r.params)) * (factors.factor(op) if use_factor else 1.0)
+            out.append(abs(predicted - r.median_s) / r.median_s)
+        return np.asarray(out)
+
+    stats = error_stats(errors(True)).to_dict()
+    stats["baseline_gmae"] = error_stats(errors(False)).gmae if len(test) else None
+    stats["n_train"] = len(train)
+    stats["factors"] = dict(factors.factors)
+    model.metrics[IN_CONTEXT_OP] = stats
+    return test

@@ -1,0 +1,82 @@
+"""Kernel times inside real training steps, for the in-context correction of isolated probes.
+
+A microbenchmark repeats one kernel on the same inputs, so its caches, allocator and branch
+predictors are warm; inside a training step the same kernel reads what the previous op wrote
+and writes fresh activations that autograd keeps alive. On the 2-core development VM a
+256x256 gelu takes 18 µs repeated alone and 67 µs inside a 3-layer block stack (softmax 30 vs
+51 µs, GEMMs about 1.2x). These rows pair each top-level op of a captured step
+(`probes/trace_capture.py`) with the model op and params the isolated probes use, so the
+predictor can learn, per op, how much slower the step really runs it.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+from probes.elementwise import elementwise_params
+from probes.gemm import gemm_params
+from probes.records import Measurement
+
+IN_CONTEXT_OP = "in_context"
+
+# Top-level aten ops whose first input's (rows, last dim) is the probed element-wise shape.
+ELEMENTWISE_ATEN = {
+    "aten::relu": "relu", "aten::gelu": "gelu", "aten::tanh": "tanh", "aten::add": "add", "aten::mul": "mul",
+    "aten::layer_norm": "layer_norm", "aten::softmax": "softmax", "aten::_softmax": "softmax",
+    "aten::dropout": "dropout", "aten::gelu_backward": "gelu_bwd",
+    "aten::native_layer_norm_backward": "layer_norm_bwd", "aten::_softmax_backward_data": "softmax_bwd",
+}
+
+
+def gemm_params_from_shapes(name: str, shapes: Sequence[Sequence[int]]) -> tuple[int, int, int, str, int] | None:
+    """(M, N, K, variant, batch) of a matrix product from its recorded input shapes."""
+    try:
+        if name == "aten::linear" and len(shapes[0]) == 2 and len(shapes[1]) == 2:
+            (m, k), (n, _) = shapes[0], shapes[1]
+            return m, n, k, ("addmm" if len(shapes) > 2 and shapes[2] else "mm"), 1
+        if name in ("aten::mm", "aten::addmm"):
+            a, b = (shapes[1], shapes[2]) if name == "aten::addmm" else (shapes[0], shapes[1])
+            return a[0], b[1], a[1], name.split("::")[1], 1
+        if name in ("aten::bmm", "aten::baddbmm"):
+            a, b = (shapes[1], shapes[2]) if name == "aten::baddbmm" else (shapes[0], shapes[1])
+            return a[1], b[2], a[2], name.split("::")[1], a[0]
+    except (IndexError, TypeError, ValueError):
+        return None
+    return None
+
+
+def model_op_for(name: str, shapes: Sequence[Sequence[int]]) -> tuple[str, dict[str, Any]] | None:
+    """The isolated-probe op and params that price this traced op, or None if none does."""
+    gemm = gemm_params_from_shapes(name, shapes)
+    if gemm is not None:
+        m, n, k, variant, batch = gemm
+        if min(m, n, k, batch) < 1:
+            return None
+        return "gemm", gemm_params(m, n, k, variant=variant, batch=batch)
+    op = ELEMENTWISE_ATEN.get(name)
+    if op is None or not shapes or not shapes[0]:
+        return None
+    first = [int(d) for d in shapes[0]]
+    if op in ("add", "mul") and (len(shapes) < 2 or list(shapes[1]) != first):
+        return None  # scalar or broadcast forms are not what the probe measured
+    cols = first[-1]
+    rows = math.prod(first[:-1]) if len(first) > 1 else 1
+    if rows < 1 or cols < 1:
+        return None
+    return op, elementwise_params(op, rows, cols)
+
+
+def in_context_rows(steps: Sequence[dict[str, Any]], device: str, world_size: int, workload: str) -> list[Measurement]:
+    """One row per priced top-level op of every captured step (duration in context)."""
+    rows = []
+    for step in steps:
+        for op in step["ops"]:
+            priced = model_op_for(op["name"], op.get("shapes", []))
+            if priced is None:
+                continue
+            model_op, params = priced
+            rows.append(Measurement(IN_CONTEXT_OP, {"model_op": model_op, "aten_op": op["name"], "workload": workload,
+                                                    **params},
+                                    float(op["end_s"] - op["start_s"]), 0.0, 1, device=device,
+                                    world_size=world_size, family="training"))
+    return rows
