@@ -17,7 +17,8 @@ def test_elementwise_probe_times_every_op(op):
     assert small.op == op and small.family == "elementwise" and small.median_s > 0
     assert large.median_s > small.median_s  # 2000x the bytes cannot be as fast
     assert large.params["numel"] == 512 * 1024
-    assert large.params["bytes"] == (3 if op in ("add", "mul") else 2) * 512 * 1024 * 4
+    three = op in ("add", "mul") or op.endswith("_bwd")  # two inputs read (grad and saved tensor), one written
+    assert large.params["bytes"] == (3 if three else 2) * 512 * 1024 * 4
 
 
 def test_elementwise_rejects_unknown_op():
