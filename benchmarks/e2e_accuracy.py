@@ -49,6 +49,17 @@ def calibrate_into(scratch: Path, budget_s: float, seed: int) -> str:
     return uri
 
 
+def champion_on_ray(scratch: Path, tracking_uri: str | None, budget_s: float, seed: int):
+    """Calibrate into `scratch` unless a tracking URI is given; connect Ray; load the champion."""
+    uri = tracking_uri or calibrate_into(scratch, budget_s, seed)
+    registry.configure(uri)
+    ray_runtime.connect()
+    fingerprint = cluster_fingerprint()
+    model = registry.load_performance_model(uri, fingerprint.hardware_id)
+    print(f"model for {fingerprint.hardware_id}: ops {sorted(model.models)}", flush=True)
+    return fingerprint, model
+
+
 def geomean(errors: list[float]) -> float:
     return math.exp(sum(math.log(max(e, 1e-6)) for e in errors) / len(errors))
 
@@ -67,12 +78,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
-        uri = args.tracking_uri or calibrate_into(scratch, args.budget_s, args.seed)
-        registry.configure(uri)
-        ray_runtime.connect()
-        fingerprint = cluster_fingerprint()
-        model = registry.load_performance_model(uri, fingerprint.hardware_id)
-        print(f"model for {fingerprint.hardware_id}: ops {sorted(model.models)}", flush=True)
+        fingerprint, model = champion_on_ray(scratch, args.tracking_uri, args.budget_s, args.seed)
 
         rows = []
         sharders = list(SHARDERS)

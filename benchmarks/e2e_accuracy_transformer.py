@@ -23,9 +23,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.e2e_accuracy import calibrate_into, geomean  # noqa: E402
-from orchestrator import ray_runtime, registry  # noqa: E402
-from orchestrator.cluster import cluster_fingerprint  # noqa: E402
+from benchmarks.e2e_accuracy import champion_on_ray, geomean  # noqa: E402
+from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.launch import launch_transformer  # noqa: E402
 from policies.transformer_cost import estimate_transformer_iteration  # noqa: E402
 from probes.workloads.transformer import TransformerSpec  # noqa: E402
@@ -58,11 +57,7 @@ def main() -> None:
     specs += [random_transformer(100 + i, args.world_size, args.world_size, args.seed) for i in range(args.tp_tasks)]
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
-        uri = args.tracking_uri or calibrate_into(scratch, args.budget_s, args.seed)
-        registry.configure(uri)
-        ray_runtime.connect()
-        fingerprint = cluster_fingerprint()
-        model = registry.load_performance_model(uri, fingerprint.hardware_id)
+        fingerprint, model = champion_on_ray(scratch, args.tracking_uri, args.budget_s, args.seed)
         rows = []
         for spec in specs:
             t0 = time.perf_counter()

@@ -2,9 +2,9 @@
 
 A microbenchmark repeats one kernel on the same inputs, so its caches, allocator and branch
 predictors are warm; inside a training step the same kernel reads what the previous op wrote
-and writes fresh activations that autograd keeps alive. On the 2-core development VM a
-256x256 gelu takes 18 µs repeated alone and 67 µs inside a 3-layer block stack (softmax 30 vs
-51 µs, GEMMs about 1.2x). These rows pair each top-level op of a captured step
+and writes fresh activations that autograd keeps alive. On the 2-core development VM the
+fitted in-step / isolated ratios are gelu 2.5x, layer_norm 1.85x, GEMMs 1.39x, softmax 1.19x
+(benchmarks/results/calibration_heldout_cpu2c-n1-bc3cb441b9.json). These rows pair each top-level op of a captured step
 (`probes/trace_capture.py`) with the model op and params the isolated probes use, so the
 predictor can learn, per op, how much slower the step really runs it.
 """

@@ -9,8 +9,6 @@ tables, so no input all-to-all is needed (as with a table-wise sharded data pipe
 """
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -21,6 +19,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from probes.embedding import make_batch, make_tbe
 from probes.jobspec import JobSpec
+from probes.workloads.timed_steps import RunResult, run_timed_steps
 
 
 class _AllToAllSingle(torch.autograd.Function):
@@ -66,16 +65,6 @@ class DenseArch(nn.Module):
 
     def forward(self, dense: torch.Tensor, embeddings: torch.Tensor) -> torch.Tensor:
         return self.top(torch.cat([self.bottom(dense), embeddings], dim=1)).squeeze(1)
-
-
-@dataclass
-class RunResult:
-    iteration_s: list[float]  # per timed iteration, the slowest rank's time
-    losses: list[float]
-
-    @property
-    def median_s(self) -> float:
-        return float(np.median(self.iteration_s))
 
 
 class ShardedDLRM:
@@ -141,17 +130,5 @@ class ShardedDLRM:
         return float(loss.detach())
 
     def run(self, iterations: int, warmup: int) -> RunResult:
-        for i in range(warmup):
-            self.step(self.batches[i % len(self.batches)])
-        times, losses = [], []
-        for i in range(iterations):
-            batch = self.batches[i % len(self.batches)]
-            dist.barrier()
-            t0 = time.perf_counter()
-            losses.append(self.step(batch))
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            times.append(time.perf_counter() - t0)
-        slowest = torch.tensor(times, dtype=torch.float64)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        return RunResult([float(x) for x in slowest], losses)
+        return run_timed_steps(lambda i: self.step(self.batches[i % len(self.batches)]), iterations, warmup,
+                               self.device)

@@ -13,7 +13,6 @@ target: the block stack is what is timed, not a tokenizer.
 from __future__ import annotations
 
 import math
-import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -22,6 +21,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+
+from probes.workloads.timed_steps import RunResult, run_timed_steps
 
 
 class TransformerSpecError(ValueError):
@@ -164,16 +165,6 @@ class BlockStack(nn.Module):
         return self.ln_f(x)
 
 
-@dataclass
-class TransformerRunResult:
-    iteration_s: list[float]  # per timed iteration, the slowest rank's time
-    losses: list[float]
-
-    @property
-    def median_s(self) -> float:
-        return float(np.median(self.iteration_s))
-
-
 class ParallelTransformer:
     """One rank of the block stack on the default process group (gloo or NCCL)."""
 
@@ -206,17 +197,5 @@ class ParallelTransformer:
         self.optimizer.step()
         return float(loss.detach())
 
-    def run(self, iterations: int, warmup: int) -> TransformerRunResult:
-        for _ in range(warmup):
-            self.step()
-        times, losses = [], []
-        for _ in range(iterations):
-            dist.barrier()
-            t0 = time.perf_counter()
-            losses.append(self.step())
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            times.append(time.perf_counter() - t0)
-        slowest = torch.tensor(times, dtype=torch.float64)
-        dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-        return TransformerRunResult([float(t) for t in slowest], losses)
+    def run(self, iterations: int, warmup: int) -> RunResult:
+        return run_timed_steps(lambda _i: self.step(), iterations, warmup, self.device)
