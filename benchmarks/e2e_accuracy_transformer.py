@@ -69,7 +69,8 @@ def main() -> None:
                    "measured_ms": measured, "predicted_ms": predicted, "error": abs(predicted - measured) / measured,
                    "baseline_ms": baseline, "baseline_error": abs(baseline - measured) / measured,
                    "exposed_comm_ms": max(t.exposed_comm_s for t in estimate.simulation.ranks) * 1e3,
-                   "predict_wall_ms": predict_ms, "problems": estimate.problems[:5]}
+                   "predict_wall_ms": predict_ms, "problems": estimate.problems[:5],
+                   "predicted_peak_memory_mb": estimate.memory.peak / 2**20 if estimate.memory else None}
             rows.append(row)
             print(f"{spec.name:10s} L={spec.layers} H={spec.hidden:3d} heads={spec.heads} S={spec.seq_len:3d} "
                   f"B={spec.batch_size}  measured {measured:8.2f} ms  predicted {predicted:8.2f} ({row['error']:6.1%})  "

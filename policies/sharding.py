@@ -4,6 +4,7 @@ from __future__ import annotations
 from policies.dlrm_cost import estimate_iteration
 from policies.plan import Candidate, Decision
 from policies.sharders import SHARDERS, NoFeasiblePlanError, rank_memory
+from predictors.memory import dlrm_memory
 from predictors.performance_model import PerformanceModel
 from probes.jobspec import JobSpec
 
@@ -22,7 +23,8 @@ def choose_sharding(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: fl
             candidates.append(Candidate(name, None, False, {"reason": str(exc)}))
             continue
         memory = rank_memory(spec.tables, placement, W)
-        detail = {"table_to_rank": placement, "rank_memory_bytes": memory}
+        detail = {"table_to_rank": placement, "rank_memory_bytes": memory,
+                  "peak_memory_bytes": [dlrm_memory(spec, placement, r).peak for r in range(W)]}
         if max(memory) > memory_cap_bytes:
             reason = f"rank memory {max(memory) / 2**30:.2f} GiB exceeds cap {memory_cap_bytes / 2**30:.2f} GiB"
             errors.append(f"{name}: {reason}")

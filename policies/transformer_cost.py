@@ -12,6 +12,7 @@ from typing import Sequence
 import numpy as np
 
 from predictors.evaluation import ErrorStats, error_stats, split_by_op
+from predictors.memory import MemoryEstimate, transformer_memory
 from predictors.opmodels import LinearCostModel
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import SimResult, model_cost, model_cpu_overhead, simulate
@@ -31,6 +32,7 @@ class TransformerEstimate:
     simulation: SimResult
     overhead_s: float = 0.0
     problems: list[str] = field(default_factory=list)
+    memory: MemoryEstimate | None = None  # per rank (every rank holds the same shard sizes)
 
 
 def estimate_transformer_iteration(spec: TransformerSpec, model: PerformanceModel,
@@ -47,7 +49,8 @@ def estimate_transformer_iteration(spec: TransformerSpec, model: PerformanceMode
     overhead = 0.0
     if include_overhead and TRANSFORMER_OVERHEAD_OP in model.models:
         overhead = model.predict(TRANSFORMER_OVERHEAD_OP, layers=spec.layers)
-    return TransformerEstimate(result.iteration_s + overhead, kernel_sum, result, overhead, problems)
+    return TransformerEstimate(result.iteration_s + overhead, kernel_sum, result, overhead, problems,
+                               transformer_memory(spec))
 
 
 def fit_transformer_overhead(model: PerformanceModel, step_rows: Sequence[Measurement], seed: int = 0) -> list[Measurement]:

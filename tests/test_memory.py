@@ -1,0 +1,59 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from predictors.memory import MemoryEstimate, dlrm_memory, transformer_memory, transformer_saved_activation_bytes
+from probes.workloads.random_dlrm import random_dlrm_tasks
+from probes.workloads.transformer import BlockStack, TransformerSpec
+
+
+def measured_saved_bytes(spec: TransformerSpec) -> int:
+    """Distinct non-parameter storages autograd saves in one forward, as torch reports them."""
+    model = BlockStack(spec, tp_group=None)
+    x = torch.randn(spec.batch_size * spec.seq_len, spec.hidden)
+    target = torch.randn_like(x)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        F.mse_loss(model(x), target)
+    return sum(saved.values())
+
+
+@pytest.mark.parametrize("kw", [
+    dict(layers=1, hidden=64, heads=2, seq_len=32, batch_size=2, dropout=0.0),
+    dict(layers=2, hidden=128, heads=4, seq_len=64, batch_size=2, dropout=0.1),
+    dict(layers=3, hidden=32, heads=8, seq_len=16, batch_size=3, dropout=0.2),
+])
+def test_saved_activations_match_what_autograd_keeps(kw):
+    spec = TransformerSpec(world_size=1, **kw)
+    assert transformer_saved_activation_bytes(spec) == measured_saved_bytes(spec)
+
+
+def test_transformer_peak_adds_up_and_flags_a_small_cap():
+    spec = TransformerSpec(layers=2, hidden=128, heads=4, seq_len=64, batch_size=2, world_size=2)
+    est = transformer_memory(spec, optimizer="adam")
+    params = sum(p.numel() for p in BlockStack(spec, None).parameters())
+    assert est.weights == est.gradients == 4 * params and est.optimizer == 2 * 4 * params
+    assert est.comm_buffers == 4 * params  # DDP over 2 data-parallel ranks
+    assert est.peak == sum(v for k, v in est.to_dict().items() if k != "peak")
+    assert est.fits(est.peak) and not est.fits(est.peak - 1)
+    # Tensor parallelism shards the linears: less memory per rank, and no DDP buffers at TP=2 of 2.
+    tp = transformer_memory(TransformerSpec(layers=2, hidden=128, heads=4, seq_len=64, batch_size=2, world_size=2,
+                                            tensor_parallel=2))
+    assert tp.weights < est.weights and tp.comm_buffers == 0 and tp.activations < est.activations
+
+
+def test_dlrm_memory_counts_each_ranks_tables():
+    spec = random_dlrm_tasks(1, 2, seed=0, scale=0.05)[0]
+    placement = [0] * len(spec.tables)  # everything on rank 0
+    r0, r1 = (dlrm_memory(spec, placement, r) for r in (0, 1))
+    assert isinstance(r0, MemoryEstimate)
+    assert r0.weights - r1.weights == sum(t.bytes for t in spec.tables)
+    assert r0.activations > r1.activations and r0.gradients == r1.gradients
