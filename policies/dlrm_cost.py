@@ -18,7 +18,7 @@ import numpy as np
 
 from predictors.dlrm_graph import all_to_all_bytes, build_dlrm_graph, ddp_buckets
 from predictors.evaluation import ErrorStats, error_stats, split_by_op
-from predictors.opmodels import LinearCostModel
+from predictors.opmodels import fit_linear_or_constant
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import model_cost, simulate
 from probes.embedding import expected_features
@@ -131,7 +131,7 @@ def fit_overhead(model: PerformanceModel, step_rows: Sequence[Measurement], seed
                                      simulate_graph=simulate_graph).iteration_s
         # A step cannot cost less than its kernels; floor the residual at 2% of the step.
         residuals.append(Measurement(OVERHEAD_OP, overhead_params(job), max(row.median_s - kernels, 0.02 * row.median_s), 0.0, row.repeats))
-    model.models[OVERHEAD_OP] = LinearCostModel(OVERHEAD_OP, OVERHEAD_FEATURES).fit(residuals)
+    model.models[OVERHEAD_OP] = fit_linear_or_constant(OVERHEAD_OP, OVERHEAD_FEATURES, residuals)
 
     stats = score_steps(model, test, simulate_graph=simulate_graph).to_dict()
     stats["baseline_gmae"] = score_steps(model, test, include_overhead=False).gmae if test else None

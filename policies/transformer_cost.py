@@ -13,7 +13,7 @@ import numpy as np
 
 from predictors.evaluation import ErrorStats, error_stats, split_by_op
 from predictors.memory import MemoryEstimate, transformer_memory
-from predictors.opmodels import LinearCostModel
+from predictors.opmodels import fit_linear_or_constant
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import SimResult, model_cost, model_cpu_overhead, simulate
 from predictors.transformer_graph import build_transformer_graph
@@ -63,7 +63,7 @@ def fit_transformer_overhead(model: PerformanceModel, step_rows: Sequence[Measur
         simulated = estimate_transformer_iteration(spec, model, include_overhead=False).iteration_s
         residuals.append(Measurement(TRANSFORMER_OVERHEAD_OP, {"layers": spec.layers},
                                      max(row.median_s - simulated, 0.02 * row.median_s), 0.0, row.repeats))
-    model.models[TRANSFORMER_OVERHEAD_OP] = LinearCostModel(TRANSFORMER_OVERHEAD_OP, OVERHEAD_FEATURES).fit(residuals)
+    model.models[TRANSFORMER_OVERHEAD_OP] = fit_linear_or_constant(TRANSFORMER_OVERHEAD_OP, OVERHEAD_FEATURES, residuals)
     stats = score_transformer_steps(model, test).to_dict()
     stats["baseline_gmae"] = score_transformer_steps(model, test, baseline=True).gmae if test else None
     stats["n_train"] = len(train)

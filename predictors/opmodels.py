@@ -114,6 +114,16 @@ class LinearCostModel(OpModel):
         return model
 
 
+def fit_linear_or_constant(op: str, features: Sequence[str], rows: Sequence[Measurement]) -> "LinearCostModel":
+    """The linear model on `features` when there are enough rows for it, else a constant
+    (the rows' fitted mean): a short calibration still gets an overhead term, not a crash."""
+    if len(rows) >= len(features):
+        return LinearCostModel(op, features).fit(rows)
+    if not rows:
+        raise ValueError(f"{op}: no measurements to fit")
+    return LinearCostModel(op, ["one"]).fit(rows)
+
+
 class GroupedCostModel(OpModel):
     """One `LinearCostModel` per value of a categorical param (e.g. GEMM dtype): an emulated
     bf16 product on a CPU without bf16 units runs 50x below fp32, which no shared per-flop

@@ -117,3 +117,16 @@ def test_bundle_save_load(tmp_path):
     assert loaded.ops == ["all_to_all", "gemm"]
     assert loaded.predict("gemm", **gemm_params(100, 100, 100)) == bundle.predict("gemm", **gemm_params(100, 100, 100))
     assert loaded.metrics == json.loads(json.dumps(bundle.metrics))
+
+
+def test_too_few_rows_for_the_features_fit_a_constant():
+    from predictors.opmodels import fit_linear_or_constant
+
+    rows = [Measurement("dlrm_overhead", {"dense_layers": 3, "tables_total": 5}, 1e-3, 0, 5),
+            Measurement("dlrm_overhead", {"dense_layers": 4, "tables_total": 9}, 3e-3, 0, 5)]
+    model = fit_linear_or_constant("dlrm_overhead", ["one", "dense_layers", "tables_total"], rows)
+    assert model.features == ["one"] and 1e-3 <= model.predict({"dense_layers": 9, "tables_total": 1}) <= 3e-3
+    full = fit_linear_or_constant("dlrm_overhead", ["one", "dense_layers"], rows)
+    assert full.features == ["one", "dense_layers"]
+    with pytest.raises(ValueError, match="no measurements"):
+        fit_linear_or_constant("dlrm_overhead", ["one"], [])
