@@ -41,9 +41,11 @@ def estimate_transformer_iteration(spec: TransformerSpec, model: PerformanceMode
     unpriced: set[str] = set()
     synchronous = model.meta.get("device_kind", "cpu") != "cuda"
     result = simulate(graph, model_cost(model, unpriced), cpu_overhead=model_cpu_overhead(model), synchronous=synchronous)
+    # The builder gives every rank the same ops (only collective groups differ), so one rank
+    # prices the baseline and checks ranges: a 64-rank graph is not re-priced 64 times.
     isolated = model_cost(model, set(), in_context=False)
-    kernel_sum = max(sum(isolated(op) for op in ops) for ops in graph.ranks)
-    problems = sorted({p for ops in graph.ranks for op in ops if op.params and op.op in model.models
+    kernel_sum = sum(isolated(op) for op in graph.ranks[0])
+    problems = sorted({p for op in graph.ranks[0] if op.params and op.op in model.models
                        for p in model.models[op.op].out_of_range(op.params)})
     problems += [f"no model for {op}: priced at 0, the estimate is a lower bound" for op in sorted(unpriced)]
     overhead = 0.0

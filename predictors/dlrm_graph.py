@@ -14,7 +14,9 @@ from typing import Any, Callable, Sequence
 
 from predictors.graph import ExecutionGraph, GraphOp
 from probes.embedding import expected_features
+from probes.elementwise import elementwise_params
 from probes.gemm import gemm_params
+from probes.memcpy import memcpy_params
 from probes.jobspec import JobSpec
 
 DDP_FIRST_BUCKET_BYTES = 1 * 2**20
@@ -40,12 +42,6 @@ def all_to_all_bytes(spec: JobSpec, table_to_rank: Sequence[int]) -> int:
     W, B = spec.world_size, spec.batch_size
     widths = [sum(spec.tables[i].embedding_dim for i, q in enumerate(table_to_rank) if q == r) for r in range(W)]
     return FLOAT * max(max(W * B * w for w in widths), B * sum(widths))
-
-
-def _elementwise(op: str, rows: int, cols: int) -> dict[str, Any]:
-    tensors = 3 if op in ("add", "mul") else 2
-    return {"op": op, "rows": rows, "cols": cols, "numel": rows * cols, "dtype": "float32",
-            "bytes": float(tensors * rows * cols * FLOAT)}
 
 
 class _RankBuilder:
@@ -84,19 +80,19 @@ def build_dlrm_graph(
         prev = None
         for li, (fan_in, fan_out) in enumerate(layers):
             if li == n_bottom:  # interaction: concatenate bottom output with the exchanged embeddings
-                cat = {"direction": "d2d", "bytes": float(FLOAT * B * (fan_in))}
+                cat = memcpy_params("d2d", FLOAT * B * fan_in)
                 prev = g.add(GraphOp("interaction_cat", "memory", "memcpy", cat, deps=[a2a_fwd] + ([prev] if prev is not None else [])))
             prev = g.add(GraphOp(f"fc{li}_fwd", "compute", "gemm", gemm_params(B, fan_out, fan_in, variant="addmm"),
                                  deps=[prev] if prev is not None else []))
             if li != len(layers) - 1:
-                prev = g.add(GraphOp(f"relu{li}_fwd", "compute", "relu", _elementwise("relu", B, fan_out), deps=[prev]))
+                prev = g.add(GraphOp(f"relu{li}_fwd", "compute", "relu", elementwise_params("relu", B, fan_out), deps=[prev]))
         # Backward, last layer first; gradients fill DDP buckets in that order.
         buckets = list(bucket_sizes)
         filled, reduces, a2a_bwd = 0.0, [], None
         for li in range(len(layers) - 1, -1, -1):
             fan_in, fan_out = layers[li]
             if li != len(layers) - 1:
-                prev = g.add(GraphOp(f"relu{li}_bwd", "compute", "mul", _elementwise("mul", B, fan_out), deps=[prev]))
+                prev = g.add(GraphOp(f"relu{li}_bwd", "compute", "mul", elementwise_params("mul", B, fan_out), deps=[prev]))
             weight_grad = g.add(GraphOp(f"fc{li}_grad_weight", "compute", "gemm", gemm_params(fan_out, fan_in, B), deps=[prev]))
             if li > 0:
                 prev = g.add(GraphOp(f"fc{li}_grad_input", "compute", "gemm", gemm_params(B, fan_in, fan_out), deps=[prev]))
@@ -112,6 +108,6 @@ def build_dlrm_graph(
             g.add(GraphOp("embedding_bwd", "compute", "embedding_bwd", feats or {}, deps=[a2a_bwd] if a2a_bwd is not None else []))
         params_numel = sum(i * o + o for i, o in layers)
         cols = 1024
-        g.add(GraphOp("optimizer_step", "compute", "add", _elementwise("add", -(-params_numel // cols), cols), deps=reduces))
+        g.add(GraphOp("optimizer_step", "compute", "add", elementwise_params("add", -(-params_numel // cols), cols), deps=reduces))
         graph.append(g.ops)
     return ExecutionGraph(graph, meta={"job": spec.name, "workload": "dlrm", "table_to_rank": list(table_to_rank)})

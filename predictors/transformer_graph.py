@@ -16,18 +16,10 @@ from typing import Any
 
 from predictors.dlrm_graph import DDP_BUCKET_BYTES, FLOAT, ddp_buckets
 from predictors.graph import ExecutionGraph, GraphOp
+from probes.elementwise import elementwise_params
 from probes.gemm import gemm_params
+from probes.memcpy import memcpy_params
 from probes.workloads.transformer import TransformerSpec
-
-
-def _elementwise(op: str, rows: int, cols: int) -> dict[str, Any]:
-    three = op in ("add", "mul") or op.endswith("_bwd")
-    return {"op": op, "rows": rows, "cols": cols, "numel": rows * cols, "dtype": "float32",
-            "bytes": float((3 if three else 2) * rows * cols * FLOAT)}
-
-
-def _copy(nbytes: int) -> dict[str, Any]:
-    return {"direction": "d2d", "bytes": float(nbytes)}
 
 
 def block_param_numel(spec: TransformerSpec) -> int:
@@ -54,10 +46,22 @@ class _Rank:
         return index
 
     def elementwise(self, name: str, op: str, rows: int, cols: int) -> int:
-        return self.add(name, "compute", op, _elementwise(op, rows, cols))
+        return self.add(name, "compute", op, elementwise_params(op, rows, cols))
 
     def gemm(self, name: str, m: int, n: int, k: int, variant: str = "mm", batch: int = 1) -> int:
         return self.add(name, "compute", "gemm", gemm_params(m, n, k, variant=variant, batch=batch))
+
+    def row_parallel_output(self, name: str, fan_in: int, variant: str, dropout: bool, residual: int | None) -> None:
+        """A row-parallel linear's output: the product, its TP all-reduce and bias (TP > 1),
+        dropout, then the residual add."""
+        T, H = self.spec.batch_size * self.spec.seq_len, self.spec.hidden
+        self.gemm(name, T, H, fan_in, variant)
+        self.tp_all_reduce(name + "_all_reduce", FLOAT * T * H)
+        if self.spec.tensor_parallel > 1:
+            self.elementwise(name + "_bias", "add", T, H)
+        if dropout:
+            self.elementwise(name + "_dropout", "dropout", T, H)
+        self.add(name + "_residual", "compute", "add", elementwise_params("add", T, H), (residual,))
 
     def tp_all_reduce(self, name: str, nbytes: int) -> None:
         if self.spec.tensor_parallel > 1:
@@ -81,32 +85,20 @@ def build_transformer_graph(spec: TransformerSpec, scope: str = "intra",
             residual = g.prev
             g.elementwise(p + "ln1", "layer_norm", T, H)
             g.gemm(p + "qkv", T, 3 * local, H, "addmm")
-            g.add(p + "qkv_permute", "memory", "memcpy", _copy(FLOAT * T * 3 * local))
+            g.add(p + "qkv_permute", "memory", "memcpy", memcpy_params("d2d", FLOAT * T * 3 * local))
             g.elementwise(p + "q_scale", "mul", T, local)
             g.gemm(p + "scores", S, S, d, "bmm", BH)
             g.elementwise(p + "softmax", "softmax", BH * S, S)
             if dropout:
                 g.elementwise(p + "attn_dropout", "dropout", BH * S, S)
             g.gemm(p + "context", S, d, S, "bmm", BH)
-            g.add(p + "context_permute", "memory", "memcpy", _copy(FLOAT * T * local))
-            g.gemm(p + "out", T, H, local, bias)
-            g.tp_all_reduce(p + "out_all_reduce", FLOAT * T * H)
-            if tp > 1:
-                g.elementwise(p + "out_bias", "add", T, H)
-            if dropout:
-                g.elementwise(p + "out_dropout", "dropout", T, H)
-            g.add(p + "residual1", "compute", "add", _elementwise("add", T, H), (residual,))
+            g.add(p + "context_permute", "memory", "memcpy", memcpy_params("d2d", FLOAT * T * local))
+            g.row_parallel_output(p + "out", local, bias, dropout, residual)
             residual = g.prev
             g.elementwise(p + "ln2", "layer_norm", T, H)
             g.gemm(p + "fc1", T, 4 * local, H, "addmm")
             g.elementwise(p + "gelu", "gelu", T, 4 * local)
-            g.gemm(p + "fc2", T, H, 4 * local, bias)
-            g.tp_all_reduce(p + "fc2_all_reduce", FLOAT * T * H)
-            if tp > 1:
-                g.elementwise(p + "fc2_bias", "add", T, H)
-            if dropout:
-                g.elementwise(p + "mlp_dropout", "dropout", T, H)
-            g.add(p + "residual2", "compute", "add", _elementwise("add", T, H), (residual,))
+            g.row_parallel_output(p + "fc2", 4 * local, bias, dropout, residual)
         g.elementwise("ln_f", "layer_norm", T, H)
         g.elementwise("mse_loss", "mul", T, H)
         g.elementwise("mse_loss_bwd", "mul", T, H)
@@ -145,7 +137,7 @@ def build_transformer_graph(spec: TransformerSpec, scope: str = "intra",
             if dropout:
                 g.elementwise(p + "out_dropout_bwd", "mul", T, H)
             linear_backward(p + "out", local, H)
-            g.add(p + "context_permute_bwd", "memory", "memcpy", _copy(FLOAT * T * local))
+            g.add(p + "context_permute_bwd", "memory", "memcpy", memcpy_params("d2d", FLOAT * T * local))
             g.gemm(p + "context_grad_attn", S, S, d, "bmm", BH)
             g.gemm(p + "context_grad_v", S, d, S, "bmm", BH)
             if dropout:
@@ -154,7 +146,7 @@ def build_transformer_graph(spec: TransformerSpec, scope: str = "intra",
             g.gemm(p + "scores_grad_q", S, d, S, "bmm", BH)
             g.gemm(p + "scores_grad_k", S, d, S, "bmm", BH)
             g.elementwise(p + "q_scale_bwd", "mul", T, local)
-            g.add(p + "qkv_permute_bwd", "memory", "memcpy", _copy(FLOAT * T * 3 * local))
+            g.add(p + "qkv_permute_bwd", "memory", "memcpy", memcpy_params("d2d", FLOAT * T * 3 * local))
             linear_backward(p + "qkv", H, 3 * local)
             g.tp_all_reduce(p + "qkv_input_grad_all_reduce", FLOAT * T * H)
             g.elementwise(p + "ln1_bwd", "layer_norm_bwd", T, H)
@@ -162,7 +154,7 @@ def build_transformer_graph(spec: TransformerSpec, scope: str = "intra",
             g.elementwise(p + "residual1_grad", "add", T, H)
         params_numel = per_block_bytes * spec.layers // FLOAT + 2 * H
         cols = 1024
-        g.add("optimizer_step", "compute", "add", _elementwise("add", -(-params_numel // cols), cols), tuple(reduces))
+        g.add("optimizer_step", "compute", "add", elementwise_params("add", -(-params_numel // cols), cols), tuple(reduces))
         ranks.append(g.ops)
     return ExecutionGraph(ranks, meta={"job": spec.name, "workload": "transformer",
                                        "tensor_parallel": tp, "data_parallel": spec.data_parallel})
