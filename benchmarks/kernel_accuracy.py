@@ -5,8 +5,9 @@
 1. `python -m orchestrator.calibrate --budget-s B` in a scratch directory (its own MLflow);
    per op: held-out GMAE / MAPE of our model and of the baseline, on the same 20% of rows.
 2. The measurement noise floor: `--noise-points` points of every local family measured twice
-   in this process, a full pass apart; per op, the GMAE between the two measurements is the
-   error a perfect model would still show against a single measurement.
+   in this process, a full pass apart, and `--collective-noise-points` sizes of every
+   collective measured twice the same way on two gloo processes; per op, the GMAE between
+   the two measurements is the error a perfect model would still show against a single one.
 Writes benchmarks/results/kernel_accuracy_<hardware_id>.json.
 """
 from __future__ import annotations
@@ -58,10 +59,49 @@ def noise_floor(points: int, seed: int = 11) -> dict[str, float]:
     return {op: float(np.exp(np.mean(np.log(np.maximum(e, 1e-6))))) for op, e in sorted(errors.items())}
 
 
+def _collective_noise_worker(rank: int, init_file: str, points: int, out_file: str) -> None:
+    import torch
+    import torch.distributed as dist
+
+    from probes.collective import COLLECTIVE_OPS, forget_groups, measure_collective
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    try:
+        sizes = np.unique(np.geomspace(64, 64 * 2**20, points).astype(int))
+        variants = [(op, False) for op in COLLECTIVE_OPS] + [("all_to_all", True)]
+        passes = [[row for b in sizes for op, uneven in variants
+                   for row in measure_collective(op, int(b), uneven=uneven, seed=int(b) % 97)] for _ in range(2)]
+        if rank == 0:
+            errors: dict[str, list[float]] = {}
+            for a, b in zip(*passes):
+                key = a.op + ("_uneven" if a.params.get("uneven") else "")
+                errors.setdefault(key, []).append(abs(a.median_s - b.median_s) / b.median_s)
+            Path(out_file).write_text(json.dumps(errors))
+    finally:
+        forget_groups()
+        dist.destroy_process_group()
+
+
+def collective_noise_floor(points: int) -> dict[str, float]:
+    """The same pass-apart repeat GMAE for collectives, on two gloo processes."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_collective_noise_worker, args=(f"{tmp}/init", points, f"{tmp}/errors.json"), nprocs=2)
+        errors = json.loads(Path(f"{tmp}/errors.json").read_text())
+    # the uneven all-to-all shares the all_to_all op (and its held-out rows): pool them
+    pooled: dict[str, list[float]] = {}
+    for key, e in errors.items():
+        pooled.setdefault(key.replace("_uneven", ""), []).extend(e)
+    return {op: float(np.exp(np.mean(np.log(np.maximum(e, 1e-6))))) for op, e in sorted(pooled.items())}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=300)
     parser.add_argument("--noise-points", type=int, default=80)
+    parser.add_argument("--collective-noise-points", type=int, default=16)
     args = parser.parse_args()
     info = calibrate(args.budget_s)
     ops = {
@@ -69,9 +109,12 @@ def main() -> None:
         for op, s in info["heldout"].items()
     }
     noise = noise_floor(args.noise_points) if args.noise_points else {}
+    if args.collective_noise_points:
+        noise.update(collective_noise_floor(args.collective_noise_points))
     result = {
         "hardware_id": info["hardware_id"],
-        "command": f"python benchmarks/kernel_accuracy.py --budget-s {args.budget_s:g} --noise-points {args.noise_points}",
+        "command": (f"python benchmarks/kernel_accuracy.py --budget-s {args.budget_s:g} --noise-points {args.noise_points}"
+                    f" --collective-noise-points {args.collective_noise_points}"),
         "budget_s": args.budget_s,
         "rows_per_family": info.get("rows_per_family", {}),
         "rows_per_op": info["rows_per_op"],

@@ -7,7 +7,9 @@ rank's embedding forward + backward, the dense MLP GEMMs (forward and both backw
 per layer), the forward and backward pooled-embedding all-to-all, the DDP gradient all-reduce
 per bucket. Either way the CPU-side framework overhead of a step is added; it is fitted from
 short real training probes (`fit_overhead`): what their measured step time leaves over after
-the kernels, as a function of the number of dense layers and tables.
+the kernels, as a function of the number of dense layers and tables (per-op framework cost)
+and of the predicted kernel time itself (on a shared host, gloo's threads and the compute
+thread slow each other in proportion to the work; the fitted coefficient is that slowdown).
 """
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from typing import Sequence
 
 import numpy as np
 
-from predictors.dlrm_graph import all_to_all_bytes, build_dlrm_graph, ddp_buckets
+from predictors.dlrm_graph import all_to_all_params, build_dlrm_graph, ddp_buckets
 from predictors.evaluation import ErrorStats, error_stats, split_by_op
 from predictors.opmodels import fit_linear_or_constant
 from predictors.performance_model import PerformanceModel
@@ -27,7 +29,7 @@ from probes.jobspec import JobSpec
 from probes.records import Measurement
 
 OVERHEAD_OP = "dlrm_overhead"
-OVERHEAD_FEATURES = ["one", "dense_layers", "tables_total"]
+OVERHEAD_FEATURES = ["one", "dense_layers", "tables_total", "kernels_s"]
 STEP_OP = "dlrm_step"
 
 
@@ -55,8 +57,9 @@ class CostBreakdown:
         }
 
 
-def overhead_params(spec: JobSpec) -> dict:
-    return {"dense_layers": len(spec.dense_layers()), "tables_total": len(spec.tables), "world": spec.world_size}
+def overhead_params(spec: JobSpec, kernels_s: float) -> dict:
+    return {"dense_layers": len(spec.dense_layers()), "tables_total": len(spec.tables), "world": spec.world_size,
+            "kernels_s": float(kernels_s)}
 
 
 def estimate_iteration(
@@ -90,15 +93,10 @@ def estimate_iteration(
             dense += predict("gemm", **gemm_params(m, n, k))
 
     # Pooled-embedding all-to-all, forward and backward (the largest per-rank send or receive).
-    a2a_bytes = all_to_all_bytes(spec, table_to_rank)
-    a2a = 2 * predict("all_to_all", bytes=a2a_bytes, world=W, scope="intra") if W > 1 else 0.0
+    a2a = 2 * predict("all_to_all", **all_to_all_params(spec, table_to_rank, "intra")) if W > 1 else 0.0
 
     param_bytes = 4 * sum(i * o + o for i, o in spec.dense_layers())
     allreduce = sum(predict("all_reduce", bytes=b, world=W, scope="intra") for b in ddp_buckets(param_bytes)) if W > 1 else 0.0
-
-    overhead = 0.0
-    if include_overhead and OVERHEAD_OP in model.models:
-        overhead = predict(OVERHEAD_OP, **overhead_params(spec))
 
     if simulate_graph:
         graph = build_dlrm_graph(spec, table_to_rank)
@@ -107,6 +105,9 @@ def estimate_iteration(
         problems.extend(f"no model for {op}: priced at 0, the estimate is a lower bound" for op in unpriced)
     else:
         kernels = max(f + b for f, b in zip(emb_fwd, emb_bwd)) + dense + a2a + allreduce
+    overhead = 0.0
+    if include_overhead and OVERHEAD_OP in model.models:
+        overhead = predict(OVERHEAD_OP, **overhead_params(spec, kernels))
     total = kernels + overhead
     return CostBreakdown(total, emb_fwd, emb_bwd, dense, a2a, allreduce, overhead, sorted(set(problems)))
 
@@ -130,7 +131,7 @@ def fit_overhead(model: PerformanceModel, step_rows: Sequence[Measurement], seed
         kernels = estimate_iteration(job, row.params["table_to_rank"], model, include_overhead=False,
                                      simulate_graph=simulate_graph).iteration_s
         # A step cannot cost less than its kernels; floor the residual at 2% of the step.
-        residuals.append(Measurement(OVERHEAD_OP, overhead_params(job), max(row.median_s - kernels, 0.02 * row.median_s), 0.0, row.repeats))
+        residuals.append(Measurement(OVERHEAD_OP, overhead_params(job, kernels), max(row.median_s - kernels, 0.02 * row.median_s), 0.0, row.repeats))
     model.models[OVERHEAD_OP] = fit_linear_or_constant(OVERHEAD_OP, OVERHEAD_FEATURES, residuals)
 
     stats = score_steps(model, test, simulate_graph=simulate_graph).to_dict()

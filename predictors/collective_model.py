@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy.optimize import least_squares
 
-from predictors.opmodels import OpModel, group_key
+from predictors.opmodels import OpModel, curve_key, group_key
 from probes.records import Measurement
 
 
@@ -171,10 +171,10 @@ class SigmoidCollectiveModel(OpModel):
         return self
 
     def _curve(self, params: dict[str, Any]) -> SigmoidCurve:
-        key = group_key(params)
-        if key not in self.curves:
-            raise KeyError(f"{self.op}: no measurements for group {key}; measured groups: {sorted(self.curves)}")
-        return self.curves[key]
+        try:
+            return self.curves[curve_key(self.curves, params)]
+        except KeyError as exc:
+            raise KeyError(f"{self.op}: {exc.args[0]}") from None
 
     def predict(self, params: dict[str, Any]) -> float:
         x = np.log2(max(float(params["bytes"]), 1.0))

@@ -37,11 +37,25 @@ def ddp_buckets(param_bytes: int, bucket_bytes: int = DDP_BUCKET_BYTES) -> list[
     return buckets
 
 
+def _pooled_widths(spec: JobSpec, table_to_rank: Sequence[int]) -> list[int]:
+    return [sum(spec.tables[i].embedding_dim for i, q in enumerate(table_to_rank) if q == r)
+            for r in range(spec.world_size)]
+
+
 def all_to_all_bytes(spec: JobSpec, table_to_rank: Sequence[int]) -> int:
     """A rank sends W*B*width_r floats and receives B*sum(widths): the larger bounds the op."""
     W, B = spec.world_size, spec.batch_size
-    widths = [sum(spec.tables[i].embedding_dim for i, q in enumerate(table_to_rank) if q == r) for r in range(W)]
+    widths = _pooled_widths(spec, table_to_rank)
     return FLOAT * max(max(W * B * w for w in widths), B * sum(widths))
+
+
+def all_to_all_params(spec: JobSpec, table_to_rank: Sequence[int], scope: str) -> dict[str, Any]:
+    """The pooled-embedding all-to-all: uneven (priced on the uneven curve) unless every rank
+    holds the same pooled width."""
+    params: dict[str, Any] = {"bytes": all_to_all_bytes(spec, table_to_rank), "world": spec.world_size, "scope": scope}
+    if len(set(_pooled_widths(spec, table_to_rank))) > 1:
+        params["uneven"] = True
+    return params
 
 
 class _RankBuilder:
@@ -64,7 +78,7 @@ def build_dlrm_graph(
     if len(table_to_rank) != len(spec.tables):
         raise ValueError(f"plan places {len(table_to_rank)} tables, job has {len(spec.tables)}")
     group = tuple(range(W))
-    a2a = {"bytes": all_to_all_bytes(spec, table_to_rank), "world": W, "scope": scope}
+    a2a = all_to_all_params(spec, table_to_rank, scope)
     layers = spec.dense_layers()
     n_bottom = len(spec.dense.bottom_mlp)
     bucket_sizes = ddp_buckets(FLOAT * sum(i * o + o for i, o in layers), bucket_bytes)

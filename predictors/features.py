@@ -42,6 +42,8 @@ FEATURES: dict[str, Callable[[Params], float]] = {
     "dense_layers": lambda p: float(p["dense_layers"]),
     "tables_total": lambda p: float(p["tables_total"]),
     "layers": lambda p: float(p["layers"]),
+    # the step's predicted kernel time: in-step interference grows with the work it slows
+    "kernels_s": lambda p: float(p["kernels_s"]),
 }
 
 

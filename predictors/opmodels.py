@@ -178,7 +178,21 @@ class GroupedCostModel(OpModel):
 
 
 def group_key(params: Params) -> str:
-    return f"{int(params['world'])}:{params.get('scope', 'intra')}"
+    """A collective's curve: group size and scope; an uneven all-to-all (per-pair splits that
+    differ, measured at its largest per-rank send or receive) has curves of its own."""
+    key = f"{int(params['world'])}:{params.get('scope', 'intra')}"
+    return key + ":uneven" if params.get("uneven") else key
+
+
+def curve_key(curves: Any, params: Params) -> str:
+    """The measured group for `params`: its own, or for an uneven all-to-all with no uneven
+    measurements, the even curve of the same group size and scope."""
+    key = group_key(params)
+    if key not in curves and params.get("uneven"):
+        key = group_key({**params, "uneven": False})
+    if key not in curves:
+        raise KeyError(f"no measurements for group {key}; measured groups: {sorted(curves)}")
+    return key
 
 
 class CurveModel(OpModel):
@@ -206,10 +220,10 @@ class CurveModel(OpModel):
         return self
 
     def _curve(self, params: Params) -> tuple[np.ndarray, np.ndarray]:
-        key = group_key(params)
-        if key not in self.curves:
-            raise KeyError(f"{self.op}: no measurements for group {key}; measured groups: {sorted(self.curves)}")
-        return self.curves[key]
+        try:
+            return self.curves[curve_key(self.curves, params)]
+        except KeyError as exc:
+            raise KeyError(f"{self.op}: {exc.args[0]}") from None
 
     def predict(self, params: Params) -> float:
         xs, ys = self._curve(params)
@@ -265,11 +279,13 @@ class AlphaBetaModel(OpModel):
         return self
 
     def predict(self, params: Params) -> float:
-        return self.groups[group_key(params)].predict(params)
+        return self.groups[curve_key(self.groups, params)].predict(params)
 
     def out_of_range(self, params: Params) -> list[str]:
-        key = group_key(params)
-        return self.groups[key].out_of_range(params) if key in self.groups else [f"no group {key}"]
+        try:
+            return self.groups[curve_key(self.groups, params)].out_of_range(params)
+        except KeyError as exc:
+            return [exc.args[0]]
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "op": self.op, "groups": {k: m.to_dict() for k, m in self.groups.items()}}

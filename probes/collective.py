@@ -6,6 +6,10 @@ itself collective over the default group. Each member times the op; the group's 
 point is the slowest member's median (a collective is done when its last member is). Only the
 subgroup's first rank returns rows.
 
+A point is timed in several short windows and reported as the median of the window medians:
+on a busy host (loopback gloo on a few cores) a single window's median moves by 10-30% with
+scheduling, and the median of windows removes a disturbed one instead of recording it.
+
 Sizes and bandwidths follow the nccl-tests conventions: `bytes` is the large buffer of the op
 (the all-reduced or broadcast tensor, all_gather's output, reduce_scatter's input, a rank's
 all-to-all send buffer). For an uneven all-to-all it is the largest per-rank send or receive,
@@ -93,6 +97,12 @@ def _op_call(op: str, numel: int, n: int, pos: int, group, device: torch.device,
     return lambda: dist.all_to_all_single(out, inp, output_split_sizes=recv, input_split_sizes=send, group=group)
 
 
+def message_numel(nbytes: int, group_size: int) -> int:
+    """Elements of a `nbytes` float32 message as measured on a group of `group_size`: a
+    multiple of the group size (every rank gets an equal share), at least one per rank."""
+    return max(group_size, (int(nbytes) // _ELEMENT) // group_size * group_size)
+
+
 def measure_collective(
     op: str,
     nbytes: int,
@@ -102,9 +112,12 @@ def measure_collective(
     ranks: Sequence[int] | None = None,
     uneven: bool = False,
     seed: int = 0,
+    windows: int = 5,
 ) -> list[Measurement]:
     """Time `op` on a `nbytes` buffer (float32, rounded to a multiple of the group size) over
-    `ranks` (default: every rank). `uneven` (all_to_all only) draws skewed per-pair splits."""
+    `ranks` (default: every rank). `uneven` (all_to_all only) draws skewed per-pair splits.
+    The repeats are split into `windows` windows; per window the slowest member's median
+    counts, and the row's time is the median over windows (spread: their interquartile range)."""
     if op not in COLLECTIVE_OPS:
         raise ValueError(f"unknown collective {op!r}; expected one of {COLLECTIVE_OPS}")
     if uneven and op != "all_to_all":
@@ -116,7 +129,7 @@ def measure_collective(
     if rank not in members:
         return []
     n, pos = len(members), members.index(rank)
-    numel = max(n, (int(nbytes) // _ELEMENT) // n * n)
+    numel = message_numel(nbytes, n)
     splits = uneven_splits(numel, n, seed) if uneven else None
     fn = _op_call(op, numel, n, pos, group, device, members[0], splits)
 
@@ -127,14 +140,21 @@ def measure_collective(
                           min_sample_s=0.0)
     want = torch.tensor([min(max(int(target_s / max(probe.median_s, 1e-7)), 11), 201)])
     dist.all_reduce(want, op=dist.ReduceOp.MAX, group=group)
-    repeats = int(want)
-    dist.barrier(group=group)
-    t = time_callable(fn, device=device, warmup=0, min_repeats=repeats, max_repeats=repeats, max_seconds=1e9)
-    slowest = torch.tensor([t.median_s, t.spread_s], dtype=torch.float64)
-    dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=group)
+    windows = max(1, min(int(windows), int(want) // 3))
+    per_window = max(3, -(-int(want) // windows))
+    medians = torch.zeros(windows, dtype=torch.float64)
+    for w in range(windows):
+        dist.barrier(group=group)
+        t = time_callable(fn, device=device, warmup=0, min_repeats=per_window, max_repeats=per_window,
+                          max_seconds=1e9)
+        medians[w] = t.median_s
+    dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=group)  # per window: the slowest member
     if pos != 0:
         return []
-    median, spread = float(slowest[0]), float(slowest[1])
+    window_medians = medians.numpy()
+    median = float(np.median(window_medians))
+    q1, q3 = np.percentile(window_medians, [25, 75])
+    spread = float(q3 - q1)
     if splits is not None:
         real_bytes = int(max(splits.sum(axis=1).max(), splits.sum(axis=0).max())) * _ELEMENT
     else:
@@ -143,7 +163,8 @@ def measure_collective(
     extra = {"alg_bw": alg, "bus_bw": bus, "ranks": members}
     if splits is not None:
         extra["splits"] = splits.tolist()
+    extra["window_medians"] = window_medians.tolist()
     return [
-        Measurement(op, collective_params(op, real_bytes, n, scope, uneven), median, spread, t.repeats,
+        Measurement(op, collective_params(op, real_bytes, n, scope, uneven), median, spread, windows * per_window,
                     device=str(device), world_size=n, family="collective", extra=extra)
     ]

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from probes.collective import COLLECTIVE_OPS, measure_collective
+from probes.collective import COLLECTIVE_OPS, measure_collective, message_numel
 from probes.elementwise import ELEMENTWISE_OPS, measure_elementwise
 from probes.embedding import TableShape, measure_tbe
 from probes.gemm import PRODUCTS, linear_layer_gemms, measure_gemm
@@ -26,6 +26,7 @@ from probes.in_context import in_context_rows
 from probes.overheads import cycling_step, profile_overheads
 from probes.trace_capture import capture_step_trace
 from probes.records import Measurement
+from probes.workloads.random_dlrm import random_dlrm_job
 
 LOCAL_FAMILIES = ("gemm", "embedding", "elementwise", "memcpy")
 
@@ -217,7 +218,9 @@ def collective_specs(
 ) -> list[ProbeSpec]:
     """Every collective (and an uneven all-to-all) on every group, message sizes from
     `min_bytes` to `max_bytes`, `per_octave` per doubling (2: 2^k and 2^(k+1/2)), visited
-    coarse-to-fine so a cut-short sweep still spans the range of every op and group."""
+    coarse-to-fine so a cut-short sweep still spans the range of every op and group. Sizes
+    that the group rounds to the same message (a multiple of its size in float32 elements)
+    are measured once, so tiny messages are not over-weighted in the fit."""
     sizes = []
     b = min_bytes
     while b <= max_bytes:
@@ -225,9 +228,14 @@ def collective_specs(
         b *= 2
     sizes = sorted(set(sizes))
     variants = [(op, False) for op in COLLECTIVE_OPS] + [("all_to_all", True)]
+    seen: set[tuple[tuple[int, ...], int]] = set()
     out = []
     for i in _bit_reversed(len(sizes)):
         for ranks in groups:
+            message = message_numel(sizes[i], len(ranks))
+            if (tuple(ranks), message) in seen:
+                continue
+            seen.add((tuple(ranks), message))
             for op, uneven in variants:
                 params = {"op": op, "bytes": sizes[i], "ranks": list(ranks), "uneven": uneven, "seed": i}
                 tag = f"{op}{'-uneven' if uneven else ''}:{sizes[i]}:g{len(ranks)}"
@@ -243,15 +251,32 @@ def default_max_collective_bytes(device: str) -> int:
     return 64 * 2**20
 
 
-def training_specs(n: int, seed: int, world: int) -> list[ProbeSpec]:
-    """Small random DLRMs whose steps are dominated by framework (CPU-side) overhead.
+# The random-task generator's seed stream for calibration probes: disjoint from the streams
+# the evaluation benchmarks draw their tasks from (their seeds are small integers).
+CALIBRATION_TASK_STREAM = 1_000_003
+CALIBRATION_TASK_SCALE = 0.05  # the CPU-rank scale of the shipped random tasks
 
-    Kernels are tiny, so the gap between a measured step and the sum of its predicted kernels
-    is the per-iteration, per-layer and per-table overhead the cost model must add.
+
+def training_specs(n: int, seed: int, world: int) -> list[ProbeSpec]:
+    """Real DLRM training steps, alternating two kinds so the step model sees both ends:
+
+    - small random DLRMs whose kernels are tiny, so the gap between a measured step and the
+      sum of its predicted kernels is the per-iteration, per-layer and per-table framework
+      overhead;
+    - production-shaped tasks from the random-task generator (`random_dlrm_job`, its own
+      seed stream), whose steps are dominated by kernels and collectives, so the slowdown
+      they suffer beside each other in a real step is measured, not extrapolated.
     """
     rng = np.random.default_rng(seed + 2)
     out = []
     for i in range(n):
+        if i % 2:
+            job = random_dlrm_job(i, world, seed=seed + CALIBRATION_TASK_STREAM, scale=CALIBRATION_TASK_SCALE)
+            job["name"] = f"task{i}"
+            n_tables = len(job["tables"])
+            placement = [int(r) for r in rng.integers(0, world, size=n_tables)]
+            out.append(ProbeSpec("training", {"job": job, "table_to_rank": placement}, f"train:{i}"))
+            continue
         n_tables = int(rng.integers(1, 13))
         job = {
             "name": f"overhead{i}",

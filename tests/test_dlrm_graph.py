@@ -30,6 +30,11 @@ def test_graph_mirrors_the_workload_op_for_op():
     assert sum(n.startswith("ddp_all_reduce") for n in names) == len(ddp_buckets(4 * sum(i * o + o for i, o in spec.dense_layers())))
     # rank 0 sends 2 ranks x 32 x 16 floats; receives 32 x 24: the larger is the message
     assert all_to_all_bytes(spec, [0, 0, 1]) == 4 * max(2 * 32 * 16, 32 * 24)
+    # unequal pooled widths per rank: the all-to-all is priced on the uneven curve
+    a2a = next(o for o in g.ranks[0] if o.name == "all_to_all_fwd")
+    assert a2a.params["uneven"] is True
+    even = build_dlrm_graph(job(tables=2), [0, 1])
+    assert "uneven" not in next(o for o in even.ranks[0] if o.name == "all_to_all_fwd").params
 
 
 def test_a_rank_without_tables_waits_for_the_one_with_them():

@@ -6,6 +6,7 @@ import pytest
 from predictors import OutOfRangeError, PerformanceModel, fit_performance_model
 from predictors.evaluation import split_by_op
 from predictors.opmodels import AlphaBetaModel, CurveModel, LinearCostModel, OpModel
+from predictors.collective_model import SigmoidCollectiveModel
 from probes.gemm import gemm_params, measure_gemm
 from probes.records import Measurement
 
@@ -130,3 +131,16 @@ def test_too_few_rows_for_the_features_fit_a_constant():
     assert full.features == ["one", "dense_layers"]
     with pytest.raises(ValueError, match="no measurements"):
         fit_linear_or_constant("dlrm_overhead", ["one"], [])
+
+
+def test_uneven_all_to_all_has_its_own_curve_and_falls_back_to_the_even_one():
+    even = collective_rows("all_to_all", 50e-6, 2e9)
+    uneven = [Measurement(r.op, {**r.params, "uneven": True}, r.median_s * 1.5, 0.0, 11) for r in even]
+    big = {"bytes": 2**24, "world": 2, "scope": "intra"}
+    for model in (AlphaBetaModel("all_to_all"), SigmoidCollectiveModel("all_to_all")):
+        both = model.fit(even + uneven)
+        assert both.predict({**big, "uneven": True}) == pytest.approx(1.5 * both.predict(big), rel=0.05)
+        only_even = type(model)("all_to_all").fit(even)
+        assert only_even.predict({**big, "uneven": True}) == only_even.predict(big)
+        with pytest.raises(KeyError, match="no measurements for group 4:intra"):
+            only_even.predict({**big, "world": 4})

@@ -99,3 +99,28 @@ def test_choice_is_deterministic_for_a_seed(model):
     a = choose_sharding(spec, model, float("inf"), seed=5)
     b = choose_sharding(spec, model, float("inf"), seed=5)
     assert a == b
+
+
+def test_step_overhead_learns_the_in_step_slowdown_of_the_kernels(model):
+    """Steps measured as 1.4 x their simulated kernels + 0.3 ms per table: the fitted overhead
+    recovers both terms, so held-out steps of other sizes are predicted exactly."""
+    from policies.dlrm_cost import OVERHEAD_OP, STEP_OP, fit_overhead
+
+    rng = np.random.default_rng(7)
+    rows = []
+    for i in range(15):
+        tables = [(int(rng.integers(1000, 200_000)), int(rng.choice([8, 64])), int(rng.integers(1, 40)))
+                  for _ in range(int(rng.integers(2, 12)))]
+        spec = job(tables)
+        placement = [t % 2 for t in range(len(tables))]
+        kernels = estimate_iteration(spec, placement, model, include_overhead=False).iteration_s
+        rows.append(Measurement(STEP_OP, {"job": spec.to_dict(), "table_to_rank": placement},
+                                1.4 * kernels + 3e-4 * len(tables), 0.0, 20))
+    bundle = type(model)(model.hardware_id, dict(model.models))
+    held_out = fit_overhead(bundle, rows, seed=1)
+    overhead = bundle.models[OVERHEAD_OP]
+    coef = dict(zip(overhead.features, overhead.coef))
+    assert coef["kernels_s"] == pytest.approx(0.4, rel=0.02)
+    assert coef["tables_total"] == pytest.approx(3e-4, rel=0.05)
+    assert held_out and bundle.metrics[STEP_OP]["gmae"] < 0.01
+    assert OVERHEAD_OP not in model.models  # the shared fixture is untouched
