@@ -1,6 +1,7 @@
 """Held-out accuracy of the per-op models from a fresh calibration on this machine.
 
     .venv/bin/python benchmarks/kernel_accuracy.py [--budget-s 300] [--noise-points 80]
+        [--calibration-json FILE]   # the saved `calibrate --json` line of an earlier run
 
 1. `python -m orchestrator.calibrate --budget-s B` in a scratch directory (its own MLflow);
    per op: held-out GMAE / MAPE of our model and of the baseline, on the same 20% of rows.
@@ -102,8 +103,13 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=300)
     parser.add_argument("--noise-points", type=int, default=80)
     parser.add_argument("--collective-noise-points", type=int, default=16)
+    parser.add_argument("--calibration-json", help="score a saved `orchestrator.calibrate --json` output instead of calibrating")
     args = parser.parse_args()
-    info = calibrate(args.budget_s)
+    if args.calibration_json:
+        info = json.loads(Path(args.calibration_json).read_text().strip().splitlines()[-1])
+        args.budget_s = float(info.get("budget_s", args.budget_s))
+    else:
+        info = calibrate(args.budget_s)
     ops = {
         op: {"gmae": s["gmae"], "mape": s["mape"], "baseline_gmae": s.get("baseline_gmae"), "n_test": s["n"]}
         for op, s in info["heldout"].items()

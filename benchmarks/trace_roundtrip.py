@@ -6,7 +6,8 @@ simulate, and compare with the measured step time of the same run.
 Each task (probes/workloads/random_dlrm.py) runs on 2 gloo ranks in spawned processes; the
 last of a few profiled steps is captured per rank (probes/trace_capture.py) and imported
 (predictors/trace_graph.py). Every captured step is imported and simulated; the median simulated step is compared with the
-median measured step, with every single step's error beside it. The simulator has only measured op durations, issue gaps
+median measured step (from the earliest rank's start to the latest rank's end, on the host's
+monotonic clock), with every single step's error beside it. The simulator has only measured op durations, issue gaps
 and the shortest-rank transfer time of every collective: it must rebuild the waiting itself.
 With `--tracking-uri`, the GEMMs that really ran are also priced by the registered model, per
 distinct shape. Writes benchmarks/results/trace_roundtrip.json.
@@ -28,7 +29,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from predictors.simulator import simulate  # noqa: E402
-from predictors.trace_graph import compare_gemms, graph_from_traces  # noqa: E402
+from predictors.trace_graph import compare_gemms, graph_from_traces, measured_iteration_s  # noqa: E402
 from probes.gemm import gemm_params  # noqa: E402
 from probes.trace_capture import capture_step_trace  # noqa: E402
 from probes.workloads.dlrm import ShardedDLRM  # noqa: E402
@@ -88,9 +89,10 @@ def main() -> None:
         steps = []
         for k in range(len(traces[0]["steps"])):
             per_rank = [t["steps"][k] for t in traces]
-            graph = graph_from_traces(per_rank)
-            sim = simulate(graph, cost=lambda op: 0.0)
-            measured = max(s["step_s"] for s in per_rank)
+            hosts = [t.get("host") for t in traces]
+            graph = graph_from_traces(per_rank, hosts)
+            sim = simulate(graph, cost=lambda op: 0.0, share_links=False)  # measured transfers include it
+            measured = measured_iteration_s(per_rank, hosts)
             steps.append((abs(sim.iteration_s - measured) / measured, measured, sim, graph, per_rank))
         # The run's iteration time is the median step (as the launcher reports it); this VM's
         # scheduling noise moves single steps by up to ~30%, so medians are compared.

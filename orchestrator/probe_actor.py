@@ -32,7 +32,8 @@ class ProbeActor:
         return rows
 
     def where(self) -> dict[str, Any]:
-        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid()}
+        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
+                "niceness": os.nice(0)}
 
     def run_local(self, spec: ProbeSpec) -> list[Measurement]:
         return self._stamp(run_local_probe(spec, self.device))

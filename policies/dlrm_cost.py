@@ -18,11 +18,12 @@ from typing import Sequence
 
 import numpy as np
 
-from predictors.dlrm_graph import all_to_all_params, build_dlrm_graph, ddp_buckets
+from predictors.dlrm_graph import FLOAT, all_to_all_params, build_dlrm_graph, ddp_buckets
 from predictors.evaluation import ErrorStats, error_stats, split_by_op
 from predictors.opmodels import fit_linear_or_constant
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import model_cost, simulate
+from predictors.table_shards import DATA_PARALLEL, PlanEntry, row_wise_width, table_shards
 from probes.embedding import expected_features
 from probes.gemm import gemm_params, linear_layer_gemms
 from probes.jobspec import JobSpec
@@ -39,7 +40,7 @@ class CostBreakdown:
     embedding_fwd_s: list[float]  # per rank
     embedding_bwd_s: list[float]
     dense_s: float
-    all_to_all_s: float  # forward + backward
+    all_to_all_s: float  # forward + backward (with row-wise tables' reduce-scatter / all-gather)
     all_reduce_s: float
     overhead_s: float
     out_of_range: list[str]
@@ -63,7 +64,7 @@ def overhead_params(spec: JobSpec, kernels_s: float) -> dict:
 
 
 def estimate_iteration(
-    spec: JobSpec, table_to_rank: Sequence[int], model: PerformanceModel, include_overhead: bool = True,
+    spec: JobSpec, table_to_rank: Sequence[PlanEntry], model: PerformanceModel, include_overhead: bool = True,
     simulate_graph: bool = True,
 ) -> CostBreakdown:
     """The iteration's kernels through the critical-path simulator over the job's execution
@@ -76,9 +77,10 @@ def estimate_iteration(
         problems.extend(model.out_of_range(op, **params))
         return model.predict(op, **params)
 
+    shards = table_shards(spec, table_to_rank)
     emb_fwd, emb_bwd = [], []
     for r in range(W):
-        local = [spec.tables[i].shape for i, q in enumerate(table_to_rank) if q == r]
+        local = [s.shape for s in shards if s.rank == r and s.kind != DATA_PARALLEL]
         if not local:
             emb_fwd.append(0.0)
             emb_bwd.append(0.0)
@@ -94,6 +96,9 @@ def estimate_iteration(
 
     # Pooled-embedding all-to-all, forward and backward (the largest per-rank send or receive).
     a2a = 2 * predict("all_to_all", **all_to_all_params(spec, table_to_rank, "intra")) if W > 1 else 0.0
+    rw = FLOAT * B * W * row_wise_width(spec, table_to_rank)
+    if W > 1 and rw:  # row-wise tables: reduce-scatter forward, all-gather backward
+        a2a += predict("reduce_scatter", bytes=rw, world=W, scope="intra") + predict("all_gather", bytes=rw, world=W, scope="intra")
 
     param_bytes = 4 * sum(i * o + o for i, o in spec.dense_layers())
     allreduce = sum(predict("all_reduce", bytes=b, world=W, scope="intra") for b in ddp_buckets(param_bytes)) if W > 1 else 0.0

@@ -2,12 +2,15 @@
 its isolated probe, learned from captured training steps (`probes/in_context.py`).
 
 Isolated probes time a kernel with warm caches and a warm allocator; a training step does not
-(see probes/in_context.py for the figures on the development VM). For every op with enough
-in-context rows, the factor is the geometric median of measured / isolated-prediction ratios:
-robust to the few ops a busy step stretches by scheduling, and a ratio, so it transfers
-across shapes. It is fitted on a seeded split and scored on the held-out rows against the
-isolated model alone (the baseline). Factors are clipped to [0.5, 8]; an op never seen in a
-step keeps factor 1. Stored as plain JSON like every other model.
+(see probes/in_context.py for the figures on the development VM). Per op the in-step time is
+affine in the isolated prediction: `factor * isolated + add_s`. A pure ratio does not
+transfer across sizes: a microsecond GEMM runs 3.5x slower in a DLRM step, a millisecond one
+about as fast as alone, because what a step adds to a small kernel is mostly a per-call cost
+(cold operands, allocation), while element-wise ops like gelu stay ~3x slower at every size.
+Both terms are fitted on log time with a soft-L1 loss, robust to the few ops a busy step
+stretches by scheduling; factor in [0.5, 8], add_s >= 0. Fitted on a seeded split and scored
+on the held-out rows against the isolated model alone (the baseline). An op never seen in a
+step keeps factor 1, add 0. Stored as plain JSON like every other model.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ from collections import defaultdict
 from typing import Any, Sequence
 
 import numpy as np
+from scipy.optimize import least_squares
 
 from predictors.evaluation import error_stats, split_by_op
 from predictors.opmodels import OpModel, Params
@@ -31,20 +35,24 @@ class ContextFactorModel(OpModel):
     def __init__(self, op: str = IN_CONTEXT_OP):
         super().__init__(op)
         self.factors: dict[str, float] = {}
+        self.adds: dict[str, float] = {}  # seconds added per call inside a step
         self.counts: dict[str, int] = {}
 
     def fit_against(self, rows: Sequence[Measurement], isolated: Any) -> "ContextFactorModel":
         """`isolated`: the bundle whose per-op models price the rows' params in isolation."""
-        ratios: dict[str, list[float]] = defaultdict(list)
+        pairs: dict[str, list[tuple[float, float]]] = defaultdict(list)
         for r in rows:
             op = str(r.params.get("model_op"))
             if op not in isolated.models or r.median_s <= 0:
                 continue
             predicted = isolated.predict_params(op, _kernel_params(r.params))
             if predicted > 0:
-                ratios[op].append(np.log(r.median_s / predicted))
-        self.factors = {op: float(np.clip(np.exp(np.median(v)), *CLIP)) for op, v in ratios.items() if len(v) >= MIN_ROWS}
-        self.counts = {op: len(v) for op, v in ratios.items() if len(v) >= MIN_ROWS}
+                pairs[op].append((predicted, r.median_s))
+        self.factors, self.adds, self.counts = {}, {}, {}
+        for op, v in pairs.items():
+            if len(v) >= MIN_ROWS:
+                self.factors[op], self.adds[op] = _fit_affine(np.asarray(v))
+                self.counts[op] = len(v)
         return self
 
     def fit(self, rows: Sequence[Measurement]) -> "ContextFactorModel":
@@ -52,6 +60,13 @@ class ContextFactorModel(OpModel):
 
     def factor(self, op: str) -> float:
         return self.factors.get(op, 1.0)
+
+    def add_s(self, op: str) -> float:
+        return self.adds.get(op, 0.0)
+
+    def in_step(self, op: str, isolated_s: float) -> float:
+        """The kernel's time inside a training step, from its isolated prediction."""
+        return self.factor(op) * isolated_s + self.add_s(op)
 
     def predict(self, params: Params) -> float:
         return self.factor(str(params.get("model_op")))
@@ -61,14 +76,29 @@ class ContextFactorModel(OpModel):
         return [] if op in self.factors else [f"{self.op}: {op} never seen inside a training step; factor 1"]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "op": self.op, "factors": self.factors, "counts": self.counts}
+        return {"kind": self.kind, "op": self.op, "factors": self.factors, "adds": self.adds, "counts": self.counts}
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> "ContextFactorModel":
         model = cls(data["op"])
         model.factors = {k: float(v) for k, v in data["factors"].items()}
+        model.adds = {k: float(v) for k, v in data.get("adds", {}).items()}  # older bundles: ratios only
         model.counts = {k: int(v) for k, v in data.get("counts", {}).items()}
         return model
+
+
+def _fit_affine(pairs: np.ndarray) -> tuple[float, float]:
+    """(factor, add_s) minimising soft-L1 of log(factor * isolated + add) - log(measured)."""
+    predicted, measured = pairs[:, 0], pairs[:, 1]
+    ratio = float(np.clip(np.exp(np.median(np.log(measured / predicted))), *CLIP))
+    scale = float(np.median(measured))  # fit add in units of a typical call: well conditioned
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        return np.log(x[0] * predicted + x[1] * scale) - np.log(measured)
+
+    start = np.array([max(min(ratio, CLIP[1]), CLIP[0]), 0.0])
+    fit = least_squares(resid, start, bounds=([CLIP[0], 0.0], [CLIP[1], np.inf]), loss="soft_l1", f_scale=0.1)
+    return float(fit.x[0]), float(fit.x[1] * scale)
 
 
 def _kernel_params(params: dict[str, Any]) -> dict[str, Any]:
@@ -94,7 +124,9 @@ def fit_context_factors(model: Any, rows: Sequence[Measurement], seed: int = 0) 
             op = str(r.params.get("model_op"))
             if op not in model.models:
                 continue
-            predicted = model.predict_params(op, _kernel_params(r.params)) * (factors.factor(op) if use_factor else 1.0)
+            predicted = model.predict_params(op, _kernel_params(r.params))
+            if use_factor:
+                predicted = factors.in_step(op, predicted)
             out.append(abs(predicted - r.median_s) / r.median_s)
         return np.asarray(out)
 
@@ -102,5 +134,6 @@ def fit_context_factors(model: Any, rows: Sequence[Measurement], seed: int = 0) 
     stats["baseline_gmae"] = error_stats(errors(False)).gmae if len(test) else None
     stats["n_train"] = len(train)
     stats["factors"] = dict(factors.factors)
+    stats["adds_us"] = {op: v * 1e6 for op, v in factors.adds.items()}
     model.metrics[IN_CONTEXT_OP] = stats
     return test

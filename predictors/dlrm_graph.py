@@ -1,5 +1,8 @@
-"""Build the per-rank `ExecutionGraph` of one table-wise sharded DLRM iteration from a job and
-a plan, mirroring `probes/workloads/dlrm.py` op for op (no run needed).
+"""Build the per-rank `ExecutionGraph` of one DLRM iteration from a job and a sharding plan,
+mirroring `probes/workloads/dlrm.py` op for op for table-wise plans (no run needed); row-wise
+tables add a reduce-scatter of partial pooled sums (an all-gather in backward), column-wise
+tables are exchanged as narrower pieces, data-parallel tables are looked up locally and their
+gradients all-reduced (`predictors/table_shards.py`).
 
 Per rank, in issue order: TBE forward of the rank's tables; the pooled-embedding all-to-all
 (uneven: the message is the largest per-rank send or receive); bottom MLP forward (addmm +
@@ -18,6 +21,9 @@ from probes.elementwise import elementwise_params
 from probes.gemm import gemm_params
 from probes.memcpy import memcpy_params
 from probes.jobspec import JobSpec
+from predictors.table_shards import (
+    DATA_PARALLEL, PlanEntry, exchanged_widths, is_table_wise, row_wise_width, table_shards,
+)
 
 DDP_FIRST_BUCKET_BYTES = 1 * 2**20
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -37,23 +43,22 @@ def ddp_buckets(param_bytes: int, bucket_bytes: int = DDP_BUCKET_BYTES) -> list[
     return buckets
 
 
-def _pooled_widths(spec: JobSpec, table_to_rank: Sequence[int]) -> list[int]:
-    return [sum(spec.tables[i].embedding_dim for i, q in enumerate(table_to_rank) if q == r)
-            for r in range(spec.world_size)]
+def _pooled_widths(spec: JobSpec, plan: Sequence[PlanEntry]) -> list[int]:
+    return exchanged_widths(spec, table_shards(spec, plan))
 
 
-def all_to_all_bytes(spec: JobSpec, table_to_rank: Sequence[int]) -> int:
+def all_to_all_bytes(spec: JobSpec, plan: Sequence[PlanEntry]) -> int:
     """A rank sends W*B*width_r floats and receives B*sum(widths): the larger bounds the op."""
     W, B = spec.world_size, spec.batch_size
-    widths = _pooled_widths(spec, table_to_rank)
+    widths = _pooled_widths(spec, plan)
     return FLOAT * max(max(W * B * w for w in widths), B * sum(widths))
 
 
-def all_to_all_params(spec: JobSpec, table_to_rank: Sequence[int], scope: str) -> dict[str, Any]:
+def all_to_all_params(spec: JobSpec, plan: Sequence[PlanEntry], scope: str) -> dict[str, Any]:
     """The pooled-embedding all-to-all: uneven (priced on the uneven curve) unless every rank
     holds the same pooled width."""
-    params: dict[str, Any] = {"bytes": all_to_all_bytes(spec, table_to_rank), "world": spec.world_size, "scope": scope}
-    if len(set(_pooled_widths(spec, table_to_rank))) > 1:
+    params: dict[str, Any] = {"bytes": all_to_all_bytes(spec, plan), "world": spec.world_size, "scope": scope}
+    if len(set(_pooled_widths(spec, plan))) > 1:
         params["uneven"] = True
     return params
 
@@ -69,40 +74,53 @@ class _RankBuilder:
 
 def build_dlrm_graph(
     spec: JobSpec,
-    table_to_rank: Sequence[int],
+    plan: Sequence[PlanEntry],
     scope: str = "intra",
     bucket_bytes: int = DDP_BUCKET_BYTES,
     embedding_features: Callable[..., dict[str, Any]] = expected_features,
 ) -> ExecutionGraph:
+    """`plan`: per table a rank (table-wise) or a row-/column-wise / data-parallel entry
+    (`predictors.table_shards`)."""
     W, B = spec.world_size, spec.batch_size
-    if len(table_to_rank) != len(spec.tables):
-        raise ValueError(f"plan places {len(table_to_rank)} tables, job has {len(spec.tables)}")
+    shards = table_shards(spec, plan)
     group = tuple(range(W))
-    a2a = all_to_all_params(spec, table_to_rank, scope)
+    widths = exchanged_widths(spec, shards)
+    a2a = all_to_all_params(spec, plan, scope) if sum(widths) else None
+    rw_width = row_wise_width(spec, plan)
+    rw_bytes = FLOAT * B * W * rw_width  # the partial pooled sums of the global batch
+    dp_tables = [spec.tables[i].shape for i, e in enumerate(plan) if isinstance(e, dict) and e.get("type") == DATA_PARALLEL]
+    dp_grad_bytes = FLOAT * sum(t.num_embeddings * t.embedding_dim for t in dp_tables)
     layers = spec.dense_layers()
     n_bottom = len(spec.dense.bottom_mlp)
     bucket_sizes = ddp_buckets(FLOAT * sum(i * o + o for i, o in layers), bucket_bytes)
-    emb_width = sum(t.embedding_dim for t in spec.tables)
     graph = []
     for r in range(W):
         g = _RankBuilder()
-        local = [spec.tables[i].shape for i, q in enumerate(table_to_rank) if q == r]
+        local = [s.shape for s in shards if s.rank == r and s.kind != DATA_PARALLEL]
         feats = embedding_features(local, B * W, seed=spec.seed) if local else None
         emb_fwd = g.add(GraphOp("embedding_fwd", "compute", "embedding_fwd", feats or {})) if local else None
-        a2a_fwd = g.add(GraphOp("all_to_all_fwd", "collective", "all_to_all", a2a, "comm",
-                                [emb_fwd] if emb_fwd is not None else [], group))
+        sent = [emb_fwd] if emb_fwd is not None else []
+        exchanged = []
+        if a2a is not None:
+            exchanged.append(g.add(GraphOp("all_to_all_fwd", "collective", "all_to_all", a2a, "comm", sent, group)))
+        if rw_width:
+            rs = {"bytes": rw_bytes, "world": W, "scope": scope}
+            exchanged.append(g.add(GraphOp("reduce_scatter_fwd", "collective", "reduce_scatter", rs, "comm", sent, group)))
+        dp_feats = embedding_features(dp_tables, B, seed=spec.seed) if dp_tables else None
+        if dp_feats is not None:  # replicas: the local batch only, nothing to exchange
+            exchanged.append(g.add(GraphOp("embedding_dp_fwd", "compute", "embedding_fwd", dp_feats)))
         prev = None
         for li, (fan_in, fan_out) in enumerate(layers):
             if li == n_bottom:  # interaction: concatenate bottom output with the exchanged embeddings
                 cat = memcpy_params("d2d", FLOAT * B * fan_in)
-                prev = g.add(GraphOp("interaction_cat", "memory", "memcpy", cat, deps=[a2a_fwd] + ([prev] if prev is not None else [])))
+                prev = g.add(GraphOp("interaction_cat", "memory", "memcpy", cat, deps=exchanged + ([prev] if prev is not None else [])))
             prev = g.add(GraphOp(f"fc{li}_fwd", "compute", "gemm", gemm_params(B, fan_out, fan_in, variant="addmm"),
                                  deps=[prev] if prev is not None else []))
             if li != len(layers) - 1:
                 prev = g.add(GraphOp(f"relu{li}_fwd", "compute", "relu", elementwise_params("relu", B, fan_out), deps=[prev]))
         # Backward, last layer first; gradients fill DDP buckets in that order.
         buckets = list(bucket_sizes)
-        filled, reduces, a2a_bwd = 0.0, [], None
+        filled, reduces, returned = 0.0, [], []
         for li in range(len(layers) - 1, -1, -1):
             fan_in, fan_out = layers[li]
             if li != len(layers) - 1:
@@ -116,12 +134,22 @@ def build_dlrm_graph(
                 ar = {"bytes": int(buckets.pop(0)), "world": W, "scope": scope}
                 reduces.append(g.add(GraphOp(f"ddp_all_reduce{len(reduces)}", "collective", "all_reduce", ar, "comm",
                                              [weight_grad], group)))
-            if li == n_bottom:  # the embeddings' gradient goes back through the all-to-all
-                a2a_bwd = g.add(GraphOp("all_to_all_bwd", "collective", "all_to_all", a2a, "comm", [prev], group))
+            if li == n_bottom:  # the embeddings' gradient goes back the way the lookups came
+                if a2a is not None:
+                    returned.append(g.add(GraphOp("all_to_all_bwd", "collective", "all_to_all", a2a, "comm", [prev], group)))
+                if rw_width:
+                    ag = {"bytes": rw_bytes, "world": W, "scope": scope}
+                    returned.append(g.add(GraphOp("all_gather_bwd", "collective", "all_gather", ag, "comm", [prev], group)))
+                concat_grad = prev
         if local:
-            g.add(GraphOp("embedding_bwd", "compute", "embedding_bwd", feats or {}, deps=[a2a_bwd] if a2a_bwd is not None else []))
+            g.add(GraphOp("embedding_bwd", "compute", "embedding_bwd", feats or {}, deps=returned))
+        if dp_feats is not None:
+            dp_bwd = g.add(GraphOp("embedding_dp_bwd", "compute", "embedding_bwd", dp_feats, deps=[concat_grad]))
+            ar = {"bytes": dp_grad_bytes, "world": W, "scope": scope}
+            reduces.append(g.add(GraphOp("dp_table_all_reduce", "collective", "all_reduce", ar, "comm", [dp_bwd], group)))
         params_numel = sum(i * o + o for i, o in layers)
         cols = 1024
         g.add(GraphOp("optimizer_step", "compute", "add", elementwise_params("add", -(-params_numel // cols), cols), deps=reduces))
         graph.append(g.ops)
-    return ExecutionGraph(graph, meta={"job": spec.name, "workload": "dlrm", "table_to_rank": list(table_to_rank)})
+    meta_plan = list(plan) if not is_table_wise(plan) else [int(p) for p in plan]
+    return ExecutionGraph(graph, meta={"job": spec.name, "workload": "dlrm", "table_to_rank": meta_plan})

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from predictors.dlrm_graph import FLOAT, all_to_all_bytes
+from predictors.table_shards import DATA_PARALLEL, PlanEntry, row_wise_width, shard_bytes, table_shards
 from predictors.transformer_graph import block_param_numel
 from probes.jobspec import JobSpec
 from probes.workloads.transformer import TransformerSpec
@@ -75,24 +76,29 @@ def transformer_memory(spec: TransformerSpec, optimizer: str = "sgd") -> MemoryE
     )
 
 
-def dlrm_memory(spec: JobSpec, table_to_rank: Sequence[int], rank: int, optimizer: str = "sgd") -> MemoryEstimate:
-    """One rank of the table-wise sharded DLRM: its tables (updated in place by the fused
-    backward, so no table gradients), the replicated MLPs, and the exchanged embeddings."""
+def dlrm_memory(spec: JobSpec, table_to_rank: Sequence[PlanEntry], rank: int, optimizer: str = "sgd") -> MemoryEstimate:
+    """One rank of the sharded DLRM: its table pieces (updated in place by the fused backward,
+    so no table gradients, except data-parallel replicas whose dense gradients are
+    all-reduced), the replicated MLPs, and the exchanged embeddings."""
     W, B = spec.world_size, spec.batch_size
-    tables = sum(t.bytes for t, r in zip(spec.tables, table_to_rank) if r == rank)
+    shards = table_shards(spec, table_to_rank)
+    tables = shard_bytes(shards, W)[rank]
+    replicas = sum(4 * s.shape.num_embeddings * s.shape.embedding_dim for s in shards
+                   if s.rank == rank and s.kind == DATA_PARALLEL)
     dense = sum(i * o + o for i, o in spec.dense_layers())
-    width = sum(t.embedding_dim for t, r in zip(spec.tables, table_to_rank) if r == rank)
+    width = sum(s.shape.embedding_dim for s in shards if s.rank == rank and s.kind != DATA_PARALLEL)
     emb_total = sum(t.embedding_dim for t in spec.tables)
     mlp_outputs = sum(o for _, o in spec.dense_layers())
     activations = FLOAT * (W * B * width                   # pooled lookups for the global batch
                            + B * emb_total                  # exchanged embeddings
                            + B * (spec.dense.num_dense_features + emb_total + spec.dense.bottom_mlp[-1])  # MLP inputs, concat
                            + 2 * B * mlp_outputs)           # linear outputs and relu outputs
+    exchanged = 2 * (all_to_all_bytes(spec, table_to_rank) + FLOAT * B * W * row_wise_width(spec, table_to_rank))
     return MemoryEstimate(
         weights=tables + FLOAT * dense,
-        gradients=FLOAT * dense,
+        gradients=FLOAT * dense + replicas,
         optimizer=FLOAT * dense * OPTIMIZER_STATES[optimizer],
-        comm_buffers=(2 * all_to_all_bytes(spec, table_to_rank) + FLOAT * dense) if W > 1 else 0,
+        comm_buffers=(exchanged + FLOAT * dense + replicas) if W > 1 else 0,
         activations=activations,
         transient=FLOAT * B * max([emb_total] + [o for _, o in spec.dense_layers()]),
     )

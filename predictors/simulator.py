@@ -8,7 +8,13 @@ front per stream:
 - a collective starts only when the last member of its group has arrived and ends for all
   members together — the inter-rank synchronisation;
 - on a synchronous device (a CPU, or gloo collectives) an op also holds the CPU until it
-  ends, so nothing overlaps it on that rank.
+  ends, so nothing overlaps it on that rank;
+- collectives on different communication streams of a rank (a DP all-reduce beside a TP
+  one, several gloo channels) share that rank's link for their scope (intra- or
+  inter-node): with `share_links`, one that starts while another still holds a member's
+  link starts when it frees. For the pair this is the makespan of fair bandwidth sharing
+  (both at half rate while they overlap, the later one ends `overlap` later than alone),
+  kept in issue order so ops already placed never move.
 The iteration time is the latest front over ranks. The result keeps per-rank, per-stream
 busy time, the communication time not hidden behind compute (exposed), and the critical path.
 """
@@ -55,9 +61,11 @@ class DeadlockError(RuntimeError):
 
 
 def simulate(graph: ExecutionGraph, cost: CostFn, cpu_overhead: CostFn | None = None,
-             synchronous: bool = False) -> SimResult:
+             synchronous: bool = False, share_links: bool = True) -> SimResult:
     """Simulate one iteration. `cost(op)` is the op's device time, `cpu_overhead(op)` the
-    CPU time to issue it (default 0); `synchronous` makes every op hold the issuing CPU.
+    CPU time to issue it (default 0); `synchronous` makes every op hold the issuing CPU;
+    `share_links` queues concurrent collectives on a rank's link (off for imported traces,
+    whose measured transfer times already include the sharing).
     An op's own measured `duration_s` / `issue_s` / `blocking` (imported traces) win."""
     model_overhead = cpu_overhead or (lambda _op: 0.0)
 
@@ -76,6 +84,8 @@ def simulate(graph: ExecutionGraph, cost: CostFn, cpu_overhead: CostFn | None = 
     # Collectives are matched per group in issue order: the k-th on a group meets the k-th.
     arrivals: dict[tuple[tuple[int, ...], int], dict[int, tuple[float, int, tuple[int, int] | None]]] = defaultdict(dict)
     seen_on_group: list[dict[tuple[int, ...], int]] = [defaultdict(int) for _ in range(n)]
+    link_free: list[dict[str, float]] = [defaultdict(float) for _ in range(n)]  # per rank, per scope
+    link_holder: list[dict[str, tuple[int, int]]] = [dict() for _ in range(n)]
     ready = deque(range(n))
 
     def ready_time(r: int, i: int, o: GraphOp) -> tuple[float, tuple[int, int] | None]:
@@ -119,13 +129,21 @@ def simulate(graph: ExecutionGraph, cost: CostFn, cpu_overhead: CostFn | None = 
                 break  # wait for the others; they will re-queue this rank
             start = max(a[0] for a in arrivals[key].values())
             late_rank, (_, late_i, _) = max(arrivals[key].items(), key=lambda kv: kv[1][0])
+            scope = str(o.params.get("scope", "intra")) if o.params else "intra"
+            held_by = None
+            if share_links:
+                busy, holder = max((link_free[m][scope], m) for m in arrivals[key])
+                if busy > start:  # the link is still carrying another stream's collective
+                    start, held_by = busy, link_holder[holder][scope]
             dur = o.duration_s if o.duration_s is not None else cost(o)
             for member, (t_arrive, idx, who) in arrivals[key].items():
                 m_op = graph.ranks[member][idx]
                 # The late arriver waited on its own predecessor; everyone else waited on it.
-                blame = who if member == late_rank else (late_rank, late_i)
+                blame = held_by or (who if member == late_rank else (late_rank, late_i))
                 timelines[member].waiting_s += start - t_arrive
                 finish(member, idx, m_op, start, start + dur, blame)
+                link_free[member][scope] = start + dur
+                link_holder[member][scope] = (member, idx)
                 seen_on_group[member][o.group] += 1
                 position[member] += 1
                 if member != r:
@@ -199,8 +217,8 @@ def model_cost(model, unpriced: set[str] | None = None, in_context: bool = True)
     An op the bundle has no model for (a bundle calibrated before that family was probed, or
     with too few rows to fit it) costs 0 and its name is added to `unpriced` when given, so
     callers can report the estimate as a lower bound instead of failing the whole plan.
-    Kernels are scaled by the bundle's in-context factors (`in_context`) when it has them:
-    the isolated probes' warm-cache times, corrected to what a training step really sees.
+    Kernels are corrected by the bundle's in-context model (`in_context`) when it has one:
+    the isolated probes' warm-cache times, mapped to what a training step really sees.
     """
     context = model.models.get("in_context") if in_context else None
 
@@ -212,7 +230,7 @@ def model_cost(model, unpriced: set[str] | None = None, in_context: bool = True)
             return 0.0
         seconds = model.predict_params(op.op, op.params)
         if context is not None and op.kind != "collective":
-            seconds *= context.factor(op.op)
+            seconds = context.in_step(op.op, seconds)
         return seconds
 
     return cost

@@ -8,8 +8,10 @@ communication stream of its thread (gloo runs collectives on several threads at 
 before it), over all ranks. Its duration is the shortest of the ranks' measured durations:
 the last rank to arrive waits for nobody, so its time is the transfer alone, and the
 simulator must reconstruct everyone else's waiting. An op that the thread started only after
-a collective finished inside the gap before it (it was blocked in `wait`) depends on that
-collective, and its issue time counts from the collective's end.
+a collective finished inside the gap before it (it was blocked in `wait`) waits for that
+collective, then for the measured wake-up (an op of its own, so the simulator cannot hide it
+behind the waiting). The step's end is an empty last op, so a measured tail counts; ranks of
+one host start at their measured offsets (the host's monotonic clock).
 
 `gemm_params_from_shapes` prices matrix products of an imported trace with the GEMM model, so
 per-op predictions can be compared with what ran (`compare_gemms`).
@@ -23,6 +25,8 @@ from predictors.graph import ExecutionGraph, GraphOp
 from probes.in_context import gemm_params_from_shapes
 
 LAUNCH_PREFIX = "c10d::"
+RESUME = "resume_after_wait"
+STEP_END = "step_end"
 
 
 def _collective_durations(traces: Sequence[dict[str, Any]]) -> list[float]:
@@ -32,7 +36,7 @@ def _collective_durations(traces: Sequence[dict[str, Any]]) -> list[float]:
     return [min(t["comm"][k]["end_s"] - t["comm"][k]["start_s"] for t in traces) for k in range(counts.pop())]
 
 
-def _rank_ops(trace: dict[str, Any], world: int, transfer_s: Sequence[float]) -> list[GraphOp]:
+def _rank_ops(trace: dict[str, Any], world: int, transfer_s: Sequence[float], offset_s: float) -> list[GraphOp]:
     ops: list[GraphOp] = []
     comm = trace["comm"]
     comm_index: dict[int, int] = {}  # k-th collective → its op index
@@ -41,16 +45,25 @@ def _rank_ops(trace: dict[str, Any], world: int, transfer_s: Sequence[float]) ->
     channel = {t: "comm" if i == 0 else f"comm:{i}" for i, t in enumerate(threads)}
     next_comm = 0
     prev_end = 0.0
-    for op in trace["ops"]:
+    # The step's end is one more (empty) op, so a tail spent waiting for the last collective,
+    # or in Python after the last dispatcher op, is part of the rank's time as it was measured.
+    end_mark = {"name": STEP_END, "start_s": trace["step_s"], "end_s": trace["step_s"], "shapes": []}
+    for op in list(trace["ops"]) + [end_mark]:
         deps, issue_from = [], prev_end
         for k in range(next_comm):
             end = comm[k]["end_s"]
             if prev_end < end <= op["start_s"] and k in comm_index:
                 deps.append(comm_index[k])
                 issue_from = max(issue_from, end)
+        gap = max(op["start_s"] - issue_from, 0.0) + (offset_s if not ops else 0.0)
+        if deps:
+            # Blocked in `wait`: the thread resumes `gap` after the collective ends. As an op
+            # of its own, this wake-up is charged after the wait, not hidden behind it.
+            ops.append(GraphOp(RESUME, "compute", RESUME, {}, deps=sorted(set(deps)), duration_s=gap, issue_s=0.0,
+                               blocking=True))
+            deps, gap = [len(ops) - 1], 0.0
         ops.append(GraphOp(op["name"], "compute", op["name"], {"shapes": op.get("shapes", [])},
-                           deps=sorted(set(deps)), duration_s=op["end_s"] - op["start_s"],
-                           issue_s=max(op["start_s"] - issue_from, 0.0), blocking=True))
+                           deps=deps, duration_s=op["end_s"] - op["start_s"], issue_s=gap, blocking=True))
         launcher = len(ops) - 1
         prev_end = op["end_s"]
         # Collectives this launch started (work items starting before the next op starts).
@@ -66,11 +79,29 @@ def _rank_ops(trace: dict[str, Any], world: int, transfer_s: Sequence[float]) ->
     return ops
 
 
-def graph_from_traces(traces: Sequence[dict[str, Any]]) -> ExecutionGraph:
-    """One captured step per rank (an element of a trace's `steps`), rank order."""
-    transfer = _collective_durations(traces)
-    ranks = [_rank_ops(t, len(traces), transfer) for t in traces]
-    return ExecutionGraph(ranks, meta={"source": "trace", "measured_step_s": [t["step_s"] for t in traces]})
+def start_offsets(steps: Sequence[dict[str, Any]], hosts: Sequence[str] | None) -> list[float]:
+    """How much later than the earliest rank each rank started its step: from the host's
+    monotonic clock when every rank ran on the same host (else clocks differ: zeros)."""
+    clocks = [s.get("start_clock_s") for s in steps]
+    if hosts is None or len(set(hosts)) != 1 or any(c is None for c in clocks):
+        return [0.0] * len(steps)
+    first = min(clocks)
+    return [float(c - first) for c in clocks]
+
+
+def measured_iteration_s(steps: Sequence[dict[str, Any]], hosts: Sequence[str] | None = None) -> float:
+    """The step as the ranks ran it: from the earliest rank's start to the latest rank's end."""
+    return max(o + s["step_s"] for o, s in zip(start_offsets(steps, hosts), steps))
+
+
+def graph_from_traces(steps: Sequence[dict[str, Any]], hosts: Sequence[str] | None = None) -> ExecutionGraph:
+    """One captured step per rank (an element of a trace's `steps`), rank order. With `hosts`
+    (each trace's `host`) all equal, each rank starts at its measured offset."""
+    transfer = _collective_durations(steps)
+    offsets = start_offsets(steps, hosts)
+    ranks = [_rank_ops(t, len(steps), transfer, off) for t, off in zip(steps, offsets)]
+    return ExecutionGraph(ranks, meta={"source": "trace", "measured_step_s": [t["step_s"] for t in steps],
+                                       "start_offsets_s": offsets})
 
 
 def compare_gemms(graph: ExecutionGraph, predict: Callable[[int, int, int, str, int], float]) -> list[dict[str, Any]]:

@@ -4,11 +4,14 @@
 A few steps run under `torch.profiler` with shapes recorded; for the last one we keep, on the
 calling thread, every top-level dispatcher op (name, start, end, input shapes) and, from the
 collective backend's own threads, every collective work item (`gloo:all_reduce`, ...; NCCL
-kernels on a GPU) with its start and end. Times are seconds from the step's start. Every rank
-of a process group must call `capture_step_trace` together (the steps hold collectives).
+kernels on a GPU) with its start and end. Times are seconds from the step's start; each step
+also keeps its start on the host's monotonic clock (`start_clock_s`, shared by every process of
+a host), so the importer can restore how far apart the ranks of one host really started. Every
+rank of a process group must call `capture_step_trace` together (the steps hold collectives).
 """
 from __future__ import annotations
 
+import socket
 import time
 from typing import Any, Callable
 
@@ -28,7 +31,8 @@ def _is_collective_work(e: Any) -> bool:
 def capture_step_trace(step: Callable[[], object], iterations: int = 5, warmup: int = 2,
                        barrier: Callable[[], None] | None = None) -> dict[str, Any]:
     """Profile `iterations` steps after `warmup`; return them as a JSON-able trace:
-    `{"unprofiled_step_s", "steps": [{"step_s", "ops", "comm"}, ...]}` (step order).
+    `{"unprofiled_step_s", "host", "steps": [{"step_s", "start_clock_s", "ops", "comm"}, ...]}`
+    (step order).
 
     `barrier` (e.g. `torch.distributed.barrier`) runs before every step so ranks start
     together, as the launcher's timed steps do; the unprofiled step times are kept beside the
@@ -44,16 +48,21 @@ def capture_step_trace(step: Callable[[], object], iterations: int = 5, warmup: 
         t0 = time.perf_counter()
         step()
         plain.append(time.perf_counter() - t0)
+    starts = []
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         for _ in range(iterations):
             sync()
+            starts.append(time.monotonic())
             with record_function(STEP_MARK):
                 step()
     events = prof.events()
     windows = sorted((e for e in events if e.name == STEP_MARK), key=lambda e: e.time_range.start)
     if not windows:
         raise RuntimeError("the profiler recorded no step")
-    return {"unprofiled_step_s": float(np.median(plain)), "steps": [_one_step(events, w) for w in windows]}
+    if len(windows) != len(starts):
+        raise RuntimeError(f"the profiler recorded {len(windows)} steps of {len(starts)}")
+    return {"unprofiled_step_s": float(np.median(plain)), "host": socket.gethostname(),
+            "steps": [{**_one_step(events, w), "start_clock_s": t} for w, t in zip(windows, starts)]}
 
 
 def _one_step(events: Any, window: Any) -> dict[str, Any]:

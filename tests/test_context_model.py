@@ -44,6 +44,29 @@ def test_factor_learned_from_steps_that_run_kernels_twice_as_slow():
     assert model_cost(model)(op) == pytest.approx(2.0 * model.predict_params("gemm", p), rel=0.05)
 
 
+def test_a_per_call_cost_is_learned_as_an_addition_not_a_ratio():
+    """Steps that add 5 µs to every GEMM call: tiny GEMMs look 3x slower, big ones barely
+    slower. The affine fit recovers factor 1 + 5 µs, so both ends are right; a single ratio
+    (the geometric median) would over-price the big GEMMs."""
+    model, rng = gemm_bundle()
+    rows, sizes = [], []
+    for _ in range(60):
+        m, n, k = (int(x) for x in np.exp(rng.uniform(np.log(8), np.log(1024), size=3)))
+        p = gemm_params(m, n, k)
+        rows.append(Measurement("in_context", {"model_op": "gemm", "aten_op": "aten::mm", "workload": "dlrm", **p},
+                                (model.predict_params("gemm", p) + 5e-6) * float(rng.uniform(0.97, 1.03)), 0.0, 1))
+    fit_context_factors(model, rows, seed=0)
+    context = model.models["in_context"]
+    assert context.factor("gemm") == pytest.approx(1.0, abs=0.05)
+    assert context.add_s("gemm") == pytest.approx(5e-6, rel=0.2)
+    big = gemm_params(1024, 1024, 1024)
+    isolated = model.predict_params("gemm", big)
+    assert model_cost(model)(GraphOp("fc", "compute", "gemm", big)) == pytest.approx(isolated + 5e-6, rel=0.03)
+    assert model.metrics["in_context"]["gmae"] < 0.03
+    loaded = OpModel.from_dict(context.to_dict())
+    assert loaded.in_step("gemm", 1e-3) == context.in_step("gemm", 1e-3)
+
+
 def test_too_few_rows_leave_the_factor_at_one():
     model, _ = gemm_bundle()
     p = gemm_params(64, 64, 64)

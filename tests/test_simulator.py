@@ -113,3 +113,24 @@ def test_exposed_communication_matches_a_brute_force_count():
         expected = sum(float(((grid >= a) & (grid < b) & ~busy).sum()) * step
                        for (a, b), o in zip(spans, ops) if o.stream == "comm")
         assert _exposed(spans, ops) == pytest.approx(expected, abs=1e-3)
+
+
+def test_concurrent_collectives_share_a_rank_link():
+    # Per rank: a DP all-reduce A (4 ms) on "comm", then, 1 ms later on the CPU, a TP
+    # all-reduce T (2 ms) on "comm:1", both intra-node. Alone T would run 1..3 ms. Sharing the
+    # link fairly, both run at half rate from 1 ms: T's 2 ms of work ends at 5, A's remaining
+    # 3 ms at 6. The simulator queues T behind A (4..6): the same 6 ms makespan, and nothing
+    # already placed moves. An inter-node collective (another link) is not delayed.
+    def rank():
+        return [GraphOp("A", "collective", "t", {"ms": 4, "scope": "intra"}, stream="comm", group=(0, 1)),
+                GraphOp("gap", "compute", "t", {"ms": 1}),
+                GraphOp("T", "collective", "t", {"ms": 2, "scope": "intra"}, stream="comm:1", group=(0, 1), deps=[1]),
+                GraphOp("N", "collective", "t", {"ms": 2, "scope": "inter"}, stream="comm:2", group=(0, 1), deps=[1])]
+    g = ExecutionGraph([rank(), rank()])
+    shared = simulate(g, cost)
+    assert shared.spans[0][2] == pytest.approx((4 * MS, 6 * MS))
+    assert shared.spans[0][3] == pytest.approx((1 * MS, 3 * MS))
+    assert shared.iteration_s == pytest.approx(6 * MS)
+    assert [name for _, _, name in shared.critical_path][-2:] == ["A", "T"]  # T waited on A's link
+    alone = simulate(g, cost, share_links=False)
+    assert alone.spans[0][2] == pytest.approx((1 * MS, 3 * MS)) and alone.iteration_s == pytest.approx(4 * MS)

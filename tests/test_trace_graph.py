@@ -1,7 +1,7 @@
 import pytest
 
 from predictors.simulator import simulate
-from predictors.trace_graph import graph_from_traces
+from predictors.trace_graph import RESUME, STEP_END, graph_from_traces, measured_iteration_s
 from probes.in_context import gemm_params_from_shapes, model_op_for
 
 
@@ -24,17 +24,35 @@ def _trace(arrive_ms, comm_start_ms):
 def test_imported_two_rank_trace_rebuilds_the_waiting():
     graph = graph_from_traces([_trace(1.0, 1.1), _trace(3.0, 3.1)])
     early = graph.ranks[0]
-    assert [o.name for o in early] == ["aten::mm", "c10d::alltoall_base_", "gloo:all_to_all", "aten::relu"]
+    assert [o.name for o in early] == ["aten::mm", "c10d::alltoall_base_", "gloo:all_to_all", RESUME, "aten::relu",
+                                       STEP_END]
     coll = early[2]
     # The transfer alone: the late rank's 0.5 ms, not the early rank's 2.5 ms of waiting.
     assert coll.kind == "collective" and coll.duration_s == pytest.approx(0.5e-3) and coll.group == (0, 1)
     assert coll.blocking is False and coll.deps == [1]
-    assert early[3].deps == [2] and early[3].issue_s == pytest.approx(0.05e-3)  # blocked in wait, then 50 µs
+    # blocked in wait, then a 50 µs wake-up before the relu
+    assert early[3].deps == [2] and early[3].duration_s == pytest.approx(0.05e-3)
+    assert early[4].deps == [3] and early[4].issue_s == 0.0
     sim = simulate(graph, cost=lambda op: 0.0)
-    # By hand: the collective runs 3.1-3.6 ms (last arrival), relu 3.6-4.6 ms on both ranks; the
-    # 50 µs reaction after the wait is charged before it, so 4.6 ms against 4.65 measured.
-    assert sim.iteration_s == pytest.approx(4.6e-3)
+    # By hand: the collective runs 3.1-3.6 ms (last arrival), the wake-up 3.6-3.65, relu
+    # 3.65-4.65 on both ranks: the measured 4.65 ms exactly.
+    assert sim.iteration_s == pytest.approx(4.65e-3)
     assert sim.ranks[0].waiting_s == pytest.approx(2.0e-3) and sim.ranks[1].waiting_s == pytest.approx(0.0)
+
+
+def test_start_offsets_and_the_tail_after_the_last_op():
+    early, late = _trace(1.0, 1.1), _trace(3.0, 3.1)
+    early["step_s"] = late["step_s"] = 5.0e-3  # 0.35 ms of Python after the relu
+    early["start_clock_s"], late["start_clock_s"] = 100.0, 100.0 + 0.5e-3  # rank 1 left the barrier late
+    # Different hosts: clocks are not comparable, both start at 0.
+    sim = simulate(graph_from_traces([early, late], hosts=["a", "b"]), cost=lambda op: 0.0)
+    assert sim.iteration_s == pytest.approx(5.0e-3)
+    assert measured_iteration_s([early, late], ["a", "b"]) == pytest.approx(5.0e-3)
+    # One host: rank 1 starts 0.5 ms late, arrives at 3.6, the transfer ends at 4.1, then
+    # 0.05 wake-up + 1 ms relu + 0.35 ms tail: 5.5 ms, the wall span the ranks really took.
+    sim = simulate(graph_from_traces([early, late], hosts=["a", "a"]), cost=lambda op: 0.0)
+    assert sim.iteration_s == pytest.approx(5.5e-3)
+    assert measured_iteration_s([early, late], ["a", "a"]) == pytest.approx(5.5e-3)
 
 
 def test_mismatched_collective_counts_are_an_error():
