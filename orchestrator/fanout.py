@@ -19,7 +19,6 @@ from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.measurement_store import MeasurementStore
-from orchestrator.ray_runtime import MEASUREMENT_RUNTIME_ENV
 from orchestrator.probe_actor import ProbeActor
 from probes.sweep import ProbeSpec
 
@@ -57,7 +56,6 @@ class ActorPool:
         options = {
             "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=index),
             "num_cpus": 1,
-            "runtime_env": MEASUREMENT_RUNTIME_ENV,
         }
         if self.device_kind == "cuda":
             options["num_gpus"] = 1

@@ -6,13 +6,13 @@ import os
 
 import ray
 
-# Ray starts worker processes at niceness 15 so its own daemons stay responsive; a probe or a
-# measured training worker at 15 is preempted by every daemon wake-up and by the driver, which
-# on a small host moves a short step's time by tens of percent. What we time runs at 0, as the
-# user's job will (Ray's job supervisor does the same for its own actor).
-MEASUREMENT_RUNTIME_ENV = {"env_vars": {"RAY_worker_niceness": "0"}}
 
 
+# Probe actors and launched training workers both run at Ray's default worker niceness, so
+# what calibration measures and what a job measures are alike. Resetting it through a
+# job-level runtime_env (RAY_worker_niceness=0) was tried: every worker start then goes
+# through runtime-env setup and idle workers are prestarted beside the job, which on the
+# 2-core VM doubled measured step times.
 def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
@@ -21,7 +21,7 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     if address:
         ray.init(address=address, **kwargs)
     else:
-        ray.init(num_cpus=num_cpus, include_dashboard=False, runtime_env=MEASUREMENT_RUNTIME_ENV, **kwargs)
+        ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
 
 
 def shutdown() -> None:
