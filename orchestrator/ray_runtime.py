@@ -7,7 +7,6 @@ import os
 import ray
 
 
-
 # Probe actors and launched training workers both run at Ray's default worker niceness, so
 # what calibration measures and what a job measures are alike. Resetting it through a
 # job-level runtime_env (RAY_worker_niceness=0) was tried: every worker start then goes
