@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from predictors.table_shards import ShardingPlanError, is_table_wise
 from probes.jobspec import JobSpec
 
 
@@ -72,6 +73,9 @@ def launch_dlrm(
     spec: JobSpec, table_to_rank: Sequence[int], iterations: int | None = None, use_gpu: bool = False,
     storage: str | Path = ".autotune/ray_results",
 ) -> LaunchResult:
+    if not is_table_wise(table_to_rank):
+        raise ShardingPlanError("the reference DLRM workload runs table-wise plans only (one rank per table); "
+                                "row-wise, column-wise and data-parallel entries can be predicted, not launched")
     config = {"job": spec.to_dict(), "table_to_rank": list(table_to_rank),
               "iterations": iterations or spec.iterations, "warmup": spec.warmup_iterations}
     return _launch(config, spec.world_size, f"dlrm-{spec.name}", use_gpu, storage)

@@ -102,3 +102,10 @@ def test_memory_follows_the_pieces():
     # replicas everywhere, with dense gradients
     assert dp[0].weights == dp[1].weights == tw[0].weights
     assert dp[0].gradients - tw[0].gradients == all_tables
+
+
+def test_only_table_wise_plans_are_launched():
+    from orchestrator.launch import launch_dlrm
+
+    with pytest.raises(ShardingPlanError, match="table-wise plans only"):
+        launch_dlrm(job(), [0, RW, 0, 1])
