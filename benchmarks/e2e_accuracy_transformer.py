@@ -27,18 +27,7 @@ from benchmarks.e2e_accuracy import champion_on_ray, geomean  # noqa: E402
 from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.launch import launch_transformer  # noqa: E402
 from policies.transformer_cost import estimate_transformer_iteration  # noqa: E402
-from probes.workloads.transformer import TransformerSpec  # noqa: E402
-
-
-def random_transformer(index: int, world_size: int, tensor_parallel: int, seed: int) -> TransformerSpec:
-    rng = np.random.default_rng([seed, index, 104729])
-    hidden = int(rng.choice([64, 128, 256]))
-    heads = int(rng.choice([h for h in (2, 4, 8) if hidden % h == 0 and h % tensor_parallel == 0]))
-    return TransformerSpec(
-        layers=int(rng.integers(1, 5)), hidden=hidden, heads=heads, seq_len=int(rng.choice([32, 64, 128])),
-        batch_size=int(rng.choice([2, 4, 8])), world_size=world_size, tensor_parallel=tensor_parallel,
-        dropout=0.1, seed=index, name=f"gpt{index}-tp{tensor_parallel}",
-    )
+from probes.workloads.transformer import random_transformer  # noqa: E402
 
 
 def main() -> None:

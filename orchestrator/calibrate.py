@@ -49,7 +49,7 @@ from probes.sweep import (
 COLLECTIVE_SHARE = 0.35  # of the budget: six collective variants per group need ~50 sizes each
 TRAINING_SHARE = 0.2
 TRAINING_PROBES = 16
-TRANSFORMER_PROBES = 6
+TRANSFORMER_PROBES = 8
 DEFAULT_BUDGET_S = 120.0
 STORE_ROOT = Path(".autotune/calibrations")
 

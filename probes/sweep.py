@@ -343,14 +343,22 @@ def run_training_probe(spec: ProbeSpec, device: str = "cpu", iterations: int = 3
 
 
 def transformer_training_specs(n: int, seed: int, world: int) -> list[ProbeSpec]:
-    """Small data-parallel block stacks: their captured steps give the in-context times of the
-    transformer kernels (gelu, softmax, layer_norm and their backward, batched GEMMs)."""
+    """Data-parallel block stacks whose captured steps give the in-context times of the
+    transformer kernels (gelu, softmax, layer_norm and their backward, batched GEMMs),
+    alternating small stacks with task-shaped ones from the random-task generator (its own
+    seed stream), so the step model is not extrapolated to the sizes jobs have."""
+    from probes.workloads.transformer import random_transformer
+
     rng = np.random.default_rng(seed + 3)
     out = []
     for i in range(n):
-        hidden = int(rng.choice([64, 128, 256]))
-        spec = {"layers": int(rng.integers(1, 3)), "hidden": hidden, "heads": int(rng.choice([2, 4])),
-                "seq_len": int(rng.choice([32, 64, 128])), "batch_size": int(rng.choice([2, 4])),
-                "world_size": world, "tensor_parallel": 1, "dropout": 0.1, "seed": i, "name": f"probe{i}"}
+        if i % 2:
+            spec = random_transformer(i, world, 1, seed + CALIBRATION_TASK_STREAM).to_dict()
+            spec["name"] = f"probe{i}"
+        else:
+            hidden = int(rng.choice([64, 128, 256]))
+            spec = {"layers": int(rng.integers(1, 3)), "hidden": hidden, "heads": int(rng.choice([2, 4])),
+                    "seq_len": int(rng.choice([32, 64, 128])), "batch_size": int(rng.choice([2, 4])),
+                    "world_size": world, "tensor_parallel": 1, "dropout": 0.1, "seed": i, "name": f"probe{i}"}
         out.append(ProbeSpec("training", {"transformer": spec}, f"train-transformer:{i}"))
     return out

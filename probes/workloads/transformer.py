@@ -88,6 +88,21 @@ class TransformerSpec:
         return cls(**data)
 
 
+def random_transformer(index: int, world_size: int, tensor_parallel: int, seed: int) -> TransformerSpec:
+    """Random GPT-style task `index` (deterministic in `seed`): 1-4 blocks, hidden 64-256,
+    2-8 heads, sequence 32-128, batch 2-8, sized to run in seconds on CPU ranks. The
+    accuracy benchmark draws its tasks from here; calibration draws probes from its own seed
+    stream."""
+    rng = np.random.default_rng([seed, index, 104729])
+    hidden = int(rng.choice([64, 128, 256]))
+    heads = int(rng.choice([h for h in (2, 4, 8) if hidden % h == 0 and h % tensor_parallel == 0]))
+    return TransformerSpec(
+        layers=int(rng.integers(1, 5)), hidden=hidden, heads=heads, seq_len=int(rng.choice([32, 64, 128])),
+        batch_size=int(rng.choice([2, 4, 8])), world_size=world_size, tensor_parallel=tensor_parallel,
+        dropout=0.1, seed=index, name=f"gpt{index}-tp{tensor_parallel}",
+    )
+
+
 class _CopyToTensorParallel(torch.autograd.Function):
     """Identity forward; all-reduce of the input gradient over the TP group in backward."""
 
