@@ -20,10 +20,11 @@ def memory_cap_bytes(job: JobSpec, fingerprint: HardwareFingerprint) -> float:
 
 
 def make_plan(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFingerprint, model_version: str | None) -> Plan:
-    sharding = choose_sharding(job, model, memory_cap_bytes(job, fingerprint), seed=job.seed)
+    sharding = choose_sharding(job, model, memory_cap_bytes(job, fingerprint), seed=job.seed,
+                               device_memory_bytes=fingerprint.min_device_memory_bytes)
     notes = [
-        "iteration cost = slowest rank's embedding fwd+bwd + dense GEMMs + all-to-all fwd+bwd + "
-        "DDP all-reduce (interim sum; the critical-path simulator replaces it)",
+        "iteration cost = critical-path simulation of the job's execution graph (per-op models, in-step "
+        "corrections, waits at every collective) + the fitted per-step overhead",
     ]
     best = sharding.candidates[0]
     out_of_range = best.detail.get("breakdown", {}).get("out_of_range", [])

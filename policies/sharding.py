@@ -9,8 +9,11 @@ from predictors.performance_model import PerformanceModel
 from probes.jobspec import JobSpec
 
 
-def choose_sharding(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float, seed: int = 0) -> Decision:
-    """Rank the six sharders by predicted iteration time under a per-rank memory cap."""
+def choose_sharding(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float, seed: int = 0,
+                    device_memory_bytes: float | None = None) -> Decision:
+    """Rank the six sharders by predicted iteration time under a per-rank cap on embedding
+    weights; with `device_memory_bytes`, a placement whose predicted peak (weights,
+    gradients, optimizer state, buffers, activations) exceeds a device is infeasible too."""
     W = spec.world_size
     candidates: list[Candidate] = []
     errors: list[str] = []
@@ -25,8 +28,13 @@ def choose_sharding(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: fl
         memory = rank_memory(spec.tables, placement, W)
         detail = {"table_to_rank": placement, "rank_memory_bytes": memory,
                   "peak_memory_bytes": [dlrm_memory(spec, placement, r).peak for r in range(W)]}
+        reason = None
         if max(memory) > memory_cap_bytes:
             reason = f"rank memory {max(memory) / 2**30:.2f} GiB exceeds cap {memory_cap_bytes / 2**30:.2f} GiB"
+        elif device_memory_bytes is not None and max(detail["peak_memory_bytes"]) > device_memory_bytes:
+            reason = (f"predicted peak {max(detail['peak_memory_bytes']) / 2**30:.2f} GiB on a rank exceeds the "
+                      f"device's {device_memory_bytes / 2**30:.2f} GiB")
+        if reason is not None:
             errors.append(f"{name}: {reason}")
             candidates.append(Candidate(name, None, False, {**detail, "reason": reason}))
             continue

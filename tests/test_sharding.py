@@ -4,6 +4,7 @@ import pytest
 from policies.dlrm_cost import estimate_iteration
 from policies.sharders import SHARDERS, NoFeasiblePlanError, rank_memory
 from policies.sharding import choose_sharding
+from predictors.memory import dlrm_memory
 from predictors import fit_performance_model
 from probes.collective import collective_params
 from probes.embedding import TableShape, expected_features
@@ -124,3 +125,14 @@ def test_step_overhead_learns_the_in_step_slowdown_of_the_kernels(model):
     assert coef["tables_total"] == pytest.approx(3e-4, rel=0.05)
     assert held_out and bundle.metrics[STEP_OP]["gmae"] < 0.01
     assert OVERHEAD_OP not in model.models  # the shared fixture is untouched
+
+
+def test_a_plan_whose_predicted_peak_exceeds_the_device_is_infeasible(model):
+    """Tables far under the weights cap, but a batch whose activations need more than the
+    device has: every placement is refused with the predicted peak in the reason."""
+    spec = job([(1000, 64, 4)] * 4)
+    peak = max(dlrm_memory(spec, [0, 0, 1, 1], r).peak for r in range(2))
+    fits = choose_sharding(spec, model, memory_cap_bytes=2**30, device_memory_bytes=2 * peak)
+    assert all(c.feasible for c in fits.candidates)
+    with pytest.raises(NoFeasiblePlanError, match="predicted peak .* exceeds the device's"):
+        choose_sharding(spec, model, memory_cap_bytes=2**30, device_memory_bytes=0.5 * peak)
