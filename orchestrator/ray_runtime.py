@@ -11,7 +11,7 @@ import ray
 # what calibration measures and what a job measures are alike. Resetting it through a
 # job-level runtime_env (RAY_worker_niceness=0) was tried: every worker start then goes
 # through runtime-env setup and idle workers are prestarted beside the job, which on the
-# 2-core VM doubled measured step times.
+# 2-core VM slowed the measured steps markedly (that run was stopped and not kept).
 def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return

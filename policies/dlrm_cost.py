@@ -96,7 +96,7 @@ def estimate_iteration(
 
     # Pooled-embedding all-to-all, forward and backward (the largest per-rank send or receive).
     a2a = 2 * predict("all_to_all", **all_to_all_params(spec, table_to_rank, "intra")) if W > 1 else 0.0
-    rw = FLOAT * B * W * row_wise_width(spec, table_to_rank)
+    rw = FLOAT * B * W * row_wise_width(shards)
     if W > 1 and rw:  # row-wise tables: reduce-scatter forward, all-gather backward
         a2a += predict("reduce_scatter", bytes=rw, world=W, scope="intra") + predict("all_gather", bytes=rw, world=W, scope="intra")
 

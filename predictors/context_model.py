@@ -4,9 +4,10 @@ its isolated probe, learned from captured training steps (`probes/in_context.py`
 Isolated probes time a kernel with warm caches and a warm allocator; a training step does not
 (see probes/in_context.py for the figures on the development VM). Per op the in-step time is
 affine in the isolated prediction: `factor * isolated + add_s`. A pure ratio does not
-transfer across sizes: a microsecond GEMM runs 3.5x slower in a DLRM step, a millisecond one
-about as fast as alone, because what a step adds to a small kernel is mostly a per-call cost
-(cold operands, allocation), while element-wise ops like gelu stay ~3x slower at every size.
+transfer across sizes: a microsecond GEMM runs several times slower in a DLRM step, a
+millisecond one about as fast as alone, because what a step adds to a small kernel is mostly a
+per-call cost (cold operands, allocation), while element-wise ops like gelu stay slower at
+every size.
 Both terms are fitted on log time with a soft-L1 loss, robust to the few ops a busy step
 stretches by scheduling; factor in [0.5, 8], add_s >= 0. Fitted on a seeded split and scored
 on the held-out rows against the isolated model alone (the baseline). An op never seen in a
@@ -69,6 +70,7 @@ class ContextFactorModel(OpModel):
         return self.factor(op) * isolated_s + self.add_s(op)
 
     def predict(self, params: Params) -> float:
+        """The op's multiplicative factor (its per-call addition is `add_s`)."""
         return self.factor(str(params.get("model_op")))
 
     def out_of_range(self, params: Params) -> list[str]:
@@ -96,7 +98,7 @@ def _fit_affine(pairs: np.ndarray) -> tuple[float, float]:
     def resid(x: np.ndarray) -> np.ndarray:
         return np.log(x[0] * predicted + x[1] * scale) - np.log(measured)
 
-    start = np.array([max(min(ratio, CLIP[1]), CLIP[0]), 0.0])
+    start = np.array([ratio, 0.0])
     fit = least_squares(resid, start, bounds=([CLIP[0], 0.0], [CLIP[1], np.inf]), loss="soft_l1", f_scale=0.1)
     return float(fit.x[0]), float(fit.x[1] * scale)
 

@@ -22,7 +22,7 @@ from probes.gemm import gemm_params
 from probes.memcpy import memcpy_params
 from probes.jobspec import JobSpec
 from predictors.table_shards import (
-    DATA_PARALLEL, PlanEntry, exchanged_widths, is_table_wise, row_wise_width, table_shards,
+    DATA_PARALLEL, PlanEntry, exchanged_widths, replicated_tables, row_wise_width, table_shards,
 )
 
 DDP_FIRST_BUCKET_BYTES = 1 * 2**20
@@ -43,24 +43,24 @@ def ddp_buckets(param_bytes: int, bucket_bytes: int = DDP_BUCKET_BYTES) -> list[
     return buckets
 
 
-def _pooled_widths(spec: JobSpec, plan: Sequence[PlanEntry]) -> list[int]:
-    return exchanged_widths(spec, table_shards(spec, plan))
-
-
-def all_to_all_bytes(spec: JobSpec, plan: Sequence[PlanEntry]) -> int:
-    """A rank sends W*B*width_r floats and receives B*sum(widths): the larger bounds the op."""
+def _all_to_all(spec: JobSpec, widths: Sequence[int], scope: str) -> dict[str, Any]:
+    """A rank sends W*B*width_r floats and receives B*sum(widths): the larger bounds the op;
+    uneven (priced on the uneven curve) unless every rank sends the same width."""
     W, B = spec.world_size, spec.batch_size
-    widths = _pooled_widths(spec, plan)
-    return FLOAT * max(max(W * B * w for w in widths), B * sum(widths))
+    params: dict[str, Any] = {"bytes": FLOAT * max(max(W * B * w for w in widths), B * sum(widths)),
+                              "world": W, "scope": scope}
+    if len(set(widths)) > 1:
+        params["uneven"] = True
+    return params
 
 
 def all_to_all_params(spec: JobSpec, plan: Sequence[PlanEntry], scope: str) -> dict[str, Any]:
-    """The pooled-embedding all-to-all: uneven (priced on the uneven curve) unless every rank
-    holds the same pooled width."""
-    params: dict[str, Any] = {"bytes": all_to_all_bytes(spec, plan), "world": spec.world_size, "scope": scope}
-    if len(set(_pooled_widths(spec, plan))) > 1:
-        params["uneven"] = True
-    return params
+    """The pooled-embedding all-to-all of a plan (its table- and column-wise pieces)."""
+    return _all_to_all(spec, exchanged_widths(spec, table_shards(spec, plan)), scope)
+
+
+def all_to_all_bytes(spec: JobSpec, plan: Sequence[PlanEntry]) -> int:
+    return int(all_to_all_params(spec, plan, "intra")["bytes"])
 
 
 class _RankBuilder:
@@ -85,10 +85,10 @@ def build_dlrm_graph(
     shards = table_shards(spec, plan)
     group = tuple(range(W))
     widths = exchanged_widths(spec, shards)
-    a2a = all_to_all_params(spec, plan, scope) if sum(widths) else None
-    rw_width = row_wise_width(spec, plan)
+    a2a = _all_to_all(spec, widths, scope) if sum(widths) else None
+    rw_width = row_wise_width(shards)
     rw_bytes = FLOAT * B * W * rw_width  # the partial pooled sums of the global batch
-    dp_tables = [spec.tables[i].shape for i, e in enumerate(plan) if isinstance(e, dict) and e.get("type") == DATA_PARALLEL]
+    dp_tables = replicated_tables(shards)
     dp_grad_bytes = FLOAT * sum(t.num_embeddings * t.embedding_dim for t in dp_tables)
     layers = spec.dense_layers()
     n_bottom = len(spec.dense.bottom_mlp)
@@ -151,5 +151,5 @@ def build_dlrm_graph(
         cols = 1024
         g.add(GraphOp("optimizer_step", "compute", "add", elementwise_params("add", -(-params_numel // cols), cols), deps=reduces))
         graph.append(g.ops)
-    meta_plan = list(plan) if not is_table_wise(plan) else [int(p) for p in plan]
+    meta_plan = [p if isinstance(p, dict) else int(p) for p in plan]
     return ExecutionGraph(graph, meta={"job": spec.name, "workload": "dlrm", "table_to_rank": meta_plan})

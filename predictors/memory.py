@@ -93,7 +93,7 @@ def dlrm_memory(spec: JobSpec, table_to_rank: Sequence[PlanEntry], rank: int, op
                            + B * emb_total                  # exchanged embeddings
                            + B * (spec.dense.num_dense_features + emb_total + spec.dense.bottom_mlp[-1])  # MLP inputs, concat
                            + 2 * B * mlp_outputs)           # linear outputs and relu outputs
-    exchanged = 2 * (all_to_all_bytes(spec, table_to_rank) + FLOAT * B * W * row_wise_width(spec, table_to_rank))
+    exchanged = 2 * (all_to_all_bytes(spec, table_to_rank) + FLOAT * B * W * row_wise_width(shards))
     return MemoryEstimate(
         weights=tables + FLOAT * dense,
         gradients=FLOAT * dense + replicas,

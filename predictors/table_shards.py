@@ -104,9 +104,15 @@ def exchanged_widths(spec: JobSpec, shards: Sequence[TableShard]) -> list[int]:
     return widths
 
 
-def row_wise_width(spec: JobSpec, plan: Sequence[PlanEntry]) -> int:
-    """Summed dimension of the row-wise tables: the width of their reduce-scatter."""
-    return sum(t.embedding_dim for t, e in zip(spec.tables, plan) if isinstance(e, dict) and e.get("type") == ROW_WISE)
+def row_wise_width(shards: Sequence[TableShard]) -> int:
+    """Summed dimension of the row-wise tables: the width of their reduce-scatter (each spans
+    every rank, so rank 0 holds one full-width piece of each)."""
+    return sum(s.shape.embedding_dim for s in shards if s.kind == ROW_WISE and s.rank == 0)
+
+
+def replicated_tables(shards: Sequence[TableShard]) -> list[TableShape]:
+    """The data-parallel tables, once each (every rank holds the same replicas)."""
+    return [s.shape for s in shards if s.kind == DATA_PARALLEL and s.rank == 0]
 
 
 def shard_bytes(shards: Sequence[TableShard], world: int) -> list[int]:

@@ -8,16 +8,12 @@ from predictors.opmodels import OpModel
 from predictors.simulator import model_cost
 from probes.gemm import gemm_params
 from probes.records import Measurement
+from synthetic_rows import gemm_rows
 
 
 def gemm_bundle():
     rng = np.random.default_rng(0)
-    rows = []
-    for _ in range(60):
-        m, n, k = (int(x) for x in rng.integers(8, 1024, size=3))
-        p = gemm_params(m, n, k)
-        rows.append(Measurement("gemm", p, 2e-6 + p["flops"] / 2e10, 0, 5))
-    model, _ = fit_performance_model(rows, "synthetic")
+    model, _ = fit_performance_model(gemm_rows(rng, 60), "synthetic")
     return model, rng
 
 

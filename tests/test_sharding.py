@@ -8,19 +8,15 @@ from predictors.memory import dlrm_memory
 from predictors import fit_performance_model
 from probes.collective import collective_params
 from probes.embedding import TableShape, expected_features
-from probes.gemm import gemm_params
 from probes.jobspec import JobSpec
 from probes.records import Measurement
+from synthetic_rows import gemm_rows
 
 
 def synthetic_model() -> "PerformanceModel":
     """A bundle fitted on synthetic rows with known costs: lookups cost, so balance matters."""
     rng = np.random.default_rng(0)
-    rows = []
-    for _ in range(40):
-        m, n, k = (int(x) for x in rng.integers(8, 1024, size=3))
-        p = gemm_params(m, n, k)
-        rows.append(Measurement("gemm", p, 2e-6 + p["flops"] / 2e10, 0, 5))
+    rows = gemm_rows(rng, 40)
     for i in range(40):
         tables = [TableShape(int(rng.integers(1000, 100_000)), int(rng.choice([8, 16, 64])), int(rng.integers(1, 32)))
                   for _ in range(int(rng.integers(1, 9)))]
