@@ -46,7 +46,9 @@ def calibrate(budget_s: float) -> tuple[dict, list]:
 def load_rows(path: Path) -> list:
     from probes.records import Measurement
 
-    return [Measurement.from_row(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    from probes.collective import merge_passes
+
+    return merge_passes([Measurement.from_row(json.loads(line)) for line in path.read_text().splitlines() if line.strip()])
 
 
 def collective_cross_validation(rows: list, folds: int = 5, seed: int = 0) -> dict[str, dict]:
@@ -98,15 +100,22 @@ def _collective_noise_worker(rank: int, init_file: str, points: int, out_file: s
     import torch
     import torch.distributed as dist
 
-    from probes.collective import COLLECTIVE_OPS, forget_groups, measure_collective
+    from probes.collective import COLLECTIVE_OPS, forget_groups, merge_passes
+    from probes.sweep import (COLLECTIVE_PASSES, ProbeSpec, collective_batch_bytes, collective_batches,
+                              collective_pass_timing, run_collective_batch)
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         sizes = np.unique(np.geomspace(64, 64 * 2**20, points).astype(int))
         variants = [(op, False) for op in COLLECTIVE_OPS] + [("all_to_all", True)]
-        passes = [[row for b in sizes for op, uneven in variants
-                   for row in measure_collective(op, int(b), uneven=uneven, seed=int(b) % 97)] for _ in range(2)]
+        specs = [ProbeSpec("collective", {"op": op, "bytes": int(b), "uneven": uneven, "seed": int(b) % 97})
+                 for b in sizes for op, uneven in variants]
+        # as the calibration runs them: in batches, visited in passes merged per point
+        batches = collective_batches(specs, max_bytes=collective_batch_bytes("cpu"))
+        timing = collective_pass_timing(COLLECTIVE_PASSES)
+        passes = [merge_passes([row for _ in range(COLLECTIVE_PASSES) for batch in batches
+                                for row in run_collective_batch(batch, timing=timing)]) for _ in range(2)]
         if rank == 0:
             errors: dict[str, list[float]] = {}
             for a, b in zip(*passes):

@@ -21,7 +21,7 @@ import mlflow
 
 from orchestrator import registry
 from orchestrator.cluster import HardwareFingerprint
-from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes
+from orchestrator.fanout import ActorPool, collective_visits, run_collective_probes, run_local_probes
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.progress import Progress, say
 from policies.dlrm_cost import STEP_OP, fit_overhead, score_steps
@@ -104,7 +104,7 @@ def measure(
     try:
         say(f"probing {devices} device(s) of {fingerprint.summary()} for up to {budget_s:.0f}s")
         if coll:
-            bar = Progress("collectives", len(coll), budget_s * COLLECTIVE_SHARE)
+            bar = Progress("collectives", collective_visits(coll), budget_s * COLLECTIVE_SHARE)
             d, f = run_collective_probes(pool, coll, store, start + budget_s * COLLECTIVE_SHARE, bar.update)
             bar.close()
             done, failed = done + d, failed + f

@@ -20,7 +20,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.probe_actor import ProbeActor
-from probes.sweep import ProbeSpec
+from probes.sweep import COLLECTIVE_PASSES, ProbeSpec, collective_batch_bytes, collective_batches, collective_pass_timing
 
 ProgressFn = Callable[[int, int], None]  # (done, failed) increments
 
@@ -169,9 +169,10 @@ class Gang:
         self.nodes = self.pool.nodes()
         self.form()
 
-    def run(self, spec: ProbeSpec):
-        refs = [a.run_collective.remote(spec) for a in self.pool.actors]
-        results = ray.get(refs, timeout=self.timeout_s * 2)
+    def run(self, specs: Sequence[ProbeSpec], timing: dict | None = None):
+        """Run one batch on every member; rows come from each group's first rank."""
+        refs = [a.run_collectives.remote(list(specs), timing) for a in self.pool.actors]
+        results = ray.get(refs, timeout=self.timeout_s * (1 + len(specs)))
         return [row for rows in results for row in rows]
 
 
@@ -181,30 +182,55 @@ def run_collective_probes(
     store: MeasurementStore,
     deadline: float,
     progress: ProgressFn | None = None,
+    passes: int = COLLECTIVE_PASSES,
 ) -> tuple[int, int]:
+    """Measure `specs` on a gang of every actor until done or `deadline`; returns (points
+    measured, points failed).
+
+    Collective points are visited in `passes` passes over the whole list, each timing a share
+    of the point's repeats, and in `collective_batches` whose windows interleave; the store
+    merges a point's passes into one row (`merge_passes`), so its windows span the sweep.
+    Training points run once. A batch that fails rebuilds the gang and is retried once; a
+    second failure records each of its points with the error. Progress counts batch visits."""
     if len(pool.actors) < 2:
         return 0, 0
     gang = Gang(pool)
     gang.form()
     done = failed = 0
+    device = "cuda" if pool.device_kind == "cuda" else "cpu"
+    batches = collective_batches(specs, max_bytes=collective_batch_bytes(device))
+    measured: set[int] = set()
     try:
-        for spec in specs:
-            if time.monotonic() >= deadline:
-                break
-            if spec.family == "collective":
-                spec = ProbeSpec(spec.family, {**spec.params, "scope": gang.scope(spec.params.get("ranks"))}, spec.key)
-            for attempt in (0, 1):
-                try:
-                    store.add(gang.run(spec))
-                    done += 1
-                    progress and progress(1, 0)
+        for visit in range(max(1, passes)):
+            timing = collective_pass_timing(passes)
+            for index, batch in enumerate(batches):
+                if time.monotonic() >= deadline:
                     break
-                except (RayError, GetTimeoutError) as exc:
-                    gang.rebuild()
-                    if attempt == 1:
-                        store.add_failure(spec.to_dict(), _short(exc), 2)
-                        failed += 1
-                        progress and progress(0, 1)
+                if visit > 0 and (batch[0].family != "collective" or index not in measured):
+                    continue  # training points run once; a failed batch is not retried per pass
+                batch = [ProbeSpec(s.family, {**s.params, "scope": gang.scope(s.params.get("ranks"))}, s.key)
+                         if s.family == "collective" else s for s in batch]
+                for attempt in (0, 1):
+                    try:
+                        store.add(gang.run(batch, timing if batch[0].family == "collective" else None))
+                        if visit == 0:
+                            measured.add(index)
+                            done += len(batch)
+                        progress and progress(len(batch), 0)
+                        break
+                    except (RayError, GetTimeoutError) as exc:
+                        gang.rebuild()
+                        if attempt == 1:
+                            for spec in batch:
+                                store.add_failure({**spec.to_dict(), "pass": visit}, _short(exc), 2)
+                            failed += len(batch) if visit == 0 else 0
+                            progress and progress(0, len(batch))
     finally:
         gang.disband()
     return done, failed
+
+
+def collective_visits(specs: Sequence[ProbeSpec], passes: int = COLLECTIVE_PASSES) -> int:
+    """Batch-point visits `run_collective_probes` makes on `specs` when time allows (for a progress bar)."""
+    points = sum(1 for s in specs if s.family == "collective")
+    return points * max(1, passes) + (len(specs) - points)

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from probes.collective import merge_passes
 from probes.records import Measurement
 
 
@@ -32,9 +33,11 @@ class MeasurementStore:
             f.write(json.dumps({"spec": spec, "error": error, "attempts": attempts}) + "\n")
 
     def rows(self) -> list[Measurement]:
+        """Every measurement, a collective point measured over several sweep passes as one row."""
         if not self.rows_path.exists():
             return []
-        return [Measurement.from_row(json.loads(line)) for line in self.rows_path.read_text().splitlines() if line]
+        return merge_passes([Measurement.from_row(json.loads(line)) for line in self.rows_path.read_text().splitlines()
+                             if line])
 
     def failures(self) -> list[dict[str, Any]]:
         if not self.failures_path.exists():

@@ -9,7 +9,7 @@ from typing import Any
 import ray
 
 from probes.records import Measurement
-from probes.sweep import ProbeSpec, run_collective_probe, run_local_probe
+from probes.sweep import ProbeSpec, run_collective_batch, run_local_probe
 
 
 @ray.remote
@@ -56,8 +56,8 @@ class ProbeActor:
             timeout=datetime.timedelta(seconds=timeout_s),
         )
 
-    def run_collective(self, spec: ProbeSpec) -> list[Measurement]:
-        return self._stamp(run_collective_probe(spec, self.device))
+    def run_collectives(self, specs: list[ProbeSpec], timing: dict[str, Any] | None = None) -> list[Measurement]:
+        return self._stamp(run_collective_batch(specs, self.device, timing))
 
     def destroy_group(self) -> None:
         import torch.distributed as dist

@@ -8,7 +8,10 @@ subgroup's first rank returns rows.
 
 A point is timed in several short windows and reported as the median of the window medians:
 on a busy host (loopback gloo on a few cores) a single window's median moves by 10-30% with
-scheduling, and the median of windows removes a disturbed one instead of recording it.
+scheduling, and the median of windows removes a disturbed one instead of recording it. Points
+are measured in batches whose windows are interleaved, so that a point's windows are spread
+over seconds rather than consecutive: a long burst of noise then spoils one window of many
+points rather than all windows of one.
 
 Sizes and bandwidths follow the nccl-tests conventions: `bytes` is the large buffer of the op
 (the all-reduced or broadcast tensor, all_gather's output, reduce_scatter's input, a rank's
@@ -17,6 +20,8 @@ the size that bounds its time.
 """
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -103,6 +108,24 @@ def message_numel(nbytes: int, group_size: int) -> int:
     return max(group_size, (int(nbytes) // _ELEMENT) // group_size * group_size)
 
 
+@dataclass(frozen=True)
+class CollectivePoint:
+    """One collective to time: `op` on a `nbytes` float32 buffer over `ranks` (None: all)."""
+
+    op: str
+    nbytes: int
+    scope: str = "intra"
+    ranks: tuple[int, ...] | None = None
+    uneven: bool = False
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.op not in COLLECTIVE_OPS:
+            raise ValueError(f"unknown collective {self.op!r}; expected one of {COLLECTIVE_OPS}")
+        if self.uneven and self.op != "all_to_all":
+            raise ValueError(f"uneven splits apply to all_to_all only, not {self.op!r}")
+
+
 def measure_collective(
     op: str,
     nbytes: int,
@@ -114,14 +137,39 @@ def measure_collective(
     seed: int = 0,
     windows: int = 5,
 ) -> list[Measurement]:
-    """Time `op` on a `nbytes` buffer (float32, rounded to a multiple of the group size) over
-    `ranks` (default: every rank). `uneven` (all_to_all only) draws skewed per-pair splits.
-    The repeats are split into `windows` windows; per window the slowest member's median
-    counts, and the row's time is the median over windows (spread: their interquartile range)."""
-    if op not in COLLECTIVE_OPS:
-        raise ValueError(f"unknown collective {op!r}; expected one of {COLLECTIVE_OPS}")
-    if uneven and op != "all_to_all":
-        raise ValueError(f"uneven splits apply to all_to_all only, not {op!r}")
+    """Time one collective point (see `measure_collectives`)."""
+    point = CollectivePoint(op, int(nbytes), scope, tuple(ranks) if ranks is not None else None, uneven, seed)
+    return measure_collectives([point], device, target_s, windows)
+
+
+def measure_collectives(
+    points: Sequence[CollectivePoint],
+    device: torch.device | str = "cpu",
+    target_s: float = 0.2,
+    windows: int = 5,
+    min_repeats: int = 11,
+    max_repeats: int = 201,
+    warmup: int = 3,
+) -> list[Measurement]:
+    """Time a batch of collective points over one rank group, their windows interleaved.
+
+    Each point gets about `target_s` of repeats (`min_repeats`..`max_repeats`, after `warmup`
+    untimed runs and two sizing runs), split into `windows` windows; per
+    window the slowest member's median counts, and a point's time is the median over its
+    windows (spread: their interquartile range). The windows run round-robin over the batch
+    (window 1 of every point, then window 2, ...), so one point's windows lie a whole batch
+    round apart: a burst of host noise (hundreds of ms on a shared VM) lands in one window of
+    several points, where the median drops it, instead of in every window of one point,
+    where it would be recorded as that point's time.
+
+    `uneven` (all_to_all only) draws skewed per-pair splits. Every process of the default
+    group must call this with the same points; only the group's first rank returns rows."""
+    if not points:
+        return []
+    groups = {p.ranks for p in points}
+    if len(groups) != 1:
+        raise ValueError(f"a collective batch runs on one rank group; got {sorted(map(str, groups))}")
+    ranks = points[0].ranks
     device = torch.device(device)
     members = list(ranks) if ranks is not None else list(range(dist.get_world_size()))
     group = group_for(ranks)
@@ -129,42 +177,79 @@ def measure_collective(
     if rank not in members:
         return []
     n, pos = len(members), members.index(rank)
-    numel = message_numel(nbytes, n)
-    splits = uneven_splits(numel, n, seed) if uneven else None
-    fn = _op_call(op, numel, n, pos, group, device, members[0], splits)
+    numels = [message_numel(p.nbytes, n) for p in points]
+    splits = [uneven_splits(numel, n, p.seed) if p.uneven else None for p, numel in zip(points, numels)]
+    fns = [_op_call(p.op, numel, n, pos, group, device, members[0], s) for p, numel, s in zip(points, numels, splits)]
 
-    # Everyone must run the same number of repeats: size the count from a few warm-up runs
-    # (about `target_s` of work, 11..201 repeats) and agree on the largest across members.
+    # Everyone must run the same number of repeats: size each point's count from a few
+    # warm-up runs (about `target_s` of work) and agree on the largest across members.
     dist.barrier(group=group)
-    probe = time_callable(fn, device=device, warmup=3, min_repeats=3, max_repeats=3, max_seconds=1e9,
-                          min_sample_s=0.0)
-    want = torch.tensor([min(max(int(target_s / max(probe.median_s, 1e-7)), 11), 201)])
+    want = torch.zeros(len(points), dtype=torch.int64)
+    for i, fn in enumerate(fns):
+        probe = time_callable(fn, device=device, warmup=warmup, min_repeats=2, max_repeats=2, max_seconds=1e9,
+                              min_sample_s=0.0)
+        want[i] = min(max(int(target_s / max(probe.median_s, 1e-7)), min_repeats), max_repeats)
     dist.all_reduce(want, op=dist.ReduceOp.MAX, group=group)
-    windows = max(1, min(int(windows), int(want) // 3))
-    per_window = max(3, -(-int(want) // windows))
-    medians = torch.zeros(windows, dtype=torch.float64)
-    for w in range(windows):
-        dist.barrier(group=group)
-        t = time_callable(fn, device=device, warmup=0, min_repeats=per_window, max_repeats=per_window,
-                          max_seconds=1e9)
-        medians[w] = t.median_s
+    n_windows = [max(1, min(int(windows), int(w) // 2)) for w in want]
+    per_window = [max(2, -(-int(w) // k)) for w, k in zip(want, n_windows)]
+    medians = torch.zeros(len(points), max(n_windows), dtype=torch.float64)
+    for w in range(max(n_windows)):
+        for i, fn in enumerate(fns):
+            if w >= n_windows[i]:
+                continue
+            dist.barrier(group=group)
+            t = time_callable(fn, device=device, warmup=0, min_repeats=per_window[i], max_repeats=per_window[i],
+                              max_seconds=1e9)
+            medians[i, w] = t.median_s
     dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=group)  # per window: the slowest member
     if pos != 0:
         return []
-    window_medians = medians.numpy()
+    return [_row(p, numel, s, medians[i, : n_windows[i]].numpy(), n_windows[i] * per_window[i], n, members, device)
+            for i, (p, numel, s) in enumerate(zip(points, numels, splits))]
+
+
+def _row(point: CollectivePoint, numel: int, splits: np.ndarray | None, window_medians: np.ndarray, repeats: int,
+         n: int, members: list[int], device: torch.device) -> Measurement:
     median = float(np.median(window_medians))
     q1, q3 = np.percentile(window_medians, [25, 75])
-    spread = float(q3 - q1)
     if splits is not None:
         real_bytes = int(max(splits.sum(axis=1).max(), splits.sum(axis=0).max())) * _ELEMENT
     else:
         real_bytes = numel * _ELEMENT
-    alg, bus = bus_bandwidth(op, real_bytes, median, n)
+    alg, bus = bus_bandwidth(point.op, real_bytes, median, n)
     extra = {"alg_bw": alg, "bus_bw": bus, "ranks": members}
     if splits is not None:
         extra["splits"] = splits.tolist()
     extra["window_medians"] = window_medians.tolist()
-    return [
-        Measurement(op, collective_params(op, real_bytes, n, scope, uneven), median, spread, windows * per_window,
-                    device=str(device), world_size=n, family="collective", extra=extra)
-    ]
+    params = collective_params(point.op, real_bytes, n, point.scope, point.uneven)
+    return Measurement(point.op, params, median, float(q3 - q1), repeats, device=str(device), world_size=n,
+                       family="collective", extra=extra)
+
+
+def merge_passes(rows: Sequence[Measurement]) -> list[Measurement]:
+    """One row per collective point: a point measured in several passes of a sweep (see
+    `run_collective_probes`) is merged into the first row, its time the median of every
+    pass's window medians. A sweep's passes lie tens of seconds apart, so the merged point
+    spans the host's slow drifts (+-25% over tens of seconds on a shared VM) instead of
+    recording whichever level its one visit met. Other rows pass through in order."""
+    merged: list[Measurement] = []
+    first: dict[tuple, Measurement] = {}
+    for row in rows:
+        if row.family != "collective" or "window_medians" not in row.extra:
+            merged.append(row)
+            continue
+        key = (row.op, json.dumps(row.params, sort_keys=True), tuple(row.extra.get("ranks", ())), row.node)
+        if key not in first:
+            first[key] = Measurement(row.op, dict(row.params), row.median_s, row.spread_s, row.repeats, row.device,
+                                     row.world_size, row.hardware_id, row.node, row.family,
+                                     {**row.extra, "window_medians": list(row.extra["window_medians"]), "passes": 1})
+            merged.append(first[key])
+            continue
+        into = first[key]
+        windows = np.asarray(into.extra["window_medians"] + list(row.extra["window_medians"]), dtype=np.float64)
+        q1, q3 = np.percentile(windows, [25, 75])
+        into.median_s, into.spread_s = float(np.median(windows)), float(q3 - q1)
+        into.repeats += row.repeats
+        alg, bus = bus_bandwidth(into.op, into.params["bytes"], into.median_s, into.world_size)
+        into.extra.update(window_medians=windows.tolist(), passes=into.extra["passes"] + 1, alg_bw=alg, bus_bw=bus)
+    return merged

@@ -16,7 +16,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from probes.collective import COLLECTIVE_OPS, measure_collective, message_numel
+from probes.collective import COLLECTIVE_OPS, CollectivePoint, measure_collectives, message_numel
 from probes.elementwise import ELEMENTWISE_OPS, measure_elementwise
 from probes.embedding import TableShape, measure_tbe
 from probes.gemm import PRODUCTS, linear_layer_gemms, measure_gemm
@@ -59,11 +59,67 @@ def run_local_probe(spec: ProbeSpec, device: str = "cpu") -> list[Measurement]:
 
 def run_collective_probe(spec: ProbeSpec, device: str = "cpu") -> list[Measurement]:
     """Run one collective or training point; every member of the current process group must call it."""
-    if spec.family == "training":
-        return run_training_probe(spec, device)
+    return run_collective_batch([spec], device)
+
+
+def _collective_point(spec: ProbeSpec) -> CollectivePoint:
     p = spec.params
-    return measure_collective(p["op"], p["bytes"], device=device, scope=p.get("scope", "intra"), ranks=p.get("ranks"),
-                              uneven=p.get("uneven", False), seed=p.get("seed", 0))
+    ranks = tuple(p["ranks"]) if p.get("ranks") is not None else None
+    return CollectivePoint(p["op"], int(p["bytes"]), p.get("scope", "intra"), ranks, bool(p.get("uneven", False)),
+                           int(p.get("seed", 0)))
+
+
+COLLECTIVE_PASSES = 3  # visits of a collective sweep; see `merge_passes`
+
+
+def collective_pass_timing(passes: int) -> dict[str, Any]:
+    """`measure_collectives` settings for one of `passes` passes over a collective sweep: the
+    single-pass budget per point (about 0.2 s in 5 windows) shared out over the passes."""
+    if passes <= 1:
+        return {}
+    return {"target_s": 0.2 / passes, "windows": 2, "min_repeats": max(4, 11 // passes),
+            "max_repeats": max(4, 201 // passes), "warmup": 1}
+
+
+def run_collective_batch(specs: Sequence[ProbeSpec], device: str = "cpu",
+                         timing: dict[str, Any] | None = None) -> list[Measurement]:
+    """Run a batch from `collective_batches` (collective points on one group, their windows
+    interleaved, timed with `timing` (see `collective_pass_timing`), or a single training
+    point); every member of the process group must call it."""
+    if len(specs) == 1 and specs[0].family == "training":
+        return run_training_probe(specs[0], device)
+    if any(s.family != "collective" for s in specs):
+        raise ValueError(f"a collective batch holds collective points only; got {[s.family for s in specs]}")
+    return measure_collectives([_collective_point(s) for s in specs], device=device, **(timing or {}))
+
+
+def collective_batches(specs: Sequence[ProbeSpec], max_points: int = 12,
+                       max_bytes: int = 2**30) -> list[list[ProbeSpec]]:
+    """Split a gang's spec list, in order, into batches run with interleaved windows:
+    consecutive collective points on the same ranks, at most `max_points` of them and about
+    `max_bytes` of buffers (input plus output, twice the message) alive at once; any other
+    spec (a training point) is a batch of its own."""
+    batches: list[list[ProbeSpec]] = []
+    held = 0
+    for spec in specs:
+        footprint = 2 * int(spec.params.get("bytes", 0))
+        last = batches[-1] if batches else None
+        if (spec.family == "collective" and last and last[0].family == "collective" and len(last) < max_points
+                and last[0].params.get("ranks") == spec.params.get("ranks") and held + footprint <= max_bytes):
+            last.append(spec)
+            held += footprint
+        else:
+            batches.append([spec])
+            held = footprint
+    return batches
+
+
+def collective_batch_bytes(device: str) -> int:
+    """Buffer bytes a batch may hold at once: on a GPU twice the largest message (half the
+    free memory, see `default_max_collective_bytes`), on CPU 1 GiB."""
+    if device.startswith("cuda"):
+        return 2 * default_max_collective_bytes(device)
+    return 2**30
 
 
 def _log_uniform(rng: np.random.Generator, lo: int, hi: int) -> int:

@@ -7,8 +7,9 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from probes.collective import bus_bandwidth, forget_groups, measure_collective, message_numel, uneven_splits
-from probes.sweep import collective_groups, collective_specs
+from probes.collective import bus_bandwidth, forget_groups, measure_collective, merge_passes, message_numel, uneven_splits
+from probes.records import Measurement
+from probes.sweep import ProbeSpec, collective_batches, collective_groups, collective_specs
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
@@ -57,3 +58,38 @@ def test_collective_groups_cover_every_size_intra_and_inter():
         # (4, 5, 8, 11 -> 2 elements; 16, 22 -> 4) are measured once
         mine = [s for s in specs if tuple(s.params["ranks"]) == ranks and s.params["op"] == "all_reduce"]
         assert sorted(message_numel(s.params["bytes"], 2) for s in mine) == [2, 4, 8, 10, 16]
+
+
+def _visit(op: str, nbytes: int, windows: list[float], family: str = "collective") -> Measurement:
+    extra = {"window_medians": windows, "ranks": [0, 1], "alg_bw": 0.0, "bus_bw": 0.0}
+    return Measurement(op, {"op": op, "bytes": nbytes, "world": 2, "scope": "intra"}, float(np.median(windows)), 0.0,
+                       3 * len(windows), world_size=2, family=family, extra=extra)
+
+
+def test_merge_passes_pools_every_visit_of_a_point():
+    gemm = Measurement("gemm", {"M": 1, "N": 1, "K": 1}, 1.0, 0.0, 5, family="gemm")
+    rows = [_visit("all_reduce", 64, [1.0, 1.1]), gemm, _visit("all_reduce", 128, [2.0, 2.0]),
+            _visit("all_reduce", 64, [1.4, 1.5]), _visit("all_reduce", 64, [0.9, 5.0])]
+    merged = merge_passes(rows)
+    assert [(r.op, r.params.get("bytes")) for r in merged] == [("all_reduce", 64), ("gemm", None), ("all_reduce", 128)]
+    point = merged[0]
+    # the median of all six windows, not the median of the three visits' medians (1.05, 1.45, 2.95)
+    assert point.median_s == pytest.approx(float(np.median([1.0, 1.1, 1.4, 1.5, 0.9, 5.0])))
+    assert point.extra["passes"] == 3 and point.repeats == 18 and len(point.extra["window_medians"]) == 6
+    assert point.extra["alg_bw"] == pytest.approx(64 / point.median_s)
+    assert merged[2].extra["passes"] == 1 and merged[2].median_s == 2.0
+    assert rows[0].median_s == pytest.approx(1.05)  # the input rows are left as they were
+
+
+def test_collective_batches_group_points_of_one_rank_group_within_a_memory_cap():
+    def spec(nbytes: int, ranks: list[int], family: str = "collective") -> ProbeSpec:
+        return ProbeSpec(family, {"op": "all_reduce", "bytes": nbytes, "ranks": ranks})
+
+    specs = [spec(10, [0, 1]), spec(10, [0, 1]), spec(10, [0, 1]), spec(10, [0, 2]), spec(40, [0, 2]),
+             spec(0, [0, 1, 2], "training"), spec(10, [0, 2])]
+    batches = collective_batches(specs, max_points=2, max_bytes=100)
+    # two per batch at most; a new rank group starts a batch; 2 x (10 + 40) bytes alive fits 100, a
+    # training point is alone and the points after it start afresh
+    assert [[s.params["bytes"] for s in b] for b in batches] == [[10, 10], [10], [10, 40], [0], [10]]
+    capped = collective_batches([spec(30, [0, 1])] * 5, max_points=12, max_bytes=130)
+    assert [len(b) for b in capped] == [2, 2, 1]  # 2 x 30 alive per point: two fit in 130, a third does not

@@ -8,7 +8,7 @@ import ray
 from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes
 from orchestrator.measurement_store import MeasurementStore
 from probes.collective import COLLECTIVE_OPS
-from probes.sweep import ProbeSpec, collective_specs, gemm_specs, training_specs, transformer_training_specs
+from probes.sweep import COLLECTIVE_PASSES, ProbeSpec, collective_specs, gemm_specs, training_specs, transformer_training_specs
 
 
 def test_two_actor_gloo_collective_probe(ray_local, tmp_path):
@@ -21,8 +21,12 @@ def test_two_actor_gloo_collective_probe(ray_local, tmp_path):
         pool.stop()
     assert (done, failed) == (18, 0)  # 3 sizes x (5 collectives + an uneven all-to-all)
     rows = store.rows()
+    assert len(rows) == 18
     assert sorted({r.op for r in rows}) == sorted(COLLECTIVE_OPS)
     assert sum(1 for r in rows if r.params.get("uneven")) == 3
+    # each point was visited once per pass; the store's view merges the visits
+    assert len(store.rows_path.read_text().splitlines()) == 18 * COLLECTIVE_PASSES
+    assert all(r.extra["passes"] == COLLECTIVE_PASSES for r in rows)
     for r in rows:
         assert r.world_size == 2 and r.params["world"] == 2 and r.params["scope"] == "intra"
         assert r.median_s > 0 and r.repeats >= 11 and r.hardware_id == "hw-test"
