@@ -165,7 +165,8 @@ def main() -> None:
     result = {
         "hardware_id": info["hardware_id"],
         "command": (f"python benchmarks/kernel_accuracy.py --budget-s {args.budget_s:g} --noise-points {args.noise_points}"
-                    f" --collective-noise-points {args.collective_noise_points}"),
+                    f" --collective-noise-points {args.collective_noise_points}"
+                    + (" --calibration-json <the calibration's `calibrate --json` output>" if args.calibration_json else "")),
         "budget_s": args.budget_s,
         "rows_per_family": info.get("rows_per_family", {}),
         "rows_per_op": info["rows_per_op"],
