@@ -201,8 +201,8 @@ def run_collective_probes(
     batches = collective_batches(specs, max_bytes=collective_batch_bytes(device))
     measured: set[int] = set()
     try:
+        timing = collective_pass_timing(passes)
         for visit in range(max(1, passes)):
-            timing = collective_pass_timing(passes)
             for index, batch in enumerate(batches):
                 if time.monotonic() >= deadline:
                     break

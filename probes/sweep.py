@@ -57,11 +57,6 @@ def run_local_probe(spec: ProbeSpec, device: str = "cpu") -> list[Measurement]:
     raise ValueError(f"{spec.family!r} is not a local probe family; expected one of {LOCAL_FAMILIES}")
 
 
-def run_collective_probe(spec: ProbeSpec, device: str = "cpu") -> list[Measurement]:
-    """Run one collective or training point; every member of the current process group must call it."""
-    return run_collective_batch([spec], device)
-
-
 def _collective_point(spec: ProbeSpec) -> CollectivePoint:
     p = spec.params
     ranks = tuple(p["ranks"]) if p.get("ranks") is not None else None
