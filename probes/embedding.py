@@ -6,13 +6,15 @@ that one model costs any rank's table set, however heterogeneous.
 """
 from __future__ import annotations
 
+import zlib
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from probes.indices import Distribution, distinct_rows, reuse_histogram, sample_indices
+from probes.indices import REUSE_BINS, Distribution, normalised_histogram, reuse_counts, sample_indices
 from probes.records import Measurement
 from probes.timing import time_callable
 
@@ -64,27 +66,47 @@ def make_batch(
 
 def batch_features(tables: Sequence[TableShape], batch_size: int, per_table: Sequence[np.ndarray]) -> dict[str, Any]:
     """The aggregated features the embedding model is fitted on (all plain numbers)."""
-    lookups = sum(batch_size * t.pooling_factor for t in tables)
-    hist = reuse_histogram(np.concatenate([idx + (i << 40) for i, idx in enumerate(per_table)]))
+    return _features(tables, batch_size, [reuse_counts(idx) for idx in per_table])
+
+
+def _features(tables: Sequence[TableShape], batch_size: int,
+              reuse: Sequence[tuple[int, Sequence[int]]]) -> dict[str, Any]:
+    """Features from each table's (distinct rows, hit-count bin counts): tables' ids are
+    disjoint, so the set's reuse histogram is the sum of theirs."""
+    hist = normalised_histogram(np.sum([np.asarray(bins, dtype=np.float64) for _, bins in reuse], axis=0)
+                                if reuse else np.zeros(REUSE_BINS))
     return {
         "T": len(tables),
         "B": batch_size,
         "D_sum": sum(t.embedding_dim for t in tables),
         "E_sum": sum(t.num_embeddings for t in tables),
         "L_mean": float(np.mean([t.pooling_factor for t in tables])),
-        "lookups": lookups,
+        "lookups": sum(batch_size * t.pooling_factor for t in tables),
         "gathered_elems": sum(batch_size * t.pooling_factor * t.embedding_dim for t in tables),
         "output_elems": batch_size * sum(t.embedding_dim for t in tables),
-        "distinct_elems": sum(distinct_rows(idx) * t.embedding_dim for idx, t in zip(per_table, tables)),
+        "distinct_elems": sum(distinct * t.embedding_dim for (distinct, _), t in zip(reuse, tables)),
         "table_elems": sum(t.num_embeddings * t.embedding_dim for t in tables),
         "reuse_hist": [round(float(x), 6) for x in hist],
     }
 
 
+@lru_cache(maxsize=16384)
+def _typical_reuse(num_embeddings: int, pooling_factor: int, distribution: Distribution, batch_size: int,
+                   seed: int) -> tuple[int, tuple[int, ...]]:
+    """One table's (distinct rows, bin counts) in a typical batch, drawn from a generator seeded
+    by the table's shape: the same table gets the same figures in every table set and plan
+    it is priced in, and a planner pricing many plans samples each table once."""
+    label = zlib.crc32(distribution.label().encode())
+    rng = np.random.default_rng([seed, num_embeddings, pooling_factor, batch_size, label])
+    ids = sample_indices(num_embeddings, batch_size * pooling_factor, distribution, rng, unordered=True)
+    distinct, bins = reuse_counts(ids)
+    return distinct, tuple(int(b) for b in bins)
+
+
 def expected_features(tables: Sequence[TableShape], batch_size: int, seed: int = 0) -> dict[str, Any]:
     """Features of a typical batch, for predicting a table set that was never measured."""
-    _, _, per_table = make_batch(tables, batch_size, np.random.default_rng(seed))
-    return batch_features(tables, batch_size, per_table)
+    reuse = [_typical_reuse(t.num_embeddings, t.pooling_factor, t.distribution, batch_size, seed) for t in tables]
+    return _features(tables, batch_size, reuse)
 
 
 def measure_tbe(

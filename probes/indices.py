@@ -59,15 +59,19 @@ def _zipf_cdf(num_rows: int, s: float) -> np.ndarray:
     return cdf / cdf[-1]
 
 
-def sample_indices(num_rows: int, count: int, dist: Distribution, rng: np.random.Generator) -> np.ndarray:
-    """`count` row ids in [0, num_rows) drawn from `dist` (int64)."""
+def sample_indices(num_rows: int, count: int, dist: Distribution, rng: np.random.Generator,
+                   unordered: bool = False) -> np.ndarray:
+    """`count` row ids in [0, num_rows) drawn from `dist` (int64). `unordered`: the same
+    multiset of ids without the batch's order (the uniform draws are sorted, so inverting the
+    CDF walks it once): about twice as fast, for statistics such as reuse counts only."""
     if dist.kind == "uniform":
         return rng.integers(0, num_rows, size=count, dtype=np.int64)
+    draws = np.sort(rng.random(count)) if unordered else rng.random(count)
     if dist.kind == "profile":
-        from probes.reuse_profile import load_profile, sample_from_table
+        from probes.reuse_profile import load_profile, ranks_from_draws
 
-        return sample_from_table(load_profile().table(dist.table), num_rows, count, rng)
-    ranks = np.searchsorted(_zipf_cdf(num_rows, dist.s), rng.random(count), side="right")
+        return spread_ranks(ranks_from_draws(load_profile().table(dist.table), num_rows, draws), num_rows)
+    ranks = np.searchsorted(_zipf_cdf(num_rows, dist.s), draws, side="right")
     return spread_ranks(np.minimum(ranks, num_rows - 1).astype(np.int64), num_rows)
 
 
@@ -76,15 +80,21 @@ def spread_ranks(ranks: np.ndarray, num_rows: int) -> np.ndarray:
     return (ranks * _HASH_PRIME) % num_rows
 
 
-def reuse_histogram(indices: np.ndarray) -> np.ndarray:
-    """Share of distinct rows by hit count, binned [1], [2,3], [4,7], ... (17 bins)."""
+def reuse_counts(indices: np.ndarray) -> tuple[int, np.ndarray]:
+    """(distinct rows, how many of them fall in each hit-count bin [1], [2,3], [4,7], ...):
+    one sort of the ids gives both, and bins of disjoint id sets add up."""
     if len(indices) == 0:
-        return np.zeros(REUSE_BINS)
+        return 0, np.zeros(REUSE_BINS, dtype=np.int64)
     _, counts = np.unique(np.asarray(indices), return_counts=True)
     bins = np.minimum(np.floor(np.log2(counts)).astype(int), REUSE_BINS - 1)
-    hist = np.bincount(bins, minlength=REUSE_BINS).astype(np.float64)
-    return hist / hist.sum()
+    return len(counts), np.bincount(bins, minlength=REUSE_BINS)
 
 
-def distinct_rows(indices: np.ndarray) -> int:
-    return int(len(np.unique(np.asarray(indices))))
+def normalised_histogram(bin_counts: np.ndarray) -> np.ndarray:
+    total = bin_counts.sum()
+    return bin_counts / total if total else np.zeros(REUSE_BINS)
+
+
+def reuse_histogram(indices: np.ndarray) -> np.ndarray:
+    """Share of distinct rows by hit count, binned [1], [2,3], [4,7], ... (17 bins)."""
+    return normalised_histogram(reuse_counts(indices)[1].astype(np.float64))

@@ -96,12 +96,16 @@ def sample_from_table(table: ProfileTable, num_rows: int, count: int, rng: np.ra
     """Hot-first ranks by inverting the CDF (log-linear between points), then hashed to ids."""
     from probes.indices import spread_ranks
 
+    return spread_ranks(ranks_from_draws(table, num_rows, rng.random(count)), num_rows)
+
+
+def ranks_from_draws(table: ProfileTable, num_rows: int, draws: np.ndarray) -> np.ndarray:
+    """Hot-first row ranks for uniform `draws` in [0, 1), by inverting the table's access CDF."""
     access = np.concatenate([[0.0], table.access_frac])
     log_rank = np.concatenate([[np.log(1.0 / table.num_embeddings)], np.log(table.rank_frac)])
-    frac = np.exp(np.interp(rng.random(count), access, log_rank))
-    ranks = np.minimum((frac * num_rows).astype(np.int64), num_rows - 1)
+    frac = np.exp(np.interp(draws, access, log_rank))
     # Within the hottest row fraction the rank is uniform: ranks below one row collapse to 0.
-    return spread_ranks(ranks, num_rows)
+    return np.minimum((frac * num_rows).astype(np.int64), num_rows - 1)
 
 
 def tables_from_dlrm_dataset(path: str | Path) -> list[ProfileTable]:

@@ -32,3 +32,31 @@ def test_distribution_parse():
     assert Distribution.parse("uniform").kind == "uniform"
     assert Distribution.parse({"zipf": 1.1}) == Distribution("zipf", 1.1)
     assert Distribution.parse({"zipf": 1.1}).to_json() == {"zipf": 1.1}
+
+
+def test_table_set_features_add_up_per_table():
+    """A set's reuse histogram is that of its tables' disjoint ids together; a table's typical
+    figures are the same in whatever set (and position) it is priced."""
+    from probes.embedding import TableShape, batch_features, expected_features
+
+    rng = np.random.default_rng(3)
+    tables = [TableShape(5000, 16, 4, Distribution("zipf", 1.1)), TableShape(800, 8, 2), TableShape(20000, 32, 8)]
+    per_table = [sample_indices(t.num_embeddings, 256 * t.pooling_factor, t.distribution, rng) for t in tables]
+    feats = batch_features(tables, 256, per_table)
+    together = np.concatenate([idx + (i << 40) for i, idx in enumerate(per_table)])
+    assert np.allclose(feats["reuse_hist"], reuse_histogram(together), atol=1e-6)
+    assert feats["distinct_elems"] == sum(len(np.unique(i)) * t.embedding_dim for i, t in zip(per_table, tables))
+
+    alone = [expected_features([t], 256) for t in tables]
+    mixed = expected_features(tables[::-1], 256)
+    assert mixed["distinct_elems"] == sum(a["distinct_elems"] for a in alone)
+    assert expected_features(tables[::-1], 256, seed=1)["distinct_elems"] != mixed["distinct_elems"]
+
+
+def test_unordered_draws_give_the_same_ids_in_another_order():
+    for dist in (Distribution("zipf", 1.05), Distribution.parse({"profile": "heavy_head"}), Distribution("uniform")):
+        ordered = sample_indices(30_000, 50_000, dist, np.random.default_rng(7))
+        unordered = sample_indices(30_000, 50_000, dist, np.random.default_rng(7), unordered=True)
+        assert np.array_equal(np.sort(ordered), np.sort(unordered))
+        if dist.kind != "uniform":
+            assert not np.array_equal(ordered, unordered)
