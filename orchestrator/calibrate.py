@@ -48,6 +48,10 @@ from probes.sweep import (
 
 COLLECTIVE_SHARE = 0.35  # of the budget: six collective variants per group need ~50 sizes each
 TRAINING_SHARE = 0.2
+# The kernel phase always gets at least this share, even when the phases before it ran over
+# their deadlines (a probe started just before one finishes after it): without kernel rows
+# nothing can be fitted.
+KERNEL_MIN_SHARE = 0.25
 TRAINING_PROBES = 16
 TRANSFORMER_PROBES = 8
 DEFAULT_BUDGET_S = 120.0
@@ -114,7 +118,7 @@ def measure(
             d, f = run_collective_probes(pool, training, store, time.monotonic() + share, bar.update)
             bar.close()
             done, failed = done + d, failed + f
-        remaining = budget_s - (time.monotonic() - start)
+        remaining = max(budget_s - (time.monotonic() - start), budget_s * KERNEL_MIN_SHARE)
         bar = Progress("kernels", len(local), remaining)
         d, f = run_local_probes(pool, local, store, time.monotonic() + remaining, bar.update)
         bar.close()

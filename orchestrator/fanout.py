@@ -200,6 +200,7 @@ def run_collective_probes(
     device = "cuda" if pool.device_kind == "cuda" else "cpu"
     batches = collective_batches(specs, max_bytes=collective_batch_bytes(device))
     measured: set[int] = set()
+    visit_s = 0.0  # seconds per point visit so far, to cut the last batch at the deadline
     try:
         timing = collective_pass_timing(passes)
         for visit in range(max(1, passes)):
@@ -208,11 +209,16 @@ def run_collective_probes(
                     break
                 if visit > 0 and (batch[0].family != "collective" or index not in measured):
                     continue  # training points run once; a failed batch is not retried per pass
+                if visit_s > 0:  # a batch is several points: run only what fits before the deadline
+                    batch = batch[:max(1, int((deadline - time.monotonic()) / visit_s))]
                 batch = [ProbeSpec(s.family, {**s.params, "scope": gang.scope(s.params.get("ranks"))}, s.key)
                          if s.family == "collective" else s for s in batch]
                 for attempt in (0, 1):
                     try:
+                        t0 = time.monotonic()
                         store.add(gang.run(batch, timing if batch[0].family == "collective" else None))
+                        if batch[0].family == "collective":
+                            visit_s = max(visit_s, (time.monotonic() - t0) / len(batch))
                         if visit == 0:
                             measured.add(index)
                             done += len(batch)
