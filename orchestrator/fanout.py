@@ -209,8 +209,9 @@ def run_collective_probes(
                     break
                 if visit > 0 and (batch[0].family != "collective" or index not in measured):
                     continue  # training points run once; a failed batch is not retried per pass
-                if visit_s > 0:  # a batch is several points: run only what fits before the deadline
-                    batch = batch[:max(1, int((deadline - time.monotonic()) / visit_s))]
+                fit = (deadline - time.monotonic()) / visit_s if visit_s > 0 else float("inf")
+                if fit < len(batch):  # a batch is several points: run only what fits before the deadline
+                    batch = batch[:max(1, int(fit))]
                 batch = [ProbeSpec(s.family, {**s.params, "scope": gang.scope(s.params.get("ranks"))}, s.key)
                          if s.family == "collective" else s for s in batch]
                 for attempt in (0, 1):
