@@ -33,6 +33,8 @@ from probes.timing import time_callable
 
 COLLECTIVE_OPS = ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "broadcast")
 _ELEMENT = 4  # float32
+# A point's timing budget in one visit: about TARGET_S of repeats, MIN..MAX_REPEATS of them.
+TARGET_S, MIN_REPEATS, MAX_REPEATS = 0.2, 11, 201
 _subgroups: dict[tuple[int, ...], object] = {}
 
 
@@ -131,7 +133,7 @@ def measure_collective(
     nbytes: int,
     device: torch.device | str = "cpu",
     scope: str = "intra",
-    target_s: float = 0.2,
+    target_s: float = TARGET_S,
     ranks: Sequence[int] | None = None,
     uneven: bool = False,
     seed: int = 0,
@@ -145,10 +147,10 @@ def measure_collective(
 def measure_collectives(
     points: Sequence[CollectivePoint],
     device: torch.device | str = "cpu",
-    target_s: float = 0.2,
+    target_s: float = TARGET_S,
     windows: int = 5,
-    min_repeats: int = 11,
-    max_repeats: int = 201,
+    min_repeats: int = MIN_REPEATS,
+    max_repeats: int = MAX_REPEATS,
     warmup: int = 3,
 ) -> list[Measurement]:
     """Time a batch of collective points over one rank group, their windows interleaved.

@@ -16,7 +16,8 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 import torch
 
-from probes.collective import COLLECTIVE_OPS, CollectivePoint, measure_collectives, message_numel
+from probes.collective import (COLLECTIVE_OPS, MAX_REPEATS, MIN_REPEATS, TARGET_S, CollectivePoint, measure_collectives,
+                               message_numel)
 from probes.elementwise import ELEMENTWISE_OPS, measure_elementwise
 from probes.embedding import TableShape, measure_tbe
 from probes.gemm import PRODUCTS, linear_layer_gemms, measure_gemm
@@ -72,8 +73,8 @@ def collective_pass_timing(passes: int) -> dict[str, Any]:
     single-pass budget per point (about 0.2 s in 5 windows) shared out over the passes."""
     if passes <= 1:
         return {}
-    return {"target_s": 0.2 / passes, "windows": 2, "min_repeats": max(4, 11 // passes),
-            "max_repeats": max(4, 201 // passes), "warmup": 1}
+    return {"target_s": TARGET_S / passes, "windows": 2, "min_repeats": max(4, MIN_REPEATS // passes),
+            "max_repeats": max(4, MAX_REPEATS // passes), "warmup": 1}
 
 
 def run_collective_batch(specs: Sequence[ProbeSpec], device: str = "cpu",
