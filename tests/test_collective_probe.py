@@ -7,7 +7,8 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from probes.collective import bus_bandwidth, forget_groups, measure_collective, merge_passes, message_numel, uneven_splits
+from probes.collective import (bus_bandwidth, forget_groups, measure_collective, merge_passes, message_numel, uneven_splits,
+                               window_estimate)
 from probes.records import Measurement
 from probes.sweep import ProbeSpec, collective_batches, collective_groups, collective_specs
 
@@ -73,12 +74,23 @@ def test_merge_passes_pools_every_visit_of_a_point():
     merged = merge_passes(rows)
     assert [(r.op, r.params.get("bytes")) for r in merged] == [("all_reduce", 64), ("gemm", None), ("all_reduce", 128)]
     point = merged[0]
-    # the median of all six windows, not the median of the three visits' medians (1.05, 1.45, 2.95)
-    assert point.median_s == pytest.approx(float(np.median([1.0, 1.1, 1.4, 1.5, 0.9, 5.0])))
+    # all six windows pooled, their faster half averaged: (0.9 + 1.0 + 1.1) / 3, not a figure
+    # of the three visits' own times; the 5.0 window of the third visit is dropped
+    assert point.median_s == pytest.approx(1.0)
     assert point.extra["passes"] == 3 and point.repeats == 18 and len(point.extra["window_medians"]) == 6
     assert point.extra["alg_bw"] == pytest.approx(64 / point.median_s)
     assert merged[2].extra["passes"] == 1 and merged[2].median_s == 2.0
     assert rows[0].median_s == pytest.approx(1.05)  # the input rows are left as they were
+
+
+def test_window_estimate_averages_the_faster_half_and_ignores_slow_windows():
+    assert window_estimate([3.0]) == 3.0
+    assert window_estimate([2.0, 1.0]) == 1.0
+    assert window_estimate([1.0, 1.2, 9.0, 9.0, 1.1]) == pytest.approx(1.05)
+    # one-sided noise: slowing windows down further never moves the estimate
+    assert window_estimate([1.0, 1.2, 90.0, 90.0, 1.1]) == window_estimate([1.0, 1.2, 9.0, 9.0, 1.1])
+    # but the fast half is averaged, not its minimum taken
+    assert window_estimate([0.5, 1.0, 2.0, 2.0]) == pytest.approx(0.75)
 
 
 def test_collective_batches_group_points_of_one_rank_group_within_a_memory_cap():
