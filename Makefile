@@ -14,8 +14,11 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0 $(FBGEMM)
-	$(PY) -m pip install --quiet -e '.[test]'
-	$(PY) -c "import torch, fbgemm_gpu, ray, mlflow, sklearn, scipy; print('setup ok: torch', torch.__version__, 'ray', ray.__version__, 'mlflow', mlflow.__version__)"
+	$(PY) -m pip install --quiet -e '.[test,torchrec]'
+	# torchrec declares fbgemm-gpu (the CUDA build); with fbgemm-gpu-cpu it is installed without
+	# its declared dependencies, which the `torchrec` extra lists instead.
+	$(PY) -m pip install --quiet --no-deps torchrec==1.8.0
+	$(PY) -c "import torch, fbgemm_gpu, ray, mlflow, sklearn, scipy, torchrec; print('setup ok: torch', torch.__version__, 'ray', ray.__version__, 'mlflow', mlflow.__version__, 'torchrec', torchrec.__version__)"
 	touch $(STAMP)
 
 autotune: setup

@@ -11,7 +11,7 @@ from orchestrator import registry
 from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint
 from orchestrator.progress import say
 from policies.sharders import NoFeasiblePlanError
-from predictors.table_shards import ShardingPlanError
+from probes.table_shards import ShardingPlanError
 from probes.jobspec import JobSpecError
 
 EXIT_BAD_INPUT, EXIT_NO_MODEL, EXIT_FAILED = 2, 3, 1

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from predictors.table_shards import ShardingPlanError, is_table_wise
+from probes.table_shards import PlanEntry, table_shards
 from probes.jobspec import JobSpec
 
 
@@ -22,6 +22,8 @@ class LaunchResult:
     per_iteration_ms: list[float]
     loss_first: float
     loss_last: float
+    quiet_wait_s: float | None = None  # how long the host took to go quiet before timing
+    host_quiet: bool | None = None  # False: timed although the host never went quiet
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -32,28 +34,47 @@ def _train_loop(config: dict[str, Any]) -> None:
     import ray.train.torch
     import torch
 
+    import torch.distributed as dist
+
+    from orchestrator.quiet_host import wait_for_quiet_host
+
     torch.set_num_threads(config["threads_per_worker"])
     ctx = ray.train.get_context()
     device = ray.train.torch.get_device()
-    if "transformer" in config:
-        from probes.workloads.transformer import ParallelTransformer, TransformerSpec
+    # Rank 0 waits out Ray Train's start-up on the host; the others sleep in the barrier.
+    quiet = wait_for_quiet_host() if ctx.get_world_rank() == 0 else None
+    dist.barrier()
+    if "plans" in config:
+        from probes.workloads.plan_race import race_plans
 
-        model = ParallelTransformer(TransformerSpec.from_dict(config["transformer"]), ctx.get_world_rank(), device)
+        results = race_plans(JobSpec.from_dict(config["job"]), config["plans"], ctx.get_world_rank(),
+                             ctx.get_world_size(), device, config["rounds"], config["steps_per_round"], config["warmup"])
+        metrics = {"plans": [_metrics(r) for r in results]}
+        summary = {f"plan{k}_iteration_ms": m["iteration_ms"] for k, m in enumerate(metrics["plans"])}
     else:
-        from probes.workloads.dlrm import ShardedDLRM
+        if "transformer" in config:
+            from probes.workloads.transformer import ParallelTransformer, TransformerSpec
 
-        spec = JobSpec.from_dict(config["job"])
-        model = ShardedDLRM(spec, config["table_to_rank"], ctx.get_world_rank(), ctx.get_world_size(), device)
-    result = model.run(config["iterations"], config["warmup"])
-    metrics = {
+            model = ParallelTransformer(TransformerSpec.from_dict(config["transformer"]), ctx.get_world_rank(), device)
+        else:
+            from probes.workloads.dlrm import ShardedDLRM
+
+            spec = JobSpec.from_dict(config["job"])
+            model = ShardedDLRM(spec, config["table_to_rank"], ctx.get_world_rank(), ctx.get_world_size(), device)
+        metrics = summary = _metrics(model.run(config["iterations"], config["warmup"]))
+    if quiet is not None:
+        metrics.update(quiet_wait_s=quiet.waited_s, host_busy_share=quiet.busy_share, host_quiet=quiet.quiet)
+        ray.get(config["collector"].put.remote(metrics))
+    ray.train.report(summary)
+
+
+def _metrics(result: Any) -> dict[str, Any]:
+    return {
         "iteration_ms": result.median_s * 1e3,
         "per_iteration_ms": [t * 1e3 for t in result.iteration_s],
         "loss_first": result.losses[0],
         "loss_last": result.losses[-1],
     }
-    if ctx.get_world_rank() == 0:
-        ray.get(config["collector"].put.remote(metrics))
-    ray.train.report(metrics)
 
 
 class _ResultCollector:
@@ -70,15 +91,31 @@ class _ResultCollector:
 
 
 def launch_dlrm(
-    spec: JobSpec, table_to_rank: Sequence[int], iterations: int | None = None, use_gpu: bool = False,
+    spec: JobSpec, table_to_rank: Sequence[PlanEntry], iterations: int | None = None, use_gpu: bool = False,
     storage: str | Path = ".autotune/ray_results",
 ) -> LaunchResult:
-    if not is_table_wise(table_to_rank):
-        raise ShardingPlanError("the reference DLRM workload runs table-wise plans only (one rank per table); "
-                                "row-wise, column-wise and data-parallel entries can be predicted, not launched")
+    """Run the job for real with a sharding plan: per table a rank (table-wise) or a row-/
+    column-wise / data-parallel entry (`probes.table_shards`)."""
+    table_shards(spec, table_to_rank)  # a bad plan fails here, naming the entry, before any worker starts
     config = {"job": spec.to_dict(), "table_to_rank": list(table_to_rank),
               "iterations": iterations or spec.iterations, "warmup": spec.warmup_iterations}
     return _launch(config, spec.world_size, f"dlrm-{spec.name}", use_gpu, storage)
+
+
+def race_dlrm_plans(
+    spec: JobSpec, plans: Sequence[Sequence[PlanEntry]], rounds: int = 5, steps_per_round: int = 4,
+    use_gpu: bool = False, storage: str | Path = ".autotune/ray_results",
+) -> list[LaunchResult]:
+    """Run several plans of one job for real in one Ray Train run, their timed steps interleaved
+    in rounds (`probes.workloads.plan_race`), so the comparison does not ride on the host's
+    drift; one result per plan, in order."""
+    for plan in plans:
+        table_shards(spec, plan)
+    config = {"job": spec.to_dict(), "plans": [list(p) for p in plans], "rounds": rounds,
+              "steps_per_round": steps_per_round, "warmup": spec.warmup_iterations}
+    metrics = _run(config, spec.world_size, f"dlrm-race-{spec.name}", use_gpu, storage)
+    host = {k: metrics[k] for k in ("quiet_wait_s", "host_quiet") if k in metrics}
+    return [_result({**m, **host}, rounds * steps_per_round) for m in metrics["plans"]]
 
 
 def launch_transformer(
@@ -91,6 +128,18 @@ def launch_transformer(
 
 
 def _launch(config: dict[str, Any], world_size: int, name: str, use_gpu: bool, storage: str | Path) -> LaunchResult:
+    return _result(_run(config, world_size, name, use_gpu, storage), config["iterations"])
+
+
+def _result(metrics: dict[str, Any], iterations: int) -> LaunchResult:
+    return LaunchResult(
+        float(metrics["iteration_ms"]), iterations, list(metrics["per_iteration_ms"]),
+        float(metrics["loss_first"]), float(metrics["loss_last"]),
+        metrics.get("quiet_wait_s"), metrics.get("host_quiet"),
+    )
+
+
+def _run(config: dict[str, Any], world_size: int, name: str, use_gpu: bool, storage: str | Path) -> dict[str, Any]:
     import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -113,7 +162,4 @@ def _launch(config: dict[str, Any], world_size: int, name: str, use_gpu: bool, s
     ray.kill(collector)
     if metrics is None:
         raise RuntimeError("the training job finished without reporting its timings")
-    return LaunchResult(
-        float(metrics["iteration_ms"]), config["iterations"], list(metrics["per_iteration_ms"]),
-        float(metrics["loss_first"]), float(metrics["loss_last"]),
-    )
+    return metrics

@@ -23,7 +23,7 @@ from predictors.evaluation import ErrorStats, error_stats, split_by_op
 from predictors.opmodels import fit_linear_or_constant
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import model_cost, simulate
-from predictors.table_shards import DATA_PARALLEL, PlanEntry, row_wise_width, table_shards
+from probes.table_shards import DATA_PARALLEL, PlanEntry, row_wise_width, table_shards
 from probes.embedding import expected_features
 from probes.gemm import gemm_params, linear_layer_gemms
 from probes.jobspec import JobSpec

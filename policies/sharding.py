@@ -1,60 +1,140 @@
-"""Sharding policy: cost every sharder's placement with the predictor, keep the fastest."""
+"""Sharding policy: price candidate plans with the predictor, keep the fastest.
+
+Candidates: the six classic table-wise sharders; two TorchRec-style uniform plans (every table
+row-wise, every table column-wise); and a local search over per-table sharding types that
+starts from the best of those (`policies.sharding_search`). Every candidate is checked against
+the per-rank cap on embedding weights and, given the device's memory, against the predicted
+peak of a training step; the decision keeps all of them, ranked, with predicted time, per-rank
+embedding load and memory.
+"""
 from __future__ import annotations
 
-from policies.dlrm_cost import estimate_iteration
+from typing import Sequence
+
+from policies.dlrm_cost import CostBreakdown, estimate_iteration
 from policies.plan import Candidate, Decision
-from policies.sharders import SHARDERS, NoFeasiblePlanError, rank_memory
+from policies.sharders import SHARDERS, NoFeasiblePlanError
+from policies.sharding_search import MIN_COLUMN_PIECE, local_search
 from predictors.memory import dlrm_memory
 from predictors.performance_model import PerformanceModel
 from probes.jobspec import JobSpec
+from probes.table_shards import COLUMN_WISE, ROW_WISE, PlanEntry, shard_bytes, table_shards
+
+SEARCH = "search"
+
+
+def uniform_plans(spec: JobSpec) -> dict[str, list[PlanEntry]]:
+    """Every table split the same way, where every table can be."""
+    W = spec.world_size
+    if W < 2:
+        return {}
+    out: dict[str, list[PlanEntry]] = {}
+    if all(t.num_embeddings >= W for t in spec.tables):
+        out["all_row_wise"] = [{"type": ROW_WISE} for _ in spec.tables]
+    if all(t.embedding_dim >= W * MIN_COLUMN_PIECE for t in spec.tables):
+        out["all_column_wise"] = [{"type": COLUMN_WISE, "ranks": list(range(W))} for _ in spec.tables]
+    return out
+
+
+class PlanPricer:
+    """Memory checks and the simulated iteration time of one plan of a job."""
+
+    def __init__(self, spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float,
+                 device_memory_bytes: float | None = None):
+        self.spec, self.model = spec, model
+        self.memory_cap_bytes, self.device_memory_bytes = memory_cap_bytes, device_memory_bytes
+
+    def memory(self, plan: Sequence[PlanEntry]) -> tuple[dict, str | None]:
+        """Per-rank weights and predicted peak, and why the plan does not fit (None if it does)."""
+        W = self.spec.world_size
+        weights = shard_bytes(table_shards(self.spec, plan), W)
+        detail = {"rank_memory_bytes": weights,
+                  "peak_memory_bytes": [dlrm_memory(self.spec, plan, r).peak for r in range(W)]}
+        if max(weights) > self.memory_cap_bytes:
+            return detail, (f"rank memory {max(weights) / 2**30:.2f} GiB exceeds cap "
+                            f"{self.memory_cap_bytes / 2**30:.2f} GiB")
+        if self.device_memory_bytes is not None and max(detail["peak_memory_bytes"]) > self.device_memory_bytes:
+            return detail, (f"predicted peak {max(detail['peak_memory_bytes']) / 2**30:.2f} GiB on a rank exceeds "
+                            f"the device's {self.device_memory_bytes / 2**30:.2f} GiB")
+        return detail, None
+
+    def estimate(self, plan: Sequence[PlanEntry]) -> tuple[CostBreakdown | None, str | None]:
+        """The predicted step, or why there is none: a plan that needs a collective the
+        bundle has no model for (say, a calibration without reduce-scatter) cannot be priced,
+        and a zero in its place would make it look cheaper than it is."""
+        try:
+            return estimate_iteration(self.spec, plan, self.model), None
+        except KeyError as exc:
+            return None, f"cannot be priced: {exc.args[0]}"
+
+    def seconds(self, plan: list[PlanEntry]) -> float | None:
+        """The search's cost: predicted seconds, None when the plan does not fit or cannot be priced."""
+        if self.memory(plan)[1] is not None:
+            return None
+        cost, _ = self.estimate(plan)
+        return cost.iteration_s if cost is not None else None
+
+    def candidate(self, name: str, plan: list[PlanEntry]) -> Candidate:
+        detail, reason = self.memory(plan)
+        detail = {"table_to_rank": plan, **detail}
+        cost = None
+        if reason is None:
+            cost, reason = self.estimate(plan)
+        if cost is None:
+            return Candidate(name, None, False, {**detail, "reason": reason})
+        detail["breakdown"] = cost.to_dict()
+        detail["rank_embedding_ms"] = [(f + b) * 1e3 for f, b in zip(cost.embedding_fwd_s, cost.embedding_bwd_s)]
+        return Candidate(name, cost.iteration_s * 1e3, True, detail)
 
 
 def choose_sharding(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float, seed: int = 0,
-                    device_memory_bytes: float | None = None) -> Decision:
-    """Rank the six sharders by predicted iteration time under a per-rank cap on embedding
-    weights; with `device_memory_bytes`, a placement whose predicted peak (weights,
-    gradients, optimizer state, buffers, activations) exceeds a device is infeasible too."""
+                    device_memory_bytes: float | None = None, search: bool = True,
+                    search_seconds: float = 20.0) -> Decision:
+    """Rank every candidate plan by predicted iteration time (infeasible ones last, with the
+    reason). Raises `NoFeasiblePlanError` naming every candidate's reason when none fits."""
     W = spec.world_size
+    pricer = PlanPricer(spec, model, memory_cap_bytes, device_memory_bytes)
     candidates: list[Candidate] = []
-    errors: list[str] = []
-    seen: dict[tuple[int, ...], str] = {}
+    seen: dict[str, str] = {}
+    plans: dict[str, list[PlanEntry]] = {}
     for name, sharder in SHARDERS.items():
         try:
-            placement = sharder(spec.tables, W, memory_cap_bytes, seed=seed)
+            plans[name] = list(sharder(spec.tables, W, memory_cap_bytes, seed=seed))
         except NoFeasiblePlanError as exc:
-            errors.append(f"{name}: {exc}")
             candidates.append(Candidate(name, None, False, {"reason": str(exc)}))
-            continue
-        memory = rank_memory(spec.tables, placement, W)
-        detail = {"table_to_rank": placement, "rank_memory_bytes": memory,
-                  "peak_memory_bytes": [dlrm_memory(spec, placement, r).peak for r in range(W)]}
-        reason = None
-        if max(memory) > memory_cap_bytes:
-            reason = f"rank memory {max(memory) / 2**30:.2f} GiB exceeds cap {memory_cap_bytes / 2**30:.2f} GiB"
-        elif device_memory_bytes is not None and max(detail["peak_memory_bytes"]) > device_memory_bytes:
-            reason = (f"predicted peak {max(detail['peak_memory_bytes']) / 2**30:.2f} GiB on a rank exceeds the "
-                      f"device's {device_memory_bytes / 2**30:.2f} GiB")
-        if reason is not None:
-            errors.append(f"{name}: {reason}")
-            candidates.append(Candidate(name, None, False, {**detail, "reason": reason}))
-            continue
-        key = tuple(placement)
-        if key in seen:
-            detail["same_placement_as"] = seen[key]
-        seen.setdefault(key, name)
-        cost = estimate_iteration(spec, placement, model)
-        detail["breakdown"] = cost.to_dict()
-        candidates.append(Candidate(name, cost.iteration_s * 1e3, True, detail))
+    plans.update(uniform_plans(spec))
+    for name, plan in plans.items():
+        candidates.append(_dedup(pricer.candidate(name, plan), seen))
 
     feasible = [c for c in candidates if c.feasible]
+    if search and feasible and W > 1:
+        start = min(feasible, key=lambda c: c.predicted_ms)
+        result = local_search(spec, start.detail["table_to_rank"], pricer.seconds, seed=seed,
+                              max_seconds=search_seconds)
+        found = _dedup(pricer.candidate(SEARCH, result.plan), seen)
+        found.detail["search"] = {**result.to_dict(), "started_from": start.name}
+        found.detail["search"].pop("plan")
+        candidates.append(found)
+        feasible.append(found)
     if not feasible:
         raise NoFeasiblePlanError(
-            f"no sharder places the {len(spec.tables)} tables on {W} ranks within "
-            f"{memory_cap_bytes / 2**30:.2f} GiB per rank:\n  " + "\n  ".join(errors)
+            f"no candidate places the {len(spec.tables)} tables on {W} ranks within "
+            f"{memory_cap_bytes / 2**30:.2f} GiB per rank:\n  "
+            + "\n  ".join(f"{c.name}: {c.detail.get('reason')}" for c in candidates)
         )
-    # Ties (identical placements) go to the earlier sharder, so the choice is deterministic.
-    order = list(SHARDERS)
+    # Ties (identical plans) go to the earlier candidate, so the choice is deterministic.
+    order = [c.name for c in candidates]
     feasible.sort(key=lambda c: (round(c.predicted_ms, 9), order.index(c.name)))
     ranked = feasible + [c for c in candidates if not c.feasible]
     best = ranked[0]
     return Decision("sharding", best.name, best.predicted_ms, ranked, {"table_to_rank": best.detail["table_to_rank"]})
+
+
+def _dedup(candidate: Candidate, seen: dict[str, str]) -> Candidate:
+    """Note when a candidate's plan equals an earlier one's (kept, so the table stays complete)."""
+    if candidate.feasible:
+        key = repr(candidate.detail["table_to_rank"])
+        if key in seen:
+            candidate.detail["same_placement_as"] = seen[key]
+        seen.setdefault(key, candidate.name)
+    return candidate

@@ -21,7 +21,7 @@ from probes.elementwise import elementwise_params
 from probes.gemm import gemm_params
 from probes.memcpy import memcpy_params
 from probes.jobspec import JobSpec
-from predictors.table_shards import (
+from probes.table_shards import (
     DATA_PARALLEL, PlanEntry, exchanged_widths, replicated_tables, row_wise_width, table_shards,
 )
 
@@ -80,7 +80,7 @@ def build_dlrm_graph(
     embedding_features: Callable[..., dict[str, Any]] = expected_features,
 ) -> ExecutionGraph:
     """`plan`: per table a rank (table-wise) or a row-/column-wise / data-parallel entry
-    (`predictors.table_shards`)."""
+    (`probes.table_shards`)."""
     W, B = spec.world_size, spec.batch_size
     shards = table_shards(spec, plan)
     group = tuple(range(W))

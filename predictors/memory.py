@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from predictors.dlrm_graph import FLOAT, all_to_all_bytes
-from predictors.table_shards import DATA_PARALLEL, PlanEntry, row_wise_width, shard_bytes, table_shards
+from probes.table_shards import DATA_PARALLEL, PlanEntry, row_wise_width, shard_bytes, table_shards
 from predictors.transformer_graph import block_param_numel
 from probes.jobspec import JobSpec
 from probes.workloads.transformer import TransformerSpec

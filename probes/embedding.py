@@ -52,6 +52,18 @@ def make_tbe(tables: Sequence[TableShape], device: torch.device, learning_rate: 
     )
 
 
+def make_dense_tbe(tables: Sequence[TableShape], device: torch.device):
+    """A TBE over `tables` whose weights are one dense parameter with a dense gradient: the
+    kernel of data-parallel (replicated) tables, whose gradients are all-reduced like the MLPs'."""
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBatchedEmbeddingBagsCodegen
+
+    module = DenseTableBatchedEmbeddingBagsCodegen(
+        [(t.num_embeddings, t.embedding_dim) for t in tables], pooling_mode=PoolingMode.SUM,
+        use_cpu=device.type != "cuda")
+    return module.to(device)
+
+
 def make_batch(
     tables: Sequence[TableShape], batch_size: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:

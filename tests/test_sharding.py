@@ -67,7 +67,10 @@ def test_policy_picks_the_predicted_fastest_and_ranks_all(model):
     spec = job([(50_000, 64, 30)] * 2 + [(1000, 8, 1)] * 6)
     decision = choose_sharding(spec, model, memory_cap_bytes=float("inf"))
     feasible = [c for c in decision.candidates if c.feasible]
-    assert {c.name for c in decision.candidates} == set(SHARDERS)
+    assert {c.name for c in decision.candidates} == set(SHARDERS) | {"all_row_wise", "all_column_wise", "search"}
+    # this bundle has no reduce-scatter model: row-wise plans are refused, not priced at zero
+    all_rw = next(c for c in decision.candidates if c.name == "all_row_wise")
+    assert not all_rw.feasible and "cannot be priced" in all_rw.detail["reason"]
     assert [c.predicted_ms for c in feasible] == sorted(c.predicted_ms for c in feasible)
     assert decision.choice == feasible[0].name
     # The two heavy tables must end up on different ranks in the chosen plan.
@@ -95,6 +98,9 @@ def test_choice_is_deterministic_for_a_seed(model):
     spec = job([(int(rng.integers(1000, 90_000)), 16, int(rng.integers(1, 30))) for _ in range(12)])
     a = choose_sharding(spec, model, float("inf"), seed=5)
     b = choose_sharding(spec, model, float("inf"), seed=5)
+    for decision in (a, b):  # the search's wall time is the one thing allowed to differ
+        search = next(c for c in decision.candidates if c.name == "search").detail["search"]
+        assert not search.pop("exhausted") and search.pop("seconds") > 0
     assert a == b
 
 
@@ -129,6 +135,62 @@ def test_a_plan_whose_predicted_peak_exceeds_the_device_is_infeasible(model):
     spec = job([(1000, 64, 4)] * 4)
     peak = max(dlrm_memory(spec, [0, 0, 1, 1], r).peak for r in range(2))
     fits = choose_sharding(spec, model, memory_cap_bytes=2**30, device_memory_bytes=2 * peak)
-    assert all(c.feasible for c in fits.candidates)
+    assert all(c.feasible for c in fits.candidates if "cannot be priced" not in c.detail.get("reason", ""))
     with pytest.raises(NoFeasiblePlanError, match="predicted peak .* exceeds the device's"):
         choose_sharding(spec, model, memory_cap_bytes=2**30, device_memory_bytes=0.5 * peak)
+
+
+def test_search_splits_a_table_that_no_whole_table_placement_can_balance(model):
+    """One table carries most of the lookups: every table-wise plan leaves one rank with it.
+    From the best classic sharder the search must split it (column-wise: this bundle has no
+    row-wise collectives) and beat every sharder; the plan still covers every table."""
+    from policies.sharding import PlanPricer
+    from policies.sharding_search import local_search
+    from probes.table_shards import table_shards
+
+    spec = job([(200_000, 64, 60)] + [(2000, 8, 2)] * 5)
+    decision = choose_sharding(spec, model, memory_cap_bytes=float("inf"), seed=1)
+    sharders = [c for c in decision.candidates if c.name in SHARDERS and c.feasible]
+    best = min(sharders, key=lambda c: c.predicted_ms)
+    result = local_search(spec, best.detail["table_to_rank"], PlanPricer(spec, model, float("inf")).seconds, seed=1)
+    assert result.predicted_s * 1e3 < best.predicted_ms and result.moves
+    assert isinstance(result.plan[0], dict) and result.plan[0]["type"] == "column_wise"
+    assert decision.predicted_ms <= result.predicted_s * 1e3 + 1e-9  # the policy keeps the best it saw
+    assert next(c for c in decision.candidates if c.name == "search").detail["search"]["started_from"]
+    shards = table_shards(spec, result.plan)
+    for i, t in enumerate(spec.tables):  # each table whole once, or its pieces adding up to it
+        pieces = [s for s in shards if s.table == i]
+        if result.plan[i] == {"type": "data_parallel"}:
+            assert len(pieces) == 2 and all(p.shape == t.shape for p in pieces)
+        else:
+            assert sum(p.shape.embedding_dim * p.shape.num_embeddings for p in pieces) == t.num_embeddings * t.embedding_dim
+
+
+def test_search_never_takes_a_move_that_breaks_the_memory_cap(model):
+    """Replicating the small tables would be cheap to exchange but doubles their weights: with
+    a cap just above the table-wise placement's per-rank weights, no replica fits."""
+    from probes.table_shards import shard_bytes, table_shards
+
+    spec = job([(60_000, 16, 20), (60_000, 16, 20)] + [(4000, 16, 1)] * 4)
+    tw = choose_sharding(spec, model, memory_cap_bytes=float("inf"), search=False)
+    cap = max(max(c.detail["rank_memory_bytes"]) for c in tw.candidates if c.feasible) * 1.01
+    decision = choose_sharding(spec, model, memory_cap_bytes=cap)
+    assert next(c for c in decision.candidates if c.name == "search").feasible
+    for c in decision.candidates:
+        if c.feasible:
+            assert max(shard_bytes(table_shards(spec, c.detail["table_to_rank"]), 2)) <= cap
+
+
+def test_local_search_is_deterministic_and_stops_at_its_budget(model):
+    from policies.sharding import PlanPricer
+    from policies.sharding_search import local_search
+
+    rng = np.random.default_rng(4)
+    spec = job([(int(rng.integers(1000, 90_000)), 16, int(rng.integers(1, 30))) for _ in range(10)])
+    pricer = PlanPricer(spec, model, float("inf"))
+    a = local_search(spec, [0] * 10, pricer.seconds, seed=3)
+    b = local_search(spec, [0] * 10, pricer.seconds, seed=3)
+    assert (a.plan, a.predicted_s, a.moves) == (b.plan, b.predicted_s, b.moves)
+    assert a.predicted_s < a.start_s and not a.exhausted
+    short = local_search(spec, [0] * 10, pricer.seconds, seed=3, max_evaluations=5)
+    assert short.exhausted and short.evaluations == 5

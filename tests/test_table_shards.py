@@ -4,7 +4,7 @@ import pytest
 from predictors.dlrm_graph import build_dlrm_graph
 from predictors.memory import dlrm_memory
 from predictors.simulator import simulate
-from predictors.table_shards import ShardingPlanError, exchanged_widths, shard_bytes, table_shards
+from probes.table_shards import ShardingPlanError, exchanged_widths, shard_bytes, table_shards
 from probes.jobspec import JobSpec
 
 RW, DP = {"type": "row_wise"}, {"type": "data_parallel"}
@@ -104,8 +104,8 @@ def test_memory_follows_the_pieces():
     assert dp[0].gradients - tw[0].gradients == all_tables
 
 
-def test_only_table_wise_plans_are_launched():
+def test_a_bad_plan_is_refused_before_launch_naming_the_entry():
     from orchestrator.launch import launch_dlrm
 
-    with pytest.raises(ShardingPlanError, match="table-wise plans only"):
-        launch_dlrm(job(), [0, RW, 0, 1])
+    with pytest.raises(ShardingPlanError, match=r"plan\[1\].*type"):
+        launch_dlrm(job(), [0, {"type": "diagonal"}, 0, 1])

@@ -1,14 +1,24 @@
-"""A real DLRM training loop, sharded table-wise per a plan, on an initialised process group.
+"""A real DLRM training loop, sharded per a plan, on an initialised process group.
 
-Per rank: the bottom and top MLPs are data parallel (DDP, gradient all-reduce in buckets);
-each embedding table lives on the rank the plan assigns it to and is looked up there by one
-FBGEMM TBE for the whole global batch; a forward all-to-all (uneven: ranks hold different
-embedding widths) turns model-parallel pooled embeddings into data-parallel ones, and its
-autograd twin sends gradients back. The synthetic loader yields the indices of each rank's own
-tables, so no input all-to-all is needed (as with a table-wise sharded data pipeline).
+Per rank: the bottom and top MLPs are data parallel (DDP, gradient all-reduce in buckets).
+The embedding tables follow the plan (`probes.table_shards`), so every plan the predictor
+prices can be run and checked:
+- table-wise tables and column-wise pieces live on their rank and are looked up there by one
+  FBGEMM TBE (exact SGD fused into backward) for the whole global batch; a forward all-to-all
+  (uneven: ranks hold different embedding widths) turns their model-parallel pooled embeddings
+  into data-parallel ones, and its autograd twin sends gradients back;
+- row-wise tables are split into row ranges, one per rank; each rank looks up the global
+  batch's indices that fall in its range (a second fused-SGD TBE) and the partial pooled sums
+  are reduce-scattered to the ranks owning the samples (all-gathered back in backward);
+- data-parallel tables are replicated; each rank looks up its local batch with a dense-gradient
+  TBE, and the gradients are all-reduced (averaged) before the optimizer step.
+The synthetic loader yields every table's global-batch indices from a per-table seed, so the
+ranks holding pieces of one table see the same ids, and a rank's indices are already the ones
+its pieces need (as with a sharded data pipeline): no input all-to-all is run.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Sequence
 
 import numpy as np
@@ -17,8 +27,10 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from probes.embedding import make_batch, make_tbe
+from probes.embedding import make_dense_tbe, make_tbe
+from probes.indices import sample_indices
 from probes.jobspec import JobSpec
+from probes.table_shards import DATA_PARALLEL, EXCHANGED, ROW_WISE, TableShard, exchanged_widths, table_shards
 from probes.workloads.timed_steps import RunResult, run_timed_steps
 
 
@@ -41,6 +53,25 @@ class _AllToAllSingle(torch.autograd.Function):
 
 def all_to_all_autograd(send: torch.Tensor, send_sizes: list[int], recv_sizes: list[int]) -> torch.Tensor:
     return _AllToAllSingle.apply(send, send_sizes, recv_sizes)
+
+
+class _ReduceScatterSamples(torch.autograd.Function):
+    """[W*B, D] partial sums of the global batch -> [B, D] summed rows of this rank's samples;
+    backward all-gathers the samples' gradients (each rank's partial sum fed every sample)."""
+
+    @staticmethod
+    def forward(ctx, partial: torch.Tensor, world: int) -> torch.Tensor:
+        rows, width = partial.shape
+        ctx.world = world
+        out = partial.new_empty(rows // world * width)
+        dist.reduce_scatter_single(out, partial.contiguous().view(-1))
+        return out.view(rows // world, width)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        full = grad.new_empty(ctx.world * grad.numel())
+        dist.all_gather_single(full, grad.contiguous().view(-1))
+        return full.view(ctx.world * grad.shape[0], grad.shape[1]), None
 
 
 def mlp(widths: Sequence[int], in_features: int, final_activation: bool) -> nn.Sequential:
@@ -67,41 +98,88 @@ class DenseArch(nn.Module):
         return self.top(torch.cat([self.bottom(dense), embeddings], dim=1)).squeeze(1)
 
 
-class ShardedDLRM:
-    """One rank's share of a table-wise sharded DLRM."""
+def _row_ranges(shards: Sequence[TableShard]) -> dict[tuple[int, int], int]:
+    """First row of every row-wise piece, keyed by (table, rank): the pieces of a table follow
+    one another in rank order (`table_shards` splits the rows that way)."""
+    first: dict[tuple[int, int], int] = {}
+    next_row: dict[int, int] = {}
+    for s in shards:
+        if s.kind == ROW_WISE:
+            first[(s.table, s.rank)] = next_row.get(s.table, 0)
+            next_row[s.table] = first[(s.table, s.rank)] + s.shape.num_embeddings
+    return first
 
-    def __init__(self, spec: JobSpec, table_to_rank: Sequence[int], rank: int, world: int, device: torch.device):
-        if len(table_to_rank) != len(spec.tables):
-            raise ValueError(f"plan places {len(table_to_rank)} tables, job has {len(spec.tables)}")
-        if any(r < 0 or r >= world for r in table_to_rank):
-            raise ValueError(f"plan uses ranks outside 0..{world - 1}: {sorted(set(table_to_rank))}")
+
+def _tbe_input(per_table: Sequence[np.ndarray], lengths: Sequence[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor]:
+    """TBE's table-major flat indices and offsets from each table's ids and bag lengths."""
+    flat = np.concatenate(per_table).astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(np.concatenate(lengths))]).astype(np.int64)
+    return torch.from_numpy(flat), torch.from_numpy(offsets)
+
+
+class ShardedDLRM:
+    """One rank's share of a DLRM sharded per a plan (one entry per table: a rank for
+    table-wise, or a row-/column-wise / data-parallel object, see `probes.table_shards`)."""
+
+    def __init__(self, spec: JobSpec, plan: Sequence, rank: int, world: int, device: torch.device):
+        if spec.world_size != world:  # the process group decides; the plan is checked against it
+            spec = replace(spec, world_size=world)
+        shards = table_shards(spec, plan)
         self.spec, self.rank, self.world, self.device = spec, rank, world, device
-        self.local = [i for i, r in enumerate(table_to_rank) if r == rank]
-        # Width of the pooled embeddings each rank sends (its tables' dims summed).
-        self.rank_width = [
-            sum(spec.tables[i].embedding_dim for i, r in enumerate(table_to_rank) if r == q) for q in range(world)
-        ]
+        mine = [s for s in shards if s.rank == rank]
+        self.exchanged = [s for s in mine if s.kind in EXCHANGED]
+        self.row_wise = [s for s in mine if s.kind == ROW_WISE]
+        self.replicated = [s for s in mine if s.kind == DATA_PARALLEL]
+        self.first_row = _row_ranges(shards)
+        # Width of the pooled embeddings each rank sends (its table- and column-wise pieces).
+        self.rank_width = exchanged_widths(spec, shards)
         torch.manual_seed(spec.seed)  # identical dense init on every rank (DDP also broadcasts)
         self.dense = DistributedDataParallel(DenseArch(spec).to(device))
-        self.optimizer = torch.optim.SGD(self.dense.parameters(), lr=0.01)
-        self.tbe = make_tbe([spec.tables[i].shape for i in self.local], device) if self.local else None
+        self.tbe = make_tbe([s.shape for s in self.exchanged], device) if self.exchanged else None
+        self.rw_tbe = make_tbe([s.shape for s in self.row_wise], device) if self.row_wise else None
+        self.dp_tbe = make_dense_tbe([s.shape for s in self.replicated], device) if self.replicated else None
+        params = list(self.dense.parameters())
+        if self.dp_tbe is not None:
+            for p in self.dp_tbe.parameters():
+                dist.broadcast(p.data, src=0)  # the replicas start identical
+            params += list(self.dp_tbe.parameters())
+        self.optimizer = torch.optim.SGD(params, lr=0.01)
         self.batches = self._make_batches(num=4)
+
+    def _global_ids(self, step: int, table: int) -> np.ndarray:
+        """The global batch's ids of one table, [W*B bags x pooling], the same on every rank."""
+        t, B, W = self.spec.tables[table], self.spec.batch_size, self.world
+        rng = np.random.default_rng([self.spec.seed, step, 20_000 + table])
+        return sample_indices(t.num_embeddings, B * W * t.pooling_factor, t.distribution, rng).reshape(B * W, t.pooling_factor)
 
     def _make_batches(self, num: int) -> list[dict[str, torch.Tensor]]:
         """A few distinct batches, cycled, so data generation stays off the timed path."""
-        spec, B, W = self.spec, self.spec.batch_size, self.world
+        spec, B, W, r = self.spec, self.spec.batch_size, self.world, self.rank
         out = []
         for step in range(num):
-            rng = np.random.default_rng([spec.seed, step, self.rank])
+            rng = np.random.default_rng([spec.seed, step, r])
             batch = {
                 "dense": torch.from_numpy(rng.standard_normal((B, spec.dense.num_dense_features), dtype=np.float32)),
                 "labels": torch.from_numpy((rng.random(B) < 0.5).astype(np.float32)),
             }
-            if self.local:
-                # The global batch of this rank's tables: the same rows every rank's loader sees.
-                trng = np.random.default_rng([spec.seed, step, 10_000 + self.rank])
-                flat, offsets, _ = make_batch([spec.tables[i].shape for i in self.local], B * W, trng)
-                batch["indices"], batch["offsets"] = torch.from_numpy(flat), torch.from_numpy(offsets)
+            ids = {s.table: self._global_ids(step, s.table) for s in self.exchanged + self.row_wise + self.replicated}
+            if self.exchanged:  # whole global batch
+                batch["indices"], batch["offsets"] = _tbe_input(
+                    [ids[s.table].ravel() for s in self.exchanged],
+                    [np.full(B * W, s.shape.pooling_factor) for s in self.exchanged])
+            if self.row_wise:  # the global batch's ids in this rank's rows, shifted to the piece
+                per_table, lengths = [], []
+                for s in self.row_wise:
+                    lo = self.first_row[(s.table, r)]
+                    inside = (ids[s.table] >= lo) & (ids[s.table] < lo + s.shape.num_embeddings)
+                    per_table.append(ids[s.table][inside] - lo)  # row-major: bag by bag
+                    lengths.append(inside.sum(axis=1))
+                batch["rw_indices"], batch["rw_offsets"] = _tbe_input(per_table, lengths)
+            if self.replicated:  # this rank's own samples only
+                mine = slice(r * B, (r + 1) * B)
+                batch["dp_indices"], batch["dp_offsets"] = _tbe_input(
+                    [ids[s.table][mine].ravel() for s in self.replicated],
+                    [np.full(B, s.shape.pooling_factor) for s in self.replicated])
             out.append({k: v.to(self.device) for k, v in batch.items()})
         return out
 
@@ -115,17 +193,31 @@ class ShardedDLRM:
         parts = [p.view(B, w) for p, w in zip(torch.split(recv, recv_sizes), self.rank_width)]
         return torch.cat(parts, dim=1)
 
-    def step(self, batch: dict[str, torch.Tensor]) -> float:
+    def _embeddings(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         B, W = self.spec.batch_size, self.world
-        if self.tbe is not None:
-            pooled = self.tbe(batch["indices"], batch["offsets"])  # [W*B, width_r], sample-major
-        else:
-            pooled = torch.zeros(W * B, 0, device=self.device, requires_grad=True)
-        embeddings = self._exchange(pooled)
-        logits = self.dense(batch["dense"], embeddings)
+        parts = []
+        if sum(self.rank_width):
+            if self.tbe is not None:
+                pooled = self.tbe(batch["indices"], batch["offsets"])  # [W*B, width_r], sample-major
+            else:
+                pooled = torch.zeros(W * B, 0, device=self.device, requires_grad=True)
+            parts.append(self._exchange(pooled))
+        if self.rw_tbe is not None:
+            partial = self.rw_tbe(batch["rw_indices"], batch["rw_offsets"])  # [W*B, row-wise width]
+            parts.append(_ReduceScatterSamples.apply(partial, W))
+        if self.dp_tbe is not None:
+            parts.append(self.dp_tbe(batch["dp_indices"], batch["dp_offsets"]))  # [B, replicated width]
+        return torch.cat(parts, dim=1)
+
+    def step(self, batch: dict[str, torch.Tensor]) -> float:
+        logits = self.dense(batch["dense"], self._embeddings(batch))
         loss = nn.functional.binary_cross_entropy_with_logits(logits, batch["labels"])
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()  # DDP all-reduce, backward all-to-all, TBE backward with fused SGD
+        loss.backward()  # DDP all-reduce, backward all-to-all / all-gather, TBE backward with fused SGD
+        if self.dp_tbe is not None:  # the replicated tables' dense gradients, averaged like DDP's
+            for p in self.dp_tbe.parameters():
+                dist.all_reduce(p.grad)
+                p.grad.div_(self.world)
         self.optimizer.step()
         return float(loss.detach())
 

@@ -1,0 +1,107 @@
+"""Local search over per-table sharding types, starting from the best classic sharder.
+
+The six classic sharders place whole tables (table-wise) by a proxy. TorchRec users can also
+split a table by rows or columns or replicate it; which of those pays depends on the table
+(a hot, wide table on an overloaded rank is worth splitting; a tiny table may be cheaper
+replicated than exchanged) and on everything else in the plan, so the search prices whole
+plans with the simulator rather than tables one by one (the critical path, not a per-rank sum).
+
+Moves, per table: to another rank (table-wise), row-wise over every rank, column-wise over
+every rank, data-parallel (tables up to `DATA_PARALLEL_MAX_BYTES` only). One node has no
+table-row-wise: it equals row-wise within a node. The search is first-improvement hill
+climbing: tables are visited in a seeded order, a move is kept when it lowers the predicted
+iteration time by at least `min_gain` (relative), sweeps repeat until a whole sweep keeps
+nothing or the evaluation budget is spent. Deterministic for a seed.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from probes.jobspec import JobSpec
+from probes.table_shards import COLUMN_WISE, DATA_PARALLEL, ROW_WISE, PlanEntry
+
+# A replica's dense gradient (the whole table) is all-reduced every step; past a few MiB that
+# never beats a lookup exchange, and the all-reduce model would be asked far beyond its sizes.
+DATA_PARALLEL_MAX_BYTES = 4 * 2**20
+# Column pieces narrower than this waste the TBE's vector width (TorchRec's minimum is 4 too).
+MIN_COLUMN_PIECE = 4
+
+
+@dataclass
+class SearchResult:
+    plan: list[PlanEntry]
+    predicted_s: float
+    start_s: float
+    evaluations: int
+    seconds: float
+    moves: list[str] = field(default_factory=list)  # the kept moves, in order, with their gain
+    exhausted: bool = False  # stopped by the evaluation or time budget, not at a local optimum
+
+    def to_dict(self) -> dict:
+        return {"plan": self.plan, "predicted_ms": self.predicted_s * 1e3, "start_ms": self.start_s * 1e3,
+                "evaluations": self.evaluations, "seconds": self.seconds, "moves": self.moves,
+                "exhausted": self.exhausted}
+
+
+def describe(entry: PlanEntry) -> str:
+    if isinstance(entry, int):
+        return f"rank {entry}"
+    return entry["type"]
+
+
+def table_moves(spec: JobSpec, i: int, entry: PlanEntry) -> list[PlanEntry]:
+    """Every other sharding of table i that the search may try."""
+    W, table = spec.world_size, spec.tables[i]
+    moves: list[PlanEntry] = [r for r in range(W) if r != entry]
+    if W > 1:
+        if table.num_embeddings >= W:
+            moves.append({"type": ROW_WISE})
+        if table.embedding_dim >= W * MIN_COLUMN_PIECE:
+            moves.append({"type": COLUMN_WISE, "ranks": list(range(W))})
+        if table.bytes <= DATA_PARALLEL_MAX_BYTES:
+            moves.append({"type": DATA_PARALLEL})
+    return [m for m in moves if m != entry]
+
+
+def local_search(
+    spec: JobSpec,
+    start: Sequence[PlanEntry],
+    cost: Callable[[list[PlanEntry]], float | None],
+    seed: int = 0,
+    min_gain: float = 1e-3,
+    max_evaluations: int = 2000,
+    max_seconds: float = 20.0,
+) -> SearchResult:
+    """Improve `start` by single-table moves. `cost(plan)` is the predicted iteration time in
+    seconds, or None when the plan does not fit in memory (the move is not taken)."""
+    t0 = time.perf_counter()
+    plan = list(start)
+    best = cost(plan)
+    if best is None:
+        raise ValueError("the search's starting plan does not fit in memory")
+    start_s, evaluations, moves = best, 1, []
+    rng = np.random.default_rng(seed)
+    exhausted = False
+    improved = True
+    while improved and not exhausted:
+        improved = False
+        for i in rng.permutation(len(plan)):
+            for move in table_moves(spec, int(i), plan[i]):
+                if evaluations >= max_evaluations or time.perf_counter() - t0 > max_seconds:
+                    exhausted = True
+                    break
+                trial = plan[:i] + [move] + plan[i + 1:]
+                evaluations += 1
+                t = cost(trial)
+                if t is not None and t < best * (1 - min_gain):
+                    moves.append(f"{spec.tables[i].name}: {describe(plan[i])} -> {describe(move)} "
+                                 f"({(t - best) * 1e3:+.3f} ms)")
+                    plan, best, improved = trial, t, True
+                    break  # first improvement: go on with the next table
+            if exhausted:
+                break
+    return SearchResult(plan, best, start_s, evaluations, time.perf_counter() - t0, moves, exhausted)
