@@ -10,8 +10,9 @@ random_dlrm.py), and for each task:
 - when torchrec is installed, plans the task with TorchRec's own planner (its cost constants)
   and adds that plan as one more candidate (`policies.torchrec_bridge`);
 - runs every distinct feasible candidate for real on 2 gloo ranks in one Ray Train job, their
-  timed steps interleaved in rounds (`probes.workloads.plan_race`) so the host's drift touches
-  all of them alike;
+  timed steps interleaved in rotated rounds and each plan read against its rounds
+  (`probes.workloads.plan_race`), so the host's drift cancels; the chosen plan runs twice,
+  and the gap between its copies is the race's own noise (`control_gap`);
 - scores the choice: success when the chosen plan is the measured fastest or within 10% of it
   (the anchor's criterion); also the best classic sharder alone (the anchor's own policy).
 Prints a row per task and writes benchmarks/results/sharding_selection.json.
@@ -35,7 +36,7 @@ from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.launch import race_dlrm_plans  # noqa: E402
 from orchestrator.planning import memory_cap_bytes  # noqa: E402
 from policies.sharders import SHARDERS  # noqa: E402
-from policies.sharding import choose_sharding  # noqa: E402
+from policies.sharding import PlanPricer, choose_sharding  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
 
 SUCCESS_WITHIN = 0.10
@@ -63,8 +64,8 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=0.05, help="shrinks table rows (and pooling) to fit CPU ranks")
     parser.add_argument("--budget-s", type=float, default=300, help="calibration budget when no --tracking-uri")
     parser.add_argument("--tracking-uri", help="use the champion registered here instead of calibrating")
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps-per-round", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--steps-per-round", type=int, default=8)
     parser.add_argument("--seed", type=int, default=100, help="task seed (the e2e benchmarks use 0)")
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/sharding_selection.json"))
     args = parser.parse_args()
@@ -87,10 +88,17 @@ def main() -> None:
             if torchrec is not None:
                 plans.setdefault(json.dumps(torchrec), []).append(TORCHREC)
             keys = list(plans)
-            results = race_dlrm_plans(spec, [json.loads(k) for k in keys], rounds=args.rounds,
+            # The chosen plan runs twice (as its own control): the gap between its two copies is
+            # the race's own noise, against which the candidates' gaps are read.
+            choice_key = json.dumps(decision.choice_detail["table_to_rank"])
+            results = race_dlrm_plans(spec, [json.loads(k) for k in keys + [choice_key]], rounds=args.rounds,
                                       steps_per_round=args.steps_per_round, storage=scratch / "ray_results")
+            control = results.pop()
             measured = {name: r.iteration_ms for k, r in zip(keys, results) for name in plans[k]}
+            control_gap = abs(control.iteration_ms / measured[decision.choice] - 1)
             predicted = {c.name: c.predicted_ms for c in feasible}
+            if torchrec is not None and TORCHREC not in predicted:  # how our predictor rates TorchRec's plan
+                predicted[TORCHREC] = PlanPricer(spec, model, cap).candidate(TORCHREC, torchrec).predicted_ms
             fastest = min(measured.values())
             best_sharder = min((c for c in feasible if c.name in SHARDERS), key=lambda c: c.predicted_ms).name
             row = {
@@ -102,7 +110,8 @@ def main() -> None:
                 "best_sharder_success": measured[best_sharder] <= (1 + SUCCESS_WITHIN) * fastest,
                 "torchrec_ms": measured.get(TORCHREC), "torchrec_success":
                     (measured[TORCHREC] <= (1 + SUCCESS_WITHIN) * fastest) if TORCHREC in measured else None,
-                "decide_s": decide_s, "distinct_plans": len(keys),
+                "decide_s": decide_s, "distinct_plans": len(keys), "control_gap": control_gap,
+                "quiet_wait_s": control.quiet_wait_s, "host_quiet": control.host_quiet,
                 "measured_ms": measured, "predicted_ms": predicted,
                 "choice_plan": decision.choice_detail["table_to_rank"],
             }
@@ -113,7 +122,7 @@ def main() -> None:
             print(f"{row['name']:9s} T={row['tables']:2d} B={spec.batch_size:4d} plans={len(keys):2d}  "
                   f"choice {decision.choice:18s} {row['choice_ms']:8.2f} ms  fastest {row['fastest']:18s} "
                   f"{fastest:8.2f} ms  {'ok ' if row['success'] else 'MISS'}  best sharder {row['best_sharder_ms']:8.2f}"
-                  f"  torchrec {tr}  (decided in {decide_s:.1f}s)", flush=True)
+                  f"  torchrec {tr}  control gap {control_gap:5.1%}  (decided in {decide_s:.1f}s)", flush=True)
         ray_runtime.shutdown()
 
     with_torchrec = [r for r in rows if r["torchrec_ms"] is not None]
@@ -130,6 +139,7 @@ def main() -> None:
         "geomean_time_vs_torchrec": (geomean([r["choice_ms"] / r["torchrec_ms"] for r in with_torchrec])
                                      if with_torchrec else None),
         "geomean_time_vs_fastest": geomean([r["choice_ms"] / r["fastest_ms"] for r in rows]),
+        "median_control_gap": sorted(r["control_gap"] for r in rows)[len(rows) // 2],
         "tasks": rows,
     }
     out = Path(args.out)

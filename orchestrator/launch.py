@@ -47,9 +47,11 @@ def _train_loop(config: dict[str, Any]) -> None:
     if "plans" in config:
         from probes.workloads.plan_race import race_plans
 
-        results = race_plans(JobSpec.from_dict(config["job"]), config["plans"], ctx.get_world_rank(),
-                             ctx.get_world_size(), device, config["rounds"], config["steps_per_round"], config["warmup"])
-        metrics = {"plans": [_metrics(r) for r in results]}
+        race = race_plans(JobSpec.from_dict(config["job"]), config["plans"], ctx.get_world_rank(),
+                          ctx.get_world_size(), device, config["rounds"], config["steps_per_round"], config["warmup"])
+        metrics = {"plans": [{**_metrics(r), "iteration_ms": float(t) * 1e3, "raw_median_ms": r.median_s * 1e3}
+                             for r, t in zip(race.steps, race.plan_seconds())],
+                   "round_medians_ms": (race.round_medians_s * 1e3).tolist()}
         summary = {f"plan{k}_iteration_ms": m["iteration_ms"] for k, m in enumerate(metrics["plans"])}
     else:
         if "transformer" in config:
@@ -103,12 +105,13 @@ def launch_dlrm(
 
 
 def race_dlrm_plans(
-    spec: JobSpec, plans: Sequence[Sequence[PlanEntry]], rounds: int = 5, steps_per_round: int = 4,
+    spec: JobSpec, plans: Sequence[Sequence[PlanEntry]], rounds: int = 10, steps_per_round: int = 8,
     use_gpu: bool = False, storage: str | Path = ".autotune/ray_results",
 ) -> list[LaunchResult]:
     """Run several plans of one job for real in one Ray Train run, their timed steps interleaved
     in rounds (`probes.workloads.plan_race`), so the comparison does not ride on the host's
-    drift; one result per plan, in order."""
+    drift; one result per plan, in order, whose `iteration_ms` is the drift-adjusted time
+    (`per_iteration_ms` keeps every raw step)."""
     for plan in plans:
         table_shards(spec, plan)
     config = {"job": spec.to_dict(), "plans": [list(p) for p in plans], "rounds": rounds,

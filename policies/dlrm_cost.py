@@ -7,7 +7,8 @@ rank's embedding forward + backward, the dense MLP GEMMs (forward and both backw
 per layer), the forward and backward pooled-embedding all-to-all, the DDP gradient all-reduce
 per bucket. Either way the CPU-side framework overhead of a step is added; it is fitted from
 short real training probes (`fit_overhead`): what their measured step time leaves over after
-the kernels, as a function of the number of dense layers and tables (per-op framework cost)
+the kernels, as a function of the number of dense layers, tables and extra table pieces of
+split or replicated tables (per-op framework cost)
 and of the predicted kernel time itself (on a shared host, gloo's threads and the compute
 thread slow each other in proportion to the work; the fitted coefficient is that slowdown).
 """
@@ -30,7 +31,7 @@ from probes.jobspec import JobSpec
 from probes.records import Measurement
 
 OVERHEAD_OP = "dlrm_overhead"
-OVERHEAD_FEATURES = ["one", "dense_layers", "tables_total", "kernels_s"]
+OVERHEAD_FEATURES = ["one", "dense_layers", "tables_total", "split_pieces", "kernels_s"]
 STEP_OP = "dlrm_step"
 
 
@@ -58,9 +59,12 @@ class CostBreakdown:
         }
 
 
-def overhead_params(spec: JobSpec, kernels_s: float) -> dict:
+def overhead_params(spec: JobSpec, kernels_s: float, plan: Sequence[PlanEntry] = ()) -> dict:
+    """`split_pieces`: table pieces beyond one per table (a row-/column-wise or replicated table
+    is a piece on every rank it spans, each one more TBE table to launch and bookkeep)."""
+    pieces = len(table_shards(spec, plan)) if plan else len(spec.tables)
     return {"dense_layers": len(spec.dense_layers()), "tables_total": len(spec.tables), "world": spec.world_size,
-            "kernels_s": float(kernels_s)}
+            "split_pieces": pieces - len(spec.tables), "kernels_s": float(kernels_s)}
 
 
 def estimate_iteration(
@@ -112,7 +116,7 @@ def estimate_iteration(
         kernels = max(f + b for f, b in zip(emb_fwd, emb_bwd)) + dense + a2a + allreduce
     overhead = 0.0
     if include_overhead and OVERHEAD_OP in model.models:
-        overhead = predict(OVERHEAD_OP, **overhead_params(spec, kernels))
+        overhead = predict(OVERHEAD_OP, **overhead_params(spec, kernels, table_to_rank))
     total = kernels + overhead
     return CostBreakdown(total, emb_fwd, emb_bwd, dense, a2a, allreduce, overhead, sorted(set(problems)))
 
@@ -136,7 +140,7 @@ def fit_overhead(model: PerformanceModel, step_rows: Sequence[Measurement], seed
         kernels = estimate_iteration(job, row.params["table_to_rank"], model, include_overhead=False,
                                      simulate_graph=simulate_graph).iteration_s
         # A step cannot cost less than its kernels; floor the residual at 2% of the step.
-        residuals.append(Measurement(OVERHEAD_OP, overhead_params(job, kernels), max(row.median_s - kernels, 0.02 * row.median_s), 0.0, row.repeats))
+        residuals.append(Measurement(OVERHEAD_OP, overhead_params(job, kernels, row.params["table_to_rank"]), max(row.median_s - kernels, 0.02 * row.median_s), 0.0, row.repeats))
     model.models[OVERHEAD_OP] = fit_linear_or_constant(OVERHEAD_OP, OVERHEAD_FEATURES, residuals)
 
     stats = score_steps(model, test, simulate_graph=simulate_graph).to_dict()

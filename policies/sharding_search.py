@@ -72,7 +72,7 @@ def local_search(
     start: Sequence[PlanEntry],
     cost: Callable[[list[PlanEntry]], float | None],
     seed: int = 0,
-    min_gain: float = 1e-3,
+    min_gain: float = 0.01,
     max_evaluations: int = 2000,
     max_seconds: float = 20.0,
 ) -> SearchResult:

@@ -41,6 +41,7 @@ FEATURES: dict[str, Callable[[Params], float]] = {
     # Per-iteration framework overhead of a training step
     "dense_layers": lambda p: float(p["dense_layers"]),
     "tables_total": lambda p: float(p["tables_total"]),
+    "split_pieces": lambda p: float(p.get("split_pieces", 0)),
     "layers": lambda p: float(p["layers"]),
     # the step's predicted kernel time: in-step interference grows with the work it slows
     "kernels_s": lambda p: float(p["kernels_s"]),

@@ -309,6 +309,24 @@ CALIBRATION_TASK_STREAM = 1_000_003
 CALIBRATION_TASK_SCALE = 0.05  # the CPU-rank scale of the shipped random tasks
 
 
+def random_plan(job: dict, world: int, rng: np.random.Generator, mixed: bool) -> list:
+    """A random plan of a job dict: every table on a random rank, or (`mixed`) a third of the
+    tables row-wise, column-wise or replicated (where the table allows it) and the rest on
+    random ranks."""
+    plan: list = [int(r) for r in rng.integers(0, world, size=len(job["tables"]))]
+    if not mixed or world < 2:
+        return plan
+    for j, t in enumerate(job["tables"]):
+        if rng.random() < 1 / 3:
+            kinds = ["row_wise"]
+            if t["embedding_dim"] >= 4 * world:
+                kinds.append("column_wise")
+            if 4 * t["num_embeddings"] * t["embedding_dim"] <= 4 * 2**20:
+                kinds.append("data_parallel")
+            plan[j] = {"type": str(rng.choice(kinds))}
+    return plan
+
+
 def training_specs(n: int, seed: int, world: int) -> list[ProbeSpec]:
     """Real DLRM training steps, alternating two kinds so the step model sees both ends:
 
@@ -317,7 +335,8 @@ def training_specs(n: int, seed: int, world: int) -> list[ProbeSpec]:
       overhead;
     - production-shaped tasks from the random-task generator (`random_dlrm_job`, its own
       seed stream), whose steps are dominated by kernels and collectives, so the slowdown
-      they suffer beside each other in a real step is measured, not extrapolated.
+      they suffer beside each other in a real step is measured, not extrapolated; every
+      other one with a mixed plan (`random_plan`).
     """
     rng = np.random.default_rng(seed + 2)
     out = []
@@ -325,8 +344,9 @@ def training_specs(n: int, seed: int, world: int) -> list[ProbeSpec]:
         if i % 2:
             job = random_dlrm_job(i, world, seed=seed + CALIBRATION_TASK_STREAM, scale=CALIBRATION_TASK_SCALE)
             job["name"] = f"task{i}"
-            n_tables = len(job["tables"])
-            placement = [int(r) for r in rng.integers(0, world, size=n_tables)]
+            # every other task-shaped probe mixes in row-/column-wise and replicated tables, so the
+            # step model has seen the collectives and TBEs of the plans the sharding search tries
+            placement = random_plan(job, world, rng, mixed=i % 4 == 3)
             out.append(ProbeSpec("training", {"job": job, "table_to_rank": placement}, f"train:{i}"))
             continue
         n_tables = int(rng.integers(1, 13))

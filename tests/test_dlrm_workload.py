@@ -1,6 +1,7 @@
 """The real sharded DLRM on two gloo ranks (torch.multiprocessing, no Ray needed)."""
 import socket
 
+import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -8,6 +9,7 @@ import torch.multiprocessing as mp
 
 from probes.jobspec import JobSpec
 from probes.workloads.dlrm import ShardedDLRM
+from probes.workloads.plan_race import drift_adjusted, race_plans
 
 
 def _free_port() -> int:
@@ -54,6 +56,17 @@ def _pooled_worker(rank, world, port, job, placement, queue):
         replicas_equal = all(torch.equal(w, w0) for (_, _, w), (_, _, w0) in
                              zip(pieces["replicated"], everyone[0]["replicated"]))
         queue.put((rank, float((got - torch.cat(expected, dim=1)).abs().max()), tuple(got.shape), replicas_equal))
+    finally:
+        dist.destroy_process_group()
+
+
+def _race_worker(rank, world, port, job, plans, queue):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        race = race_plans(JobSpec.from_dict(job), plans, rank, world, torch.device("cpu"), rounds=3, steps_per_round=2,
+                          warmup=1)
+        queue.put((rank, race.round_medians_s, [len(s.iteration_s) for s in race.steps], race.plan_seconds()))
     finally:
         dist.destroy_process_group()
 
@@ -108,3 +121,24 @@ def test_a_mixed_plan_trains_and_keeps_replicas_in_step(tiny_job_dict):
     assert t0 > 0 and t0 == t1
     assert all(0.0 < l < 5.0 for l in losses0)
     assert w0 == pytest.approx(w1, rel=1e-5)
+
+
+def test_racing_plans_times_each_in_every_round(tiny_job_dict):
+    out = run_two_ranks(tiny_job_dict, [[0, 1, 0, 1, 0], MIXED], worker=_race_worker)
+    medians, steps, seconds = out[0]
+    assert medians.shape == (3, 2) and (medians > 0).all()
+    assert steps == [6, 6]
+    assert (seconds > 0).all()
+    assert np.array_equal(out[0][0], out[1][0]), "every rank records the slowest rank's steps"
+
+
+def test_drift_between_rounds_cancels_in_the_race():
+    """Plan B is 10% slower than A in every round, while the host's speed drifts 3x between
+    rounds and one round hits B alone with a burst: the adjusted times keep B/A = 1.1."""
+    drift = np.array([1.0, 3.0, 1.5, 0.8, 2.0])
+    rounds = np.stack([drift * 10.0, drift * 11.0], axis=1)
+    rounds[2, 1] *= 4  # one disturbed measurement
+    a, b = drift_adjusted(rounds)
+    assert b / a == pytest.approx(1.1)
+    # the raw medians over rounds would not see it: they follow whichever rounds were slow
+    assert np.median(rounds[:, 1]) / np.median(rounds[:, 0]) != pytest.approx(1.1)

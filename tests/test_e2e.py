@@ -73,7 +73,9 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     assert champion.tags["hardware_id"] == first["hardware_id"]
 
     plan = last_json(cli("orchestrator.plan", "--job", "tiny.yaml", "--json", cwd=tmp_path).stdout)
-    assert len(plan["decisions"]["sharding"]["candidates"]) == 6
+    names = {c["name"] for c in plan["decisions"]["sharding"]["candidates"]}
+    assert names >= {"naive", "random", "size_greedy", "lookup_greedy", "norm_lookup_greedy", "size_lookup_greedy",
+                     "all_row_wise", "all_column_wise", "search"}
     plan_path = Path(tmp_path) / second["plan"]
     predicted = last_json(cli("orchestrator.predict", "--job", "tiny.yaml", "--plan", str(plan_path), "--json", cwd=tmp_path).stdout)
     assert predicted["iteration_ms"] == pytest.approx(second["predicted_iteration_ms"])
