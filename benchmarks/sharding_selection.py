@@ -7,8 +7,9 @@ Calibrates this machine into a scratch MLflow store (or uses the champion regist
 random_dlrm.py), and for each task:
 - runs the sharding policy (`policies.sharding.choose_sharding`: six classic sharders, uniform
   row-/column-wise plans, and the local search over per-table sharding types);
-- when torchrec is installed, plans the task with TorchRec's own planner (its cost constants)
-  and adds that plan as one more candidate (`policies.torchrec_bridge`);
+- with torchrec installed, the policy's candidates include TorchRec's own planner on its cost
+  constants (`torchrec`, the baseline: what a TorchRec user gets) and on our measured costs
+  (`torchrec_measured`); the baseline runs even when our memory checks refuse its plan;
 - runs every distinct feasible candidate for real on 2 gloo ranks in one Ray Train job, their
   timed steps interleaved in rotated rounds and each plan read against its rounds
   (`probes.workloads.plan_race`), so the host's drift cancels; the chosen plan runs twice,
@@ -36,25 +37,14 @@ from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.launch import race_dlrm_plans  # noqa: E402
 from orchestrator.planning import memory_cap_bytes  # noqa: E402
 from policies.sharders import SHARDERS  # noqa: E402
-from policies.sharding import PlanPricer, choose_sharding  # noqa: E402
+from policies.sharding import TORCHREC, choose_sharding  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
 
 SUCCESS_WITHIN = 0.10
-TORCHREC = "torchrec"
 
 
 def geomean(values: list[float]) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
-def torchrec_candidate(spec, cap_bytes: float):
-    """TorchRec's planner's plan for the task, or None (with the reason) when torchrec is missing."""
-    from policies.torchrec_bridge import torchrec_plan
-
-    try:
-        return torchrec_plan(spec, cap_bytes), None
-    except ImportError as exc:  # torchrec is an optional extra
-        return None, f"torchrec not importable: {exc}"
 
 
 def main() -> None:
@@ -84,9 +74,10 @@ def main() -> None:
             plans = {}  # distinct plans -> the candidate names that share them
             for c in feasible:
                 plans.setdefault(json.dumps(c.detail["table_to_rank"]), []).append(c.name)
-            torchrec, why_not = torchrec_candidate(spec, cap)
-            if torchrec is not None:
-                plans.setdefault(json.dumps(torchrec), []).append(TORCHREC)
+            baseline = next((c for c in decision.candidates if c.name == TORCHREC), None)
+            why_not = None if baseline is not None else "torchrec is not installed"
+            if baseline is not None and not baseline.feasible:
+                plans.setdefault(json.dumps(baseline.detail["table_to_rank"]), []).append(TORCHREC)
             keys = list(plans)
             # The chosen plan runs twice (as its own control): the gap between its two copies is
             # the race's own noise, against which the candidates' gaps are read.
@@ -97,8 +88,6 @@ def main() -> None:
             measured = {name: r.iteration_ms for k, r in zip(keys, results) for name in plans[k]}
             control_gap = abs(control.iteration_ms / measured[decision.choice] - 1)
             predicted = {c.name: c.predicted_ms for c in feasible}
-            if torchrec is not None and TORCHREC not in predicted:  # how our predictor rates TorchRec's plan
-                predicted[TORCHREC] = PlanPricer(spec, model, cap).candidate(TORCHREC, torchrec).predicted_ms
             fastest = min(measured.values())
             best_sharder = min((c for c in feasible if c.name in SHARDERS), key=lambda c: c.predicted_ms).name
             row = {

@@ -25,6 +25,10 @@ def _human(plan: dict[str, Any]) -> None:
             say(f" {mark} {c['name']:20s} {c['predicted_ms']:8.2f} ms   max rank memory {mem:8.1f} MiB")
         else:
             say(f"   {c['name']:20s} infeasible: {c['detail'].get('reason')}")
+    search = next((c["detail"].get("search") for c in decision["candidates"] if c["name"] == "search"), None)
+    if search:
+        say(f"search from {search['started_from']}: {len(search['moves'])} move(s) kept of {search['evaluations']} "
+            f"plans priced in {search['seconds']:.1f}s" + ("; " + "; ".join(search["moves"][:5]) if search["moves"] else ""))
     say(f"chosen: {decision['choice']} at {plan['predicted_iteration_ms']:.2f} ms/iteration")
 
 

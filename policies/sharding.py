@@ -1,8 +1,10 @@
 """Sharding policy: price candidate plans with the predictor, keep the fastest.
 
 Candidates: the six classic table-wise sharders; two TorchRec-style uniform plans (every table
-row-wise, every table column-wise); and a local search over per-table sharding types that
-starts from the best of those (`policies.sharding_search`). Every candidate is checked against
+row-wise, every table column-wise); with torchrec installed, TorchRec's own planner twice (on
+its cost constants, and on our measured costs through `policies.torchrec_bridge`); and a local
+search over per-table sharding types that starts from the best of those
+(`policies.sharding_search`). Every candidate is checked against
 the per-rank cap on embedding weights and, given the device's memory, against the predicted
 peak of a training step; the decision keeps all of them, ranked, with predicted time, per-rank
 embedding load and memory.
@@ -21,6 +23,7 @@ from probes.jobspec import JobSpec
 from probes.table_shards import COLUMN_WISE, ROW_WISE, PlanEntry, shard_bytes, table_shards
 
 SEARCH = "search"
+TORCHREC, TORCHREC_MEASURED = "torchrec", "torchrec_measured"
 
 
 def uniform_plans(spec: JobSpec) -> dict[str, list[PlanEntry]]:
@@ -89,9 +92,10 @@ class PlanPricer:
 
 def choose_sharding(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float, seed: int = 0,
                     device_memory_bytes: float | None = None, search: bool = True,
-                    search_seconds: float = 20.0) -> Decision:
+                    search_seconds: float = 20.0, torchrec: bool = True) -> Decision:
     """Rank every candidate plan by predicted iteration time (infeasible ones last, with the
-    reason). Raises `NoFeasiblePlanError` naming every candidate's reason when none fits."""
+    reason). Raises `NoFeasiblePlanError` naming every candidate's reason when none fits.
+    `torchrec=False` leaves TorchRec's planner out (it is skipped anyway when not installed)."""
     W = spec.world_size
     pricer = PlanPricer(spec, model, memory_cap_bytes, device_memory_bytes)
     candidates: list[Candidate] = []
@@ -103,6 +107,8 @@ def choose_sharding(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: fl
         except NoFeasiblePlanError as exc:
             candidates.append(Candidate(name, None, False, {"reason": str(exc)}))
     plans.update(uniform_plans(spec))
+    if torchrec and W > 1:
+        plans.update(torchrec_plans(spec, model, memory_cap_bytes))
     for name, plan in plans.items():
         candidates.append(_dedup(pricer.candidate(name, plan), seen))
 
@@ -128,6 +134,17 @@ def choose_sharding(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: fl
     ranked = feasible + [c for c in candidates if not c.feasible]
     best = ranked[0]
     return Decision("sharding", best.name, best.predicted_ms, ranked, {"table_to_rank": best.detail["table_to_rank"]})
+
+
+def torchrec_plans(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float) -> dict[str, list[PlanEntry]]:
+    """TorchRec's planner's plans (its constants; our measured costs), or none without torchrec."""
+    try:
+        from policies.torchrec_bridge import torchrec_plan
+
+        return {TORCHREC: torchrec_plan(spec, memory_cap_bytes),
+                TORCHREC_MEASURED: torchrec_plan(spec, memory_cap_bytes, model=model)}
+    except ImportError:
+        return {}
 
 
 def _dedup(candidate: Candidate, seen: dict[str, str]) -> Candidate:

@@ -6,6 +6,11 @@ so the rest of the policy runs without it.
 - `torchrec_plan(job, cap)`: what TorchRec's own `EmbeddingShardingPlanner` picks for the
   job's tables (its fixed-constant cost model), converted to our plan entries so the same
   workload can run it: the baseline the sharding policy is measured against.
+- `measured_estimator(job, model, topology)`: a TorchRec `ShardEstimator` that prices every
+  shard from our calibrated `PerformanceModel` (measured TBE lookups with the table's reuse
+  statistics, measured collective curves) instead of TorchRec's bandwidth constants, so
+  TorchRec's own planner can run on this hardware's measurements (`torchrec_plan(...,
+  model=...)`);
 - `to_sharding_plan(job, plan)` / `from_sharding_plan(job, sharding_plan)`: our plan as a
   TorchRec `ShardingPlan` for an `EmbeddingBagCollection` of the job's tables (one feature per
   table, named after it), and back, so a TorchRec user applies our choice with
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from probes.embedding import TableShape, expected_features
 from probes.jobspec import JobSpec
 from probes.table_shards import COLUMN_WISE, DATA_PARALLEL, ROW_WISE, PlanEntry, table_shards
 
@@ -40,16 +46,72 @@ def embedding_bag_collection(job: JobSpec, device: str = "meta"):
     return EmbeddingBagCollection(tables=configs, device=torch.device(device))
 
 
-def torchrec_plan(job: JobSpec, memory_cap_bytes: float, compute_device: str = "cuda") -> list[PlanEntry]:
+def measured_estimator(job: JobSpec, model: Any, world_size: int):
+    """A TorchRec `ShardEstimator` pricing shards with our `PerformanceModel` (milliseconds).
+
+    Per shard, as our workload runs it: table- and column-wise pieces look up the global batch
+    and send their pooled columns in the all-to-all (forward and back); row-wise pieces look up
+    the global batch's ids in their rows (pooling / ranks per bag) and reduce-scatter the
+    partial sums (all-gather backward); replicas look up the local batch and all-reduce their
+    dense gradient. TorchRec sums shard costs per rank, so a collective is priced by the time
+    it adds for the shard's bytes (the measured curve at those bytes minus its latency floor),
+    not a whole collective per shard.
+    """
+    from torchrec.distributed.planner.types import Perf, ShardEstimator
+
+    tables = {t.name: t for t in job.tables}
+    W = world_size
+
+    def marginal(op: str, nbytes: float) -> float:
+        floor = model.predict(op, bytes=8, world=W, scope="intra")
+        return max(model.predict(op, bytes=max(int(nbytes), 8), world=W, scope="intra") - floor, 0.0)
+
+    def lookup(shape: TableShape, batch: int) -> tuple[float, float]:
+        feats = expected_features([shape], batch, seed=job.seed)
+        return model.predict("embedding_fwd", **feats), model.predict("embedding_bwd", **feats)
+
+    class MeasuredPerfEstimator(ShardEstimator):
+        def __init__(self, topology: Any = None, constraints: Any = None) -> None:
+            self.topology, self.constraints = topology, constraints
+
+        def estimate(self, sharding_options: list, sharder_data_map: Any = None) -> None:
+            for option in sharding_options:
+                table = tables[option.name]
+                B = option.batch_size  # per rank
+                kind = str(option.sharding_type)
+                for shard in option.shards:
+                    rows, cols = int(shard.size[0]), int(shard.size[1])
+                    if kind in ("row_wise", "table_row_wise"):
+                        shape = TableShape(rows, cols, max(1, round(table.pooling_factor / W)), table.distribution)
+                        fwd, bwd = lookup(shape, B * W)
+                        comms = (marginal("reduce_scatter", 4 * B * W * cols), marginal("all_gather", 4 * B * W * cols))
+                    elif kind == "data_parallel":
+                        fwd, bwd = lookup(TableShape(rows, cols, table.pooling_factor, table.distribution), B)
+                        comms = (0.0, marginal("all_reduce", 4 * rows * cols))
+                    else:  # table-wise, column-wise: the global batch, pooled columns exchanged
+                        fwd, bwd = lookup(TableShape(rows, cols, table.pooling_factor, table.distribution), B * W)
+                        a2a = marginal("all_to_all", 4 * B * W * cols)
+                        comms = (a2a, a2a)
+                    shard.perf = Perf(fwd_compute=fwd * 1e3, fwd_comms=comms[0] * 1e3, bwd_compute=bwd * 1e3,
+                                      bwd_comms=comms[1] * 1e3)
+
+    return MeasuredPerfEstimator()
+
+
+def torchrec_plan(job: JobSpec, memory_cap_bytes: float, compute_device: str = "cuda",
+                  model: Any = None) -> list[PlanEntry]:
     """TorchRec's planner's choice for the job, as our plan entries.
 
     The planner is given what it can use: world size, per-rank batch, each table's pooling
     factor, and the per-rank memory cap as its HBM; everything else is its own constants
     (it runs on CPU; `compute_device="cuda"` is the device class it costs for, the one its
-    constants describe).
+    constants describe). With `model` (a `PerformanceModel`), shard costs come from our
+    measurements instead (`measured_estimator`); storage is still TorchRec's estimate.
     """
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
     from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
 
@@ -57,11 +119,20 @@ def torchrec_plan(job: JobSpec, memory_cap_bytes: float, compute_device: str = "
     topology = TopologyFactory.create_topology(
         trainer_config=TrainerConfig(world_size=W, local_world_size=W, hbm_cap_bytes=int(min(memory_cap_bytes, 2**50))),
         kernel_config=KernelConfig(compute_device=compute_device))
-    constraints = {t.name: ParameterConstraints(sharding_types=list(TORCHREC_TYPES),
+    types = list(TORCHREC_TYPES)
+    if model is not None and not {"reduce_scatter", "all_gather"} <= set(model.models):
+        types = [t for t in types if "row_wise" not in t]  # row-wise pieces could not be priced
+    constraints = {t.name: ParameterConstraints(sharding_types=types,
                                                 pooling_factors=[float(t.pooling_factor)]) for t in job.tables}
     # The cap already is the embeddings' share of a device (orchestrator.planning), so nothing
     # more is reserved; debug=False skips the planner's printed stats table.
+    enumerator = None
+    if model is not None:
+        enumerator = EmbeddingEnumerator(
+            topology=topology, batch_size=job.batch_size, constraints=constraints,
+            estimator=[measured_estimator(job, model, W), EmbeddingStorageEstimator(topology, constraints)])
     planner = EmbeddingShardingPlanner(topology=topology, batch_size=job.batch_size, constraints=constraints,
+                                       enumerator=enumerator,
                                        storage_reservation=FixedPercentageStorageReservation(0.0), debug=False)
     plan = planner.plan(embedding_bag_collection(job), [EmbeddingBagCollectionSharder()])
     return from_sharding_plan(job, plan)

@@ -65,7 +65,7 @@ def test_greedy_sharders_balance_their_proxy():
 
 def test_policy_picks_the_predicted_fastest_and_ranks_all(model):
     spec = job([(50_000, 64, 30)] * 2 + [(1000, 8, 1)] * 6)
-    decision = choose_sharding(spec, model, memory_cap_bytes=float("inf"))
+    decision = choose_sharding(spec, model, memory_cap_bytes=float("inf"), torchrec=False)
     feasible = [c for c in decision.candidates if c.feasible]
     assert {c.name for c in decision.candidates} == set(SHARDERS) | {"all_row_wise", "all_column_wise", "search"}
     # this bundle has no reduce-scatter model: row-wise plans are refused, not priced at zero
@@ -85,19 +85,19 @@ def test_policy_picks_the_predicted_fastest_and_ranks_all(model):
 def test_memory_cap_filters_candidates_and_fails_clearly(model):
     spec = job([(1_000_000, 64, 1)] * 4)  # 256 MB each
     gib = 2**30
-    ok = choose_sharding(spec, model, memory_cap_bytes=0.5 * gib)
+    ok = choose_sharding(spec, model, memory_cap_bytes=0.5 * gib, torchrec=False)
     for c in ok.candidates:
         if c.feasible:
             assert max(c.detail["rank_memory_bytes"]) <= 0.5 * gib
     with pytest.raises(NoFeasiblePlanError, match="fits on no rank under the cap"):
-        choose_sharding(spec, model, memory_cap_bytes=0.2 * gib)
+        choose_sharding(spec, model, memory_cap_bytes=0.2 * gib, torchrec=False)
 
 
 def test_choice_is_deterministic_for_a_seed(model):
     rng = np.random.default_rng(3)
     spec = job([(int(rng.integers(1000, 90_000)), 16, int(rng.integers(1, 30))) for _ in range(12)])
-    a = choose_sharding(spec, model, float("inf"), seed=5)
-    b = choose_sharding(spec, model, float("inf"), seed=5)
+    a = choose_sharding(spec, model, float("inf"), seed=5, torchrec=False)
+    b = choose_sharding(spec, model, float("inf"), seed=5, torchrec=False)
     for decision in (a, b):  # the search's wall time is the one thing allowed to differ
         search = next(c for c in decision.candidates if c.name == "search").detail["search"]
         assert not search.pop("exhausted") and search.pop("seconds") > 0
@@ -134,10 +134,10 @@ def test_a_plan_whose_predicted_peak_exceeds_the_device_is_infeasible(model):
     device has: every placement is refused with the predicted peak in the reason."""
     spec = job([(1000, 64, 4)] * 4)
     peak = max(dlrm_memory(spec, [0, 0, 1, 1], r).peak for r in range(2))
-    fits = choose_sharding(spec, model, memory_cap_bytes=2**30, device_memory_bytes=2 * peak)
+    fits = choose_sharding(spec, model, memory_cap_bytes=2**30, device_memory_bytes=2 * peak, torchrec=False)
     assert all(c.feasible for c in fits.candidates if "cannot be priced" not in c.detail.get("reason", ""))
     with pytest.raises(NoFeasiblePlanError, match="predicted peak .* exceeds the device's"):
-        choose_sharding(spec, model, memory_cap_bytes=2**30, device_memory_bytes=0.5 * peak)
+        choose_sharding(spec, model, memory_cap_bytes=2**30, device_memory_bytes=0.5 * peak, torchrec=False)
 
 
 def test_search_splits_a_table_that_no_whole_table_placement_can_balance(model):
@@ -149,7 +149,7 @@ def test_search_splits_a_table_that_no_whole_table_placement_can_balance(model):
     from probes.table_shards import table_shards
 
     spec = job([(200_000, 64, 60)] + [(2000, 8, 2)] * 5)
-    decision = choose_sharding(spec, model, memory_cap_bytes=float("inf"), seed=1)
+    decision = choose_sharding(spec, model, memory_cap_bytes=float("inf"), seed=1, torchrec=False)
     sharders = [c for c in decision.candidates if c.name in SHARDERS and c.feasible]
     best = min(sharders, key=lambda c: c.predicted_ms)
     result = local_search(spec, best.detail["table_to_rank"], PlanPricer(spec, model, float("inf")).seconds, seed=1)
@@ -172,9 +172,9 @@ def test_search_never_takes_a_move_that_breaks_the_memory_cap(model):
     from probes.table_shards import shard_bytes, table_shards
 
     spec = job([(60_000, 16, 20), (60_000, 16, 20)] + [(4000, 16, 1)] * 4)
-    tw = choose_sharding(spec, model, memory_cap_bytes=float("inf"), search=False)
+    tw = choose_sharding(spec, model, memory_cap_bytes=float("inf"), search=False, torchrec=False)
     cap = max(max(c.detail["rank_memory_bytes"]) for c in tw.candidates if c.feasible) * 1.01
-    decision = choose_sharding(spec, model, memory_cap_bytes=cap)
+    decision = choose_sharding(spec, model, memory_cap_bytes=cap, torchrec=False)
     assert next(c for c in decision.candidates if c.name == "search").feasible
     for c in decision.candidates:
         if c.feasible:

@@ -40,3 +40,51 @@ def test_torchrecs_planner_places_every_table_within_the_cap(job):
     assert len(plan) == len(job.tables)
     table_shards(job, plan)  # a valid plan of ours: every table placed or split completely
     assert torchrec_plan(job, memory_cap_bytes=2**30) == plan  # the planner is deterministic
+
+
+def test_the_measured_estimator_prices_shards_with_our_models(job):
+    """A TorchRec shard's perf comes from our PerformanceModel: a table-wise shard's forward is
+    the embedding model's lookup of that table over the global batch, in milliseconds."""
+    from types import SimpleNamespace
+
+    from torchrec.distributed.planner.types import Shard
+
+    from policies.torchrec_bridge import measured_estimator
+    from probes.embedding import expected_features
+    from test_sharding import synthetic_model
+
+    model = synthetic_model()
+    t = job.tables[2]
+    tw = SimpleNamespace(name=t.name, batch_size=job.batch_size, sharding_type="table_wise",
+                         shards=[Shard(size=[t.num_embeddings, t.embedding_dim], offset=[0, 0])])
+    dp = SimpleNamespace(name=t.name, batch_size=job.batch_size, sharding_type="data_parallel",
+                         shards=[Shard(size=[t.num_embeddings, t.embedding_dim], offset=[0, 0]) for _ in range(2)])
+    measured_estimator(job, model, 2).estimate([tw, dp])
+    feats = expected_features([t.shape], 2 * job.batch_size, seed=job.seed)
+    assert tw.shards[0].perf.fwd_compute == pytest.approx(1e3 * model.predict("embedding_fwd", **feats))
+    assert tw.shards[0].perf.fwd_comms > 0 and tw.shards[0].perf.bwd_comms == tw.shards[0].perf.fwd_comms
+    # a replica looks up the local batch only and has no forward exchange, but all-reduces its gradient
+    assert dp.shards[0].perf.fwd_compute < tw.shards[0].perf.fwd_compute
+    assert dp.shards[0].perf.fwd_comms == 0 and dp.shards[0].perf.bwd_comms > 0
+
+
+def test_torchrecs_planner_runs_on_our_measured_costs(job):
+    from test_sharding import synthetic_model
+
+    plan = torchrec_plan(job, memory_cap_bytes=2**30, model=synthetic_model())
+    table_shards(job, plan)
+    # this bundle has no reduce-scatter model, so no table is offered row-wise
+    assert not any(isinstance(e, dict) and e["type"] == "row_wise" for e in plan)
+
+
+def test_the_policy_ranks_torchrecs_plans_among_its_candidates(job):
+    from policies.sharding import TORCHREC, TORCHREC_MEASURED, choose_sharding
+    from test_sharding import synthetic_model
+
+    decision = choose_sharding(job, synthetic_model(), memory_cap_bytes=2**30)
+    by_name = {c.name: c for c in decision.candidates}
+    assert {TORCHREC, TORCHREC_MEASURED} <= set(by_name)
+    assert by_name[TORCHREC].detail["table_to_rank"] == torchrec_plan(job, memory_cap_bytes=2**30)
+    # the policy's choice is never predicted slower than TorchRec's plan when that one is priced
+    if by_name[TORCHREC].feasible:
+        assert decision.predicted_ms <= by_name[TORCHREC].predicted_ms
