@@ -91,10 +91,6 @@ def table_shards(spec: JobSpec, plan: Sequence[PlanEntry]) -> list[TableShard]:
     return shards
 
 
-def is_table_wise(plan: Sequence[PlanEntry]) -> bool:
-    return all(isinstance(e, int) and not isinstance(e, bool) for e in plan)
-
-
 def exchanged_widths(spec: JobSpec, shards: Sequence[TableShard]) -> list[int]:
     """Per rank, the pooled width it sends in the all-to-all (table- and column-wise pieces)."""
     widths = [0] * spec.world_size
