@@ -2,7 +2,7 @@
 mirroring `probes/workloads/dlrm.py` op for op for table-wise plans (no run needed); row-wise
 tables add a reduce-scatter of partial pooled sums (an all-gather in backward), column-wise
 tables are exchanged as narrower pieces, data-parallel tables are looked up locally and their
-gradients all-reduced (`predictors/table_shards.py`).
+gradients all-reduced (`probes/table_shards.py`).
 
 Per rank, in issue order: TBE forward of the rank's tables; the pooled-embedding all-to-all
 (uneven: the message is the largest per-rank send or receive); bottom MLP forward (addmm +
