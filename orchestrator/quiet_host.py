@@ -3,9 +3,9 @@
 A Ray Train run starts its control actors (controller, synchronisation, dataset manager,
 placement-group cleaner) and Ray prestarts idle workers beside the training workers; each
 imports Ray and torch, seconds of CPU each. On a small CPU host (2 cores here) the timed steps
-of a job (well under a second of them) otherwise run inside that start-up storm: a snapshot
-during an end-to-end benchmark showed those actors at 20-80% of a core each while the two
-training workers ran, and the same tasks measured up to 1.9x slower than in a calm run.
+of a job (well under a second of them) otherwise run inside that start-up storm: one `top`
+snapshot during an end-to-end benchmark showed those actors at 20-80% of a core each while
+the two training workers ran.
 The workers themselves sleep while this waits, so the host's busy share is everyone else's.
 """
 from __future__ import annotations

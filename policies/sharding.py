@@ -16,11 +16,11 @@ from typing import Sequence
 from policies.dlrm_cost import CostBreakdown, estimate_iteration
 from policies.plan import Candidate, Decision
 from policies.sharders import SHARDERS, NoFeasiblePlanError
-from policies.sharding_search import MIN_COLUMN_PIECE, local_search
+from policies.sharding_search import local_search
 from predictors.memory import dlrm_memory
 from predictors.performance_model import PerformanceModel
 from probes.jobspec import JobSpec
-from probes.table_shards import COLUMN_WISE, ROW_WISE, PlanEntry, shard_bytes, table_shards
+from probes.table_shards import COLUMN_WISE, ROW_WISE, PlanEntry, shard_bytes, split_kinds, table_shards
 
 SEARCH = "search"
 TORCHREC, TORCHREC_MEASURED = "torchrec", "torchrec_measured"
@@ -32,9 +32,10 @@ def uniform_plans(spec: JobSpec) -> dict[str, list[PlanEntry]]:
     if W < 2:
         return {}
     out: dict[str, list[PlanEntry]] = {}
-    if all(t.num_embeddings >= W for t in spec.tables):
+    kinds = [split_kinds(t.num_embeddings, t.embedding_dim, W) for t in spec.tables]
+    if all(ROW_WISE in k for k in kinds):
         out["all_row_wise"] = [{"type": ROW_WISE} for _ in spec.tables]
-    if all(t.embedding_dim >= W * MIN_COLUMN_PIECE for t in spec.tables):
+    if all(COLUMN_WISE in k for k in kinds):
         out["all_column_wise"] = [{"type": COLUMN_WISE, "ranks": list(range(W))} for _ in spec.tables]
     return out
 

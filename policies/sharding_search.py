@@ -7,7 +7,7 @@ replicated than exchanged) and on everything else in the plan, so the search pri
 plans with the simulator rather than tables one by one (the critical path, not a per-rank sum).
 
 Moves, per table: to another rank (table-wise), row-wise over every rank, column-wise over
-every rank, data-parallel (tables up to `DATA_PARALLEL_MAX_BYTES` only). One node has no
+every rank, data-parallel (small tables only; `probes.table_shards.split_kinds`). One node has no
 table-row-wise: it equals row-wise within a node. The search is first-improvement hill
 climbing: tables are visited in a seeded order, a move is kept when it lowers the predicted
 iteration time by at least `min_gain` (relative), sweeps repeat until a whole sweep keeps
@@ -22,14 +22,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from probes.jobspec import JobSpec
-from probes.table_shards import COLUMN_WISE, DATA_PARALLEL, ROW_WISE, PlanEntry
-
-# A replica's dense gradient (the whole table) is all-reduced every step; past a few MiB that
-# never beats a lookup exchange, and the all-reduce model would be asked far beyond its sizes.
-DATA_PARALLEL_MAX_BYTES = 4 * 2**20
-# Column pieces narrower than this waste the TBE's vector width (TorchRec's minimum is 4 too).
-MIN_COLUMN_PIECE = 4
-
+from probes.table_shards import COLUMN_WISE, PlanEntry, split_kinds
 
 @dataclass
 class SearchResult:
@@ -57,13 +50,8 @@ def table_moves(spec: JobSpec, i: int, entry: PlanEntry) -> list[PlanEntry]:
     """Every other sharding of table i that the search may try."""
     W, table = spec.world_size, spec.tables[i]
     moves: list[PlanEntry] = [r for r in range(W) if r != entry]
-    if W > 1:
-        if table.num_embeddings >= W:
-            moves.append({"type": ROW_WISE})
-        if table.embedding_dim >= W * MIN_COLUMN_PIECE:
-            moves.append({"type": COLUMN_WISE, "ranks": list(range(W))})
-        if table.bytes <= DATA_PARALLEL_MAX_BYTES:
-            moves.append({"type": DATA_PARALLEL})
+    for kind in split_kinds(table.num_embeddings, table.embedding_dim, W):
+        moves.append({"type": kind, "ranks": list(range(W))} if kind == COLUMN_WISE else {"type": kind})
     return [m for m in moves if m != entry]
 
 

@@ -27,6 +27,7 @@ from probes.in_context import in_context_rows
 from probes.overheads import cycling_step, profile_overheads
 from probes.trace_capture import capture_step_trace
 from probes.records import Measurement
+from probes.table_shards import split_kinds
 from probes.workloads.random_dlrm import random_dlrm_job
 
 LOCAL_FAMILIES = ("gemm", "embedding", "elementwise", "memcpy")
@@ -317,12 +318,8 @@ def random_plan(job: dict, world: int, rng: np.random.Generator, mixed: bool) ->
     if not mixed or world < 2:
         return plan
     for j, t in enumerate(job["tables"]):
-        if rng.random() < 1 / 3:
-            kinds = ["row_wise"]
-            if t["embedding_dim"] >= 4 * world:
-                kinds.append("column_wise")
-            if 4 * t["num_embeddings"] * t["embedding_dim"] <= 4 * 2**20:
-                kinds.append("data_parallel")
+        kinds = split_kinds(t["num_embeddings"], t["embedding_dim"], world)
+        if rng.random() < 1 / 3 and kinds:
             plan[j] = {"type": str(rng.choice(kinds))}
     return plan
 

@@ -91,6 +91,27 @@ def table_shards(spec: JobSpec, plan: Sequence[PlanEntry]) -> list[TableShard]:
     return shards
 
 
+# A replica's dense gradient (the whole table) is all-reduced every step; past a few MiB that
+# never beats a lookup exchange, and the all-reduce model would be asked far beyond its sizes.
+DATA_PARALLEL_MAX_BYTES = 4 * 2**20
+# Column pieces narrower than this waste the TBE's vector width (TorchRec's minimum is 4 too).
+MIN_COLUMN_PIECE = 4
+
+
+def split_kinds(num_embeddings: int, embedding_dim: int, world: int) -> list[str]:
+    """The sharding types beyond table-wise that a table of this shape may take on `world`
+    ranks: row-wise (a row per rank at least), column-wise (pieces of `MIN_COLUMN_PIECE`
+    columns at least), data-parallel (replicas up to `DATA_PARALLEL_MAX_BYTES`)."""
+    if world < 2:
+        return []
+    kinds = [ROW_WISE] if num_embeddings >= world else []
+    if embedding_dim >= world * MIN_COLUMN_PIECE:
+        kinds.append(COLUMN_WISE)
+    if 4 * num_embeddings * embedding_dim <= DATA_PARALLEL_MAX_BYTES:
+        kinds.append(DATA_PARALLEL)
+    return kinds
+
+
 def exchanged_widths(spec: JobSpec, shards: Sequence[TableShard]) -> list[int]:
     """Per rank, the pooled width it sends in the all-to-all (table- and column-wise pieces)."""
     widths = [0] * spec.world_size
