@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -183,7 +183,10 @@ class BlockStack(nn.Module):
 class ParallelTransformer:
     """One rank of the block stack on the default process group (gloo or NCCL)."""
 
-    def __init__(self, spec: TransformerSpec, rank: int, device: torch.device):
+    def __init__(self, spec: TransformerSpec, rank: int, device: torch.device,
+                 comm_hook: tuple[Any, Callable[..., Any]] | None = None):
+        """`comm_hook`: (state, hook) registered on the DDP module, e.g. the hierarchical
+        all-reduce of probes/hierarchical_allreduce.py; None keeps DDP's own all-reduce."""
         if dist.get_world_size() != spec.world_size:
             raise ValueError(f"spec wants world_size={spec.world_size}, the process group has {dist.get_world_size()}")
         self.spec, self.rank, self.device = spec, rank, device
@@ -197,6 +200,8 @@ class ParallelTransformer:
         if spec.data_parallel > 1:
             dp_group = dp_groups.get(spec.dp_group_of(rank))  # None: the default group
             module = nn.parallel.DistributedDataParallel(module, process_group=dp_group)
+            if comm_hook is not None:
+                module.register_comm_hook(*comm_hook)
         self.model = module
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3)
         dp_rank = rank // spec.tensor_parallel
