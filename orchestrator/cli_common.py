@@ -11,6 +11,7 @@ from orchestrator import registry
 from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint
 from orchestrator.progress import say
 from policies.sharders import NoFeasiblePlanError
+from predictors.network import NetworkError
 from probes.table_shards import ShardingPlanError
 from probes.jobspec import JobSpecError
 
@@ -66,6 +67,9 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
         return EXIT_BAD_INPUT
     except ShardingPlanError as exc:
         print(f"invalid plan: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except NetworkError as exc:
+        print(f"invalid network: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except FileNotFoundError as exc:
         print(f"file not found: {exc}", file=sys.stderr)

@@ -5,6 +5,7 @@ from pathlib import Path
 
 import yaml
 
+from predictors.network import NetworkError, check_topology_size, topology_from_config
 from probes.jobspec import JobSpec, JobSpecError
 
 
@@ -17,6 +18,13 @@ def load_job(path: str | Path) -> JobSpec:
     except yaml.YAMLError as exc:
         raise JobSpecError([f"{path}: not valid YAML: {exc}"]) from None
     try:
-        return JobSpec.from_dict(data)
+        job = JobSpec.from_dict(data)
     except JobSpecError as exc:
         raise JobSpecError([f"{path}: {p}" for p in exc.problems]) from None
+    # A named or explicit network is checked now; `calibrated` needs the cluster and its models.
+    if job.network is not None and job.network.get("topology") != "calibrated":
+        try:
+            check_topology_size(topology_from_config(job.network), job.world_size)
+        except NetworkError as exc:
+            raise JobSpecError([f"{path}: {exc}"]) from None
+    return job

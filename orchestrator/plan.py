@@ -30,6 +30,14 @@ def _human(plan: dict[str, Any]) -> None:
         say(f"search from {search['started_from']}: {len(search['moves'])} move(s) kept of {search['evaluations']} "
             f"plans priced in {search['seconds']:.1f}s" + ("; " + "; ".join(search["moves"][:5]) if search["moves"] else ""))
     say(f"chosen: {decision['choice']} at {plan['predicted_iteration_ms']:.2f} ms/iteration")
+    chunking = plan["decisions"].get("chunking")
+    if chunking:
+        d = chunking["choice_detail"]
+        base = d.get("best_baseline", {})
+        say(f"gradient all-reduce {d['collective_bytes'] / 2**20:.1f} MiB on {d['topology']['name']} "
+            f"({' x '.join(str(x['peers']) for x in d['topology']['dims'])}): {d['chunks']} chunk(s), {d['schedule']}, "
+            f"{chunking['predicted_ms']:.3f} ms, utilisation {d['utilization']:.0%}"
+            + (f"; best baseline {base['name']} {base['predicted_ms']:.3f} ms ({base['speedup']:.2f}x slower)" if base else ""))
 
 
 def _main(argv: Sequence[str] | None = None) -> int:

@@ -2,11 +2,18 @@
 from __future__ import annotations
 
 from orchestrator.cluster import HardwareFingerprint
+from policies.chunking import choose_chunking
 from policies.dlrm_cost import estimate_iteration
-from policies.plan import Plan
+from policies.plan import Decision, Plan
 from policies.sharding import choose_sharding
+from predictors.network import (
+    NetworkError, NetworkTopology, check_topology_size, dimension_from_model, topology_from_config,
+)
 from predictors.performance_model import PerformanceModel
 from probes.jobspec import JobSpec
+
+# DDP fills gradient buckets of up to 25 MiB; the chunk policy plans the all-reduce of one.
+DDP_BUCKET_BYTES = 25 * 2**20
 
 # Embedding weights may use this share of a device's memory when the job sets no cap: the
 # rest holds activations, communication buffers and the framework.
@@ -17,6 +24,42 @@ def memory_cap_bytes(job: JobSpec, fingerprint: HardwareFingerprint) -> float:
     if job.memory_cap_gb is not None:
         return job.memory_cap_gb * 2**30
     return DEFAULT_MEMORY_SHARE * fingerprint.min_device_memory_bytes
+
+
+def job_topology(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFingerprint) -> NetworkTopology:
+    """The network the job's `network` section names: a preset, explicit dims, or `calibrated`:
+    this cluster's devices per node over its nodes, each dimension fitted from the measured
+    reduce-scatter of a group that size (intra-node, then inter-node)."""
+    assert job.network is not None
+    if job.network.get("topology") == "calibrated":
+        per_node, nodes = max(fingerprint.devices_per_node), len(fingerprint.nodes)
+        dims = []
+        try:
+            if per_node > 1:
+                dims.append(dimension_from_model(model, per_node, "intra", name="intra-node"))
+            if nodes > 1:
+                dims.append(dimension_from_model(model, nodes, "inter", name="inter-node"))
+        except KeyError as exc:
+            raise NetworkError(f"network.topology: calibrated needs measured reduce_scatter curves: {exc}") from None
+        if not dims:
+            raise NetworkError("network.topology: calibrated needs more than one device")
+        topology = NetworkTopology(name=f"calibrated-{fingerprint.hardware_id}", dims=tuple(dims))
+    else:
+        topology = topology_from_config(job.network)
+    return check_topology_size(topology, job.world_size)
+
+
+def gradient_all_reduce_bytes(job: JobSpec) -> float:
+    """One DDP bucket: the dense layers' gradients (float32), capped at the bucket size, or the
+    job's `network.collective_mb`."""
+    if job.network and job.network.get("collective_mb"):
+        return float(job.network["collective_mb"]) * 2**20
+    dense = sum((i + 1) * o for i, o in job.dense_layers()) * 4
+    return float(min(dense, DDP_BUCKET_BYTES))
+
+
+def chunking_decision(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFingerprint) -> Decision:
+    return choose_chunking(job_topology(job, model, fingerprint), gradient_all_reduce_bytes(job))
 
 
 def make_plan(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFingerprint, model_version: str | None) -> Plan:
@@ -30,12 +73,17 @@ def make_plan(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFinger
     out_of_range = best.detail.get("breakdown", {}).get("out_of_range", [])
     if out_of_range:
         notes.append("extrapolating beyond measurements: " + "; ".join(out_of_range[:5]))
+    decisions = {"sharding": sharding}
+    if job.network is not None:
+        decisions["chunking"] = chunking_decision(job, model, fingerprint)
+        notes.append("chunking: the gradient all-reduce of one DDP bucket, simulated chunk by chunk on the "
+                     "job's network (predictors/chunk_sim.py); not part of the iteration time above")
     return Plan(
         job=job.to_dict(),
         hardware_id=fingerprint.hardware_id,
         model_version=model_version,
         predicted_iteration_ms=sharding.predicted_ms,
-        decisions={"sharding": sharding},
+        decisions=decisions,
         notes=notes,
     )
 

@@ -98,16 +98,19 @@ class NetworkTopology:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "NetworkTopology":
         if "dims" not in data or not isinstance(data["dims"], list):
-            raise NetworkError("topology.dims must be a list of dimensions")
+            raise NetworkError("dims must be a list of dimensions")
         dims = []
         for i, d in enumerate(data["dims"]):
             unknown = set(d) - {"peers", "bandwidth_gbps", "latency_us", "algorithm", "name"}
             if unknown:
-                raise NetworkError(f"topology.dims[{i}] has unknown fields {sorted(unknown)}")
+                raise NetworkError(f"dims[{i}] has unknown fields {sorted(unknown)}")
+            missing = {"peers", "bandwidth_gbps", "latency_us"} - set(d)
+            if missing:
+                raise NetworkError(f"dims[{i}] lacks {sorted(missing)}")
             try:
                 dims.append(Dimension(**{"name": f"dim{i + 1}", **d}))
-            except TypeError as exc:
-                raise NetworkError(f"topology.dims[{i}]: {exc}") from None
+            except (TypeError, NetworkError) as exc:
+                raise NetworkError(f"dims[{i}]: {exc}") from None
         return cls(name=str(data.get("name", "custom")), dims=tuple(dims))
 
 
@@ -167,6 +170,28 @@ def preset(name: str) -> NetworkTopology:
             return gpu_cluster(cluster, int(rest[1:]))
     raise NetworkError(f"unknown topology {name!r}; presets: {', '.join(PAPER_TOPOLOGIES)}, or "
                        f"<cluster>x<nodes> with cluster one of {', '.join(GPU_CLUSTERS)}")
+
+
+def topology_from_config(config: dict[str, Any]) -> NetworkTopology:
+    """A job file's `network` section (a preset name or explicit dims) → topology; errors
+    name the field under `network.`. `topology: calibrated` is built by the orchestrator from
+    the cluster's fingerprint and measured collectives instead."""
+    if "dims" in config:
+        try:
+            return NetworkTopology.from_dict({"name": "job", "dims": config["dims"]})
+        except NetworkError as exc:
+            raise NetworkError(f"network.{exc}") from None
+    try:
+        return preset(str(config.get("topology")))
+    except NetworkError as exc:
+        raise NetworkError(f"network.topology: {exc}") from None
+
+
+def check_topology_size(topology: NetworkTopology, world_size: int) -> NetworkTopology:
+    if topology.npus != world_size:
+        raise NetworkError(f"network: the topology has {topology.npus} NPUs "
+                           f"({' x '.join(map(str, topology.peers))}), the job's world_size is {world_size}")
+    return topology
 
 
 class CollectivePredictor(Protocol):

@@ -79,6 +79,10 @@ class JobSpec:
     seed: int = 0
     memory_cap_gb: float | None = None
     name: str = "job"
+    # Optional: the network the job runs on, for planning its gradient all-reduce's chunks:
+    # {"topology": preset name or "calibrated"} or {"dims": [...]}, optional "collective_mb".
+    # Checked for shape here; predictors.network checks the dimensions themselves.
+    network: dict[str, Any] | None = None
     raw: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
     @classmethod
@@ -107,6 +111,7 @@ class JobSpec:
             "warmup_iterations": self.warmup_iterations,
             "seed": self.seed,
             "memory_cap_gb": self.memory_cap_gb,
+            **({"network": self.network} if self.network is not None else {}),
             "dense": {
                 "num_dense_features": self.dense.num_dense_features,
                 "bottom_mlp": list(self.dense.bottom_mlp),
@@ -164,7 +169,7 @@ class _Validator:
             raise JobSpecError([f"(top level): expected a mapping of fields, got {type(data).__name__}"])
         known = {
             "workload", "world_size", "batch_size", "iterations", "warmup_iterations",
-            "seed", "dense", "tables", "memory_cap_gb", "name",
+            "seed", "dense", "tables", "memory_cap_gb", "name", "network",
         }
         for key in data:
             if key not in known:
@@ -187,13 +192,34 @@ class _Validator:
             cap = None
         dense = self.dense(data.get("dense"))
         tables = self.tables(data.get("tables"))
+        network = self.network(data["network"]) if data.get("network") is not None else None
         if self.problems:
             raise JobSpecError(self.problems)
         return JobSpec(
             workload=workload, world_size=world, batch_size=batch, dense=dense, tables=tables,
             iterations=iterations, warmup_iterations=warmup, seed=seed,
-            memory_cap_gb=float(cap) if cap is not None else None, name=name, raw=dict(data),
+            memory_cap_gb=float(cap) if cap is not None else None, name=name, network=network, raw=dict(data),
         )
+
+    def network(self, data: Any) -> dict[str, Any] | None:
+        allowed = ("topology", "dims", "collective_mb")
+        if not isinstance(data, dict):
+            self.fail("network", "a mapping with topology (a preset name or 'calibrated') or dims", data)
+            return None
+        for key in data:
+            if key not in allowed:
+                self.problems.append(f"network.{key}: unknown field; allowed: {', '.join(allowed)}")
+        if ("topology" in data) == ("dims" in data):
+            self.problems.append("network: give exactly one of topology (a preset name or 'calibrated') and dims")
+        if "topology" in data and (not isinstance(data["topology"], str) or not data["topology"]):
+            self.fail("network.topology", "a preset name or 'calibrated'", data["topology"])
+        if "dims" in data and (not isinstance(data["dims"], list) or not data["dims"]
+                               or not all(isinstance(d, dict) for d in data["dims"])):
+            self.fail("network.dims", "a non-empty list of {peers, bandwidth_gbps, latency_us, algorithm}", data["dims"])
+        mb = data.get("collective_mb")
+        if mb is not None and (isinstance(mb, bool) or not isinstance(mb, (int, float)) or mb <= 0):
+            self.fail("network.collective_mb", "a positive number of MiB", mb)
+        return dict(data)
 
     def dense(self, data: Any) -> DenseSpec:
         if not isinstance(data, dict):

@@ -121,7 +121,7 @@ def test_bad_inputs_are_refused_with_the_argument_named():
         simulate_all_reduce(topology, 1e6, 0)
     with pytest.raises(NetworkError, match="algorithm must be one of ring, direct, switch"):
         Dimension(4, 10.0, 1.0, "torus")
-    with pytest.raises(NetworkError, match=r"topology.dims\[1\] has unknown fields \['bw'\]"):
+    with pytest.raises(NetworkError, match=r"dims\[1\] has unknown fields \['bw'\]"):
         NetworkTopology.from_dict({"dims": [{"peers": 2, "bandwidth_gbps": 1, "latency_us": 1},
                                             {"peers": 2, "bw": 1}]})
     with pytest.raises(NetworkError, match="unknown topology 'nope'; presets: 2D-SW_SW"):

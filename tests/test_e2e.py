@@ -76,6 +76,11 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     names = {c["name"] for c in plan["decisions"]["sharding"]["candidates"]}
     assert names >= {"naive", "random", "size_greedy", "lookup_greedy", "norm_lookup_greedy", "size_lookup_greedy",
                      "all_row_wise", "all_column_wise", "search"}
+    # With a network section the plan also chooses the gradient all-reduce's chunks.
+    net = {**tiny_job_dict, "network": {"dims": [{"peers": 2, "bandwidth_gbps": 1, "latency_us": 20}]}}
+    (tmp_path / "net.yaml").write_text(yaml.safe_dump(net))
+    net_plan = last_json(cli("orchestrator.plan", "--job", "net.yaml", "--json", cwd=tmp_path).stdout)
+    assert net_plan["decisions"]["chunking"]["choice_detail"]["chunk_schedule"]["dims"] == [2]
     plan_path = Path(tmp_path) / second["plan"]
     predicted = last_json(cli("orchestrator.predict", "--job", "tiny.yaml", "--plan", str(plan_path), "--json", cwd=tmp_path).stdout)
     assert predicted["iteration_ms"] == pytest.approx(second["predicted_iteration_ms"])
