@@ -98,7 +98,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
             iterations = args.iterations or job.iterations
             say(f"launching {job.name} on {job.world_size} worker(s) for {iterations} timed iterations")
-            result = launch_dlrm(job, plan.table_to_rank, iterations, use_gpu=fp.device_kind == "cuda")
+            result = launch_dlrm(job, plan.table_to_rank, iterations, use_gpu=fp.device_kind == "cuda",
+                                 chunk_schedule=plan.chunk_schedule)
             error = abs(plan.predicted_iteration_ms - result.iteration_ms) / result.iteration_ms
             mlflow.log_metrics({
                 "measured_iteration_ms": result.iteration_ms,

@@ -12,6 +12,7 @@ from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint
 from orchestrator.progress import say
 from policies.sharders import NoFeasiblePlanError
 from predictors.network import NetworkError
+from probes.hierarchical_allreduce import ScheduleError
 from probes.table_shards import ShardingPlanError
 from probes.jobspec import JobSpecError
 
@@ -68,7 +69,7 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
     except ShardingPlanError as exc:
         print(f"invalid plan: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    except NetworkError as exc:
+    except (NetworkError, ScheduleError) as exc:
         print(f"invalid network: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except FileNotFoundError as exc:

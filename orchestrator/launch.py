@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from probes.hierarchical_allreduce import ChunkSchedule, ScheduleError
 from probes.table_shards import PlanEntry, table_shards
 from probes.jobspec import JobSpec
 
@@ -62,7 +63,8 @@ def _train_loop(config: dict[str, Any]) -> None:
             from probes.workloads.dlrm import ShardedDLRM
 
             spec = JobSpec.from_dict(config["job"])
-            model = ShardedDLRM(spec, config["table_to_rank"], ctx.get_world_rank(), ctx.get_world_size(), device)
+            model = ShardedDLRM(spec, config["table_to_rank"], ctx.get_world_rank(), ctx.get_world_size(), device,
+                                chunk_schedule=config.get("chunk_schedule"))
         metrics = summary = _metrics(model.run(config["iterations"], config["warmup"]))
     if quiet is not None:
         metrics.update(quiet_wait_s=quiet.waited_s, host_busy_share=quiet.busy_share, host_quiet=quiet.quiet)
@@ -94,12 +96,15 @@ class _ResultCollector:
 
 def launch_dlrm(
     spec: JobSpec, table_to_rank: Sequence[PlanEntry], iterations: int | None = None, use_gpu: bool = False,
-    storage: str | Path = ".autotune/ray_results",
+    storage: str | Path = ".autotune/ray_results", chunk_schedule: dict | None = None,
 ) -> LaunchResult:
     """Run the job for real with a sharding plan: per table a rank (table-wise) or a row-/
-    column-wise / data-parallel entry (`probes.table_shards`)."""
+    column-wise / data-parallel entry (`probes.table_shards`); with a chunk schedule (the plan's
+    chunking decision), the dense gradients are all-reduced by it (a DDP communication hook)."""
     table_shards(spec, table_to_rank)  # a bad plan fails here, naming the entry, before any worker starts
-    config = {"job": spec.to_dict(), "table_to_rank": list(table_to_rank),
+    if chunk_schedule is not None and ChunkSchedule.from_dict(chunk_schedule).world_size != spec.world_size:
+        raise ScheduleError(f"chunk schedule grid {chunk_schedule['dims']} does not hold world_size={spec.world_size}")
+    config = {"job": spec.to_dict(), "table_to_rank": list(table_to_rank), "chunk_schedule": chunk_schedule,
               "iterations": iterations or spec.iterations, "warmup": spec.warmup_iterations}
     return _launch(config, spec.world_size, f"dlrm-{spec.name}", use_gpu, storage)
 

@@ -44,6 +44,12 @@ class Plan:
     def table_to_rank(self) -> list[int]:
         return list(self.decisions["sharding"].choice_detail["table_to_rank"])
 
+    @property
+    def chunk_schedule(self) -> dict[str, Any] | None:
+        """The chunking decision's per-chunk schedule, to run the gradient all-reduce with."""
+        chunking = self.decisions.get("chunking")
+        return chunking.choice_detail["chunk_schedule"] if chunking else None
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -30,6 +30,19 @@ def _worker(rank, world, port, job, placement, queue):
         dist.destroy_process_group()
 
 
+def _chunked_worker(rank, world, port, job, placement_and_schedule, queue):
+    """As `_worker`, with the dense gradients averaged by a chunked hierarchical all-reduce."""
+    torch.set_num_threads(1)
+    placement, schedule = placement_and_schedule
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    try:
+        model = ShardedDLRM(JobSpec.from_dict(job), placement, rank, world, torch.device("cpu"), chunk_schedule=schedule)
+        result = model.run(iterations=8, warmup=2)
+        queue.put((rank, result.median_s, result.losses, [p.detach().sum().item() for p in model.dense.parameters()]))
+    finally:
+        dist.destroy_process_group()
+
+
 def _pooled_worker(rank, world, port, job, placement, queue):
     """A rank's embeddings (after the all-to-all, reduce-scatter and replica lookups) against
     plain lookups of every rank's weights, gathered."""
@@ -94,6 +107,17 @@ def test_sharded_dlrm_trains_on_two_ranks(tiny_job_dict, placement):
     assert all(0.0 < l < 5.0 for l in losses0)
     # DDP keeps the dense replicas identical after every step.
     assert w0 == pytest.approx(w1, rel=1e-5)
+
+
+def test_the_plans_chunk_schedule_averages_dense_gradients_like_ddp(tiny_job_dict):
+    from probes.hierarchical_allreduce import ChunkSchedule
+
+    placement = [0, 1, 0, 1, 0]
+    plain = run_two_ranks(tiny_job_dict, placement)
+    chunked = run_two_ranks(tiny_job_dict, (placement, ChunkSchedule.baseline((2,), 3).to_dict()), _chunked_worker)
+    for rank in (0, 1):
+        assert chunked[rank][1] == pytest.approx(plain[rank][1], rel=1e-5)  # same loss curve
+        assert chunked[rank][2] == pytest.approx(plain[rank][2], rel=1e-5)  # same dense weights
 
 
 def test_bad_placement_is_refused(tiny_job_dict):

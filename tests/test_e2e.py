@@ -79,8 +79,13 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     # With a network section the plan also chooses the gradient all-reduce's chunks.
     net = {**tiny_job_dict, "network": {"dims": [{"peers": 2, "bandwidth_gbps": 1, "latency_us": 20}]}}
     (tmp_path / "net.yaml").write_text(yaml.safe_dump(net))
-    net_plan = last_json(cli("orchestrator.plan", "--job", "net.yaml", "--json", cwd=tmp_path).stdout)
+    net_plan = last_json(cli("orchestrator.plan", "--job", "net.yaml", "--out", "net_plan.json", "--json",
+                             cwd=tmp_path).stdout)
     assert net_plan["decisions"]["chunking"]["choice_detail"]["chunk_schedule"]["dims"] == [2]
+    # ... and the real job runs its dense all-reduce with that schedule.
+    ran = last_json(cli("orchestrator.run", "--job", "net.yaml", "--plan", "net_plan.json", "--iters", "3", "--json",
+                        cwd=tmp_path).stdout)
+    assert ran["iterations"] == 3 and ran["loss_last"] > 0
     plan_path = Path(tmp_path) / second["plan"]
     predicted = last_json(cli("orchestrator.predict", "--job", "tiny.yaml", "--plan", str(plan_path), "--json", cwd=tmp_path).stdout)
     assert predicted["iteration_ms"] == pytest.approx(second["predicted_iteration_ms"])

@@ -27,6 +27,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from probes.hierarchical_allreduce import ChunkSchedule, HierarchicalAllReduce, hierarchical_allreduce_hook
+
 from probes.embedding import make_dense_tbe, make_tbe
 from probes.indices import sample_indices
 from probes.jobspec import JobSpec
@@ -121,7 +123,11 @@ class ShardedDLRM:
     """One rank's share of a DLRM sharded per a plan (one entry per table: a rank for
     table-wise, or a row-/column-wise / data-parallel object, see `probes.table_shards`)."""
 
-    def __init__(self, spec: JobSpec, plan: Sequence, rank: int, world: int, device: torch.device):
+    def __init__(self, spec: JobSpec, plan: Sequence, rank: int, world: int, device: torch.device,
+                 chunk_schedule: dict | None = None):
+        """`chunk_schedule`: a `ChunkSchedule` as a dict (the plan's chunking decision); the dense
+        layers' gradients are then averaged by the hierarchical all-reduce it describes instead
+        of DDP's own."""
         if spec.world_size != world:  # the process group decides; the plan is checked against it
             spec = replace(spec, world_size=world)
         shards = table_shards(spec, plan)
@@ -135,6 +141,9 @@ class ShardedDLRM:
         self.rank_width = exchanged_widths(spec, shards)
         torch.manual_seed(spec.seed)  # identical dense init on every rank (DDP also broadcasts)
         self.dense = DistributedDataParallel(DenseArch(spec).to(device))
+        if chunk_schedule is not None:
+            schedule = ChunkSchedule.from_dict(chunk_schedule)
+            self.dense.register_comm_hook(HierarchicalAllReduce(schedule.dims, schedule), hierarchical_allreduce_hook)
         self.tbe = make_tbe([s.shape for s in self.exchanged], device) if self.exchanged else None
         self.rw_tbe = make_tbe([s.shape for s in self.row_wise], device) if self.row_wise else None
         self.dp_tbe = make_dense_tbe([s.shape for s in self.replicated], device) if self.replicated else None
