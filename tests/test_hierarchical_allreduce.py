@@ -9,6 +9,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from spawned import exit_worker
+
 from policies.chunking import choose_chunking
 from predictors.network import Dimension, NetworkTopology
 from probes.hierarchical_allreduce import (
@@ -52,6 +54,7 @@ def _sum_worker(rank: int, init: str, out: str, schedules: list[dict]) -> None:
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    exit_worker()
 
 
 def test_hierarchical_all_reduce_equals_all_reduce_under_any_schedule():
@@ -79,6 +82,7 @@ def _train_worker(rank: int, init: str, out: str, schedule: dict | None) -> None
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    exit_worker()
 
 
 def _losses(schedule: dict | None) -> list[list[float]]:

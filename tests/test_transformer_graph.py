@@ -6,6 +6,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from spawned import exit_worker
+
 from predictors.simulator import simulate
 from predictors.transformer_graph import block_param_numel, build_transformer_graph
 from probes.workloads.transformer import BlockStack, ParallelTransformer, TransformerSpec, TransformerSpecError
@@ -74,6 +76,7 @@ def _worker(rank: int, init: str, out: str, tp: int) -> None:
         dist.barrier()  # neither rank tears gloo down while the other still has work in flight
     finally:
         dist.destroy_process_group()
+    exit_worker()
 
 
 @pytest.mark.parametrize("tp", [1, 2])
