@@ -23,6 +23,7 @@ from orchestrator import registry
 from orchestrator.cluster import HardwareFingerprint
 from orchestrator.fanout import ActorPool, collective_visits, run_collective_probes, run_local_probes
 from orchestrator.measurement_store import MeasurementStore
+from orchestrator.sentinel import choose_sentinels
 from orchestrator.progress import Progress, say
 from policies.dlrm_cost import STEP_OP, fit_overhead, score_steps
 from policies.transformer_cost import TRANSFORMER_STEP_OP, fit_transformer_overhead, score_transformer_steps
@@ -145,7 +146,8 @@ def fit_and_register(
     for op, why in model.meta.get("unfitted", {}).items():
         say(f"WARNING: no model for {op} ({why}); raise the calibration budget to measure it")
     model.meta.update({"software": fingerprint.software, "devices": fingerprint.summary(),
-                       "device_kind": fingerprint.device_kind})
+                       "device_kind": fingerprint.device_kind,
+                       "sentinels": choose_sentinels(seed, fingerprint.device_kind)})
     if step_rows:
         test_rows += fit_overhead(model, step_rows, seed=seed)
     transformer_rows = [r for r in rows if r.op == TRANSFORMER_STEP_OP]

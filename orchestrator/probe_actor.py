@@ -25,10 +25,18 @@ class ProbeActor:
         # Simulated nodes share a hostname; the Ray node id tells them apart.
         self.node = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:12]}"
         self.backend = "nccl" if device_kind == "cuda" else "gloo"
+        # A drill (orchestrator.sentinel.DRILL_ENV): this machine behaves N times slower, so
+        # drift detection and recalibration can be exercised end to end without new hardware.
+        from orchestrator.sentinel import drill_slowdown
+
+        self.slowdown = drill_slowdown()
 
     def _stamp(self, rows: list[Measurement]) -> list[Measurement]:
         for r in rows:
             r.hardware_id, r.node = self.hardware_id, self.node
+            if self.slowdown != 1.0:
+                r.median_s *= self.slowdown
+                r.spread_s *= self.slowdown
         return rows
 
     def where(self) -> dict[str, Any]:

@@ -11,11 +11,16 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 
 
-def cli(module: str, *args: str, cwd: Path, check: bool = True) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1"}
+def cli_env(extra: dict | None = None) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1", **(extra or {})}
     env.pop("MLFLOW_TRACKING_URI", None)
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900)
+    return env
+
+
+def cli(module: str, *args: str, cwd: Path, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=cli_env(env), capture_output=True,
+                          text=True, timeout=900)
     if check and proc.returncode != 0:
         raise AssertionError(f"{module} {args} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
     return proc
@@ -96,3 +101,31 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     measurements = Path(tmp_path) / first["calibration"]["measurements"]
     refit = last_json(cli("orchestrator.calibrate", "--refit", str(measurements.parent), "--json", cwd=tmp_path).stdout)
     assert refit["model"] == f"{name}/2" and refit["rows_per_op"] == first["calibration"]["rows_per_op"]
+
+    # Nightly: the champion's sentinel points, re-measured, still agree with it: nothing to do.
+    hw = first["hardware_id"]
+    quiet = last_json(cli("orchestrator.nightly", "--budget-s", "25", "--json", cwd=tmp_path).stdout)
+    assert quiet["recalibrated"] == 0, quiet["checked"]
+    # A drill makes every probe on this machine read 3x slower: the sentinels drift, the nightly
+    # recalibrates, and the new model (fitted on the slower machine) is promoted over the old.
+    drill = {"AUTOTUNE_DRILL_SLOWDOWN": "3"}
+    drilled = last_json(cli("orchestrator.nightly", "--budget-s", "25", "--json", cwd=tmp_path, env=drill).stdout)
+    (checked,) = drilled["checked"]
+    assert checked["recalibrated"] and checked["promoted"], checked
+    assert any(r.startswith("sentinel drift") for r in checked["reasons"])
+    assert str(client.get_model_version_by_alias(name, "champion").version) == checked["model"].split("/")[1]
+    # The drift report shows the jump.
+    report = last_json(cli("orchestrator.drift", "--json", cwd=tmp_path).stdout)
+    series = report["hardware"][hw]["sentinel"]
+    assert series[-1]["gmae"] > series[-1]["bound"] > series[-2]["gmae"]
+    assert Path(tmp_path / report["charts"][hw]).exists()
+    # Two nightlies started together: one works, the other sees the lock and exits cleanly.
+    procs = [subprocess.Popen([sys.executable, "-m", "orchestrator.nightly", "--budget-s", "25", "--json"], cwd=tmp_path,
+                              env=cli_env(drill), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [(p.wait(timeout=900), p.stdout.read(), p.stderr.read()) for p in procs]
+    assert [code for code, _, _ in outs] == [0, 0], [err[-2000:] for _, _, err in outs]
+    results = [last_json(out) for _, out, _ in outs]
+    assert sorted(bool(r.get("skipped")) for r in results) == [False, True]
+    skipped = next(err for (_, _, err), r in zip(outs, results) if r.get("skipped"))
+    assert "another nightly run holds" in skipped

@@ -1,0 +1,165 @@
+"""Report prediction drift and model drift per hardware and model version, with a chart.
+
+    python -m orchestrator.drift [--hardware-id H] [--last N] [--out-dir D] [--tracking-uri U] [--json]
+
+Prediction drift: every launched job (an autotune run) logged its predicted and measured
+iteration time and the model version it planned with; per (hardware_id, version) this reports
+the rolling geomean error over the last N jobs and its trend (the newer half of those jobs
+against the older half). Model drift: every nightly run logged the champion's sentinel error;
+the chart shows both over time, one line per model version, and is logged to MLflow.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import mlflow
+
+from orchestrator import registry
+from orchestrator.cli_common import emit, run_main
+from orchestrator.progress import say
+
+RISING, FALLING = 1.25, 0.8  # newer-half / older-half geomean ratios that count as a trend
+
+
+def geomean(values: Sequence[float]) -> float:
+    return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values))
+
+
+@dataclass
+class VersionDrift:
+    version: str
+    jobs: int
+    rolling_geomean_error: float
+    trend: str  # rising | flat | falling | too few jobs
+    trend_ratio: float | None
+    errors: list[dict[str, Any]] = field(default_factory=list)  # time (ms since epoch), error, job
+
+
+def _trend(errors: list[float]) -> tuple[str, float | None]:
+    if len(errors) < 4:
+        return "too few jobs", None
+    half = len(errors) // 2
+    ratio = geomean(errors[half:]) / geomean(errors[:half])
+    return ("rising" if ratio > RISING else "falling" if ratio < FALLING else "flat"), ratio
+
+
+def _runs(kind: str, hardware_id: str | None, metric: str) -> list[Any]:
+    filters = [f"tags.kind = '{kind}'", f"metrics.{metric} >= 0"]
+    if hardware_id:
+        filters.append(f"tags.hardware_id = '{hardware_id}'")
+    return mlflow.search_runs(experiment_names=[registry.EXPERIMENT], filter_string=" and ".join(filters),
+                              order_by=["attributes.start_time ASC"], output_format="list", max_results=10_000)
+
+
+def collect(hardware_id: str | None = None, last: int = 10) -> dict[str, Any]:
+    """Per hardware_id: per model version the prediction drift, and the sentinel history."""
+    jobs: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for run in _runs("autotune", hardware_id, "prediction_error"):
+        tags = run.data.tags
+        jobs[tags.get("hardware_id", "?")][tags.get("model_version", "?")].append(
+            {"time": run.info.start_time, "error": run.data.metrics["prediction_error"], "job": tags.get("job_name", "")})
+    sentinels: dict[str, list] = defaultdict(list)
+    for run in _runs("nightly", hardware_id, "sentinel_gmae"):
+        tags = run.data.tags
+        sentinels[tags.get("hardware_id", "?")].append(
+            {"time": run.info.start_time, "gmae": run.data.metrics["sentinel_gmae"],
+             "bound": run.data.metrics.get("sentinel_bound"), "version": tags.get("checked_version", "?")})
+    report: dict[str, Any] = {}
+    for hw in sorted(set(jobs) | set(sentinels)):
+        versions = []
+        for version, rows in sorted(jobs[hw].items(), key=lambda kv: kv[1][0]["time"]):
+            recent = [r["error"] for r in rows[-last:]]
+            trend, ratio = _trend(recent)
+            versions.append(asdict(VersionDrift(version, len(rows), geomean(recent), trend, ratio, rows)))
+        report[hw] = {"versions": versions, "sentinel": sentinels[hw]}
+    return report
+
+
+def chart(hardware_id: str, data: dict[str, Any], path: Path) -> Path:
+    """Prediction error per job (one line per model version) above sentinel error per nightly."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.dates as mdates
+    import matplotlib.pyplot as plt
+    from datetime import datetime
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
+    for v in data["versions"]:
+        times = [datetime.fromtimestamp(e["time"] / 1000) for e in v["errors"]]
+        top.plot(times, [100 * e["error"] for e in v["errors"]], marker="o", label=f"v{v['version']}")
+    top.set_ylabel("prediction error (%)")
+    top.set_title(f"drift on {hardware_id}")
+    if data["versions"]:
+        top.legend(title="model version")
+    by_version: dict[str, list] = defaultdict(list)
+    for s in data["sentinel"]:
+        by_version[s["version"]].append(s)
+    for version, rows in by_version.items():
+        bottom.plot([datetime.fromtimestamp(s["time"] / 1000) for s in rows], [100 * s["gmae"] for s in rows],
+                    marker="s", label=f"v{version}")
+    bounds = [(datetime.fromtimestamp(s["time"] / 1000), 100 * s["bound"]) for s in data["sentinel"] if s["bound"]]
+    if bounds:
+        bottom.plot(*zip(*bounds), linestyle="--", color="grey", label="stale above")
+    if by_version:
+        bottom.legend(title="champion checked")
+    bottom.set_ylabel("sentinel GMAE (%)")
+    bottom.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
+    fig.autofmt_xdate()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _human(report: dict[str, Any]) -> None:
+    if not report["hardware"]:
+        say("no launched jobs or nightly checks recorded yet")
+    for hw, data in report["hardware"].items():
+        say(f"{hw}:")
+        for v in data["versions"]:
+            ratio = f" (x{v['trend_ratio']:.2f})" if v["trend_ratio"] else ""
+            say(f"  model v{v['version']}: {v['jobs']} job(s), rolling geomean error {v['rolling_geomean_error']:.1%}, "
+                f"trend {v['trend']}{ratio}")
+        for s in data["sentinel"][-5:]:
+            say(f"  nightly sentinel on v{s['version']}: GMAE {s['gmae']:.1%}"
+                + (f" (stale above {s['bound']:.1%})" if s["bound"] else ""))
+        say(f"  chart: {report['charts'][hw]}")
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.drift", description=__doc__.splitlines()[0])
+    parser.add_argument("--hardware-id", help="only this hardware (default: every one recorded)")
+    parser.add_argument("--last", type=int, default=10, help="jobs in the rolling window (default %(default)s)")
+    parser.add_argument("--out-dir", default=".autotune/drift", help="where the PNG charts go")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    args = parser.parse_args(argv)
+    if args.last < 1:
+        parser.error("--last must be >= 1")
+    uri = registry.configure(args.tracking_uri)
+    hardware = collect(args.hardware_id, args.last)
+    charts = {hw: str(chart(hw, data, Path(args.out_dir) / f"drift-{hw}.png")) for hw, data in hardware.items()}
+    with mlflow.start_run(run_name="drift"):
+        mlflow.set_tags({"kind": "drift", **({"hardware_id": args.hardware_id} if args.hardware_id else {})})
+        for hw, path in charts.items():
+            mlflow.log_artifact(path, artifact_path="charts")
+            for v in hardware[hw]["versions"]:
+                mlflow.log_metric(f"rolling_error.{hw}.v{v['version']}", v["rolling_geomean_error"])
+        mlflow.log_dict(hardware, "drift.json")
+    emit({"tracking_uri": uri, "hardware": hardware, "charts": charts}, args.json, _human)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

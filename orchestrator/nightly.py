@@ -1,0 +1,151 @@
+"""Nightly recalibration: check this cluster's champion, recalibrate only what is missing,
+stale or drifting, and apply the promotion rule.
+
+    python -m orchestrator.nightly [--budget-s S] [--lock PATH] [--ray-address A] [--tracking-uri U] [--json]
+
+Per hardware of the Ray cluster: no champion, software (driver / CUDA / NCCL / torch / fbgemm)
+changed, older than the age limit, launched jobs' prediction error drifting, or the sentinel
+points re-measured off by more than their bound → a full calibration, registered as a
+challenger and promoted only if not worse on the new held-out rows. Hardware ids that MLflow
+has seen jobs for but holds no fresh champion of, and that are not in this cluster, are
+listed: they need a nightly on their own hardware. Everything is printed and logged to an
+MLflow run (kind=nightly).
+
+Safe to start twice: the first holds a file lock (put it on storage every scheduler shares);
+the second says who holds it and exits 0 without touching anything.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+import mlflow
+from filelock import FileLock, Timeout
+
+from orchestrator import registry
+from orchestrator.calibrate import DEFAULT_BUDGET_S, calibrate, describe, print_summary
+from orchestrator.cli_common import add_common, emit, fingerprint, run_main
+from orchestrator.progress import say
+from orchestrator.sentinel import DEFAULT_BOUND, DEFAULT_RATIO, run_sentinels
+
+DEFAULT_LOCK = ".autotune/nightly.lock"
+
+
+def hardware_seen_in_jobs() -> set[str]:
+    runs = mlflow.search_runs(experiment_names=[registry.EXPERIMENT], filter_string="tags.kind = 'autotune'",
+                              output_format="list", max_results=10_000)
+    return {r.data.tags["hardware_id"] for r in runs if "hardware_id" in r.data.tags}
+
+
+def check_hardware(fp, args: argparse.Namespace) -> dict[str, Any]:
+    """Check one hardware's champion (sentinels included) and recalibrate it when needed."""
+    hw = fp.hardware_id
+    out: dict[str, Any] = {"hardware_id": hw, "recalibrated": False, "promoted": False}
+    champion = registry.get_alias(hw, registry.CHAMPION)
+    freshness = registry.check_freshness(champion, fp.software, args.max_model_age_days)
+    reasons = list(freshness.reasons)
+    if champion is not None:
+        out["champion"] = f"{champion.name}/{champion.version}"
+        say(f"{hw}: re-measuring the sentinels of champion v{champion.version}")
+        report = run_sentinels(champion.model, fp.device_kind, hw, bound=args.sentinel_bound, ratio=args.sentinel_ratio)
+        out["sentinel"] = {k: v for k, v in report.to_dict().items() if k != "points"}
+        mlflow.log_dict(report.to_dict(), f"sentinel-{hw}.json")
+        mlflow.set_tag("checked_version", champion.version)
+        if report.gmae is not None:
+            mlflow.log_metrics({"sentinel_gmae": report.gmae, "sentinel_bound": report.bound,
+                                "sentinel_points": float(len(report.points))})
+            say(f"{hw}: sentinel GMAE {report.gmae:.1%} over {len(report.points)} point(s) "
+                f"(stale above {report.bound:.1%}; the champion's held-out GMAE on those ops "
+                + (f"{report.expected_gmae:.1%})" if report.expected_gmae is not None else "unknown)"))
+        else:
+            say(f"{hw}: no sentinel could be scored ({report.failures} failed, skipped ops {report.skipped})")
+        if report.stale:
+            reasons.append(f"sentinel drift: GMAE {report.gmae:.1%} > {report.bound:.1%}")
+    out["reasons"] = reasons
+    if not reasons:
+        say(f"{hw}: champion v{champion.version} is fresh; nothing to do")
+        return out
+    say(f"{hw}: recalibrating: " + "; ".join(reasons))
+    mlflow.set_tag("recalibration_reason", "; ".join(reasons))
+    info = describe(calibrate(fp, args.budget_s, seed=args.seed))
+    print_summary(info)
+    out.update({"recalibrated": True, "promoted": info["promoted"], "model": info["model"],
+                "promotion_reason": info["promotion_reason"]})
+    return out
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m orchestrator.nightly", description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="calibration budget where one is needed")
+    parser.add_argument("--lock", default=os.environ.get("AUTOTUNE_NIGHTLY_LOCK", DEFAULT_LOCK),
+                        help="lock file shared by every scheduler of this cluster (default %(default)s)")
+    parser.add_argument("--max-model-age-days", type=float, default=7.0)
+    parser.add_argument("--sentinel-bound", type=float, default=DEFAULT_BOUND,
+                        help="sentinel GMAE that marks a champion stale, at least (default %(default)s)")
+    parser.add_argument("--sentinel-ratio", type=float, default=DEFAULT_RATIO,
+                        help="... or this many times its own held-out GMAE (default %(default)s)")
+    parser.add_argument("--seed", type=int, default=0)
+    add_common(parser)
+    args = parser.parse_args(argv)
+
+    Path(args.lock).parent.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(args.lock)
+    holder = Path(args.lock + ".holder")
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        who = holder.read_text().strip() if holder.exists() else "unknown"
+        say(f"another nightly run holds {args.lock} ({who}); exiting without doing anything")
+        emit({"skipped": True, "lock": args.lock, "holder": who}, args.json, lambda _: None)
+        return 0
+    try:
+        holder.write_text(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
+        t0 = time.monotonic()
+        uri = registry.configure(args.tracking_uri)
+        fp = fingerprint(args.ray_address, start_ray=True)
+        say(f"nightly on {fp.hardware_id}: {fp.summary()}; MLflow at {uri}")
+        with mlflow.start_run(run_name=f"nightly-{fp.hardware_id}") as run:
+            mlflow.set_tags({"kind": "nightly", "hardware_id": fp.hardware_id})
+            checked = [check_hardware(fp, args)]
+            elsewhere = []
+            for hw in sorted(hardware_seen_in_jobs() - {fp.hardware_id}):
+                freshness = registry.check_freshness(registry.get_alias(hw, registry.CHAMPION), {}, args.max_model_age_days)
+                stale = [r for r in freshness.reasons if not r.startswith("software changed")]  # versions unknown from here
+                if stale:
+                    elsewhere.append({"hardware_id": hw, "reasons": stale})
+            summary = {"run_id": run.info.run_id, "tracking_uri": uri, "checked": checked,
+                       "needs_nightly_on_its_own_hardware": elsewhere,
+                       "recalibrated": sum(c["recalibrated"] for c in checked),
+                       "promoted": sum(c["promoted"] for c in checked),
+                       "wall_s": round(time.monotonic() - t0, 1)}
+            mlflow.log_metrics({"recalibrated": float(summary["recalibrated"]), "promoted": float(summary["promoted"])})
+            mlflow.log_dict(summary, "nightly_summary.json")
+    finally:
+        holder.unlink(missing_ok=True)
+        lock.release()
+
+    def human(s: dict[str, Any]) -> None:
+        for c in s["checked"]:
+            what = (f"recalibrated → {c['model']} ({'promoted' if c['promoted'] else 'challenger'}: {c['promotion_reason']})"
+                    if c["recalibrated"] else "fresh, nothing recalibrated")
+            say(f"summary {c['hardware_id']}: {what}")
+        for e in s["needs_nightly_on_its_own_hardware"]:
+            say(f"summary {e['hardware_id']}: not in this cluster and " + "; ".join(e["reasons"]))
+        say(f"nightly done in {s['wall_s']}s: {s['recalibrated']} recalibrated, {s['promoted']} promoted")
+
+    emit(summary, args.json, human)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Model drift (sentinels), prediction drift (the drift report and chart), the nightly's lock."""
+from __future__ import annotations
+
+import json
+
+import mlflow
+import numpy as np
+import pytest
+from filelock import FileLock
+
+from orchestrator import drift, nightly, registry
+from orchestrator.sentinel import DRILL_ENV, choose_sentinels, drill_slowdown, score_sentinels
+from predictors import fit_performance_model
+from probes.gemm import gemm_params
+from probes.records import Measurement
+from probes.sweep import gemm_specs
+
+
+def gemm_rows(n: int, seed: int, slowdown: float = 1.0) -> list[Measurement]:
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        m, nn, k = (int(x) for x in rng.integers(8, 1024, size=3))
+        p = gemm_params(m, nn, k)
+        t = (3e-6 + p["flops"] / 3e10) * slowdown * (1 + 0.03 * rng.standard_normal())
+        out.append(Measurement("gemm", p, abs(t), 0.0, 5))
+    return out
+
+
+@pytest.fixture(scope="module")
+def model():
+    fitted, _ = fit_performance_model(gemm_rows(80, 0), "cpu-test")
+    return fitted
+
+
+def test_sentinels_within_the_models_error_are_fresh_and_a_slower_machine_is_stale(model):
+    fresh = score_sentinels(model, gemm_rows(12, 1))
+    assert fresh.gmae is not None and fresh.gmae < 0.1 and not fresh.stale
+    assert fresh.bound == pytest.approx(max(0.35, 2 * fresh.expected_gmae))
+    slow = score_sentinels(model, gemm_rows(12, 1, slowdown=3.0))
+    assert slow.gmae > 0.6 and slow.stale
+    # Ops the champion cannot price are reported, not scored as zero error.
+    other = score_sentinels(model, [Measurement("softmax", {"rows": 4, "cols": 4}, 1e-5, 0.0, 5)])
+    assert other.gmae is None and not other.stale and other.skipped == ["softmax"]
+
+
+def test_sentinels_are_fixed_per_seed_and_are_not_the_calibrations_own_points():
+    a, b = choose_sentinels(0, "cpu"), choose_sentinels(0, "cpu")
+    assert a == b and len(a) == 13
+    assert {s["family"] for s in a} == {"gemm", "embedding", "elementwise", "memcpy"}
+    calibration_gemms = {s.key for s in gemm_specs(200, 0)}
+    assert not calibration_gemms & {s["key"] for s in a if s["family"] == "gemm"}
+
+
+def test_drill_factor_is_read_and_checked(monkeypatch):
+    monkeypatch.delenv(DRILL_ENV, raising=False)
+    assert drill_slowdown() == 1.0
+    monkeypatch.setenv(DRILL_ENV, "2.5")
+    assert drill_slowdown() == 2.5
+    monkeypatch.setenv(DRILL_ENV, "fast")
+    with pytest.raises(ValueError, match="AUTOTUNE_DRILL_SLOWDOWN='fast': expected a number > 0"):
+        drill_slowdown()
+
+
+@pytest.fixture()
+def tracking(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    registry.configure(uri)
+    yield uri
+    mlflow.set_tracking_uri(None)
+
+
+def log_job(hw: str, version: str, error: float) -> None:
+    with mlflow.start_run():
+        mlflow.set_tags({"kind": "autotune", "hardware_id": hw, "model_version": version, "job_name": "j"})
+        mlflow.log_metrics({"predicted_iteration_ms": 10.0, "measured_iteration_ms": 10.0 / (1 - error),
+                            "prediction_error": error})
+
+
+def test_drift_report_rolls_trends_and_charts_per_version(tracking, tmp_path, capsys):
+    for e in (0.05, 0.06, 0.05, 0.07, 0.2, 0.25, 0.3, 0.28):  # v1 degrades
+        log_job("hw-a", "1", e)
+    for e in (0.06, 0.05, 0.06, 0.05):  # v2 replaces it and holds
+        log_job("hw-a", "2", e)
+    with mlflow.start_run():
+        mlflow.set_tags({"kind": "nightly", "hardware_id": "hw-a", "checked_version": "1"})
+        mlflow.log_metrics({"sentinel_gmae": 0.6, "sentinel_bound": 0.35})
+    assert drift.main(["--tracking-uri", tracking, "--json", "--last", "8", "--out-dir", str(tmp_path / "c")]) == 0
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    versions = {v["version"]: v for v in report["hardware"]["hw-a"]["versions"]}
+    assert versions["1"]["trend"] == "rising" and versions["1"]["trend_ratio"] > 3
+    assert versions["2"]["trend"] == "flat"
+    assert versions["2"]["rolling_geomean_error"] == pytest.approx(np.exp(np.mean(np.log([0.06, 0.05, 0.06, 0.05]))))
+    assert report["hardware"]["hw-a"]["sentinel"][0]["gmae"] == pytest.approx(0.6)
+    png = tmp_path / "c" / "drift-hw-a.png"
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # The chart is logged to MLflow with the report.
+    runs = mlflow.search_runs(experiment_names=[registry.EXPERIMENT], filter_string="tags.kind = 'drift'",
+                              output_format="list")
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(runs[0].info.run_id, "charts")}
+    assert artifacts == {"charts/drift-hw-a.png"}
+
+
+def test_a_second_nightly_sees_the_lock_and_exits_cleanly(tmp_path, capsys):
+    lock_path = str(tmp_path / "nightly.lock")
+    with FileLock(lock_path):
+        (tmp_path / "nightly.lock.holder").write_text("pid 1 on elsewhere since then")
+        code = nightly.main(["--lock", lock_path, "--json", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"])
+    assert code == 0
+    out = capsys.readouterr()
+    assert json.loads(out.out.strip().splitlines()[-1]) == {"skipped": True, "lock": lock_path,
+                                                            "holder": "pid 1 on elsewhere since then"}
+    assert "another nightly run holds" in out.err + out.out
+    assert not (tmp_path / "m.db").exists()  # it touched nothing
