@@ -22,6 +22,7 @@ import mlflow
 from orchestrator import registry
 from orchestrator.cluster import HardwareFingerprint
 from orchestrator.fanout import ActorPool, collective_visits, run_collective_probes, run_local_probes
+from orchestrator.calibration_plots import log_calibration_plots
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.sentinel import choose_sentinels
 from orchestrator.progress import Progress, say
@@ -154,6 +155,10 @@ def fit_and_register(
     if len(transformer_rows) >= 3:
         test_rows += fit_transformer_overhead(model, transformer_rows, seed=seed)
     registry.log_model_metrics(model)
+    try:
+        log_calibration_plots(model, kernel_rows, test_rows)
+    except Exception as exc:  # a plot must never cost the registration of a fitted model
+        say(f"WARNING: calibration plots not drawn: {type(exc).__name__}: {exc}")
     registration = registry.register_bundle(model, test_rows, fingerprint.software, scorer=score_bundle)
     return model, registration
 

@@ -1,0 +1,112 @@
+"""Plots logged with every calibration, so a person sees a bad fit at a glance: each collective's
+fitted curves over the points they were fitted to, and per op predicted against measured time
+on the held-out rows."""
+from __future__ import annotations
+
+import math
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Sequence
+
+import mlflow
+import numpy as np
+
+from predictors.collective_model import SigmoidCollectiveModel
+from predictors.opmodels import group_key
+from predictors.performance_model import PerformanceModel
+from probes.records import Measurement
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def collective_curves(model: PerformanceModel, rows: Sequence[Measurement], directory: Path) -> list[Path]:
+    """One PNG per collective op: measured points and the fitted curve, one colour per group."""
+    plt = _pyplot()
+    paths = []
+    for op, op_model in sorted(model.models.items()):
+        if not isinstance(op_model, SigmoidCollectiveModel) or not op_model.curves:
+            continue
+        points: dict[str, list[Measurement]] = defaultdict(list)
+        for r in rows:
+            if r.op == op:
+                points[group_key(r.params)].append(r)
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for i, (key, curve) in enumerate(sorted(op_model.curves.items())):
+            colour = f"C{i % 10}"
+            measured = points.get(key, [])
+            if measured:
+                ax.scatter([r.params["bytes"] for r in measured], [r.median_s * 1e3 for r in measured],
+                           s=10, color=colour, alpha=0.6)
+            x = np.linspace(curve.x_min, curve.x_max, 200)
+            ax.plot(2 ** x, curve.predict_log2(x) * 1e3, color=colour, label=f"group {key} ({len(measured)} points)")
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("bytes")
+        ax.set_ylabel("time (ms)")
+        ax.set_title(f"{op}: fitted curves over measured points", fontsize=10)
+        ax.legend(fontsize=7)
+        path = directory / f"collective_{op}.png"
+        fig.tight_layout()
+        fig.savefig(path, dpi=90)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def heldout_scatter(model: PerformanceModel, test_rows: Sequence[Measurement], directory: Path) -> Path | None:
+    """Predicted vs measured on the held-out rows, one panel per op, with the y = x line."""
+    by_op: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for r in test_rows:
+        if r.op in model.models:
+            try:
+                by_op[r.op].append((r.median_s, model.predict_params(r.op, r.params)))
+            except KeyError:
+                continue
+    if not by_op:
+        return None
+    plt = _pyplot()
+    cols = min(4, len(by_op))
+    rows_n = math.ceil(len(by_op) / cols)
+    fig, axes = plt.subplots(rows_n, cols, figsize=(3.2 * cols, 3.0 * rows_n), squeeze=False)
+    for ax, (op, pairs) in zip(axes.flat, sorted(by_op.items())):
+        measured, predicted = (np.array(v) * 1e3 for v in zip(*pairs))
+        ax.scatter(measured, predicted, s=8, alpha=0.6)
+        lo, hi = min(measured.min(), predicted.min()), max(measured.max(), predicted.max())
+        ax.plot([lo, hi], [lo, hi], color="grey", linewidth=0.8)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        gmae = model.metrics.get(op, {}).get("gmae")
+        ax.set_title(f"{op} (n={len(pairs)}" + (f", GMAE {gmae:.1%})" if gmae is not None else ")"), fontsize=8)
+        ax.tick_params(labelsize=6)
+        ax.xaxis.set_minor_formatter(plt.NullFormatter())
+        ax.yaxis.set_minor_formatter(plt.NullFormatter())
+    for ax in list(axes.flat)[len(by_op):]:
+        ax.axis("off")
+    fig.supxlabel("measured (ms)")
+    fig.supylabel("predicted (ms)")
+    path = directory / "heldout_predicted_vs_measured.png"
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)
+    return path
+
+
+def log_calibration_plots(model: PerformanceModel, rows: Sequence[Measurement], test_rows: Sequence[Measurement]) -> list[str]:
+    """Draw both kinds of plot and log them to the active run under plots/."""
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        paths = collective_curves(model, rows, directory)
+        scatter = heldout_scatter(model, test_rows, directory)
+        if scatter is not None:
+            paths.append(scatter)
+        for path in paths:
+            mlflow.log_artifact(str(path), artifact_path="plots")
+        return [f"plots/{p.name}" for p in paths]
