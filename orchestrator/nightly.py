@@ -80,7 +80,7 @@ def check_hardware(fp, args: argparse.Namespace) -> dict[str, Any]:
     return out
 
 
-def _main(argv: Sequence[str] | None = None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.nightly", description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="calibration budget where one is needed")
     parser.add_argument("--lock", default=os.environ.get("AUTOTUNE_NIGHTLY_LOCK", DEFAULT_LOCK),
@@ -92,7 +92,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
                         help="... or this many times its own held-out GMAE (default %(default)s)")
     parser.add_argument("--seed", type=int, default=0)
     add_common(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
 
     Path(args.lock).parent.mkdir(parents=True, exist_ok=True)
     lock = FileLock(args.lock)
