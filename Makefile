@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-stamp
 # fbgemm-gpu when a GPU is visible, the CPU build otherwise.
 FBGEMM := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo fbgemm-gpu==1.8.0 || echo fbgemm-gpu-cpu==1.8.0)
 
-.PHONY: setup autotune test test-fast clean
+.PHONY: setup autotune test test-fast clean postgres
 
 setup: $(STAMP)
 
@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0 $(FBGEMM)
-	$(PY) -m pip install --quiet -e '.[test,torchrec]'
+	$(PY) -m pip install --quiet -e '.[test,torchrec,server]'
 	# torchrec declares fbgemm-gpu (the CUDA build); with fbgemm-gpu-cpu it is installed without
 	# its declared dependencies, which the `torchrec` extra lists instead.
 	$(PY) -m pip install --quiet --no-deps torchrec==1.8.0
@@ -24,7 +24,13 @@ $(STAMP): pyproject.toml Makefile
 autotune: setup
 	$(PY) -m orchestrator.autotune --job $(JOB)
 
-test: setup
+# The server tests need PostgreSQL's server programs (Debian's postgresql package).
+postgres:
+	@ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
+	  else echo "tests/test_server.py needs PostgreSQL: sudo apt-get install postgresql"; exit 1; fi; }
+
+test: setup postgres
 	$(PY) -m pytest -q tests
 
 test-fast: setup

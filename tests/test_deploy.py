@@ -95,7 +95,7 @@ def test_mlflow_server_uses_postgres_and_basic_auth_with_secrets_from_the_enviro
     dockerfile = (DEPLOY / "mlflow/Dockerfile").read_text()
     import mlflow
 
-    assert f"mlflow:v{mlflow.__version__}" in dockerfile and "psycopg2" in dockerfile and "mlflow[auth]" in dockerfile
+    assert f"mlflow:v{mlflow.__version__}" in dockerfile and "psycopg[binary]" in dockerfile and "mlflow[auth]" in dockerfile
     k8s = {(d["kind"], d["metadata"]["name"]): d for d in docs("mlflow/kubernetes.yaml")}
     server = containers(k8s[("Deployment", "mlflow")]["spec"]["template"])[0]
     assert {"secretRef": {"name": "mlflow-server"}} in server["envFrom"]
