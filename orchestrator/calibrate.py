@@ -148,7 +148,7 @@ def fit_and_register(
         say(f"WARNING: no model for {op} ({why}); raise the calibration budget to measure it")
     model.meta.update({"software": fingerprint.software, "devices": fingerprint.summary(),
                        "device_kind": fingerprint.device_kind,
-                       "sentinels": choose_sentinels(seed, fingerprint.device_kind)})
+                       "sentinels": choose_sentinels(seed, fingerprint.device_kind, sum(fingerprint.devices_per_node))})
     if step_rows:
         test_rows += fit_overhead(model, step_rows, seed=seed)
     transformer_rows = [r for r in rows if r.op == TRANSFORMER_STEP_OP]

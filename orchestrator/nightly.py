@@ -53,7 +53,8 @@ def check_hardware(fp, args: argparse.Namespace) -> dict[str, Any]:
     if champion is not None:
         out["champion"] = f"{champion.name}/{champion.version}"
         say(f"{hw}: re-measuring the sentinels of champion v{champion.version}")
-        report = run_sentinels(champion.model, fp.device_kind, hw, bound=args.sentinel_bound, ratio=args.sentinel_ratio)
+        report = run_sentinels(champion.model, fp.device_kind, hw, devices=sum(fp.devices_per_node),
+                               bound=args.sentinel_bound, ratio=args.sentinel_ratio)
         out["sentinel"] = {k: v for k, v in report.to_dict().items() if k != "points"}
         mlflow.log_dict(report.to_dict(), f"sentinel-{hw}.json")
         mlflow.set_tag("checked_version", champion.version)

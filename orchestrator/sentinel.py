@@ -4,7 +4,7 @@ against the champion.
 The sentinels are drawn, once per calibration, from the same generators as the calibration's
 kernel sweep but with their own seed, so they are fresh points of the measured distribution
 (not rows the model was fitted on): a few GEMMs, embedding lookups, element-wise ops and
-copies. Their specs are stored in the bundle's meta, so the nightly check re-measures exactly
+copies, and on more than one device an all-reduce and an all-to-all over all of them. Their specs are stored in the bundle's meta, so the nightly check re-measures exactly
 the points chosen when the champion was made. A champion whose sentinel error has grown well
 past its own held-out error no longer describes the machine: a driver, firmware or neighbour
 changed something that the version check cannot see.
@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from orchestrator.fanout import ActorPool, run_local_probes
+from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes
 from orchestrator.measurement_store import MeasurementStore
 from predictors.performance_model import PerformanceModel
 from probes.records import Measurement
@@ -26,19 +26,28 @@ from probes.sweep import ProbeSpec, elementwise_specs, embedding_specs, gemm_spe
 
 SENTINEL_SEED_OFFSET = 7919  # sentinels are not the calibration's own points
 SENTINEL_COUNTS = {"gemm": 4, "embedding": 3, "elementwise": 4, "memcpy": 2}
+SENTINEL_COLLECTIVES = ("all_reduce", "all_to_all")
+SENTINEL_COLLECTIVE_BYTES = (64 * 2**10, 2**20, 8 * 2**20)
 DEFAULT_BOUND = 0.35  # sentinel GMAE that marks a champion stale, at least ...
 DEFAULT_RATIO = 2.0  # ... or this many times the champion's own held-out GMAE on the same ops
 STORE_ROOT = Path(".autotune/sentinels")
 DRILL_ENV = "AUTOTUNE_DRILL_SLOWDOWN"  # a drill: every probe on this machine reads this much slower
 
 
-def choose_sentinels(seed: int, device_kind: str) -> list[dict[str, Any]]:
-    """The sentinel specs for a calibration with `seed` (as plain dicts, for the bundle's meta)."""
+def choose_sentinels(seed: int, device_kind: str, world: int = 1) -> list[dict[str, Any]]:
+    """The sentinel specs for a calibration with `seed` on `world` devices (as plain dicts, for
+    the bundle's meta): kernels, and with more than one device an all-reduce and an all-to-all
+    over all of them at three sizes."""
     s = seed + SENTINEL_SEED_OFFSET
     specs = (gemm_specs(SENTINEL_COUNTS["gemm"], s, device_kind=device_kind)
              + embedding_specs(SENTINEL_COUNTS["embedding"], s, max_rows=100_000, max_batch=1024)
              + elementwise_specs(SENTINEL_COUNTS["elementwise"], s)
              + memcpy_specs(SENTINEL_COUNTS["memcpy"], s, device_kind, max_bytes=16 * 2**20))
+    if world > 1:
+        ranks = list(range(world))
+        specs += [ProbeSpec("collective", {"op": op, "bytes": size, "ranks": ranks, "uneven": False, "seed": i},
+                            f"sentinel-{op}:{size}:g{world}")
+                  for op in SENTINEL_COLLECTIVES for i, size in enumerate(SENTINEL_COLLECTIVE_BYTES)]
     return [spec.to_dict() for spec in specs]
 
 
@@ -95,16 +104,23 @@ def score_sentinels(model: PerformanceModel, rows: Sequence[Measurement], bound:
     return SentinelReport(gmae, expected, limit, gmae > limit, points, failures, sorted(skipped))
 
 
-def run_sentinels(model: PerformanceModel, device_kind: str, hardware_id: str, deadline_s: float = 300.0,
-                  bound: float = DEFAULT_BOUND, ratio: float = DEFAULT_RATIO) -> SentinelReport:
-    """Re-measure the champion's sentinels on one device of this hardware (a probe actor on a
-    node that has it, not the driver) and score them. Measurements are stored before scoring."""
-    specs = model.meta.get("sentinels") or choose_sentinels(0, device_kind)
+def run_sentinels(model: PerformanceModel, device_kind: str, hardware_id: str, devices: int = 1,
+                  deadline_s: float = 300.0, bound: float = DEFAULT_BOUND, ratio: float = DEFAULT_RATIO) -> SentinelReport:
+    """Re-measure the champion's sentinels on this hardware's devices (probe actors on the
+    nodes that have them, as in calibration, not the driver) and score them. Measurements are
+    stored before scoring; collective sentinels over more ranks than the cluster has now are
+    left out."""
+    specs = [ProbeSpec(**s) for s in (model.meta.get("sentinels") or choose_sentinels(0, device_kind, devices))]
+    collective = [s for s in specs if s.family == "collective" and len(s.params["ranks"]) <= devices]
+    local = [s for s in specs if s.family != "collective"]
     t0 = time.monotonic()
     store = MeasurementStore(STORE_ROOT / f"{time.strftime('%Y%m%d-%H%M%S')}-{hardware_id}")
-    pool = ActorPool(device_kind, hardware_id, 1).start()
+    pool = ActorPool(device_kind, hardware_id, devices if collective else 1, strategy="SPREAD").start()
     try:
-        _, failed = run_local_probes(pool, [ProbeSpec(**s) for s in specs], store, time.monotonic() + deadline_s)
+        failed = 0
+        if collective:
+            failed += run_collective_probes(pool, collective, store, time.monotonic() + deadline_s / 2)[1]
+        failed += run_local_probes(pool, local, store, time.monotonic() + deadline_s)[1]
     finally:
         pool.stop()
     report = score_sentinels(model, store.rows(), bound, ratio, failures=failed)

@@ -48,6 +48,9 @@ def test_sentinels_are_fixed_per_seed_and_are_not_the_calibrations_own_points():
     a, b = choose_sentinels(0, "cpu"), choose_sentinels(0, "cpu")
     assert a == b and len(a) == 13
     assert {s["family"] for s in a} == {"gemm", "embedding", "elementwise", "memcpy"}
+    two = choose_sentinels(0, "cpu", world=2)
+    collective = [s for s in two if s["family"] == "collective"]
+    assert two[:13] == a and len(collective) == 6 and all(s["params"]["ranks"] == [0, 1] for s in collective)
     calibration_gemms = {s.key for s in gemm_specs(200, 0)}
     assert not calibration_gemms & {s["key"] for s in a if s["family"] == "gemm"}
 
