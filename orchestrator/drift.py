@@ -98,6 +98,8 @@ def chart(hardware_id: str, data: dict[str, Any], path: Path) -> Path:
     top.set_title(f"drift on {hardware_id}")
     if data["versions"]:
         top.legend(title="model version")
+    else:
+        top.text(0.5, 0.5, "no launched jobs yet", ha="center", va="center", transform=top.transAxes)
     by_version: dict[str, list] = defaultdict(list)
     for s in data["sentinel"]:
         by_version[s["version"]].append(s)
@@ -110,8 +112,11 @@ def chart(hardware_id: str, data: dict[str, Any], path: Path) -> Path:
     if by_version:
         bottom.legend(title="champion checked")
     bottom.set_ylabel("sentinel GMAE (%)")
-    bottom.xaxis.set_major_formatter(mdates.DateFormatter("%m-%d %H:%M"))
-    fig.autofmt_xdate()
+    if not by_version:
+        bottom.text(0.5, 0.5, "no nightly checks yet", ha="center", va="center", transform=bottom.transAxes)
+    locator = mdates.AutoDateLocator()
+    bottom.xaxis.set_major_locator(locator)
+    bottom.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
     plt.close(fig)

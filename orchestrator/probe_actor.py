@@ -8,6 +8,7 @@ from typing import Any
 
 import ray
 
+from orchestrator.drill import apply_drill, drill_slowdown
 from probes.records import Measurement
 from probes.sweep import ProbeSpec, run_collective_batch, run_local_probe
 
@@ -25,19 +26,13 @@ class ProbeActor:
         # Simulated nodes share a hostname; the Ray node id tells them apart.
         self.node = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:12]}"
         self.backend = "nccl" if device_kind == "cuda" else "gloo"
-        # A drill (orchestrator.sentinel.DRILL_ENV): this machine behaves N times slower, so
-        # drift detection and recalibration can be exercised end to end without new hardware.
-        from orchestrator.sentinel import drill_slowdown
-
+        # A drill (orchestrator.drill): this machine behaves N times slower.
         self.slowdown = drill_slowdown()
 
     def _stamp(self, rows: list[Measurement]) -> list[Measurement]:
         for r in rows:
             r.hardware_id, r.node = self.hardware_id, self.node
-            if self.slowdown != 1.0:
-                r.median_s *= self.slowdown
-                r.spread_s *= self.slowdown
-        return rows
+        return apply_drill(rows, self.slowdown)
 
     def where(self) -> dict[str, Any]:
         return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid(),

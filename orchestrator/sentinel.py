@@ -12,7 +12,6 @@ changed something that the version check cannot see.
 from __future__ import annotations
 
 import math
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,7 +30,6 @@ SENTINEL_COLLECTIVE_BYTES = (64 * 2**10, 2**20, 8 * 2**20)
 DEFAULT_BOUND = 0.35  # sentinel GMAE that marks a champion stale, at least ...
 DEFAULT_RATIO = 2.0  # ... or this many times the champion's own held-out GMAE on the same ops
 STORE_ROOT = Path(".autotune/sentinels")
-DRILL_ENV = "AUTOTUNE_DRILL_SLOWDOWN"  # a drill: every probe on this machine reads this much slower
 
 
 def choose_sentinels(seed: int, device_kind: str, world: int = 1) -> list[dict[str, Any]]:
@@ -49,20 +47,6 @@ def choose_sentinels(seed: int, device_kind: str, world: int = 1) -> list[dict[s
                             f"sentinel-{op}:{size}:g{world}")
                   for op in SENTINEL_COLLECTIVES for i, size in enumerate(SENTINEL_COLLECTIVE_BYTES)]
     return [spec.to_dict() for spec in specs]
-
-
-def drill_slowdown() -> float:
-    """The drill factor from the environment (1.0 when unset); refuses nonsense loudly."""
-    raw = os.environ.get(DRILL_ENV)
-    if not raw:
-        return 1.0
-    try:
-        factor = float(raw)
-    except ValueError:
-        raise ValueError(f"{DRILL_ENV}={raw!r}: expected a number > 0") from None
-    if not factor > 0:
-        raise ValueError(f"{DRILL_ENV}={raw!r}: expected a number > 0")
-    return factor
 
 
 @dataclass

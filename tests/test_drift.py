@@ -9,7 +9,8 @@ import pytest
 from filelock import FileLock
 
 from orchestrator import drift, nightly, registry
-from orchestrator.sentinel import DRILL_ENV, choose_sentinels, drill_slowdown, score_sentinels
+from orchestrator.drill import DRILL_ENV, apply_drill, drill_slowdown
+from orchestrator.sentinel import choose_sentinels, score_sentinels
 from predictors import fit_performance_model
 from probes.gemm import gemm_params
 from probes.records import Measurement
@@ -53,6 +54,19 @@ def test_sentinels_are_fixed_per_seed_and_are_not_the_calibrations_own_points():
     assert two[:13] == a and len(collective) == 6 and all(s["params"]["ranks"] == [0, 1] for s in collective)
     calibration_gemms = {s.key for s in gemm_specs(200, 0)}
     assert not calibration_gemms & {s["key"] for s in a if s["family"] == "gemm"}
+
+
+def test_drill_slows_every_figure_a_point_is_estimated_from():
+    from probes.collective import merge_passes
+
+    def visit(windows):
+        return Measurement("all_reduce", {"bytes": 1024, "world": 2, "scope": "intra"}, float(np.median(windows)), 0.1,
+                           5, world_size=2, family="collective", extra={"window_medians": list(windows)})
+
+    passes = [visit([1.0, 1.2]), visit([1.1, 0.9])]
+    plain = merge_passes([visit([1.0, 1.2]), visit([1.1, 0.9])])[0].median_s
+    (merged,) = merge_passes(apply_drill(passes, 3.0))
+    assert merged.median_s == pytest.approx(3 * plain)
 
 
 def test_drill_factor_is_read_and_checked(monkeypatch):
