@@ -120,10 +120,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
             checked = [check_hardware(fp, args)]
             elsewhere = []
             for hw in sorted(hardware_seen_in_jobs() - {fp.hardware_id}):
+                # Its software versions are unknown from here ({}): age, presence and job drift only.
                 freshness = registry.check_freshness(registry.get_alias(hw, registry.CHAMPION), {}, args.max_model_age_days)
-                stale = [r for r in freshness.reasons if not r.startswith("software changed")]  # versions unknown from here
-                if stale:
-                    elsewhere.append({"hardware_id": hw, "reasons": stale})
+                if not freshness.fresh:
+                    elsewhere.append({"hardware_id": hw, "reasons": freshness.reasons})
             summary = {"run_id": run.info.run_id, "tracking_uri": uri, "checked": checked,
                        "needs_nightly_on_its_own_hardware": elsewhere,
                        "recalibrated": sum(c["recalibrated"] for c in checked),

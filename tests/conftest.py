@@ -39,3 +39,17 @@ def tiny_job_dict() -> dict:
             for i in range(5)
         ],
     }
+
+
+@pytest.fixture()
+def tracking(tmp_path, monkeypatch):
+    """A scratch sqlite MLflow store with our experiment, as the working directory."""
+    import mlflow
+
+    from orchestrator import registry
+
+    monkeypatch.chdir(tmp_path)
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    registry.configure(uri)
+    yield uri
+    mlflow.set_tracking_uri(None)

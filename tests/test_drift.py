@@ -79,15 +79,6 @@ def test_drill_factor_is_read_and_checked(monkeypatch):
         drill_slowdown()
 
 
-@pytest.fixture()
-def tracking(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    registry.configure(uri)
-    yield uri
-    mlflow.set_tracking_uri(None)
-
-
 def log_job(hw: str, version: str, error: float) -> None:
     with mlflow.start_run():
         mlflow.set_tags({"kind": "autotune", "hardware_id": hw, "model_version": version, "job_name": "j"})

@@ -27,15 +27,6 @@ def rows(noise: float, seed: int, bias: float = 1.0) -> list[Measurement]:
     return out
 
 
-@pytest.fixture()
-def tracking(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-    uri = f"sqlite:///{tmp_path}/mlflow.db"
-    registry.configure(uri)
-    yield uri
-    mlflow.set_tracking_uri(None)
-
-
 def register(model, test, hw):
     with mlflow.start_run():
         return registry.register_bundle(model, test, {"torch": "x"})
