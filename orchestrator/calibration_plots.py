@@ -18,7 +18,8 @@ from predictors.performance_model import PerformanceModel
 from probes.records import Measurement
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend (no display on cluster nodes)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -29,7 +30,7 @@ def _pyplot():
 
 def collective_curves(model: PerformanceModel, rows: Sequence[Measurement], directory: Path) -> list[Path]:
     """One PNG per collective op: measured points and the fitted curve, one colour per group."""
-    plt = _pyplot()
+    plt = pyplot()
     paths = []
     for op, op_model in sorted(model.models.items()):
         if not isinstance(op_model, SigmoidCollectiveModel) or not op_model.curves:
@@ -72,7 +73,7 @@ def heldout_scatter(model: PerformanceModel, test_rows: Sequence[Measurement], d
                 continue
     if not by_op:
         return None
-    plt = _pyplot()
+    plt = pyplot()
     cols = min(4, len(by_op))
     rows_n = math.ceil(len(by_op) / cols)
     fig, axes = plt.subplots(rows_n, cols, figsize=(3.2 * cols, 3.0 * rows_n), squeeze=False)

@@ -11,7 +11,6 @@ the chart shows both over time, one line per model version, and is logged to MLf
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -21,14 +20,12 @@ from typing import Any, Sequence
 import mlflow
 
 from orchestrator import registry
+from orchestrator.calibration_plots import pyplot
 from orchestrator.cli_common import emit, run_main
 from orchestrator.progress import say
+from predictors.evaluation import geomean
 
 RISING, FALLING = 1.25, 0.8  # newer-half / older-half geomean ratios that count as a trend
-
-
-def geomean(values: Sequence[float]) -> float:
-    return math.exp(sum(math.log(max(v, 1e-9)) for v in values) / len(values))
 
 
 @dataclass
@@ -83,12 +80,11 @@ def collect(hardware_id: str | None = None, last: int = 10) -> dict[str, Any]:
 
 def chart(hardware_id: str, data: dict[str, Any], path: Path) -> Path:
     """Prediction error per job (one line per model version) above sentinel error per nightly."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.dates as mdates
-    import matplotlib.pyplot as plt
     from datetime import datetime
+
+    import matplotlib.dates as mdates
+
+    plt = pyplot()
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 6), sharex=True)
     for v in data["versions"]:

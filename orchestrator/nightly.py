@@ -17,7 +17,6 @@ the second says who holds it and exits 0 without touching anything.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import socket
 import sys

@@ -6,14 +6,12 @@ from policies.chunking import choose_chunking
 from policies.dlrm_cost import estimate_iteration
 from policies.plan import Decision, Plan
 from policies.sharding import choose_sharding
+from predictors.dlrm_graph import ddp_buckets, dense_parameter_bytes
 from predictors.network import (
     NetworkError, NetworkTopology, check_topology_size, dimension_from_model, topology_from_config,
 )
 from predictors.performance_model import PerformanceModel
 from probes.jobspec import JobSpec
-
-# DDP fills gradient buckets of up to 25 MiB; the chunk policy plans the all-reduce of one.
-DDP_BUCKET_BYTES = 25 * 2**20
 
 # Embedding weights may use this share of a device's memory when the job sets no cap: the
 # rest holds activations, communication buffers and the framework.
@@ -50,12 +48,11 @@ def job_topology(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFin
 
 
 def gradient_all_reduce_bytes(job: JobSpec) -> float:
-    """One DDP bucket: the dense layers' gradients (float32), capped at the bucket size, or the
-    job's `network.collective_mb`."""
+    """The largest DDP bucket the dense layers' gradients fill (as the iteration graph buckets
+    them), or the job's `network.collective_mb`."""
     if job.network and job.network.get("collective_mb"):
         return float(job.network["collective_mb"]) * 2**20
-    dense = sum((i + 1) * o for i, o in job.dense_layers()) * 4
-    return float(min(dense, DDP_BUCKET_BYTES))
+    return float(max(ddp_buckets(dense_parameter_bytes(job))))
 
 
 def chunking_decision(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFingerprint) -> Decision:

@@ -20,6 +20,7 @@ import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
 
+from predictors.evaluation import geomean
 from predictors.performance_model import MODEL_FILE, PerformanceModel
 from probes.records import Measurement, measurements_to_frame
 
@@ -126,7 +127,7 @@ def check_freshness(
         reasons.append("software changed since calibration: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()))
     errors = recent_prediction_errors(champion.name, champion.version, drift_window)
     if len(errors) >= 3:
-        gm = math.exp(sum(math.log(max(e, 1e-6)) for e in errors) / len(errors))
+        gm = geomean(errors)
         if gm > drift_bound:
             reasons.append(f"prediction drift: geomean error {gm:.1%} over the last {len(errors)} jobs > {drift_bound:.0%}")
     return Freshness(not reasons, reasons)
@@ -176,7 +177,7 @@ def _aggregate_gmae(stats: dict[str, Any]) -> float:
     """Geometric mean over ops of each op's GMAE."""
     values = [s["gmae"] if isinstance(s, dict) else s.gmae for s in stats.values()]
     values = [v for v in values if v is not None and math.isfinite(v)]
-    return math.exp(sum(math.log(max(v, 1e-6)) for v in values) / len(values)) if values else float("inf")
+    return geomean(values) if values else float("inf")
 
 
 @dataclass

@@ -11,7 +11,6 @@ changed something that the version check cannot see.
 """
 from __future__ import annotations
 
-import math
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any, Sequence
 
 from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes
 from orchestrator.measurement_store import MeasurementStore
+from predictors.evaluation import geomean
 from predictors.performance_model import PerformanceModel
 from probes.records import Measurement
 from probes.sweep import ProbeSpec, elementwise_specs, embedding_specs, gemm_specs, memcpy_specs
@@ -68,7 +68,7 @@ def score_sentinels(model: PerformanceModel, rows: Sequence[Measurement], bound:
                     ratio: float = DEFAULT_RATIO, failures: int = 0) -> SentinelReport:
     """Score re-measured sentinel rows against `model`: stale when their GMAE exceeds both the
     absolute bound and `ratio` x the model's own held-out GMAE on those ops."""
-    points, skipped, logs = [], set(), []
+    points, skipped = [], set()
     for r in rows:
         try:
             predicted = model.predict_params(r.op, r.params)
@@ -77,13 +77,12 @@ def score_sentinels(model: PerformanceModel, rows: Sequence[Measurement], bound:
             continue
         error = abs(predicted - r.median_s) / r.median_s
         points.append({"op": r.op, "measured_s": r.median_s, "predicted_s": predicted, "error": error})
-        logs.append(math.log(max(error, 1e-6)))
     if not points:
         return SentinelReport(None, None, bound, False, [], failures, sorted(skipped))
-    gmae = math.exp(sum(logs) / len(logs))
+    gmae = geomean([p["error"] for p in points])
     held = [model.metrics.get(p["op"], {}).get("gmae") for p in points]
     held = [h for h in held if h is not None and h > 0]
-    expected = math.exp(sum(math.log(h) for h in held) / len(held)) if held else None
+    expected = geomean(held) if held else None
     limit = max(bound, ratio * expected) if expected is not None else bound
     return SentinelReport(gmae, expected, limit, gmae > limit, points, failures, sorted(skipped))
 

@@ -30,6 +30,11 @@ DDP_BUCKET_BYTES = 25 * 2**20
 FLOAT = 4
 
 
+def dense_parameter_bytes(spec: JobSpec) -> int:
+    """float32 bytes of the bottom and top MLPs' weights and biases: what DDP all-reduces."""
+    return FLOAT * sum(i * o + o for i, o in spec.dense_layers())
+
+
 def ddp_buckets(param_bytes: int, bucket_bytes: int = DDP_BUCKET_BYTES) -> list[int]:
     """Bucket sizes DDP all-reduces: a small first bucket, then up to `bucket_bytes` each."""
     buckets, left = [], param_bytes
@@ -92,7 +97,7 @@ def build_dlrm_graph(
     dp_grad_bytes = FLOAT * sum(t.num_embeddings * t.embedding_dim for t in dp_tables)
     layers = spec.dense_layers()
     n_bottom = len(spec.dense.bottom_mlp)
-    bucket_sizes = ddp_buckets(FLOAT * sum(i * o + o for i, o in layers), bucket_bytes)
+    bucket_sizes = ddp_buckets(dense_parameter_bytes(spec), bucket_bytes)
     graph = []
     for r in range(W):
         g = _RankBuilder()

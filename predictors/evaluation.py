@@ -27,12 +27,21 @@ def relative_errors(predict: Callable[[dict], float], rows: Sequence[Measurement
     return np.abs(pred - meas) / meas
 
 
+ERROR_FLOOR = 1e-6  # an exact hit must not send a geometric mean to zero
+
+
+def geomean(values: Sequence[float]) -> float:
+    """Geometric mean of relative errors (each floored at ERROR_FLOOR); nan when empty."""
+    if len(values) == 0:
+        return float("nan")
+    return float(np.exp(np.mean(np.log(np.maximum(np.asarray(values, dtype=np.float64), ERROR_FLOOR)))))
+
+
 def error_stats(errors: np.ndarray) -> ErrorStats:
     if len(errors) == 0:
         return ErrorStats(float("nan"), float("nan"), float("nan"), 0)
-    floor = 1e-6  # an exact hit must not send the geometric mean to zero
     return ErrorStats(
-        gmae=float(np.exp(np.mean(np.log(np.maximum(errors, floor))))),
+        gmae=geomean(errors),
         mape=float(np.mean(errors)),
         std=float(np.std(errors)),
         n=int(len(errors)),
