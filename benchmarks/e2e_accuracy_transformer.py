@@ -23,7 +23,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.e2e_accuracy import champion_on_ray, geomean  # noqa: E402
+from benchmarks.e2e_accuracy import champion_on_ray, geomean, spread  # noqa: E402
 from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.launch import launch_transformer  # noqa: E402
 from policies.transformer_cost import estimate_transformer_iteration  # noqa: E402
@@ -74,15 +74,18 @@ def main() -> None:
                    f"--budget-s {args.budget_s:g} --seed {args.seed}" + (" --tracking-uri URI" if args.tracking_uri else ""),
         "tasks": dp,
         "geomean_error": geomean([r["error"] for r in dp]),
+        **spread([r["error"] for r in dp]),
         "baseline_geomean_error": geomean([r["baseline_error"] for r in dp]),
         "tensor_parallel_tasks": tp,
         "tensor_parallel_geomean_error": geomean([r["error"] for r in tp]) if tp else None,
+        "tensor_parallel": spread([r["error"] for r in tp]) if tp else None,
         "tensor_parallel_baseline_geomean_error": geomean([r["baseline_error"] for r in tp]) if tp else None,
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    print(f"data parallel: geomean error {result['geomean_error']:.1%} (kernel-sum baseline "
+    print(f"data parallel: geomean error {result['geomean_error']:.1%} (median {result['median_error']:.1%}, "
+          f"mean {result['mean_error']:.1%}, max {result['max_error']:.1%}; kernel-sum baseline "
           f"{result['baseline_geomean_error']:.1%}) over {len(dp)} tasks")
     if tp:
         print(f"tensor parallel: geomean error {result['tensor_parallel_geomean_error']:.1%} (baseline "

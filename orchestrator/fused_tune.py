@@ -1,0 +1,147 @@
+"""Ray Tune sweeps run fused: trials sampled from a Tune search space are grouped by the
+fusion-width policy, each group trains as one Tune trial of B fused models, and every
+sampled trial keeps its own identity in what is reported and returned.
+
+The user supplies what an ordinary Tune sweep has: a search space (`tune.loguniform`,
+`tune.choice`, `tune.grid_search`, constants), a number of samples, a workload (the model
+factory and its data), epochs. `sample_trials` draws the configs with Tune's own variant
+generator; `policies.fusion_width.partition_trials` groups trials whose infusible settings
+(batch size, optimizer, architecture switches) agree; `run_sweep` runs the groups through
+`tune.Tuner`. Each group trial reports, per epoch, every member's validation loss and
+accuracy under `trials/<trial_id>/...`, and `val_loss` = its best member's, which is what a
+Tune scheduler such as ASHA sees: a scheduler stops whole groups, not single members.
+`fused=False` runs the same sweep one model per Tune trial, the baseline it is timed against.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+import torch
+from ray import tune
+from ray.tune.search.variant_generator import generate_variants
+
+from policies.fusion_width import FUSIBLE_KEYS, partition_trials
+from probes.fusion.fused_optim import FusedHyperParams
+from probes.fusion.hfta import fused_cross_entropy
+from probes.fusion.probe import FusedTrainer
+from probes.fusion.workloads import batches, workload
+
+VALIDATION_SAMPLES = 256
+
+
+@dataclass
+class TrialOutcome:
+    """One sampled trial: its config, the fused group it ran in, its metrics per epoch."""
+
+    trial_id: str
+    config: dict[str, Any]
+    group: int
+    group_width: int
+    history: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def final(self) -> dict[str, float]:
+        return self.history[-1] if self.history else {}
+
+
+@dataclass
+class SweepOutcome:
+    fused: bool
+    wall_s: float
+    groups: list[list[str]]
+    trials: list[TrialOutcome]
+
+    def best(self, metric: str = "val_loss") -> TrialOutcome:
+        return min((t for t in self.trials if metric in t.final), key=lambda t: t.final[metric])
+
+
+def sample_trials(param_space: dict[str, Any], num_samples: int, seed: int = 0) -> list[dict[str, Any]]:
+    """`num_samples` configs from a Tune search space, as `tune.Tuner` would draw them
+    (grid axes crossed with every sample)."""
+    random_state = np.random.RandomState(seed)
+    trials = []
+    for _ in range(num_samples):
+        for _, config in generate_variants(param_space, random_state=random_state):
+            trials.append(dict(config))
+    return trials
+
+
+def _group_hyper(configs: Sequence[dict[str, Any]]) -> FusedHyperParams:
+    def vector(key: str, default: float) -> list[float]:
+        return [float(c.get(key, default)) for c in configs]
+
+    return FusedHyperParams(lr=vector("lr", 1e-3), weight_decay=vector("weight_decay", 0.0),
+                            momentum=vector("momentum", 0.0), beta1=vector("beta1", 0.9),
+                            beta2=vector("beta2", 0.999))
+
+
+def train_group(config: dict[str, Any]) -> None:
+    """Tune function trainable: the members of one fused group, trained together."""
+    members = config["members"]
+    configs = [m["config"] for m in members]
+    first = configs[0]
+    work = workload(config["workload"])
+    batch_size = int(first.get("batch_size", work.batch_size))
+    trainer = FusedTrainer.build(work, seeds=[int(c.get("seed", i)) for i, c in enumerate(configs)],
+                                 hyper=_group_hyper(configs), optimizer=str(first.get("optimizer", "adam")),
+                                 dropouts=[float(c.get("dropout", 0.0)) for c in configs], batch_size=batch_size,
+                                 data_seed=int(config["data_seed"]))
+    stream = batches(work, batch_size, int(config["data_seed"]))
+    val_x, val_y = next(batches(work, VALIDATION_SAMPLES, int(config["data_seed"]) + 1))
+    for epoch in range(int(config["epochs"])):
+        for x, y in itertools.islice(stream, int(config["steps_per_epoch"])):
+            trainer.step(x, y)
+        trainer.fused.eval()
+        with torch.no_grad():
+            logits = trainer.fused(val_x)
+            _, losses = fused_cross_entropy(logits, val_y)
+            accuracy = (logits.argmax(dim=-1) == val_y).float().mean(dim=1)
+        trainer.fused.train()
+        report = {m["trial_id"]: {"val_loss": float(losses[i]), "val_accuracy": float(accuracy[i])}
+                  for i, m in enumerate(members)}
+        tune.report({"trials": report, "val_loss": float(losses.min()), "epoch": epoch + 1,
+                     "width": len(members)})
+
+
+def run_sweep(workload_name: str, trials: Sequence[dict[str, Any]], width: int, epochs: int, steps_per_epoch: int,
+              storage: str | Path, name: str, data_seed: int = 0, fused: bool = True,
+              scheduler: Any = None, cpus_per_trial: float = 1.0) -> SweepOutcome:
+    """Run `trials` (configs) as fused groups of at most `width` (or one per Tune trial when
+    `fused` is False) and return every trial's own history."""
+    workload(workload_name)  # a clear error for an unknown name before anything starts
+    ids = [f"trial_{i:03d}" for i in range(len(trials))]
+    groups = partition_trials(trials, width if fused else 1, FUSIBLE_KEYS)
+    group_configs = [{"members": [{"trial_id": ids[i], "config": dict(trials[i])} for i in g]} for g in groups]
+    tuner = tune.Tuner(
+        tune.with_resources(train_group, {"cpu": cpus_per_trial}),
+        param_space={"workload": workload_name, "epochs": epochs, "steps_per_epoch": steps_per_epoch,
+                     "data_seed": data_seed, "members": tune.grid_search([g["members"] for g in group_configs])},
+        tune_config=tune.TuneConfig(metric="val_loss", mode="min", scheduler=scheduler),
+        run_config=tune.RunConfig(storage_path=str(Path(storage).resolve()), name=name, verbose=0),
+    )
+    t0 = time.perf_counter()
+    results = tuner.fit()
+    wall = time.perf_counter() - t0
+    outcomes: dict[str, TrialOutcome] = {}
+    for result in results:
+        if result.error:
+            raise RuntimeError(f"fused group failed: {result.error}") from result.error
+        members = result.config["members"]
+        frame = result.metrics_dataframe
+        for m in members:
+            tid = m["trial_id"]
+            history = []
+            for _, row in frame.iterrows():
+                history.append({"epoch": int(row["epoch"]), "val_loss": float(row[f"trials/{tid}/val_loss"]),
+                                "val_accuracy": float(row[f"trials/{tid}/val_accuracy"])})
+            outcomes[tid] = TrialOutcome(tid, m["config"], 0, len(members), history)
+    for index, group in enumerate(groups):
+        for i in group:
+            if ids[i] in outcomes:
+                outcomes[ids[i]].group = index
+    return SweepOutcome(fused, wall, [[ids[i] for i in g] for g in groups], [outcomes[t] for t in ids if t in outcomes])

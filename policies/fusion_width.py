@@ -1,0 +1,100 @@
+"""Fusion-width policy: how many repetitive jobs to fuse per device, and how to group a sweep.
+
+The width B is chosen on the fitted `FusionModel`: every B from 1 to the smaller of the
+user's maximum and the largest width whose predicted peak memory fits the cap is ranked by
+predicted throughput. The choice is the smallest B within `tolerance` of the best predicted
+throughput: past the knee the curve is flat within the model's own error, and a narrower
+fused job holds less memory and leaves more groups to spread over devices.
+
+A sweep of N trials is then split into fused groups: trials fuse only when every
+infusible hyper-parameter (batch size, architecture switches: anything not in
+`FUSIBLE_KEYS`) is equal, and each such class is cut into ceil(n / B) groups of near-equal
+size (so 10 trials at B = 8 run as 5 + 5, not 8 + 2).
+"""
+from __future__ import annotations
+
+import json
+import math
+from typing import Any, Iterable, Sequence
+
+from policies.plan import Candidate, Decision
+from predictors.fusion_model import FusionModel
+
+# Hyper-parameters that can differ between fused models (HFTA's fusible set).
+FUSIBLE_KEYS = frozenset({"lr", "beta1", "beta2", "weight_decay", "momentum", "dropout", "seed", "eps"})
+DEFAULT_TOLERANCE = 0.02
+
+
+class FusionPolicyError(ValueError):
+    pass
+
+
+def choose_width(model: FusionModel, memory_cap_bytes: float, max_width: int = 64,
+                 tolerance: float = DEFAULT_TOLERANCE) -> Decision:
+    """Rank widths 1..limit by predicted throughput; see the module docstring for the choice."""
+    if max_width < 1:
+        raise FusionPolicyError(f"max_width: expected an integer >= 1, got {max_width!r}")
+    if not 0 <= tolerance < 1:
+        raise FusionPolicyError(f"tolerance: expected 0 <= tolerance < 1, got {tolerance!r}")
+    memory_limit = model.max_width_within(memory_cap_bytes)
+    limit = min(int(max_width), memory_limit)
+    candidates = []
+    for width in range(1, int(max_width) + 1):
+        speed = model.throughput(width)
+        memory = model.memory_bytes(width)
+        feasible = width <= memory_limit
+        detail = {"width": width, "samples_per_s": speed, "peak_memory_bytes": memory,
+                  "extrapolated": model.extrapolated(width)}
+        if not feasible:
+            detail["reason"] = (f"predicted peak memory {memory / 2**20:.0f} MiB exceeds the cap "
+                                f"{memory_cap_bytes / 2**20:.0f} MiB")
+        # predicted_ms: the time one step of all `width` models takes (per-model batch).
+        step_ms = width * model.batch_size / speed * 1e3
+        candidates.append(Candidate(f"width={width}", step_ms if feasible else None, feasible, detail))
+    feasible = [c for c in candidates if c.feasible]
+    if not feasible:
+        raise FusionPolicyError(
+            f"{model.workload}: even one model is predicted to need {model.memory_bytes(1) / 2**20:.0f} MiB, over the "
+            f"cap of {memory_cap_bytes / 2**20:.0f} MiB")
+    best_speed = max(c.detail["samples_per_s"] for c in feasible)
+    chosen = min((c for c in feasible if c.detail["samples_per_s"] >= (1 - tolerance) * best_speed),
+                 key=lambda c: c.detail["width"])
+    candidates.sort(key=lambda c: (not c.feasible, -c.detail["samples_per_s"], c.detail["width"]))
+    detail = {
+        "workload": model.workload, "batch_size": model.batch_size, "optimizer": model.optimizer,
+        "width": chosen.detail["width"], "samples_per_s": chosen.detail["samples_per_s"],
+        "speedup_vs_one": chosen.detail["samples_per_s"] / model.throughput(1),
+        "peak_memory_bytes": chosen.detail["peak_memory_bytes"], "memory_cap_bytes": float(memory_cap_bytes),
+        "width_limit": limit, "limited_by": "memory" if memory_limit < max_width else "max_width",
+        "tolerance": tolerance, "extrapolated": chosen.detail["extrapolated"],
+    }
+    return Decision(policy="fusion_width", choice=chosen.name, predicted_ms=chosen.predicted_ms,
+                    candidates=candidates, choice_detail=detail)
+
+
+def infusible_key(trial: dict[str, Any], fusible: Iterable[str] = FUSIBLE_KEYS) -> str:
+    """The part of a trial's config that must be equal for trials to fuse, as a stable key."""
+    fusible = set(fusible)
+    return json.dumps({k: v for k, v in sorted(trial.items()) if k not in fusible}, sort_keys=True, default=str)
+
+
+def partition_trials(trials: Sequence[dict[str, Any]], width: int,
+                     fusible: Iterable[str] = FUSIBLE_KEYS) -> list[list[int]]:
+    """Indices of `trials` in fused groups of at most `width`: equal infusible settings only,
+    each class split into near-equal groups. Every trial appears exactly once; groups keep
+    the trials' order."""
+    if width < 1:
+        raise FusionPolicyError(f"width: expected an integer >= 1, got {width!r}")
+    classes: dict[str, list[int]] = {}
+    for i, trial in enumerate(trials):
+        classes.setdefault(infusible_key(trial, fusible), []).append(i)
+    groups: list[list[int]] = []
+    for members in classes.values():
+        count = math.ceil(len(members) / width)
+        base, extra = divmod(len(members), count)
+        start = 0
+        for g in range(count):
+            size = base + (1 if g < extra else 0)
+            groups.append(members[start:start + size])
+            start += size
+    return groups

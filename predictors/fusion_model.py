@@ -1,0 +1,107 @@
+"""Models of a fused job as a function of its width B (how many models are fused).
+
+- Throughput (samples/s summed over the models): T(B) = a·B / (1 + b·B + c·B²). At small B
+  it grows about linearly (each added model rides on launches and dispatch the others already
+  pay); b bends it towards the plateau a/b where the device is busy; c > 0 lets it fall again
+  past B* = 1/√c, where the fused working set outgrows the caches. Fitted in log space (the
+  widths span orders of magnitude of work) with a, b, c ≥ 0.
+- Memory: peak(B) = intercept + slope·B; the intercept is the framework's own footprint,
+  the slope what each model adds (weights, gradients, optimizer state, activations).
+
+Both are fitted per (workload, batch size, optimizer) from the rows of
+`probes.fusion.probe.measure_fusion_width` and serialise as plain JSON.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Sequence
+
+import numpy as np
+from scipy.optimize import least_squares
+from scipy.stats import linregress
+
+
+class FusionModelError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class FusionPoint:
+    """One measured width: throughput summed over models, and peak memory."""
+
+    width: int
+    samples_per_s: float
+    peak_memory_bytes: float
+
+
+def _curve(theta: np.ndarray, width: np.ndarray) -> np.ndarray:
+    a, b, c = theta
+    return a * width / (1.0 + b * width + c * width ** 2)
+
+
+@dataclass
+class FusionModel:
+    workload: str
+    batch_size: int
+    optimizer: str
+    a: float
+    b: float
+    c: float
+    memory_intercept: float
+    memory_slope: float
+    widths: list[int]  # measured widths the model was fitted on
+    fit_gmae: float  # geometric-mean relative error of the throughput curve on its own points
+
+    @classmethod
+    def fit(cls, workload: str, batch_size: int, optimizer: str, points: Sequence[FusionPoint]) -> "FusionModel":
+        if len({p.width for p in points}) < 3:
+            raise FusionModelError(f"{workload}: need throughput at 3 or more widths to fit, got "
+                                   f"{sorted({p.width for p in points})}")
+        width = np.array([p.width for p in points], dtype=np.float64)
+        speed = np.array([p.samples_per_s for p in points], dtype=np.float64)
+        if (speed <= 0).any():
+            raise FusionModelError(f"{workload}: throughput must be positive, got {speed.tolist()}")
+
+        def residual(theta: np.ndarray) -> np.ndarray:
+            return np.log(_curve(theta, width)) - np.log(speed)
+
+        single = float(np.exp(np.mean(np.log(speed[width == width.min()]))) / width.min())
+        best = None
+        for b0 in (1e-3, 0.05, 0.3, 2.0):
+            for c0 in (0.0, 1e-4, 1e-2):
+                start = np.array([single * (1 + b0 + c0), b0, c0])
+                fit = least_squares(residual, start, bounds=([1e-12, 0.0, 0.0], [np.inf, np.inf, np.inf]))
+                if best is None or fit.cost < best.cost:
+                    best = fit
+        a, b, c = (float(v) for v in best.x)
+        memory = np.array([p.peak_memory_bytes for p in points], dtype=np.float64)
+        line = linregress(width, memory)
+        errors = np.abs(_curve(best.x, width) - speed) / speed
+        gmae = float(np.exp(np.mean(np.log(np.maximum(errors, 1e-9)))))
+        return cls(workload, int(batch_size), optimizer, a, b, c, float(line.intercept), max(float(line.slope), 0.0),
+                   sorted({int(w) for w in width}), gmae)
+
+    def throughput(self, width: int) -> float:
+        """Predicted samples/s summed over `width` fused models."""
+        return float(_curve(np.array([self.a, self.b, self.c]), np.array([float(width)]))[0])
+
+    def memory_bytes(self, width: int) -> float:
+        return self.memory_intercept + self.memory_slope * width
+
+    def extrapolated(self, width: int) -> bool:
+        """True outside the measured widths: the curve is then a guess, flagged as such."""
+        return not min(self.widths) <= width <= max(self.widths)
+
+    def max_width_within(self, memory_cap_bytes: float) -> int:
+        """The largest width whose predicted peak memory fits `memory_cap_bytes` (0 if none)."""
+        if self.memory_slope <= 0:
+            return 10**6 if self.memory_intercept <= memory_cap_bytes else 0
+        return max(0, int(math.floor((memory_cap_bytes - self.memory_intercept) / self.memory_slope + 1e-9)))
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "FusionModel":
+        return cls(**data)

@@ -1,0 +1,57 @@
+"""Fusion on Ray: the width probe through fresh worker processes, and a Tune sweep run fused."""
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.fusion import fit_fusion_models, probe_fusion
+from orchestrator.measurement_store import MeasurementStore
+from policies.fusion_width import choose_width
+
+pytestmark = pytest.mark.slow
+
+
+def test_probe_widths_fit_and_choose(ray_local, tmp_path) -> None:
+    store = MeasurementStore(tmp_path / "fusion")
+    rows = probe_fusion(["pointnet"], store, max_width=4, memory_cap_bytes=4 * 2**30, step_cap_s=5.0,
+                        parallel=2, max_seconds=0.3, batch_size=8)
+    assert [r.params["width"] for r in rows] == [1, 2, 4]
+    assert len(store.rows()) == 3  # persisted as they came
+    # Fresh processes: each width's own peak, growing with the width.
+    peaks = [r.extra["peak_memory_bytes"] for r in rows]
+    assert all(p > 0 for p in peaks) and peaks[-1] > peaks[0]
+    model = fit_fusion_models(rows)["pointnet"]
+    assert model.widths == [1, 2, 4]
+    decision = choose_width(model, memory_cap_bytes=4 * 2**30, max_width=4)
+    assert 1 <= decision.choice_detail["width"] <= 4
+    assert len(decision.candidates) == 4
+
+
+def test_probe_stops_at_the_memory_cap_and_records_why(ray_local, tmp_path) -> None:
+    store = MeasurementStore(tmp_path / "fusion")
+    rows = probe_fusion(["pointnet"], store, max_width=64, memory_cap_bytes=1.0, step_cap_s=5.0, parallel=1,
+                        max_seconds=0.2, batch_size=8)
+    assert [r.params["width"] for r in rows] == [1]  # width 1 already holds more than 1 byte
+
+
+def test_tune_sweep_runs_fused_and_keeps_each_trial(ray_local, tmp_path) -> None:
+    from ray import tune
+
+    from orchestrator.fused_tune import run_sweep, sample_trials
+
+    space = {"lr": tune.loguniform(1e-4, 1e-2), "dropout": tune.uniform(0.0, 0.2), "seed": tune.randint(0, 100),
+             "batch_size": tune.grid_search([8, 16])}
+    trials = sample_trials(space, 3, seed=1)
+    assert len(trials) == 6 and sorted(t["batch_size"] for t in trials) == [8, 8, 8, 16, 16, 16]
+    outcome = run_sweep("pointnet", trials, width=4, epochs=2, steps_per_epoch=3, storage=tmp_path / "tune",
+                        name="fused")
+    # Two batch sizes cannot fuse: two Tune trials of three models each.
+    assert sorted(len(g) for g in outcome.groups) == [3, 3]
+    assert [t.trial_id for t in outcome.trials] == [f"trial_{i:03d}" for i in range(6)]
+    for t in outcome.trials:
+        assert t.config == trials[int(t.trial_id[-3:])]
+        assert [h["epoch"] for h in t.history] == [1, 2]
+        assert t.group_width == 3
+        assert 0.0 <= t.final["val_accuracy"] <= 1.0
+    losses = {round(t.final["val_loss"], 6) for t in outcome.trials}
+    assert len(losses) == 6  # each trial its own model
+    assert outcome.best().final["val_loss"] == min(t.final["val_loss"] for t in outcome.trials)
