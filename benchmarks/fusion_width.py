@@ -1,14 +1,16 @@
 """Fusion width (issue #9): serial vs fused throughput per reference workload, the policy's
 width against the measured best, and a Tune sweep run fused vs unfused.
 
-    .venv/bin/python benchmarks/fusion_width.py [--max-width 64] [--rounds 3] [--trials 16]
+    .venv/bin/python benchmarks/fusion_width.py [--max-width 64] [--rounds 5] [--parallel 1] [--trials 16]
 
 1. Probe: every workload at widths 1, 2, 4, ... up to the memory cap, the step-time cap or
    --max-width, each width in a fresh Ray worker process (`orchestrator.fusion`); fit the
    throughput curve and the memory line.
 2. Policy: `policies.fusion_width.choose_width` under the memory cap.
 3. Reality: every probed width and the chosen one measured again, --rounds rounds in rotated
-   order (each in a fresh process), median per width. `chosen_vs_best` is the chosen width's
+   order (each in a fresh process), median per width. On CPU one width runs at a time
+   (--parallel 1): the cores of one host share caches and memory bandwidth; with two at once,
+   the same width measured up to 42% apart between two runs (the CNN at width 8). `chosen_vs_best` is the chosen width's
    measured throughput over the best measured width's; `speedup_vs_serial` the chosen
    width's over width 1's (B jobs run one after another go at width 1's rate).
 4. Tune: --trials PointNet trials from one search space, run as fused groups of the chosen
@@ -65,7 +67,9 @@ def main() -> None:
     parser.add_argument("--max-width", type=int, default=64)
     parser.add_argument("--step-cap-s", type=float, default=1.5, help="stop widening past this step time")
     parser.add_argument("--probe-seconds", type=float, default=1.5, help="timed seconds per width")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--parallel", type=int, default=1,
+                        help="widths measured at once (CPU devices share caches and memory bandwidth: 1)")
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--steps-per-epoch", type=int, default=40)
@@ -74,9 +78,10 @@ def main() -> None:
 
     ray_runtime.connect()
     fingerprint = cluster_fingerprint()
-    parallel = max(1, int(ray.cluster_resources().get("CPU", 1)))
-    memory_cap = 0.6 * fingerprint.min_device_memory_bytes()  # as orchestrator.fuse does by default
-    print(f"hardware {fingerprint.hardware_id}: {parallel} CPU device(s), memory cap "
+    devices = max(1, int(ray.cluster_resources().get("CPU", 1)))
+    parallel = max(1, min(args.parallel, devices))
+    memory_cap = 0.6 * fingerprint.min_device_memory_bytes  # as orchestrator.fuse does by default
+    print(f"hardware {fingerprint.hardware_id}: {devices} CPU device(s), {parallel} measured at once, memory cap "
           f"{memory_cap / 2**30:.1f} GiB per fused job", flush=True)
     results: dict = {"hardware_id": fingerprint.hardware_id, "command": "python benchmarks/fusion_width.py " +
                      " ".join(sys.argv[1:]), "memory_cap_bytes": memory_cap, "workloads": {}}

@@ -35,6 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--step-cap-s", type=float, default=2.0, help="stop widening past this step time")
     parser.add_argument("--batch-size", type=int, help="per-model batch size (default: the workload's)")
     parser.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw"])
+    parser.add_argument("--probe-seconds", type=float, default=2.0, help="timed seconds per width")
     parser.add_argument("--trials", type=int, help="also split a sweep of this many trials into fused groups")
     cli_common.add_common(parser)
     return parser
@@ -47,8 +48,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     fp = cli_common.fingerprint(args.ray_address, start_ray=True)
     import ray
 
-    cap = args.memory_cap_gb * 2**30 if args.memory_cap_gb else 0.6 * fp.min_device_memory_bytes()
-    devices = int(ray.cluster_resources().get("GPU" if fp.device_kind == "cuda" else "CPU", 1))
+    cap = args.memory_cap_gb * 2**30 if args.memory_cap_gb else 0.6 * fp.min_device_memory_bytes
+    # GPUs are measured side by side; the CPU "devices" of a host share caches and memory
+    # bandwidth, and a wide fused job beside a narrow one distorts both, so one at a time.
+    devices = int(ray.cluster_resources().get("GPU", 1)) if fp.device_kind == "cuda" else 1
     registry.configure(args.tracking_uri)
     store = MeasurementStore(Path(".autotune/fusion") / time.strftime("%Y%m%d-%H%M%S"))
     say(f"fusion widths of {args.workload} on {fp.summary()}: up to {args.max_width}, cap {cap / 2**30:.1f} GiB; "
@@ -56,7 +59,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with mlflow.start_run(run_name=f"fusion-{args.workload}") as run:
         mlflow.set_tags({"kind": "fusion", "hardware_id": fp.hardware_id, "workload": args.workload})
         rows = probe_fusion([args.workload], store, args.max_width, cap, args.step_cap_s, args.batch_size,
-                            args.optimizer, fp.device_kind, parallel=devices)
+                            args.optimizer, fp.device_kind, parallel=devices, max_seconds=args.probe_seconds)
         mlflow.log_artifact(str(store.rows_path))
         model = fit_fusion_models(rows)[args.workload]
         mlflow.log_dict(model.to_dict(), "fusion_model.json")

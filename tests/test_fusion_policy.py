@@ -38,19 +38,26 @@ def test_fit_needs_three_widths() -> None:
 
 
 def test_policy_picks_the_knee_under_the_memory_cap() -> None:
-    # Peak at 1/sqrt(c) = 22.4; within 2% of it from about width 17.
+    # Peak at 1/sqrt(c) = 22.4.
     model = FusionModel.fit("toy", 32, "adam", _points(1000.0, 0.05, 0.002))
     decision = choose_width(model, memory_cap_bytes=8 * 2**30, max_width=64)
+    assert [c.detail["width"] for c in sorted(decision.candidates, key=lambda c: c.detail["width"])] == \
+        [1, 2, 4, 8, 16, 32, 64]  # widths of the form that was measured
     width = decision.choice_detail["width"]
-    best = max(model.throughput(w) for w in range(1, 65))
-    assert model.throughput(width) >= 0.98 * best
-    assert model.throughput(width - 1) < 0.98 * best  # the smallest such width
-    assert 10 < width < 23
+    best = max(model.throughput(w) for w in (1, 2, 4, 8, 16, 32, 64))
+    assert width == 16  # 32 is the fastest; 16 is within 2% of it and the smallest such
+    assert model.throughput(16) >= 0.98 * best > model.throughput(8)
+    # Every integer width when asked: the smallest within 2% of the peak.
+    every = choose_width(model, memory_cap_bytes=8 * 2**30, max_width=64, widths=range(1, 65))
+    w = every.choice_detail["width"]
+    assert model.throughput(w) >= 0.98 * max(model.throughput(v) for v in range(1, 65)) > model.throughput(w - 1)
     # Memory: 300 MiB + 20 MiB per model under a 500 MiB cap allows 10 models.
     capped = choose_width(model, memory_cap_bytes=500 * MIB, max_width=64)
-    assert capped.choice_detail["width"] == 10 and capped.choice_detail["limited_by"] == "memory"
+    assert capped.choice_detail["width"] == 8 and capped.choice_detail["limited_by"] == "memory"
+    assert capped.choice_detail["width_limit"] == 10
     infeasible = [c for c in capped.candidates if not c.feasible]
-    assert infeasible and all("exceeds the cap" in c.detail["reason"] for c in infeasible)
+    assert sorted(c.detail["width"] for c in infeasible) == [16, 32, 64]
+    assert all("exceeds the cap" in c.detail["reason"] for c in infeasible)
     with pytest.raises(FusionPolicyError, match="even one model"):
         choose_width(model, memory_cap_bytes=100 * MIB)
 

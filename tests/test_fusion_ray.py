@@ -23,7 +23,7 @@ def test_probe_widths_fit_and_choose(ray_local, tmp_path) -> None:
     assert model.widths == [1, 2, 4]
     decision = choose_width(model, memory_cap_bytes=4 * 2**30, max_width=4)
     assert 1 <= decision.choice_detail["width"] <= 4
-    assert len(decision.candidates) == 4
+    assert [c.detail["width"] for c in sorted(decision.candidates, key=lambda c: c.detail["width"])] == [1, 2, 4]
 
 
 def test_probe_stops_at_the_memory_cap_and_records_why(ray_local, tmp_path) -> None:
@@ -55,3 +55,22 @@ def test_tune_sweep_runs_fused_and_keeps_each_trial(ray_local, tmp_path) -> None
     losses = {round(t.final["val_loss"], 6) for t in outcome.trials}
     assert len(losses) == 6  # each trial its own model
     assert outcome.best().final["val_loss"] == min(t.final["val_loss"] for t in outcome.trials)
+
+
+def test_fuse_cli_logs_the_decision(ray_local, tracking, capsys) -> None:
+    import json
+
+    import mlflow
+
+    from orchestrator import fuse
+
+    code = fuse.main(["--workload", "cnn", "--max-width", "4", "--memory-cap-gb", "4", "--probe-seconds", "0.3",
+                      "--trials", "10", "--tracking-uri", tracking, "--json"])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert sorted(map(int, out["measured"])) == [1, 2, 4]
+    assert 1 <= out["width"] <= 4 and sum(out["groups"]) == 10
+    run = mlflow.get_run(out["run_id"])
+    assert run.data.tags["kind"] == "fusion" and run.data.metrics["chosen_width"] == out["width"]
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(out["run_id"])}
+    assert {"fusion_model.json", "fusion_decision.json", "measurements.jsonl"} <= artifacts

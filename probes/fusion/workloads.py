@@ -23,41 +23,52 @@ from probes.fusion.hfta import RateDropout
 NUM_CLASSES = 10
 
 
-class PointNetClassifier(nn.Module):
-    """PointNet-style: a shared per-point MLP (1x1 convolutions with batch norm), max-pooled
-    over the points, then a classifier head with dropout."""
+class PointwiseBlock(nn.Module):
+    """PointNet's shared per-point layer: the same linear map for every point (a 1x1
+    convolution, written as a linear layer over the last axis), batch norm over all points of
+    the batch, ReLU."""
 
-    def __init__(self, num_classes: int = NUM_CLASSES, width: int = 64) -> None:
+    def __init__(self, fan_in: int, fan_out: int) -> None:
         super().__init__()
-        self.point_mlp = nn.Sequential(
-            nn.Conv1d(3, width, 1, bias=False), nn.BatchNorm1d(width), nn.ReLU(),
-            nn.Conv1d(width, 2 * width, 1, bias=False), nn.BatchNorm1d(2 * width), nn.ReLU(),
-            nn.Conv1d(2 * width, 4 * width, 1, bias=False), nn.BatchNorm1d(4 * width), nn.ReLU(),
-        )
+        self.linear = nn.Linear(fan_in, fan_out, bias=False)
+        self.norm = nn.BatchNorm1d(fan_out)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [N, P, fan_in]
+        y = self.linear(x)
+        return F.relu(self.norm(y.reshape(-1, y.shape[-1])).view(y.shape))
+
+
+class PointNetClassifier(nn.Module):
+    """PointNet-style: a shared per-point MLP with batch norm, max-pooled over the points, then
+    a classifier head with dropout."""
+
+    def __init__(self, num_classes: int = NUM_CLASSES, width: int = 16) -> None:
+        super().__init__()
+        self.point_mlp = nn.Sequential(PointwiseBlock(3, width), PointwiseBlock(width, 2 * width),
+                                       PointwiseBlock(2 * width, 4 * width))
         self.head = nn.Sequential(
             nn.Linear(4 * width, 2 * width, bias=False), nn.BatchNorm1d(2 * width), nn.ReLU(), RateDropout(),
             nn.Linear(2 * width, num_classes),
         )
 
     def forward(self, points: torch.Tensor) -> torch.Tensor:  # [N, P, 3]
-        features = self.point_mlp(points.transpose(1, 2))  # [N, C, P]
-        return self.head(features.amax(dim=2))
+        return self.head(self.point_mlp(points).amax(dim=1))
 
 
 class SmallCNN(nn.Module):
     """Two conv + batch-norm + ReLU + max-pool stages and a two-layer classifier."""
 
-    def __init__(self, num_classes: int = NUM_CLASSES, channels: int = 16) -> None:
+    def __init__(self, num_classes: int = NUM_CLASSES, channels: int = 8) -> None:
         super().__init__()
         self.features = nn.Sequential(
             nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU(), nn.MaxPool2d(2),
             nn.Conv2d(channels, 2 * channels, 3, padding=1, bias=False), nn.BatchNorm2d(2 * channels), nn.ReLU(),
             nn.MaxPool2d(2),
         )
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(2 * channels * 8 * 8, 64), nn.ReLU(), RateDropout(),
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(2 * channels * 4 * 4, 64), nn.ReLU(), RateDropout(),
                                   nn.Linear(64, num_classes))
 
-    def forward(self, images: torch.Tensor) -> torch.Tensor:  # [N, 3, 32, 32]
+    def forward(self, images: torch.Tensor) -> torch.Tensor:  # [N, 3, 16, 16]
         return self.head(self.features(images))
 
 
@@ -85,8 +96,8 @@ class EncoderLayer(nn.Module):
 class SmallTransformerEncoder(nn.Module):
     """Token + position embeddings, a stack of encoder layers, mean-pooled, a linear head."""
 
-    def __init__(self, num_classes: int = NUM_CLASSES, vocab: int = 128, seq_len: int = 32, hidden: int = 64,
-                 heads: int = 4, layers: int = 2) -> None:
+    def __init__(self, num_classes: int = NUM_CLASSES, vocab: int = 128, seq_len: int = 16, hidden: int = 32,
+                 heads: int = 2, layers: int = 2) -> None:
         super().__init__()
         self.tokens = nn.Embedding(vocab, hidden)
         self.positions = nn.Parameter(torch.randn(seq_len, hidden) * 0.02)
@@ -101,7 +112,7 @@ class SmallTransformerEncoder(nn.Module):
         return self.head(self.norm(x).mean(dim=1))
 
 
-def _point_batch(n: int, gen: torch.Generator, points: int = 128) -> tuple[torch.Tensor, torch.Tensor]:
+def _point_batch(n: int, gen: torch.Generator, points: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
     y = torch.randint(0, NUM_CLASSES, (n,), generator=gen)
     centres = torch.linspace(-1, 1, NUM_CLASSES)
     # Class c: an anisotropic blob whose scale along x grows with c.
@@ -114,14 +125,14 @@ def _point_batch(n: int, gen: torch.Generator, points: int = 128) -> tuple[torch
 
 def _image_batch(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     y = torch.randint(0, NUM_CLASSES, (n,), generator=gen)
-    grid = torch.linspace(0, 2 * math.pi, 32)
+    grid = torch.linspace(0, 2 * math.pi, 16)
     freq = (1 + y).float()[:, None, None]
     pattern = torch.sin(freq * grid[None, :, None]) * torch.cos(freq * grid[None, None, :] / 2)
-    images = pattern[:, None].expand(n, 3, 32, 32) + 0.5 * torch.randn(n, 3, 32, 32, generator=gen)
+    images = pattern[:, None].expand(n, 3, 16, 16) + 0.5 * torch.randn(n, 3, 16, 16, generator=gen)
     return images.contiguous(), y
 
 
-def _token_batch(n: int, gen: torch.Generator, vocab: int = 128, seq_len: int = 32) -> tuple[torch.Tensor, torch.Tensor]:
+def _token_batch(n: int, gen: torch.Generator, vocab: int = 128, seq_len: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
     y = torch.randint(0, NUM_CLASSES, (n,), generator=gen)
     # Class c draws most tokens from its own band of the vocabulary, the rest uniformly.
     band = vocab // NUM_CLASSES
