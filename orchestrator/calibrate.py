@@ -54,7 +54,7 @@ TRAINING_SHARE = 0.2
 # their deadlines (a probe started just before one finishes after it): without kernel rows
 # nothing can be fitted.
 KERNEL_MIN_SHARE = 0.25
-TRAINING_PROBES = 16
+TRAINING_PROBES = 24
 TRANSFORMER_PROBES = 8
 DEFAULT_BUDGET_S = 120.0
 STORE_ROOT = Path(".autotune/calibrations")
@@ -75,6 +75,14 @@ class CalibrationResult:
 
     def rows_per_family(self) -> dict[str, int]:
         return dict(sorted(Counter(r.family for r in self.rows).items()))
+
+
+def place_by_sharder(job: dict, world: int, k: int) -> list[int]:
+    """The k-th classic sharder's plan (in turn) for a task-shaped training probe, so the step
+    model is fitted on the balanced plans the policies price, not only on random placements.
+    The probes' tables are small; no memory cap binds."""
+    names = list(SHARDERS)
+    return SHARDERS[names[k % len(names)]](JobSpec.from_dict(job).tables, world, float("inf"), seed=k)
 
 
 def job_table_groups(job: JobSpec) -> list[list[int]]:
@@ -100,7 +108,7 @@ def measure(
                        elementwise_specs(4000, seed), memcpy_specs(1000, seed, device))
     if job is not None:
         local = job_specs(job, job_table_groups(job)) + local
-    training = interleave(training_specs(TRAINING_PROBES, seed, devices),
+    training = interleave(training_specs(TRAINING_PROBES, seed, devices, place_by_sharder),
                           transformer_training_specs(TRANSFORMER_PROBES, seed, devices)) if devices > 1 else []
 
     start = time.monotonic()

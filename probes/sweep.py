@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -324,7 +324,10 @@ def random_plan(job: dict, world: int, rng: np.random.Generator, mixed: bool) ->
     return plan
 
 
-def training_specs(n: int, seed: int, world: int) -> list[ProbeSpec]:
+TaskPlacer = Callable[[dict, int, int], list]  # (job dict, world, k) -> a table-wise plan
+
+
+def training_specs(n: int, seed: int, world: int, place_task: TaskPlacer | None = None) -> list[ProbeSpec]:
     """Real DLRM training steps, alternating two kinds so the step model sees both ends:
 
     - small random DLRMs whose kernels are tiny, so the gap between a measured step and the
@@ -333,7 +336,10 @@ def training_specs(n: int, seed: int, world: int) -> list[ProbeSpec]:
     - production-shaped tasks from the random-task generator (`random_dlrm_job`, its own
       seed stream), whose steps are dominated by kernels and collectives, so the slowdown
       they suffer beside each other in a real step is measured, not extrapolated; every
-      other one with a mixed plan (`random_plan`).
+      other one with a mixed plan (`random_plan`), the rest table-wise, placed by
+      `place_task` (the orchestrator passes the classic sharders, in turn: balanced plans
+      like those the policies price, where both ranks compute at once and slow each other
+      on a small host) or, without one, on random ranks.
     """
     rng = np.random.default_rng(seed + 2)
     out = []
@@ -344,6 +350,8 @@ def training_specs(n: int, seed: int, world: int) -> list[ProbeSpec]:
             # every other task-shaped probe mixes in row-/column-wise and replicated tables, so the
             # step model has seen the collectives and TBEs of the plans the sharding search tries
             placement = random_plan(job, world, rng, mixed=i % 4 == 3)
+            if place_task is not None and i % 4 == 1:
+                placement = [int(r) for r in place_task(job, world, i // 4)]
             out.append(ProbeSpec("training", {"job": job, "table_to_rank": placement}, f"train:{i}"))
             continue
         n_tables = int(rng.integers(1, 13))

@@ -15,3 +15,25 @@ def test_tasks_are_valid_deterministic_and_sized_like_the_anchor():
     assert len({t.batch_size for t in tasks}) >= 3
     assert len({tb.embedding_dim for t in tasks for tb in t.tables}) == 4
     assert {tb.distribution.kind for t in tasks for tb in t.tables} == {"uniform", "zipf", "profile"}
+
+
+def test_task_shaped_training_probes_take_the_sharders_plans() -> None:
+    """Every fourth training probe (a table-wise task-shaped one) is placed by the classic
+    sharders in turn, so the step model sees the balanced plans the policies price."""
+    from orchestrator.calibrate import place_by_sharder
+    from policies.sharders import SHARDERS
+    from probes.jobspec import JobSpec
+    from probes.sweep import training_specs
+
+    specs = training_specs(24, seed=0, world=2, place_task=place_by_sharder)
+    placed = [s for i, s in enumerate(specs) if i % 4 == 1]
+    assert len(placed) == 6
+    for k, spec in enumerate(placed):
+        tables = JobSpec.from_dict(spec.params["job"]).tables
+        sharder = list(SHARDERS)[k]
+        assert spec.params["table_to_rank"] == list(SHARDERS[sharder](tables, 2, float("inf"), seed=k)), sharder
+    # Without a placer the same probes sit on random ranks (and the rest of the list is unchanged).
+    plain = training_specs(24, seed=0, world=2)
+    assert [s.params["job"] for s in plain] == [s.params["job"] for s in specs]
+    assert [s.params["table_to_rank"] for i, s in enumerate(plain) if i % 4 != 1] == \
+        [s.params["table_to_rank"] for i, s in enumerate(specs) if i % 4 != 1]
