@@ -3,8 +3,8 @@ fusion-width policy, each group trains as one Tune trial of B fused models, and 
 sampled trial keeps its own identity in what is reported and returned.
 
 The user supplies what an ordinary Tune sweep has: a search space (`tune.loguniform`,
-`tune.choice`, `tune.grid_search`, constants), a number of samples, a workload (the model
-factory and its data), epochs. `sample_trials` draws the configs with Tune's own variant
+`tune.choice`, `tune.grid_search`, constants), a number of samples, a workload (their own
+model factory and data as a `FusionWorkload`, or a reference workload's name), epochs. `sample_trials` draws the configs with Tune's own variant
 generator; `policies.fusion_width.partition_trials` groups trials whose infusible settings
 (batch size, optimizer, architecture switches) agree; `run_sweep` runs the groups through
 `tune.Tuner`. Each group trial reports, per epoch, every member's validation loss and
@@ -29,7 +29,7 @@ from policies.fusion_width import FUSIBLE_KEYS, partition_trials
 from probes.fusion.fused_optim import FusedHyperParams
 from probes.fusion.hfta import fused_cross_entropy
 from probes.fusion.probe import FusedTrainer
-from probes.fusion.workloads import batches, workload
+from probes.fusion.workloads import FusionWorkload, batches, workload
 
 VALIDATION_SAMPLES = 256
 
@@ -80,12 +80,14 @@ def _group_hyper(configs: Sequence[dict[str, Any]]) -> FusedHyperParams:
                             beta2=vector("beta2", 0.999))
 
 
-def train_group(config: dict[str, Any]) -> None:
-    """Tune function trainable: the members of one fused group, trained together."""
+def train_group(config: dict[str, Any], work: FusionWorkload | None = None) -> None:
+    """Tune function trainable: the members of one fused group, trained together. `work` is
+    the user's own model factory and data (bound with `tune.with_parameters`); without it the
+    reference workload named in the config."""
     members = config["members"]
     configs = [m["config"] for m in members]
     first = configs[0]
-    work = workload(config["workload"])
+    work = work or workload(config["workload"])
     batch_size = int(first.get("batch_size", work.batch_size))
     trainer = FusedTrainer.build(work, seeds=[int(c.get("seed", i)) for i, c in enumerate(configs)],
                                  hyper=_group_hyper(configs), optimizer=str(first.get("optimizer", "adam")),
@@ -108,18 +110,21 @@ def train_group(config: dict[str, Any]) -> None:
                      "width": len(members)})
 
 
-def run_sweep(workload_name: str, trials: Sequence[dict[str, Any]], width: int, epochs: int, steps_per_epoch: int,
-              storage: str | Path, name: str, data_seed: int = 0, fused: bool = True,
+def run_sweep(work: str | FusionWorkload, trials: Sequence[dict[str, Any]], width: int, epochs: int,
+              steps_per_epoch: int, storage: str | Path, name: str, data_seed: int = 0, fused: bool = True,
               scheduler: Any = None, cpus_per_trial: float = 1.0) -> SweepOutcome:
     """Run `trials` (configs) as fused groups of at most `width` (or one per Tune trial when
-    `fused` is False) and return every trial's own history."""
-    workload(workload_name)  # a clear error for an unknown name before anything starts
+    `fused` is False) and return every trial's own history. `work` is a reference workload's
+    name or the user's own `FusionWorkload` (a model factory, a batch function, a batch size):
+    the training loop is this module's, the model is theirs."""
+    if isinstance(work, str):
+        work = workload(work)  # a clear error for an unknown name before anything starts
     ids = [f"trial_{i:03d}" for i in range(len(trials))]
     groups = partition_trials(trials, width if fused else 1, FUSIBLE_KEYS)
     group_configs = [{"members": [{"trial_id": ids[i], "config": dict(trials[i])} for i in g]} for g in groups]
     tuner = tune.Tuner(
-        tune.with_resources(train_group, {"cpu": cpus_per_trial}),
-        param_space={"workload": workload_name, "epochs": epochs, "steps_per_epoch": steps_per_epoch,
+        tune.with_resources(tune.with_parameters(train_group, work=work), {"cpu": cpus_per_trial}),
+        param_space={"workload": work.name, "epochs": epochs, "steps_per_epoch": steps_per_epoch,
                      "data_seed": data_seed, "members": tune.grid_search([g["members"] for g in group_configs])},
         tune_config=tune.TuneConfig(metric="val_loss", mode="min", scheduler=scheduler),
         run_config=tune.RunConfig(storage_path=str(Path(storage).resolve()), name=name, verbose=0),

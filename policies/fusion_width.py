@@ -3,12 +3,16 @@
 The width B is chosen on the fitted `FusionModel`: candidate widths up to the user's maximum
 are ranked by predicted throughput, those whose predicted peak memory passes the cap marked
 infeasible. The candidates are the widths of the form the probe measured (powers of two), not
-every integer: the smooth curve describes how the work scales, but a kernel can take a
-different code path at a width of another form (on the CPU VM a 6-wide fused CNN, its grouped
-convolutions with 6 groups, ran at 0.66x of the measured 4- and 8-wide ones, while the curve put it
-between them). The choice is the smallest candidate within `tolerance` of the best predicted
-throughput: past the knee the curve is flat within the model's own error, and a narrower
-fused job holds less memory and leaves more groups to spread over devices.
+every integer: the curve is fitted at those widths, and between them it interpolates a smooth
+shape that kernels need not follow (grouped convolutions and batched GEMMs take shape-dependent
+code paths), so a width no probe ran has no measurement behind it. (One benchmark run put a
+6-wide CNN at 0.66x of its 4- and 8-wide neighbours; that run measured two widths at once and
+its 8-wide point moved by 42% in the next run, so it shows the risk, not its size.) Pass
+`widths` to rank other widths, after probing them.
+
+The choice is the smallest candidate within `tolerance` of the best predicted throughput:
+past the knee the curve is flat within the model's own error, and a narrower fused job holds
+less memory and leaves more groups to spread over devices.
 
 A sweep of N trials is then split into fused groups: trials fuse only when every
 infusible hyper-parameter (batch size, architecture switches: anything not in
