@@ -37,7 +37,7 @@ from ray import tune  # noqa: E402
 from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.cluster import cluster_fingerprint  # noqa: E402
 from orchestrator.fused_tune import run_sweep, sample_trials  # noqa: E402
-from orchestrator.fusion import _measure_width, fit_fusion_models, probe_fusion  # noqa: E402
+from orchestrator.fusion import fit_fusion_models, measure_width_task, probe_fusion  # noqa: E402
 from orchestrator.measurement_store import MeasurementStore  # noqa: E402
 from policies.fusion_width import choose_width  # noqa: E402
 from probes.fusion.workloads import WORKLOADS  # noqa: E402
@@ -51,7 +51,7 @@ def remeasure(workload: str, widths: list[int], rounds: int, parallel: int, max_
         order = widths[r % len(widths):] + widths[: r % len(widths)]
         pending: list = []
         for w in order:
-            pending.append((w, _measure_width.options(num_cpus=1).remote(workload, w, None, "adam", "cpu",
+            pending.append((w, measure_width_task.options(num_cpus=1).remote(workload, w, None, "adam", "cpu",
                                                                          max_seconds, 100 + r)))
             if len(pending) >= parallel:
                 w0, ref = pending.pop(0)

@@ -9,7 +9,9 @@ generator; `policies.fusion_width.partition_trials` groups trials whose infusibl
 (batch size, optimizer, architecture switches) agree; `run_sweep` runs the groups through
 `tune.Tuner`. Each group trial reports, per epoch, every member's validation loss and
 accuracy under `trials/<trial_id>/...`, and `val_loss` = its best member's, which is what a
-Tune scheduler such as ASHA sees: a scheduler stops whole groups, not single members.
+Tune scheduler sees: a Tune scheduler stops whole groups. To stop single trials, `run_sweep`
+takes `halving=MemberHalving(...)`: ASHA's rule applied per trial across all groups (the rungs
+held by one small actor), a stopped trial cut out of its fused job.
 `fused=False` runs the same sweep one model per Tune trial, the baseline it is timed against.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
+import ray
 import torch
 from ray import tune
 from ray.tune.search.variant_generator import generate_variants
@@ -60,6 +63,50 @@ class SweepOutcome:
         return min((t for t in self.trials if metric in t.final), key=lambda t: t.final[metric])
 
 
+@dataclass(frozen=True)
+class MemberHalving:
+    """Asynchronous successive halving (ASHA, as Tune's `AsyncHyperBandScheduler` applies it to
+    whole trials) applied to each trial inside the fused groups: rungs at grace_period·η^k
+    epochs below max_t; a trial reaching a rung goes on only if its validation loss is among
+    the best 1/η of all losses recorded at that rung so far, across every group. A stopped
+    trial is cut out of its fused job, which shrinks and runs faster."""
+
+    grace_period: int = 1
+    reduction_factor: float = 3.0
+    max_t: int = 100
+
+    def __post_init__(self) -> None:
+        if self.grace_period < 1 or self.max_t < self.grace_period or self.reduction_factor <= 1:
+            raise ValueError(f"halving: expected 1 <= grace_period <= max_t and reduction_factor > 1, got {self}")
+
+    def rungs(self) -> list[int]:
+        out, t = [], float(self.grace_period)
+        while t < self.max_t:
+            out.append(int(round(t)))
+            t *= self.reduction_factor
+        return out
+
+
+class RungBoard:
+    """The rungs' recorded losses, shared by every group of a sweep (run as a Ray actor)."""
+
+    def __init__(self, rule: MemberHalving) -> None:
+        self.rule = rule
+        self.rungs = set(rule.rungs())
+        self.recorded: dict[int, list[float]] = {}
+
+    def judge(self, epoch: int, losses: dict[str, float]) -> dict[str, bool]:
+        """For each trial reaching `epoch`: go on (True) or stop."""
+        if epoch not in self.rungs:
+            return {tid: True for tid in losses}
+        decisions = {}
+        for tid, loss in losses.items():
+            recorded = self.recorded.setdefault(epoch, [])
+            recorded.append(loss)
+            decisions[tid] = loss <= float(np.nanpercentile(recorded, 100.0 / self.rule.reduction_factor))
+        return decisions
+
+
 def sample_trials(param_space: dict[str, Any], num_samples: int, seed: int = 0) -> list[dict[str, Any]]:
     """`num_samples` configs from a Tune search space, as `tune.Tuner` would draw them
     (grid axes crossed with every sample)."""
@@ -80,11 +127,14 @@ def _group_hyper(configs: Sequence[dict[str, Any]]) -> FusedHyperParams:
                             beta2=vector("beta2", 0.999))
 
 
-def train_group(config: dict[str, Any], work: FusionWorkload | None = None) -> None:
+def train_group(config: dict[str, Any], work: FusionWorkload | None = None, board: Any = None) -> None:
     """Tune function trainable: the members of one fused group, trained together. `work` is
     the user's own model factory and data (bound with `tune.with_parameters`); without it the
-    reference workload named in the config."""
-    members = config["members"]
+    reference workload named in the config. With a `board` (a `RungBoard` actor) members are
+    stopped one by one by successive halving and cut out of the fused job."""
+    import ray
+
+    members = list(config["members"])
     configs = [m["config"] for m in members]
     first = configs[0]
     work = work or workload(config["workload"])
@@ -106,24 +156,38 @@ def train_group(config: dict[str, Any], work: FusionWorkload | None = None) -> N
         trainer.fused.train()
         report = {m["trial_id"]: {"val_loss": float(losses[i]), "val_accuracy": float(accuracy[i])}
                   for i, m in enumerate(members)}
-        tune.report({"trials": report, "val_loss": float(losses.min()), "epoch": epoch + 1,
-                     "width": len(members)})
+        width = len(members)
+        if board is not None:
+            go_on = ray.get(board.judge.remote(epoch + 1, {t: r["val_loss"] for t, r in report.items()}))
+            for tid, keep in go_on.items():
+                report[tid]["stopped"] = 0.0 if keep else 1.0
+            kept = [i for i, m in enumerate(members) if go_on[m["trial_id"]]]
+            if len(kept) < len(members) and kept:
+                trainer.keep(kept)
+            members = [members[i] for i in kept]
+        tune.report({"trials": report, "val_loss": min(r["val_loss"] for r in report.values()), "epoch": epoch + 1,
+                     "width": width})
+        if not members:
+            return
 
 
 def run_sweep(work: str | FusionWorkload, trials: Sequence[dict[str, Any]], width: int, epochs: int,
               steps_per_epoch: int, storage: str | Path, name: str, data_seed: int = 0, fused: bool = True,
-              scheduler: Any = None, cpus_per_trial: float = 1.0) -> SweepOutcome:
+              scheduler: Any = None, cpus_per_trial: float = 1.0,
+              halving: MemberHalving | None = None) -> SweepOutcome:
     """Run `trials` (configs) as fused groups of at most `width` (or one per Tune trial when
     `fused` is False) and return every trial's own history. `work` is a reference workload's
     name or the user's own `FusionWorkload` (a model factory, a batch function, a batch size):
-    the training loop is this module's, the model is theirs."""
+    the training loop is this module's, the model is theirs. `halving` stops single trials
+    inside the groups (`MemberHalving`); a Tune `scheduler` acts on whole groups."""
     if isinstance(work, str):
         work = workload(work)  # a clear error for an unknown name before anything starts
     ids = [f"trial_{i:03d}" for i in range(len(trials))]
     groups = partition_trials(trials, width if fused else 1, FUSIBLE_KEYS)
     group_configs = [{"members": [{"trial_id": ids[i], "config": dict(trials[i])} for i in g]} for g in groups]
+    board = ray.remote(num_cpus=0)(RungBoard).remote(halving) if halving is not None else None
     tuner = tune.Tuner(
-        tune.with_resources(tune.with_parameters(train_group, work=work), {"cpu": cpus_per_trial}),
+        tune.with_resources(tune.with_parameters(train_group, work=work, board=board), {"cpu": cpus_per_trial}),
         param_space={"workload": work.name, "epochs": epochs, "steps_per_epoch": steps_per_epoch,
                      "data_seed": data_seed, "members": tune.grid_search([g["members"] for g in group_configs])},
         tune_config=tune.TuneConfig(metric="val_loss", mode="min", scheduler=scheduler),
@@ -132,6 +196,8 @@ def run_sweep(work: str | FusionWorkload, trials: Sequence[dict[str, Any]], widt
     t0 = time.perf_counter()
     results = tuner.fit()
     wall = time.perf_counter() - t0
+    if board is not None:
+        ray.kill(board)
     outcomes: dict[str, TrialOutcome] = {}
     for result in results:
         if result.error:
@@ -142,7 +208,10 @@ def run_sweep(work: str | FusionWorkload, trials: Sequence[dict[str, Any]], widt
             tid = m["trial_id"]
             history = []
             for _, row in frame.iterrows():
-                history.append({"epoch": int(row["epoch"]), "val_loss": float(row[f"trials/{tid}/val_loss"]),
+                loss = row.get(f"trials/{tid}/val_loss")
+                if loss is None or np.isnan(loss):
+                    continue  # stopped by halving before this epoch
+                history.append({"epoch": int(row["epoch"]), "val_loss": float(loss),
                                 "val_accuracy": float(row[f"trials/{tid}/val_accuracy"])})
             outcomes[tid] = TrialOutcome(tid, m["config"], 0, len(members), history)
     for index, group in enumerate(groups):

@@ -23,8 +23,8 @@ from probes.fusion.probe import FUSION_OP, measure_fusion_width
 from probes.records import Measurement
 
 
-@ray.remote(max_calls=1)
-def _measure_width(workload: str, width: int, batch_size: int | None, optimizer: str, device: str,
+@ray.remote(max_calls=1)  # a fresh worker process per width: see the module docstring
+def measure_width_task(workload: str, width: int, batch_size: int | None, optimizer: str, device: str,
                    max_seconds: float, seed: int) -> dict:
     return measure_fusion_width(workload, width, batch_size, optimizer, device, max_seconds, seed).to_row()
 
@@ -58,7 +58,7 @@ def probe_fusion(workloads: Sequence[str], store: MeasurementStore, max_width: i
     device = "cuda" if device_kind == "cuda" else "cpu"
     sweeps = {w: WidthSweep(w) for w in workloads}
     total = len(workloads) * len(fusion_widths(max_width))
-    progress = Progress("fusion widths", total)
+    progress = Progress("fusion widths (at most)", total)
     in_flight: dict = {}
     attempts: dict[tuple[str, int], int] = {}
 
@@ -70,7 +70,7 @@ def probe_fusion(workloads: Sequence[str], store: MeasurementStore, max_width: i
             if sweep.stopped or busy:
                 continue
             width = sweep.next_width
-            ref = _measure_width.options(**resources).remote(sweep.workload, width, batch_size, optimizer, device,
+            ref = measure_width_task.options(**resources).remote(sweep.workload, width, batch_size, optimizer, device,
                                                             max_seconds, seed)
             in_flight[ref] = (sweep.workload, width)
 

@@ -100,3 +100,27 @@ def test_tune_sweep_runs_the_users_own_model(ray_local, tmp_path) -> None:
     outcome = run_sweep(work, trials, width=4, epochs=1, steps_per_epoch=4, storage=tmp_path / "tune", name="user")
     assert outcome.groups == [["trial_000", "trial_001", "trial_002", "trial_003"]]
     assert len({round(t.final["val_loss"], 6) for t in outcome.trials}) == 4
+
+
+def test_successive_halving_stops_single_trials_inside_fused_groups(ray_local, tmp_path) -> None:
+    from orchestrator.fused_tune import MemberHalving, RungBoard, run_sweep
+
+    rule = MemberHalving(grace_period=1, reduction_factor=2, max_t=4)
+    assert rule.rungs() == [1, 2]
+    board = RungBoard(rule)
+    assert board.judge(1, {"a": 1.0}) == {"a": True}  # the first at a rung always goes on
+    assert board.judge(1, {"b": 2.0, "c": 0.5}) == {"b": False, "c": True}
+    assert board.judge(3, {"d": 9.0}) == {"d": True}  # not a rung
+
+    trials = [{"lr": lr, "seed": i} for i, lr in enumerate([1e-2, 1e-6, 3e-3, 1e-6, 1e-2, 1e-6, 3e-3, 1e-6])]
+    # One group of eight, so the order trials reach a rung (and so every decision) is fixed.
+    outcome = run_sweep("pointnet", trials, width=8, epochs=4, steps_per_epoch=6, storage=tmp_path / "tune",
+                        name="halving", halving=rule)
+    runs = {t.trial_id: len(t.history) for t in outcome.trials}
+    assert max(runs.values()) == 4 and min(runs.values()) < 4  # some stopped early, some ran to the end
+    assert sum(runs.values()) < 4 * len(trials)
+    for t in outcome.trials:
+        assert [h["epoch"] for h in t.history] == list(range(1, len(t.history) + 1))
+    # The trials that barely train (lr 1e-6) are cut at the first rung, each behind a better one.
+    assert {tid: n for tid, n in runs.items() if trials[int(tid[-3:])]["lr"] == 1e-6} == \
+        {"trial_001": 1, "trial_003": 1, "trial_005": 1, "trial_007": 1}

@@ -76,6 +76,16 @@ class FusedOptimizer:
         self.state: dict[str, dict[str, torch.Tensor]] = {}
         self.steps = 0
 
+    def keep(self, indices: Sequence[int], params: dict[str, torch.Tensor]) -> None:
+        """Continue with the models at `indices` only, on `params` (the sliced stacked
+        parameters): the hyper-parameter vectors and every state tensor are sliced alike."""
+        index = torch.tensor([int(i) for i in indices], dtype=torch.long)
+        for name in ("lr", "weight_decay", "momentum", "beta1", "beta2"):
+            setattr(self, name, getattr(self, name)[index.to(getattr(self, name).device)])
+        self.state = {k: {s: t[index.to(t.device)].clone() for s, t in st.items()} for k, st in self.state.items()}
+        self.params = params
+        self.width = len(index)
+
     def zero_grad(self) -> None:
         for p in self.params.values():
             p.grad = None

@@ -116,6 +116,14 @@ class FusedModels:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         return vmap(self._one, in_dims=(0, 0, None), randomness="different")(self.params, self.buffers, x)
 
+    def keep(self, indices: Sequence[int]) -> None:
+        """Keep only the models at `indices` (in that order): every stacked tensor is sliced,
+        parameters become new leaves (their gradients start afresh)."""
+        index = _indices(indices, self.width)
+        self.params = {k: v.detach()[index].clone().requires_grad_(v.requires_grad) for k, v in self.params.items()}
+        self.buffers = {k: v[index].clone() for k, v in self.buffers.items()}
+        self.width = len(index)
+
     def member(self, index: int, like: nn.Module) -> nn.Module:
         """Model `index` as a plain module (a copy of `like` holding that model's tensors)."""
         if not 0 <= index < self.width:
@@ -124,6 +132,13 @@ class FusedModels:
         state = {k: v[index].detach().clone() for k, v in {**self.params, **self.buffers}.items()}
         out.load_state_dict(state)
         return out
+
+
+def _indices(indices: Sequence[int], width: int) -> torch.Tensor:
+    index = [int(i) for i in indices]
+    if not index or len(set(index)) != len(index) or not all(0 <= i < width for i in index):
+        raise FusionError(f"indices: expected distinct model indices in 0..{width - 1}, got {list(indices)}")
+    return torch.tensor(index, dtype=torch.long)
 
 
 def fused_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

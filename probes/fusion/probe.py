@@ -11,7 +11,7 @@ from __future__ import annotations
 import itertools
 import resource
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -38,7 +38,6 @@ class FusedTrainer:
     optimizer: FusedOptimizer
     batch_size: int
     data_seed: int
-    losses: list[list[float]] = field(default_factory=list)  # per step, per model
 
     @classmethod
     def build(cls, work: FusionWorkload, seeds: Sequence[int], hyper: FusedHyperParams, optimizer: str = "adam",
@@ -57,13 +56,11 @@ class FusedTrainer:
         self.optimizer.step()
         return per_model
 
-    def train(self, steps: int) -> list[list[float]]:
-        """`steps` steps on the workload's data stream (the same for every model, as in a sweep
-        over one dataset); the per-model losses are appended to `losses`."""
-        device = next(iter(self.fused.params.values())).device
-        for x, y in itertools.islice(batches(self.work, self.batch_size, self.data_seed), steps):
-            self.losses.append(self.step(x.to(device), y.to(device)).tolist())
-        return self.losses
+    def keep(self, indices: Sequence[int]) -> None:
+        """Go on with only the models at `indices` (the others were stopped early): the fused
+        job shrinks, so stopped models no longer cost compute or memory."""
+        self.fused.keep(indices)
+        self.optimizer.keep(indices, self.fused.params)
 
 
 def _status_kib(field: str) -> int | None:
