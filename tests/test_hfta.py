@@ -172,3 +172,26 @@ def test_probe_measures_throughput_and_memory() -> None:
     assert row.median_s > 0 and row.repeats >= 5
     assert row.extra["samples_per_s"] == pytest.approx(2 * 8 / row.median_s)
     assert row.extra["peak_memory_bytes"] >= 0
+
+
+def test_keep_cuts_models_out_and_the_rest_train_on_unchanged() -> None:
+    """Dropping a model mid-run (early stopping) leaves the others exactly where they would be."""
+    work = WORKLOADS["cnn"]
+    data = list(itertools.islice(batches(work, 8, seed=2), 4))
+    hyper = FusedHyperParams(lr=LRS, weight_decay=DECAY, momentum=MOMENTUM, beta1=BETA1, beta2=BETA2)
+    cut = FusedTrainer.build(work, SEEDS, hyper, optimizer="sgd", batch_size=8)
+    for x, y in data[:2]:
+        cut.step(x, y)
+    cut.keep([2, 0])
+    assert cut.fused.width == 2 and cut.optimizer.lr.tolist() == pytest.approx([LRS[2], LRS[0]])
+    late = [cut.step(x, y).tolist() for x, y in data[2:]]
+    keep_hyper = FusedHyperParams(lr=[LRS[2], LRS[0]], weight_decay=[DECAY[2], DECAY[0]],
+                                  momentum=[MOMENTUM[2], MOMENTUM[0]], beta1=[BETA1[2], BETA1[0]],
+                                  beta2=[BETA2[2], BETA2[0]])
+    whole = FusedTrainer.build(work, [SEEDS[2], SEEDS[0]], keep_hyper, optimizer="sgd", batch_size=8)
+    losses = [whole.step(x, y).tolist() for x, y in data]
+    assert sum(late, []) == pytest.approx(sum(losses[2:], []), rel=1e-5)
+    for key in whole.fused.params:
+        assert torch.allclose(cut.fused.params[key], whole.fused.params[key], rtol=1e-5, atol=1e-7), key
+    with pytest.raises(FusionError, match="distinct model indices"):
+        cut.keep([0, 0])
