@@ -132,8 +132,6 @@ def train_group(config: dict[str, Any], work: FusionWorkload | None = None, boar
     the user's own model factory and data (bound with `tune.with_parameters`); without it the
     reference workload named in the config. With a `board` (a `RungBoard` actor) members are
     stopped one by one by successive halving and cut out of the fused job."""
-    import ray
-
     members = list(config["members"])
     configs = [m["config"] for m in members]
     first = configs[0]
