@@ -139,8 +139,7 @@ def train_group(config: dict[str, Any], work: FusionWorkload | None = None, boar
     batch_size = int(first.get("batch_size", work.batch_size))
     trainer = FusedTrainer.build(work, seeds=[int(c.get("seed", i)) for i, c in enumerate(configs)],
                                  hyper=_group_hyper(configs), optimizer=str(first.get("optimizer", "adam")),
-                                 dropouts=[float(c.get("dropout", 0.0)) for c in configs], batch_size=batch_size,
-                                 data_seed=int(config["data_seed"]))
+                                 dropouts=[float(c.get("dropout", 0.0)) for c in configs])
     stream = batches(work, batch_size, int(config["data_seed"]))
     val_x, val_y = next(batches(work, VALIDATION_SAMPLES, int(config["data_seed"]) + 1))
     for epoch in range(int(config["epochs"])):
@@ -182,12 +181,13 @@ def run_sweep(work: str | FusionWorkload, trials: Sequence[dict[str, Any]], widt
         work = workload(work)  # a clear error for an unknown name before anything starts
     ids = [f"trial_{i:03d}" for i in range(len(trials))]
     groups = partition_trials(trials, width if fused else 1, FUSIBLE_KEYS)
-    group_configs = [{"members": [{"trial_id": ids[i], "config": dict(trials[i])} for i in g]} for g in groups]
+    group_of = {ids[i]: index for index, group in enumerate(groups) for i in group}
+    group_members = [[{"trial_id": ids[i], "config": dict(trials[i])} for i in g] for g in groups]
     board = ray.remote(num_cpus=0)(RungBoard).remote(halving) if halving is not None else None
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(train_group, work=work, board=board), {"cpu": cpus_per_trial}),
         param_space={"workload": work.name, "epochs": epochs, "steps_per_epoch": steps_per_epoch,
-                     "data_seed": data_seed, "members": tune.grid_search([g["members"] for g in group_configs])},
+                     "data_seed": data_seed, "members": tune.grid_search(group_members)},
         tune_config=tune.TuneConfig(metric="val_loss", mode="min", scheduler=scheduler),
         run_config=tune.RunConfig(storage_path=str(Path(storage).resolve()), name=name, verbose=0),
     )
@@ -211,9 +211,5 @@ def run_sweep(work: str | FusionWorkload, trials: Sequence[dict[str, Any]], widt
                     continue  # stopped by halving before this epoch
                 history.append({"epoch": int(row["epoch"]), "val_loss": float(loss),
                                 "val_accuracy": float(row[f"trials/{tid}/val_accuracy"])})
-            outcomes[tid] = TrialOutcome(tid, m["config"], 0, len(members), history)
-    for index, group in enumerate(groups):
-        for i in group:
-            if ids[i] in outcomes:
-                outcomes[ids[i]].group = index
+            outcomes[tid] = TrialOutcome(tid, m["config"], group_of[tid], len(members), history)
     return SweepOutcome(fused, wall, [[ids[i] for i in g] for g in groups], [outcomes[t] for t in ids if t in outcomes])

@@ -18,6 +18,7 @@ from ray.exceptions import RayError
 
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.progress import Progress, say
+from policies.fusion_width import power_of_two_widths
 from predictors.fusion_model import FusionModel, FusionPoint
 from probes.fusion.probe import FUSION_OP, measure_fusion_width
 from probes.records import Measurement
@@ -25,7 +26,7 @@ from probes.records import Measurement
 
 @ray.remote(max_calls=1)  # a fresh worker process per width: see the module docstring
 def measure_width_task(workload: str, width: int, batch_size: int | None, optimizer: str, device: str,
-                   max_seconds: float, seed: int) -> dict:
+                       max_seconds: float, seed: int) -> dict:
     return measure_fusion_width(workload, width, batch_size, optimizer, device, max_seconds, seed).to_row()
 
 
@@ -39,14 +40,6 @@ class WidthSweep:
     rows: list[Measurement] = field(default_factory=list)
 
 
-def fusion_widths(max_width: int) -> list[int]:
-    widths, w = [], 1
-    while w <= max_width:
-        widths.append(w)
-        w *= 2
-    return widths
-
-
 def probe_fusion(workloads: Sequence[str], store: MeasurementStore, max_width: int = 64,
                  memory_cap_bytes: float = 8 * 2**30, step_cap_s: float = 2.0, batch_size: int | None = None,
                  optimizer: str = "adam", device_kind: str = "cpu", parallel: int = 1, max_seconds: float = 2.0,
@@ -57,7 +50,7 @@ def probe_fusion(workloads: Sequence[str], store: MeasurementStore, max_width: i
     resources = {"num_gpus": 1, "num_cpus": 1} if device_kind == "cuda" else {"num_cpus": 1}
     device = "cuda" if device_kind == "cuda" else "cpu"
     sweeps = {w: WidthSweep(w) for w in workloads}
-    total = len(workloads) * len(fusion_widths(max_width))
+    total = len(workloads) * len(power_of_two_widths(max_width))
     progress = Progress("fusion widths (at most)", total)
     in_flight: dict = {}
     attempts: dict[tuple[str, int], int] = {}
@@ -70,8 +63,8 @@ def probe_fusion(workloads: Sequence[str], store: MeasurementStore, max_width: i
             if sweep.stopped or busy:
                 continue
             width = sweep.next_width
-            ref = measure_width_task.options(**resources).remote(sweep.workload, width, batch_size, optimizer, device,
-                                                            max_seconds, seed)
+            ref = measure_width_task.options(**resources).remote(sweep.workload, width, batch_size, optimizer,
+                                                                 device, max_seconds, seed)
             in_flight[ref] = (sweep.workload, width)
 
     submit()
@@ -112,7 +105,8 @@ def probe_fusion(workloads: Sequence[str], store: MeasurementStore, max_width: i
 
 
 def fit_fusion_models(rows: Sequence[Measurement]) -> dict[str, FusionModel]:
-    """One `FusionModel` per (workload, batch size, optimizer) found in `rows`."""
+    """One `FusionModel` per workload in `rows` (a workload's rows must share one batch size
+    and optimizer: a model fitted on a mix would describe neither)."""
     groups: dict[tuple, list[FusionPoint]] = {}
     for r in rows:
         if r.op != FUSION_OP:
@@ -120,5 +114,9 @@ def fit_fusion_models(rows: Sequence[Measurement]) -> dict[str, FusionModel]:
         key = (r.params["workload"], int(r.params["batch_size"]), r.params["optimizer"])
         groups.setdefault(key, []).append(FusionPoint(int(r.params["width"]), float(r.extra["samples_per_s"]),
                                                       float(r.extra["peak_memory_bytes"])))
+    workloads = [key[0] for key in groups]
+    mixed = sorted({w for w in workloads if workloads.count(w) > 1})
+    if mixed:
+        raise ValueError(f"rows of {mixed} mix batch sizes or optimizers: {sorted(k for k in groups if k[0] in mixed)}")
     return {key[0]: FusionModel.fit(key[0], key[1], key[2], points) for key, points in groups.items()}
 

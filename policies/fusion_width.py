@@ -37,10 +37,14 @@ class FusionPolicyError(ValueError):
     pass
 
 
+def power_of_two_widths(max_width: int) -> list[int]:
+    """1, 2, 4, ... up to `max_width`: the widths the probe measures."""
+    return [2 ** k for k in range(int(max_width).bit_length()) if 2 ** k <= max_width]
+
+
 def candidate_widths(model: FusionModel, max_width: int) -> list[int]:
     """Powers of two up to `max_width`, plus any other width the model was measured at."""
-    widths = {2 ** k for k in range(int(max_width).bit_length()) if 2 ** k <= max_width}
-    return sorted(widths | {w for w in model.widths if w <= max_width})
+    return sorted(set(power_of_two_widths(max_width)) | {w for w in model.widths if w <= max_width})
 
 
 def choose_width(model: FusionModel, memory_cap_bytes: float, max_width: int = 64,

@@ -100,7 +100,7 @@ def test_fused_training_equals_separate_training(name: str, kind: str) -> None:
     work = WORKLOADS[name]
     data = list(itertools.islice(batches(work, 16, seed=5), 4))
     hyper = FusedHyperParams(lr=LRS, weight_decay=DECAY, momentum=MOMENTUM, beta1=BETA1, beta2=BETA2)
-    trainer = FusedTrainer.build(work, SEEDS, hyper, optimizer=kind, batch_size=16, data_seed=5)
+    trainer = FusedTrainer.build(work, SEEDS, hyper, optimizer=kind)
     fused_losses = [trainer.step(x, y).tolist() for x, y in data]
     for i in range(len(SEEDS)):
         alone, losses = _train_alone(name, kind, i, data)
@@ -179,7 +179,7 @@ def test_keep_cuts_models_out_and_the_rest_train_on_unchanged() -> None:
     work = WORKLOADS["cnn"]
     data = list(itertools.islice(batches(work, 8, seed=2), 4))
     hyper = FusedHyperParams(lr=LRS, weight_decay=DECAY, momentum=MOMENTUM, beta1=BETA1, beta2=BETA2)
-    cut = FusedTrainer.build(work, SEEDS, hyper, optimizer="sgd", batch_size=8)
+    cut = FusedTrainer.build(work, SEEDS, hyper, optimizer="sgd")
     for x, y in data[:2]:
         cut.step(x, y)
     cut.keep([2, 0])
@@ -188,7 +188,7 @@ def test_keep_cuts_models_out_and_the_rest_train_on_unchanged() -> None:
     keep_hyper = FusedHyperParams(lr=[LRS[2], LRS[0]], weight_decay=[DECAY[2], DECAY[0]],
                                   momentum=[MOMENTUM[2], MOMENTUM[0]], beta1=[BETA1[2], BETA1[0]],
                                   beta2=[BETA2[2], BETA2[0]])
-    whole = FusedTrainer.build(work, [SEEDS[2], SEEDS[0]], keep_hyper, optimizer="sgd", batch_size=8)
+    whole = FusedTrainer.build(work, [SEEDS[2], SEEDS[0]], keep_hyper, optimizer="sgd")
     losses = [whole.step(x, y).tolist() for x, y in data]
     assert sum(late, []) == pytest.approx(sum(losses[2:], []), rel=1e-5)
     for key in whole.fused.params:

@@ -31,22 +31,18 @@ DATA_BATCHES = 4  # distinct batches cycled through while timing (drawing data i
 
 @dataclass
 class FusedTrainer:
-    """B models of one workload trained as one, each with its own hyper-parameters."""
+    """B models of one workload trained as one, each with its own hyper-parameters. The data
+    are the caller's: every step takes a batch that all B models see."""
 
-    work: FusionWorkload
     fused: FusedModels
     optimizer: FusedOptimizer
-    batch_size: int
-    data_seed: int
 
     @classmethod
     def build(cls, work: FusionWorkload, seeds: Sequence[int], hyper: FusedHyperParams, optimizer: str = "adam",
-              dropouts: Sequence[float] | None = None, batch_size: int | None = None, data_seed: int = 0,
-              device: torch.device | str = "cpu") -> "FusedTrainer":
+              dropouts: Sequence[float] | None = None, device: torch.device | str = "cpu") -> "FusedTrainer":
         members = build_members(work.build, seeds, dropouts, device)
         fused = FusedModels(members).train()
-        return cls(work, fused, FusedOptimizer(optimizer, fused.params, hyper), batch_size or work.batch_size,
-                   data_seed)
+        return cls(fused, FusedOptimizer(optimizer, fused.params, hyper))
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         """One training step of every model on the batch (x, y); returns each model's loss."""
@@ -124,8 +120,7 @@ def measure_fusion_width(workload_name: str, width: int, batch_size: int | None 
     hyper = FusedHyperParams(lr=list(10 ** rng.uniform(-4, -2, width)), weight_decay=list(rng.uniform(0, 1e-3, width)),
                              momentum=0.9, beta1=list(rng.uniform(0.85, 0.95, width)))
     trainer = FusedTrainer.build(work, seeds=[seed * 1000 + i for i in range(width)], hyper=hyper,
-                                 optimizer=optimizer, dropouts=list(rng.uniform(0, 0.3, width)),
-                                 batch_size=batch_size, data_seed=seed, device=device)
+                                 optimizer=optimizer, dropouts=list(rng.uniform(0, 0.3, width)), device=device)
     data = [(x.to(device), y.to(device)) for x, y in itertools.islice(batches(work, batch_size, seed), DATA_BATCHES)]
     cycle = itertools.cycle(data)
     t0 = time.perf_counter()
