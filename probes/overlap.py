@@ -1,0 +1,269 @@
+"""Overlapped compute + collective pairs: a producer kernel split into slices along the rows
+its collective partitions, each slice's communication issued asynchronously as soon as the
+slice is computed, so the transfer of early slices runs while later ones are still computed.
+
+Three pairs, each with its unfused reference (produce everything, then one collective):
+- embedding bag (FBGEMM TBE) + all-to-all: the pooled rows of the global batch go to the ranks
+  owning their samples;
+- GEMM / GEMV + all-reduce: the row-parallel linear of tensor parallelism;
+- GEMM + all-to-all: an expert layer's output rows go to the ranks that routed their tokens.
+
+All-to-all slices are point-to-point transfers (`isend` / `irecv`, any backend), computed in
+communication-aware order: the producer's rows are walked starting at the next rank's block and
+wrapping round, so rows for remote ranks are computed (and sent) first and the rank's own rows,
+which need no transfer, last. Every receive is posted up front into its final place in the
+output, which has exactly `all_to_all_single`'s layout (per source rank, its rows for this rank,
+sources in rank order), so fused and unfused outputs are comparable element for element and
+the consumer cannot tell them apart. Splits may be uneven in rows (tokens per expert) and in
+width (embedding dims per rank).
+
+All-reduce slices are `all_reduce(async_op=True)` on row ranges of the output, written in place
+by the GEMM (`out=`); when the output has fewer rows than slices (a GEMV), the product is sliced
+along its columns into a transposed buffer instead.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+PAIRS = ("embedding_all_to_all", "gemm_all_reduce", "gemm_all_to_all")
+
+# produce(lo, hi) -> rows lo..hi of the producer's output, [hi - lo, width]
+Producer = Callable[[int, int], torch.Tensor]
+
+
+def slice_bounds(rows: int, k: int) -> list[tuple[int, int]]:
+    """`k` contiguous, near-equal row ranges covering 0..rows (fewer when rows < k)."""
+    k = max(1, min(int(k), int(rows))) if rows > 0 else 1
+    edges = np.linspace(0, rows, k + 1).round().astype(int)
+    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows `lo..hi` (in the source's producer rows) that go to `dest`, as rows
+    `dest_lo..dest_lo + hi - lo` of the source's block in `dest`'s output."""
+
+    dest: int
+    lo: int
+    hi: int
+    dest_lo: int
+
+
+@dataclass(frozen=True)
+class ExchangeLayout:
+    """Who sends what: `rows_to[s][d]` producer rows of source `s` go to `d`; source `s`'s
+    rows are `widths[s]` wide. A source's producer rows are grouped by destination, in rank
+    order (as `all_to_all_single` sends them)."""
+
+    rows_to: tuple[tuple[int, ...], ...]
+    widths: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        w = len(self.rows_to)
+        if any(len(row) != w for row in self.rows_to) or len(self.widths) != w:
+            raise ValueError(f"rows_to must be {w}x{w} and widths {w} long")
+        if any(r < 0 for row in self.rows_to for r in row) or any(x < 0 for x in self.widths):
+            raise ValueError("rows and widths must be non-negative")
+
+    @classmethod
+    def even(cls, world: int, rows_per_dest: int, widths: Sequence[int]) -> "ExchangeLayout":
+        return cls(tuple(tuple([rows_per_dest] * world) for _ in range(world)), tuple(int(x) for x in widths))
+
+    @property
+    def world(self) -> int:
+        return len(self.widths)
+
+    def rows(self, source: int) -> int:
+        return sum(self.rows_to[source])
+
+    def block_start(self, source: int, dest: int) -> int:
+        """First producer row of `source` that goes to `dest`."""
+        return sum(self.rows_to[source][:dest])
+
+    def send_sizes(self, source: int) -> list[int]:
+        return [n * self.widths[source] for n in self.rows_to[source]]
+
+    def recv_sizes(self, dest: int) -> list[int]:
+        return [self.rows_to[s][dest] * self.widths[s] for s in range(self.world)]
+
+    def recv_offset(self, source: int, dest: int) -> int:
+        """Where `source`'s block starts in `dest`'s flat output."""
+        return sum(self.recv_sizes(dest)[:source])
+
+    def remote_first(self, source: int) -> list[int]:
+        """Destinations in the order `source` computes their rows: the next rank first, its own last."""
+        return [(source + i) % self.world for i in range(1, self.world + 1)]
+
+    def slices(self, source: int, k: int) -> list[list[Piece]]:
+        """`source`'s rows walked in remote-first order and cut into `k` near-equal slices;
+        each slice lists its pieces (at most one per destination, since a destination's rows
+        are contiguous in the walk)."""
+        order = self.remote_first(source)
+        walk = []  # (walk start, dest)
+        pos = 0
+        for d in order:
+            walk.append((pos, d))
+            pos += self.rows_to[source][d]
+        out = []
+        for a, b in slice_bounds(pos, k):
+            pieces = []
+            for start, d in walk:
+                n = self.rows_to[source][d]
+                lo, hi = max(a, start), min(b, start + n)
+                if hi > lo:
+                    first = self.block_start(source, d)
+                    pieces.append(Piece(d, first + lo - start, first + hi - start, lo - start))
+            out.append(pieces)
+        return out
+
+
+def all_to_all_reference(produce: Producer, layout: ExchangeLayout, group=None) -> torch.Tensor:
+    """Unfused: the whole producer output, then one `all_to_all_single` (uneven splits as the
+    layout says)."""
+    rank = dist.get_rank(group)
+    y = produce(0, layout.rows(rank))
+    recv = y.new_empty(sum(layout.recv_sizes(rank)))
+    dist.all_to_all_single(recv, y.reshape(-1).contiguous(), layout.recv_sizes(rank), layout.send_sizes(rank),
+                           group=group)
+    return recv
+
+
+def _global(group, rank: int) -> int:
+    return rank if group is None else dist.get_global_rank(group, rank)
+
+
+def overlapped_all_to_all(produce: Producer, layout: ExchangeLayout, k: int, group=None,
+                          keep: list[torch.Tensor] | None = None, dtype: torch.dtype = torch.float32,
+                          device: torch.device | str = "cpu") -> torch.Tensor:
+    """Fused: `k` slices of the producer in remote-first order, each remote piece sent as soon
+    as its slice is computed, every receive posted up front into the output's final layout.
+    `keep`, when given, collects each slice's producer output (for autograd callers)."""
+    rank, world = dist.get_rank(group), layout.world
+    width = layout.widths[rank]
+    out = torch.empty(sum(layout.recv_sizes(rank)), dtype=dtype, device=device)
+    works = []
+    for s in range(world):
+        if s == rank:
+            continue
+        base = layout.recv_offset(s, rank)
+        for tag, pieces in enumerate(layout.slices(s, k)):
+            for p in pieces:
+                if p.dest == rank:
+                    a = base + p.dest_lo * layout.widths[s]
+                    b = a + (p.hi - p.lo) * layout.widths[s]
+                    if b > a:  # a rank without exchanged columns sends nothing
+                        works.append(dist.irecv(out[a:b], src=_global(group, s), group=group, tag=tag))
+    own_base = layout.recv_offset(rank, rank)
+    for tag, pieces in enumerate(layout.slices(rank, k)):
+        y = _produce_pieces(produce, pieces)
+        if keep is not None:
+            keep.append(y)
+        y = y.detach()
+        row = 0
+        for p in pieces:
+            n = p.hi - p.lo
+            part = y[row:row + n]
+            row += n
+            if p.dest == rank:
+                out[own_base + p.dest_lo * width: own_base + (p.dest_lo + n) * width].copy_(part.reshape(-1))
+            elif part.numel():
+                works.append(dist.isend(part.contiguous().reshape(-1), dst=_global(group, p.dest), group=group, tag=tag))
+    for w in works:
+        w.wait()
+    return out
+
+
+def _produce_pieces(produce: Producer, pieces: Sequence[Piece]) -> torch.Tensor:
+    """The producer rows of one slice, in the slice's piece order: one call per contiguous
+    run of producer rows (a slice that wraps from the last rank's block to rank 0's makes two)."""
+    runs: list[list[int]] = []
+    for p in pieces:
+        if runs and runs[-1][1] == p.lo:
+            runs[-1][1] = p.hi
+        else:
+            runs.append([p.lo, p.hi])
+    parts = [produce(a, b) for a, b in runs]
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def gemm_all_reduce_reference(x: torch.Tensor, weight: torch.Tensor, group=None) -> torch.Tensor:
+    """Unfused row-parallel linear: x @ weight, then one all-reduce."""
+    out = x @ weight
+    dist.all_reduce(out, group=group)
+    return out
+
+
+def overlapped_gemm_all_reduce(x: torch.Tensor, weight: torch.Tensor, k: int, group=None) -> torch.Tensor:
+    """Fused: the product in `k` slices, each all-reduced asynchronously as soon as it is
+    written. Slices run along the output's rows, or along its columns when it has fewer rows
+    than slices (a GEMV), through a transposed buffer so every slice stays contiguous."""
+    m, n = x.shape[0], weight.shape[1]
+    works = []
+    if m >= k or m >= n:
+        out = x.new_empty(m, n)
+        for a, b in slice_bounds(m, k):
+            torch.mm(x[a:b], weight, out=out[a:b])
+            works.append(dist.all_reduce(out[a:b], group=group, async_op=True))
+        for w in works:
+            w.wait()
+        return out
+    out_t = x.new_empty(n, m)
+    weight_t = weight.t()
+    x_t = x.t()
+    for a, b in slice_bounds(n, k):
+        torch.mm(weight_t[a:b], x_t, out=out_t[a:b])
+        works.append(dist.all_reduce(out_t[a:b], group=group, async_op=True))
+    for w in works:
+        w.wait()
+    return out_t.t()
+
+
+def gemm_producer(x: torch.Tensor, weight: torch.Tensor) -> Producer:
+    """Rows lo..hi of x @ weight (an expert's output for those tokens)."""
+    return lambda lo, hi: x[lo:hi] @ weight
+
+
+def tbe_bag_ranges(indices: torch.Tensor, offsets: torch.Tensor, num_tables: int, bags: int,
+                   ranges: Sequence[tuple[int, int]]) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+    """TBE inputs restricted to bags lo..hi of every table, for each range. TBE's layout is
+    table-major (offsets[t * bags + b]), so a bag range is one run per table; done once per
+    batch, as a data loader that emits sliced batches would."""
+    off = offsets.to(torch.int64)
+    out = {}
+    for lo, hi in ranges:
+        idx_parts, lengths = [], []
+        for t in range(num_tables):
+            a, b = int(off[t * bags + lo]), int(off[t * bags + hi])
+            idx_parts.append(indices[a:b])
+            lengths.append(off[t * bags + lo + 1: t * bags + hi + 1] - off[t * bags + lo: t * bags + hi])
+        new_offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(torch.cat(lengths), 0)])
+        out[(lo, hi)] = (torch.cat(idx_parts).to(indices.dtype), new_offsets.to(offsets.dtype))
+    return out
+
+
+def producer_ranges(layout: ExchangeLayout, rank: int, k: int) -> list[tuple[int, int]]:
+    """Every producer call `overlapped_all_to_all` makes for `rank` with `k` slices (and the
+    whole range, for the unfused form)."""
+    ranges = [(0, layout.rows(rank))]
+    for pieces in layout.slices(rank, k):
+        runs: list[list[int]] = []
+        for p in pieces:
+            if runs and runs[-1][1] == p.lo:
+                runs[-1][1] = p.hi
+            else:
+                runs.append([p.lo, p.hi])
+        ranges += [(a, b) for a, b in runs]
+    return ranges
+
+
+def tbe_producer(tbe: torch.nn.Module, inputs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]) -> Producer:
+    """Pooled embeddings of bags lo..hi from a TBE and inputs prepared by `tbe_bag_ranges`."""
+    def produce(lo: int, hi: int) -> torch.Tensor:
+        indices, offsets = inputs[(lo, hi)]
+        return tbe(indices, offsets)
+    return produce
