@@ -58,8 +58,8 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
                 got = overlapped_all_to_all(tbe_producer(tbe, inputs), emb_layout, k)
                 errors[f"emb_a2a_k{k}"] = float((got - ref).abs().max())
 
-        # GEMM and GEMV + all-reduce (GEMV: 2 rows, sliced along columns).
-        for m in (17, 2):
+        # GEMM + all-reduce sliced along rows (33 x 20) and a GEMV's along columns (2 x 20).
+        for m in (33, 2):
             x = torch.randn(m, 12, generator=g)
             w = torch.randn(12, 20, generator=g)
             ref = gemm_all_reduce_reference(x, w)

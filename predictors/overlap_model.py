@@ -1,0 +1,248 @@
+"""Predicting an overlapped (fused) compute + collective pair as a k-stage pipeline.
+
+`substitute` rewrites an `ExecutionGraph`: a producer op and the collective that consumes its
+output become, on every rank of the group, k compute slices on the compute stream, each
+followed by its collective slice on the communication stream (asynchronous: it does not hold
+the issuing thread, whatever the device), plus two costs that are measured, not assumed:
+- `slice_overhead_s`: what each extra slice costs the issuing stream (a launch, an async
+  collective's set-up, a slice's smaller and less efficient kernel beyond what the kernel model
+  already prices);
+- `comm_compute_share`: the share of a communication slice's time it takes from the compute
+  stream while both run (on a CPU the backend's thread competes for the cores the kernels run
+  on; on a GPU a fused kernel gives SMs to communication). 0 is perfect overlap, 1 none.
+Ops that read the producer's output read its last slice; ops that read the collective's output
+wait for every collective slice (the join). The simulator then times both forms.
+
+The two costs are fitted per pair from measured pairs (`probes/overlap_probe.py`) on the
+ratio fused / unfused, so the base models' own error at a size cancels out of the fit.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from predictors.graph import ExecutionGraph, GraphOp
+from predictors.simulator import simulate
+
+PAIR_OPS = {
+    "embedding_all_to_all": ("embedding_fwd", "all_to_all"),
+    "gemm_all_reduce": ("gemm", "all_reduce"),
+    "gemm_all_to_all": ("gemm", "all_to_all"),
+}
+SLICE_COUNTS = (2, 4, 8, 16)
+
+# slice_params(rank, producer op, slices) -> the producer's params for one of `slices` slices
+SliceParams = Callable[[int, GraphOp, int], dict[str, Any]]
+CostFn = Callable[[GraphOp], float]
+
+
+@dataclass
+class OverlapCosts:
+    slice_overhead_s: float = 0.0
+    comm_compute_share: float = 0.0
+    n_points: int = 0
+    fit_gmae: float | None = None  # on the fused / unfused ratios it was fitted to
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "OverlapCosts":
+        return cls(**data)
+
+
+@dataclass
+class SubstitutablePair:
+    """A producer and the collective consuming its output, by op name, on every rank that runs
+    them (names are the same on every rank of a graph built by our builders)."""
+
+    name: str
+    pair: str  # a key of PAIR_OPS
+    producer: str
+    collective: str
+
+    def __post_init__(self) -> None:
+        if self.pair not in PAIR_OPS:
+            raise ValueError(f"pair {self.name!r}: kind {self.pair!r} not in {sorted(PAIR_OPS)}")
+
+
+def pairs_in(graph: ExecutionGraph) -> list[SubstitutablePair]:
+    """The pairs the graph's builder marked as substitutable (`meta["substitutable"]`)."""
+    return [SubstitutablePair(**p) for p in graph.meta.get("substitutable", [])]
+
+
+def scale_gemm_rows(params: dict[str, Any], slices: int) -> dict[str, Any]:
+    """A GEMM's params for 1/slices of its output rows (M), or of its columns (N) for a wide
+    output, as `probes.overlap.overlapped_gemm_all_reduce` cuts it."""
+    from probes.gemm import gemm_params
+    from probes.overlap import slices_rows
+
+    m, n, k = int(params["M"]), int(params["N"]), int(params["K"])
+    if slices_rows(m, n):
+        m = max(1, math.ceil(m / slices))
+    else:
+        n = max(1, math.ceil(n / slices))
+    return gemm_params(m, n, k, params.get("dtype", "float32"), params.get("variant", "mm"))
+
+
+def substitute(graph: ExecutionGraph, pair: SubstitutablePair, slices: int, costs: OverlapCosts,
+               slice_params: SliceParams, collective_cost: CostFn) -> ExecutionGraph:
+    """`graph` with `pair` replaced on every rank that runs it by a `slices`-stage pipeline."""
+    if slices < 2:
+        return graph
+    ranks = []
+    for r, ops in enumerate(graph.ranks):
+        names = [o.name for o in ops]
+        if pair.producer not in names or pair.collective not in names:
+            ranks.append(list(ops))
+            continue
+        p_i, c_i = names.index(pair.producer), names.index(pair.collective)
+        if c_i < p_i or p_i not in ops[c_i].deps:
+            raise ValueError(f"rank {r}: {pair.collective} does not consume {pair.producer}")
+        producer, coll = ops[p_i], ops[c_i]
+        piece = dict(coll.params, bytes=max(1, int(math.ceil(coll.params["bytes"] / slices))))
+        comm_s = collective_cost(replace(coll, params=piece))
+        new: list[GraphOp] = []
+        index: dict[int, int] = {}
+        last_slice = join = -1
+        for i, o in enumerate(ops):
+            if i == c_i:
+                continue
+            deps = [index[d] for d in o.deps if d in index]
+            if i == p_i:
+                comm_slices = []
+                for s in range(slices):
+                    if s:
+                        new.append(GraphOp(f"{producer.name}.slice_overhead", "compute", "overlap_overhead",
+                                           {}, duration_s=costs.slice_overhead_s))
+                    new.append(GraphOp(f"{producer.name}.slice{s}", producer.kind, producer.op,
+                                       slice_params(r, producer, slices), producer.stream,
+                                       deps if s == 0 else []))
+                    compute = len(new) - 1
+                    new.append(GraphOp(f"{coll.name}.slice{s}", "collective", coll.op, piece, coll.stream,
+                                       [compute], coll.group, blocking=False))
+                    comm_slices.append(len(new) - 1)
+                    if costs.comm_compute_share > 0:  # what the transfer takes from the compute stream
+                        new.append(GraphOp(f"{coll.name}.slice{s}.contention", "compute", "overlap_contention", {},
+                                           duration_s=costs.comm_compute_share * comm_s))
+                    last_slice = compute
+                new.append(GraphOp(f"{coll.name}.join", "compute", "overlap_join", {}, deps=comm_slices,
+                                   duration_s=0.0))
+                join = len(new) - 1
+                index[p_i] = last_slice
+                continue
+            deps = sorted({join if d == c_i else index[d] for d in o.deps})
+            new.append(replace(o, deps=deps))
+            index[i] = len(new) - 1
+        ranks.append(new)
+    return ExecutionGraph(ranks, dict(graph.meta))
+
+
+def pair_graph(producers: Sequence[GraphOp], collective: GraphOp, pair: str) -> ExecutionGraph:
+    """The standalone pair on a group: per rank its producer, then the collective."""
+    ranks = []
+    for producer in producers:
+        ranks.append([replace(producer, name="producer", deps=[]),
+                      replace(collective, name="collective", deps=[0])])
+    return ExecutionGraph(ranks, {"substitutable": [asdict(SubstitutablePair("pair", pair, "producer", "collective"))]})
+
+
+@dataclass
+class PairPrediction:
+    unfused_s: float
+    fused_s: dict[int, float] = field(default_factory=dict)  # slices -> seconds
+
+    def best(self) -> tuple[int, float]:
+        k = min(self.fused_s, key=self.fused_s.get)
+        return k, self.fused_s[k]
+
+    def gain(self) -> float:
+        """Predicted fraction of the unfused time the best fused form saves."""
+        return 1.0 - self.best()[1] / self.unfused_s if self.unfused_s > 0 else 0.0
+
+
+def predict_forms(graph: ExecutionGraph, pair: SubstitutablePair, costs: OverlapCosts, cost: CostFn,
+                  slice_params: SliceParams, collective_cost: CostFn, synchronous: bool,
+                  slice_counts: Sequence[int] = SLICE_COUNTS, cpu_overhead: CostFn | None = None) -> PairPrediction:
+    """Simulated time of `graph` with `pair` unfused and fused at each slice count."""
+    run = lambda g: simulate(g, cost, cpu_overhead, synchronous=synchronous).iteration_s  # noqa: E731
+    out = PairPrediction(run(graph))
+    for k in slice_counts:
+        out.fused_s[k] = run(substitute(graph, pair, k, costs, slice_params, collective_cost))
+    return out
+
+
+def fit_overlap_costs(points: Sequence[tuple[Callable[[OverlapCosts], PairPrediction], dict[int, float]]],
+                      ) -> OverlapCosts:
+    """Fit (slice overhead, communication's compute share) to measured pairs.
+
+    `points`: per measured pair, a function predicting its forms under given costs, and the
+    measured time per slice count (1 = unfused). Minimises the squared log error of the
+    fused / unfused ratio over every measured slice count: a grid over both costs, then a
+    local refinement around the best cell."""
+    if not points:
+        raise ValueError("no measured pairs to fit overlap costs to")
+    measured = [(predict, times) for predict, times in points if 1 in times and len(times) > 1]
+    if not measured:
+        raise ValueError("measured pairs need the unfused form and at least one fused form")
+    scale = float(np.median([t[1] for _, t in measured]))
+
+    def loss(o: float, s: float) -> float:
+        total = 0.0
+        for predict, times in measured:
+            pred = predict(OverlapCosts(o, s))
+            for k, t in times.items():
+                if k == 1 or k not in pred.fused_s:
+                    continue
+                total += (math.log(pred.fused_s[k] / pred.unfused_s) - math.log(t / times[1])) ** 2
+        return total
+
+    overheads = [0.0] + list(scale * np.logspace(-4, 0, 17))
+    shares = list(np.linspace(0.0, 1.0, 11))
+    best = min(itertools.product(overheads, shares), key=lambda os: loss(*os))
+    o, s = best
+    for step_o, step_s in ((o * 0.5 or scale * 1e-4, 0.05), (o * 0.2 or scale * 5e-5, 0.02)):
+        cands = itertools.product([max(0.0, o - step_o), o, o + step_o], [max(0.0, s - step_s), s, min(1.0, s + step_s)])
+        o, s = min(cands, key=lambda os: loss(*os))
+    errors = []
+    for predict, times in measured:
+        pred = predict(OverlapCosts(o, s))
+        for k, t in times.items():
+            if k != 1 and k in pred.fused_s:
+                errors.append(abs(pred.fused_s[k] / pred.unfused_s - t / times[1]) / (t / times[1]))
+    gmae = float(np.exp(np.mean(np.log(np.maximum(errors, 1e-9))))) if errors else None
+    return OverlapCosts(float(o), float(s), len(measured), gmae)
+
+
+@dataclass
+class OverlapCalibration:
+    """Fitted costs per pair kind, kept in a `PerformanceModel`'s meta as plain JSON."""
+
+    pairs: dict[str, OverlapCosts] = field(default_factory=dict)
+
+    META_KEY = "overlap"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {pair: c.to_dict() for pair, c in sorted(self.pairs.items())}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "OverlapCalibration":
+        return cls({pair: OverlapCosts.from_dict(c) for pair, c in data.items()})
+
+    @classmethod
+    def of(cls, model) -> "OverlapCalibration":
+        return cls.from_dict(model.meta.get(cls.META_KEY, {}))
+
+
+def group_rows_by_point(rows: Sequence[Any]) -> dict[tuple, dict[int, Any]]:
+    """Measured pair rows (`overlap_pair`) grouped per point: point key -> slices -> row."""
+    grouped: dict[tuple, dict[int, Any]] = defaultdict(dict)
+    for row in rows:
+        key = tuple(sorted((k, v) for k, v in row.params.items() if k != "k"))
+        grouped[key][int(row.params["k"])] = row
+    return grouped

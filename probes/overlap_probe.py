@@ -1,0 +1,153 @@
+"""Timing the unfused and overlapped forms of one compute + collective pair, for real.
+
+A `PairPoint` names a pair and its size; every rank of the group builds the same inputs
+(seeded), and each form (unfused, then overlapped with k slices for each k) is timed in
+interleaved rounds, so a slow spell of the host touches every form alike. A round's time per
+form is the slowest member's median over a few repeats (the pair is done when its last rank
+is); a form's time is the mean of the faster half of its rounds (`window_estimate`: host
+noise only ever adds time). Only the group's first rank returns rows.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from probes.collective import uneven_splits, window_estimate
+from probes.embedding import TableShape, expected_features, make_batch, make_tbe
+from probes.overlap import (
+    PAIRS, ExchangeLayout, all_to_all_reference, gemm_all_reduce_reference, gemm_producer, overlapped_all_to_all,
+    overlapped_gemm_all_reduce, producer_ranges, tbe_bag_ranges, tbe_producer,
+)
+from probes.records import Measurement
+from probes.timing import time_callable
+
+OP = "overlap_pair"
+FLOAT = 4
+
+
+@dataclass(frozen=True)
+class PairPoint:
+    """One pair at one size, on `world` ranks.
+
+    - gemm_all_reduce: x [rows, inner] @ w [inner, cols] on every rank, all-reduced;
+    - gemm_all_to_all: each rank's x [tokens, inner] @ w [inner, cols], `rows` tokens per
+      destination on average (log-normal skew when `uneven`);
+    - embedding_all_to_all: `tables` tables per rank of `cols` total width (per rank the width
+      varies by +-50% when `uneven`), pooling `pooling`, `rows` bags per rank (global batch
+      rows x world), each table `num_embeddings` rows.
+    """
+
+    pair: str
+    rows: int
+    cols: int
+    inner: int = 0
+    world: int = 2
+    uneven: bool = False
+    tables: int = 4
+    pooling: int = 8
+    num_embeddings: int = 20_000
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.pair not in PAIRS:
+            raise ValueError(f"unknown pair {self.pair!r}; expected one of {PAIRS}")
+        if self.rows < 1 or self.cols < 1 or self.world < 2:
+            raise ValueError(f"{self.pair}: rows and cols must be >= 1 and world >= 2")
+        if self.pair != "embedding_all_to_all" and self.inner < 1:
+            raise ValueError(f"{self.pair}: inner (the GEMM's reduction dimension) must be >= 1")
+
+    def to_params(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def exchange_layout(self) -> ExchangeLayout:
+        W = self.world
+        if self.pair == "gemm_all_to_all":
+            rows = uneven_splits(self.rows * W, W, self.seed) if self.uneven else np.full((W, W), self.rows)
+            return ExchangeLayout(tuple(tuple(int(x) for x in r) for r in rows), tuple([self.cols] * W))
+        return ExchangeLayout.even(W, self.rows, self.rank_widths())
+
+    def rank_widths(self) -> list[int]:
+        """Embedding width per rank (multiples of 4 per table, as TBE needs)."""
+        per_table = max(4, self.cols // self.tables // 4 * 4)
+        if not self.uneven:
+            return [per_table * self.tables] * self.world
+        rng = np.random.default_rng(self.seed)
+        scale = rng.uniform(0.5, 1.5, size=self.world)
+        return [int(max(4, round(per_table * s / 4) * 4)) * self.tables for s in scale]
+
+    def rank_tables(self, rank: int) -> list[TableShape]:
+        dim = self.rank_widths()[rank] // self.tables
+        return [TableShape(self.num_embeddings, dim, self.pooling) for _ in range(self.tables)]
+
+
+def pair_forms(point: PairPoint, rank: int, slices: Sequence[int], group=None) -> dict[str, Callable[[], torch.Tensor]]:
+    """Form name ("unfused", "k2", "k4", ...) -> a call running that form once on this rank."""
+    gen = torch.Generator().manual_seed(point.seed * 1000 + rank)
+    forms: dict[str, Callable[[], torch.Tensor]] = {}
+    if point.pair == "gemm_all_reduce":
+        x = torch.randn(point.rows, point.inner, generator=gen)
+        w = torch.randn(point.inner, point.cols, generator=gen)
+        forms["unfused"] = lambda: gemm_all_reduce_reference(x, w, group)
+        for k in slices:
+            forms[f"k{k}"] = (lambda k=k: overlapped_gemm_all_reduce(x, w, k, group))
+        return forms
+    layout = point.exchange_layout()
+    if point.pair == "gemm_all_to_all":
+        x = torch.randn(layout.rows(rank), point.inner, generator=gen)
+        w = torch.randn(point.inner, point.cols, generator=gen)
+        produce = gemm_producer(x, w)
+    else:
+        tables = point.rank_tables(rank)
+        torch.manual_seed(point.seed * 1000 + rank)
+        tbe = make_tbe(tables, torch.device("cpu"))
+        bags = point.rows * point.world
+        indices, offsets, _ = make_batch(tables, bags, np.random.default_rng([point.seed, rank]))
+        ranges = sorted({r for k in slices for r in producer_ranges(layout, rank, k)})
+        inputs = tbe_bag_ranges(torch.from_numpy(indices), torch.from_numpy(offsets), len(tables), bags, ranges)
+        produce = tbe_producer(tbe, inputs)
+    forms["unfused"] = lambda: all_to_all_reference(produce, layout, group)
+    for k in slices:
+        forms[f"k{k}"] = (lambda k=k: overlapped_all_to_all(produce, layout, k, group))
+    return forms
+
+
+def measure_pair(point: PairPoint, slices: Sequence[int] = (2, 4, 8, 16), rounds: int = 7, repeats: int = 5,
+                 group=None) -> list[Measurement]:
+    """Time every form of `point` on the group (every member calls this with the same point);
+    one row per form on the group's first rank, params = the point plus `k` (1: unfused)."""
+    rank = dist.get_rank(group)
+    with torch.no_grad():
+        forms = pair_forms(point, rank, slices, group)
+        names = list(forms)
+        for fn in forms.values():  # warm-up: first calls allocate and connect pairs
+            fn()
+        medians = torch.zeros(len(names), rounds, dtype=torch.float64)
+        for r in range(rounds):
+            order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
+            for name in order:
+                dist.barrier(group=group)
+                t = time_callable(forms[name], warmup=0, min_repeats=repeats, max_repeats=repeats, max_seconds=1e9,
+                                  min_sample_s=0.0)
+                medians[names.index(name), r] = t.median_s
+    dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=group)
+    if rank != 0:
+        return []
+    rows = []
+    for i, name in enumerate(names):
+        windows = medians[i].numpy()
+        q1, q3 = np.percentile(windows, [25, 75])
+        k = 1 if name == "unfused" else int(name[1:])
+        params = {**point.to_params(), "k": k}
+        rows.append(Measurement(OP, params, window_estimate(windows), float(q3 - q1), rounds * repeats,
+                                world_size=point.world, family="overlap",
+                                extra={"form": name, "window_medians": windows.tolist()}))
+    return rows
+
+
+def embedding_slice_features(point: PairPoint, rank: int, bags: int) -> dict[str, Any]:
+    """The embedding model's features for `bags` bags of `rank`'s tables (one slice)."""
+    return expected_features(point.rank_tables(rank), bags, seed=point.seed)
