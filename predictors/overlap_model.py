@@ -7,6 +7,9 @@ the issuing thread, whatever the device), plus two costs that are measured, not 
 - `slice_overhead_s`: what each extra slice costs the issuing stream (a launch, an async
   collective's set-up, a slice's smaller and less efficient kernel beyond what the kernel model
   already prices);
+- `comm_factor`: the overlapped form's communication time per slice relative to the collective
+  model's price for a slice of that size (its transfers are point-to-point sends or async
+  all-reduces, not the probed collective call, and may be cheaper or dearer);
 - `comm_compute_share`: the share of a communication slice's time it takes from the compute
   stream while both run (on a CPU the backend's thread competes for the cores the kernels run
   on; on a GPU a fused kernel gives SMs to communication). 0 is perfect overlap, 1 none.
@@ -25,6 +28,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
 
 import numpy as np
+from scipy.optimize import minimize
 
 from predictors.graph import ExecutionGraph, GraphOp
 from predictors.simulator import simulate
@@ -45,6 +49,7 @@ CostFn = Callable[[GraphOp], float]
 class OverlapCosts:
     slice_overhead_s: float = 0.0
     comm_compute_share: float = 0.0
+    comm_factor: float = 1.0
     n_points: int = 0
     fit_gmae: float | None = None  # on the fused / unfused ratios it was fitted to
 
@@ -65,8 +70,10 @@ class SubstitutablePair:
     pair: str  # a key of PAIR_OPS
     producer: str
     collective: str
+    sliced_with: tuple[str, ...] = ()  # ops the overlapped form also runs per slice (its backward)
 
     def __post_init__(self) -> None:
+        self.sliced_with = tuple(self.sliced_with)
         if self.pair not in PAIR_OPS:
             raise ValueError(f"pair {self.name!r}: kind {self.pair!r} not in {sorted(PAIR_OPS)}")
 
@@ -92,52 +99,67 @@ def scale_gemm_rows(params: dict[str, Any], slices: int) -> dict[str, Any]:
 
 def substitute(graph: ExecutionGraph, pair: SubstitutablePair, slices: int, costs: OverlapCosts,
                slice_params: SliceParams, collective_cost: CostFn) -> ExecutionGraph:
-    """`graph` with `pair` replaced on every rank that runs it by a `slices`-stage pipeline."""
+    """`graph` with `pair` replaced on every rank that runs it by a `slices`-stage pipeline.
+
+    A rank that takes part in the collective without producing anything for it (a DLRM rank
+    holding no tables) runs the collective's slices alone. Ops named in `pair.sliced_with` (the
+    producer's backward, which the overlapped form runs per slice) become `slices` ops in a row."""
     if slices < 2:
         return graph
     ranks = []
     for r, ops in enumerate(graph.ranks):
         names = [o.name for o in ops]
-        if pair.producer not in names or pair.collective not in names:
+        if pair.collective not in names:
             ranks.append(list(ops))
             continue
-        p_i, c_i = names.index(pair.producer), names.index(pair.collective)
-        if c_i < p_i or p_i not in ops[c_i].deps:
+        c_i = names.index(pair.collective)
+        p_i = names.index(pair.producer) if pair.producer in names else None
+        if p_i is not None and (c_i < p_i or p_i not in ops[c_i].deps):
             raise ValueError(f"rank {r}: {pair.collective} does not consume {pair.producer}")
-        producer, coll = ops[p_i], ops[c_i]
+        if p_i is not None and any(p_i in ops[j].deps for j in range(p_i + 1, c_i)):
+            raise ValueError(f"rank {r}: ops between {pair.producer} and {pair.collective} read the producer")
+        coll = ops[c_i]
         piece = dict(coll.params, bytes=max(1, int(math.ceil(coll.params["bytes"] / slices))))
-        comm_s = collective_cost(replace(coll, params=piece))
+        comm_s = costs.comm_factor * collective_cost(replace(coll, params=piece))
         new: list[GraphOp] = []
         index: dict[int, int] = {}
-        last_slice = join = -1
+        join = -1
         for i, o in enumerate(ops):
+            deps = sorted({join if d == c_i else index[d] for d in o.deps if d in index or d == c_i})
             if i == c_i:
-                continue
-            deps = [index[d] for d in o.deps if d in index]
-            if i == p_i:
-                comm_slices = []
+                comm_slices, last_slice = [], None
                 for s in range(slices):
-                    if s:
-                        new.append(GraphOp(f"{producer.name}.slice_overhead", "compute", "overlap_overhead",
-                                           {}, duration_s=costs.slice_overhead_s))
-                    new.append(GraphOp(f"{producer.name}.slice{s}", producer.kind, producer.op,
-                                       slice_params(r, producer, slices), producer.stream,
-                                       deps if s == 0 else []))
-                    compute = len(new) - 1
+                    compute = None
+                    if p_i is not None:
+                        producer = ops[p_i]
+                        if s:
+                            new.append(GraphOp(f"{producer.name}.slice_overhead", "compute", "overlap_overhead", {},
+                                               duration_s=costs.slice_overhead_s))
+                        new.append(GraphOp(f"{producer.name}.slice{s}", producer.kind, producer.op,
+                                           slice_params(r, producer, slices), producer.stream,
+                                           [index[d] for d in producer.deps] if s == 0 else []))
+                        compute = last_slice = len(new) - 1
                     new.append(GraphOp(f"{coll.name}.slice{s}", "collective", coll.op, piece, coll.stream,
-                                       [compute], coll.group, blocking=False))
+                                       [compute] if compute is not None else [], coll.group, duration_s=comm_s,
+                                       blocking=False))
                     comm_slices.append(len(new) - 1)
-                    if costs.comm_compute_share > 0:  # what the transfer takes from the compute stream
+                    if p_i is not None and costs.comm_compute_share > 0:  # what the transfer takes from compute
                         new.append(GraphOp(f"{coll.name}.slice{s}.contention", "compute", "overlap_contention", {},
                                            duration_s=costs.comm_compute_share * comm_s))
-                    last_slice = compute
                 new.append(GraphOp(f"{coll.name}.join", "compute", "overlap_join", {}, deps=comm_slices,
                                    duration_s=0.0))
                 join = len(new) - 1
-                index[p_i] = last_slice
+                if p_i is not None:
+                    index[p_i] = last_slice
                 continue
-            deps = sorted({join if d == c_i else index[d] for d in o.deps})
-            new.append(replace(o, deps=deps))
+            if i == p_i:
+                continue  # produced slice by slice where the collective was
+            if o.name in pair.sliced_with:
+                for s in range(slices):
+                    new.append(replace(o, name=f"{o.name}.slice{s}", params=slice_params(r, o, slices),
+                                       deps=deps if s == 0 else []))
+            else:
+                new.append(replace(o, deps=deps))
             index[i] = len(new) - 1
         ranks.append(new)
     return ExecutionGraph(ranks, dict(graph.meta))
@@ -179,11 +201,11 @@ def predict_forms(graph: ExecutionGraph, pair: SubstitutablePair, costs: Overlap
 
 def fit_overlap_costs(points: Sequence[tuple[Callable[[OverlapCosts], PairPrediction], dict[int, float]]],
                       ) -> OverlapCosts:
-    """Fit (slice overhead, communication's compute share) to measured pairs.
+    """Fit (slice overhead, communication's compute share, communication factor) to measured pairs.
 
     `points`: per measured pair, a function predicting its forms under given costs, and the
     measured time per slice count (1 = unfused). Minimises the squared log error of the
-    fused / unfused ratio over every measured slice count: a grid over both costs, then a
+    fused / unfused ratio over every measured slice count: a grid over the three, then a
     local refinement around the best cell."""
     if not points:
         raise ValueError("no measured pairs to fit overlap costs to")
@@ -192,31 +214,40 @@ def fit_overlap_costs(points: Sequence[tuple[Callable[[OverlapCosts], PairPredic
         raise ValueError("measured pairs need the unfused form and at least one fused form")
     scale = float(np.median([t[1] for _, t in measured]))
 
-    def loss(o: float, s: float) -> float:
+    def loss(o: float, s: float, f: float) -> float:
         total = 0.0
         for predict, times in measured:
-            pred = predict(OverlapCosts(o, s))
+            pred = predict(OverlapCosts(o, s, f))
             for k, t in times.items():
                 if k == 1 or k not in pred.fused_s:
                     continue
                 total += (math.log(pred.fused_s[k] / pred.unfused_s) - math.log(t / times[1])) ** 2
         return total
 
-    overheads = [0.0] + list(scale * np.logspace(-4, 0, 17))
+    overheads = [0.0] + list(scale * np.logspace(-4, 0, 13))
     shares = list(np.linspace(0.0, 1.0, 11))
-    best = min(itertools.product(overheads, shares), key=lambda os: loss(*os))
-    o, s = best
-    for step_o, step_s in ((o * 0.5 or scale * 1e-4, 0.05), (o * 0.2 or scale * 5e-5, 0.02)):
-        cands = itertools.product([max(0.0, o - step_o), o, o + step_o], [max(0.0, s - step_s), s, min(1.0, s + step_s)])
-        o, s = min(cands, key=lambda os: loss(*os))
+    factors = list(np.linspace(0.4, 1.6, 13))
+    start = min(itertools.product(overheads, shares, factors), key=lambda p: loss(*p))
+    # Refine from the best cell (Nelder-Mead; the bounds are kept by clipping inside the loss).
+    clip = lambda p: (max(0.0, p[0] * scale), min(1.0, max(0.0, p[1])), max(0.05, p[2]))  # noqa: E731
+    res = minimize(lambda p: loss(*clip(p)), [start[0] / scale, start[1], start[2]], method="Nelder-Mead",
+                   options={"xatol": 1e-4, "fatol": 1e-10, "maxiter": 400,
+                            "initial_simplex": _simplex([start[0] / scale, start[1], start[2]])})
+    o, s, f = clip(res.x) if res.fun < loss(*start) else start
     errors = []
     for predict, times in measured:
-        pred = predict(OverlapCosts(o, s))
+        pred = predict(OverlapCosts(o, s, f))
         for k, t in times.items():
             if k != 1 and k in pred.fused_s:
                 errors.append(abs(pred.fused_s[k] / pred.unfused_s - t / times[1]) / (t / times[1]))
     gmae = float(np.exp(np.mean(np.log(np.maximum(errors, 1e-9))))) if errors else None
-    return OverlapCosts(float(o), float(s), len(measured), gmae)
+    return OverlapCosts(float(o), float(s), float(f), len(measured), gmae)
+
+
+def _simplex(x0: list[float]) -> np.ndarray:
+    """A starting simplex around `x0` with steps the size of the search grid's cells."""
+    steps = [max(abs(x0[0]), 1e-4), 0.1, 0.1]
+    return np.array([x0] + [[x + (steps[i] if j == i else 0.0) for j, x in enumerate(x0)] for i in range(3)])
 
 
 @dataclass

@@ -85,6 +85,15 @@ def run_collective_batch(specs: Sequence[ProbeSpec], device: str = "cpu",
     point); every member of the process group must call it."""
     if len(specs) == 1 and specs[0].family == "training":
         return run_training_probe(specs[0], device)
+    if len(specs) == 1 and specs[0].family == "overlap":
+        import torch.distributed as dist
+
+        from probes.collective import group_for
+        from probes.overlap_probe import PairPoint, measure_pair
+
+        point = PairPoint(**specs[0].params)
+        group = group_for(list(range(point.world)))  # every member of the gang takes part in this
+        return measure_pair(point, group=group) if dist.get_rank() < point.world else []
     if any(s.family != "collective" for s in specs):
         raise ValueError(f"a collective batch holds collective points only; got {[s.family for s in specs]}")
     return measure_collectives([_collective_point(s) for s in specs], device=device, **(timing or {}))
@@ -439,3 +448,27 @@ def transformer_training_specs(n: int, seed: int, world: int) -> list[ProbeSpec]
                     "world_size": world, "tensor_parallel": 1, "dropout": 0.1, "seed": i, "name": f"probe{i}"}
         out.append(ProbeSpec("training", {"transformer": spec}, f"train-transformer:{i}"))
     return out
+
+def overlap_points(world: int) -> list["PairPoint"]:
+    """The measured compute + collective pairs a calibration fits overlap costs to: per pair a
+    small, two mid-sized and a skewed (or GEMV-shaped) point on the first two devices, cheap
+    enough (about 1-8 s each on two CPU cores) to run in every calibration."""
+    from probes.overlap_probe import PairPoint
+
+    w = min(world, 2)
+    return [
+        PairPoint("gemm_all_reduce", 128, 128, 128, world=w), PairPoint("gemm_all_reduce", 1024, 512, 256, world=w),
+        PairPoint("gemm_all_reduce", 4, 2048, 2048, world=w), PairPoint("gemm_all_reduce", 2048, 512, 768, world=w),
+        PairPoint("gemm_all_to_all", 256, 256, 256, world=w), PairPoint("gemm_all_to_all", 2048, 512, 256, world=w),
+        PairPoint("gemm_all_to_all", 1024, 512, 512, world=w, uneven=True),
+        PairPoint("gemm_all_to_all", 4096, 768, 128, world=w),
+        PairPoint("embedding_all_to_all", 512, 64, world=w, tables=4),
+        PairPoint("embedding_all_to_all", 2048, 128, world=w, tables=8, pooling=16),
+        PairPoint("embedding_all_to_all", 1024, 128, world=w, tables=4, uneven=True),
+        PairPoint("embedding_all_to_all", 4096, 192, world=w, tables=6, pooling=12),
+    ]
+
+
+def overlap_specs(world: int) -> list[ProbeSpec]:
+    """`overlap_points` as gang specs; a pair runs on ranks 0..1 of the gang (world 2)."""
+    return [ProbeSpec("overlap", p.to_params(), f"overlap:{i}") for i, p in enumerate(overlap_points(world))]

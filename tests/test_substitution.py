@@ -1,0 +1,151 @@
+"""The overlapped pair as a k-stage pipeline in the simulator, the fit of its costs, the policy."""
+import math
+
+import pytest
+
+from policies.substitution import choose_substitutions, decide
+from predictors.graph import ExecutionGraph, GraphOp
+from predictors.overlap_model import (
+    OverlapCalibration, OverlapCosts, PairPrediction, SubstitutablePair, fit_overlap_costs, predict_forms, substitute,
+)
+from predictors.simulator import simulate
+
+MS = 1e-3
+
+
+def cost(op: GraphOp) -> float:
+    """Work ops cost `units` ms; collectives 1 ms per 1000 bytes."""
+    if op.duration_s is not None:
+        return op.duration_s
+    if op.kind == "collective":
+        return op.params["bytes"] * 1e-6
+    return op.params.get("units", 0.0) * MS
+
+
+def slice_params(rank, op, slices):
+    return {"units": op.params["units"] / slices}
+
+
+def two_rank_graph(producer_units=10.0, coll_bytes=10_000, with_producer=(True, True), tail_units=1.0):
+    ranks = []
+    for r in range(2):
+        ops = [GraphOp("before", "compute", "work", {"units": 1.0})]
+        if with_producer[r]:
+            ops.append(GraphOp("emb", "compute", "work", {"units": producer_units}, deps=[0]))
+        ops.append(GraphOp("a2a", "collective", "all_to_all", {"bytes": coll_bytes, "world": 2}, "comm",
+                           [len(ops) - 1] if with_producer[r] else [], (0, 1)))
+        ops.append(GraphOp("after", "compute", "work", {"units": tail_units}, deps=[len(ops) - 1]))
+        ops.append(GraphOp("emb_bwd", "compute", "work", {"units": 4.0}, deps=[len(ops) - 1]))
+        ranks.append(ops)
+    meta = {"substitutable": [{"name": "emb_a2a", "pair": "embedding_all_to_all", "producer": "emb",
+                               "collective": "a2a", "sliced_with": ["emb_bwd"]}]}
+    return ExecutionGraph(ranks, meta)
+
+
+PAIR = SubstitutablePair("emb_a2a", "embedding_all_to_all", "emb", "a2a", ("emb_bwd",))
+
+
+def iteration_ms(graph):
+    return simulate(graph, cost, synchronous=True).iteration_s / MS
+
+
+def test_pipeline_overlaps_communication_with_the_next_slice():
+    graph = two_rank_graph()
+    assert iteration_ms(graph) == pytest.approx(1 + 10 + 10 + 1 + 4)
+    fused = substitute(graph, PAIR, 2, OverlapCosts(), slice_params, cost)
+    # before 1; slice0 5; its transfer (5) runs under slice1 (5); slice1's transfer 5; after 1; bwd 2 x 2
+    assert iteration_ms(fused) == pytest.approx(1 + 5 + 5 + 5 + 1 + 4)
+    names = [o.name for o in fused.ranks[0]]
+    assert names[:3] == ["before", "emb.slice0", "a2a.slice0"]
+    assert names.count("emb_bwd.slice0") == 1 and names.count("emb_bwd.slice1") == 1
+    join = names.index("a2a.join")
+    assert fused.ranks[0][names.index("after")].deps == [join]
+    assert sorted(fused.ranks[0][join].deps) == [names.index("a2a.slice0"), names.index("a2a.slice1")]
+    assert all(o.blocking is False for o in fused.ranks[0] if o.kind == "collective")
+
+
+def test_contention_and_overhead_are_paid_on_the_compute_stream():
+    graph = two_rank_graph()
+    none = substitute(graph, PAIR, 2, OverlapCosts(comm_compute_share=1.0), slice_params, cost)
+    assert iteration_ms(none) == pytest.approx(iteration_ms(graph))  # no overlap: same as unfused
+    half = substitute(graph, PAIR, 2, OverlapCosts(slice_overhead_s=0.5 * MS, comm_compute_share=0.5), slice_params, cost)
+    # slice0 5, contention 2.5, overhead 0.5, slice1 5 (ends 14); its transfer ends 19
+    assert iteration_ms(half) == pytest.approx(1 + 5 + 2.5 + 0.5 + 5 + 5 + 1 + 4)
+    dear = substitute(graph, PAIR, 2, OverlapCosts(comm_factor=2.0), slice_params, cost)
+    assert iteration_ms(dear) == pytest.approx(1 + 5 + 10 + 10 + 1 + 4)  # transfers of 10 each, back to back
+
+
+def test_a_rank_without_a_producer_still_runs_every_collective_slice():
+    graph = two_rank_graph(with_producer=(True, False))
+    fused = substitute(graph, PAIR, 4, OverlapCosts(), slice_params, cost)
+    assert sum(o.kind == "collective" for o in fused.ranks[1]) == 4
+    assert not any(o.name.startswith("emb.") for o in fused.ranks[1])
+    assert iteration_ms(fused) < iteration_ms(graph)  # simulates without a deadlock, and gains
+
+
+def test_substitute_refuses_a_collective_that_does_not_read_the_producer():
+    graph = two_rank_graph()
+    for ops in graph.ranks:
+        ops[2].deps = [0]
+    with pytest.raises(ValueError, match="does not consume"):
+        substitute(graph, PAIR, 2, OverlapCosts(), slice_params, cost)
+
+
+def test_fit_recovers_costs_that_generated_the_measurements():
+    truth = OverlapCosts(slice_overhead_s=0.4 * MS, comm_compute_share=0.3, comm_factor=1.2)
+    points = []
+    for units, nbytes in [(10.0, 10_000), (2.0, 8_000), (20.0, 5_000), (6.0, 30_000)]:
+        graph = two_rank_graph(units, nbytes)
+
+        def predict(costs, graph=graph):
+            return predict_forms(graph, PAIR, costs, cost, slice_params, cost, synchronous=True)
+        made = predict(truth)
+        points.append((predict, {1: made.unfused_s, **made.fused_s}))
+    fitted = fit_overlap_costs(points)
+    assert fitted.fit_gmae < 0.01
+    for predict, times in points:
+        pred = predict(fitted)
+        for k, t in pred.fused_s.items():
+            assert t / pred.unfused_s == pytest.approx(times[k] / times[1], rel=0.01)
+    assert fitted.comm_compute_share == pytest.approx(0.3, abs=0.05)
+    assert fitted.comm_factor == pytest.approx(1.2, abs=0.1)
+
+
+def test_decide_substitutes_only_above_the_threshold():
+    assert decide(PairPrediction(10.0, {2: 9.0, 4: 9.4})).substitute
+    assert decide(PairPrediction(10.0, {2: 9.0, 4: 9.4})).slices == 2
+    kept = decide(PairPrediction(10.0, {2: 9.7, 4: 12.0}))
+    assert not kept.substitute and kept.slices == 1
+    assert not decide(PairPrediction(10.0, {2: 9.0}), threshold=0.2).substitute
+
+
+class FakeModel:
+    """What the policy reads from a bundle: meta (device kind, overlap costs) and prices."""
+
+    def __init__(self, overlap):
+        self.meta = {"device_kind": "cpu", "overlap": overlap}
+        self.models = {}
+
+    def predict_params(self, op, params):
+        if op == "all_to_all":
+            return params["bytes"] * 1e-6
+        return params.get("units", 0.0) * MS
+
+
+def test_policy_lists_every_pair_with_both_predictions_and_applies_the_winners():
+    graph = two_rank_graph()
+    model = FakeModel(OverlapCalibration({"embedding_all_to_all": OverlapCosts(0.1 * MS, 0.2, 1.0)}).to_dict())
+    decision, applied = choose_substitutions(graph, model, slice_params, cost=cost)
+    cand = decision.candidates[0]
+    assert decision.choice.startswith("emb_a2a:k")
+    assert cand.detail["substitute"] and cand.detail["predicted_unfused_ms"] == pytest.approx(iteration_ms(graph))
+    assert set(cand.detail["predicted_fused_ms"]) == {"2", "4", "8", "16"}
+    assert decision.predicted_ms == pytest.approx(min(cand.detail["predicted_fused_ms"].values()))
+    assert any(o.name == "a2a.join" for o in applied.ranks[0])
+    # the same pair with costly slices stays unfused, and a bundle without costs says why
+    dear = FakeModel(OverlapCalibration({"embedding_all_to_all": OverlapCosts(5 * MS, 1.0, 1.0)}).to_dict())
+    decision, applied = choose_substitutions(graph, dear, slice_params, cost=cost)
+    assert decision.choice == "none" and applied is graph
+    decision, _ = choose_substitutions(graph, FakeModel({}), slice_params, cost=cost)
+    assert not decision.candidates[0].feasible and "no fitted overlap costs" in decision.candidates[0].detail["reason"]
+    assert math.isclose(decision.predicted_ms, iteration_ms(graph))
