@@ -6,6 +6,8 @@ from policies.chunking import choose_chunking
 from policies.dlrm_cost import estimate_iteration
 from policies.plan import Decision, Plan
 from policies.sharding import choose_sharding
+from policies.substitution import choose_substitutions
+from predictors.dlrm_graph import build_dlrm_graph, dlrm_slice_params
 from predictors.dlrm_graph import ddp_buckets, dense_parameter_bytes
 from predictors.network import (
     NetworkError, NetworkTopology, check_topology_size, dimension_from_model, topology_from_config,
@@ -71,6 +73,12 @@ def make_plan(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFinger
     if out_of_range:
         notes.append("extrapolating beyond measurements: " + "; ".join(out_of_range[:5]))
     decisions = {"sharding": sharding}
+    placement = sharding.choice_detail["table_to_rank"]
+    decisions["substitution"], _ = choose_substitutions(build_dlrm_graph(job, placement), model,
+                                                        dlrm_slice_params(job, placement))
+    notes.append("substitution: each compute+collective pair of the chosen plan's graph simulated unfused and as a "
+                 "k-slice overlapped pipeline (predictors/overlap_model.py); its predicted time is the kernels' "
+                 "critical path without the step overhead")
     if job.network is not None:
         decisions["chunking"] = chunking_decision(job, model, fingerprint)
         notes.append("chunking: the gradient all-reduce of one DDP bucket, simulated chunk by chunk on the "

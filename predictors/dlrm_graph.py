@@ -157,4 +157,22 @@ def build_dlrm_graph(
         g.add(GraphOp("optimizer_step", "compute", "add", elementwise_params("add", -(-params_numel // cols), cols), deps=reduces))
         graph.append(g.ops)
     meta_plan = [p if isinstance(p, dict) else int(p) for p in plan]
-    return ExecutionGraph(graph, meta={"job": spec.name, "workload": "dlrm", "table_to_rank": meta_plan})
+    meta: dict[str, Any] = {"job": spec.name, "workload": "dlrm", "table_to_rank": meta_plan}
+    if a2a is not None:  # the lookup and the all-to-all that ships its pooled rows (predictors/overlap_model.py)
+        meta["substitutable"] = [{"name": "embedding_all_to_all", "pair": "embedding_all_to_all",
+                                  "producer": "embedding_fwd", "collective": "all_to_all_fwd",
+                                  "sliced_with": ["embedding_bwd"]}]
+    return ExecutionGraph(graph, meta=meta)
+
+
+def dlrm_slice_params(spec: JobSpec, plan: Sequence[PlanEntry],
+                      embedding_features: Callable[..., dict[str, Any]] = expected_features):
+    """Params of one of k slices of a rank's lookup (forward or backward): its tables for
+    1/k of the global batch's bags, as the overlapped exchange looks them up."""
+    shards = table_shards(spec, plan)
+    bags = spec.batch_size * spec.world_size
+
+    def params(rank: int, op: GraphOp, slices: int) -> dict[str, Any]:
+        local = [s.shape for s in shards if s.rank == rank and s.kind != DATA_PARALLEL]
+        return embedding_features(local, max(1, -(-bags // slices)), seed=spec.seed)
+    return params

@@ -156,5 +156,9 @@ def build_transformer_graph(spec: TransformerSpec, scope: str = "intra",
         cols = 1024
         g.add("optimizer_step", "compute", "add", elementwise_params("add", -(-params_numel // cols), cols), tuple(reduces))
         ranks.append(g.ops)
-    return ExecutionGraph(ranks, meta={"job": spec.name, "workload": "transformer",
-                                       "tensor_parallel": tp, "data_parallel": spec.data_parallel})
+    meta = {"job": spec.name, "workload": "transformer", "tensor_parallel": tp, "data_parallel": spec.data_parallel}
+    if tp > 1:  # each row-parallel product and the all-reduce of its partial sums (predictors/overlap_model.py)
+        meta["substitutable"] = [{"name": f"b{layer}.{linear}", "pair": "gemm_all_reduce", "producer": f"b{layer}.{linear}",
+                                  "collective": f"b{layer}.{linear}_all_reduce"}
+                                 for layer in range(spec.layers) for linear in ("out", "fc2")]
+    return ExecutionGraph(ranks, meta=meta)

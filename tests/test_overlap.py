@@ -13,7 +13,7 @@ from probes.overlap import (
     ExchangeLayout, all_to_all_reference, gemm_all_reduce_reference, gemm_producer, overlapped_all_to_all,
     overlapped_gemm_all_reduce, producer_ranges, slice_bounds, tbe_bag_ranges, tbe_producer,
 )
-from tests.spawned import exit_worker
+from spawned import exit_worker
 
 SLICES = (1, 2, 3, 4, 8)
 

@@ -149,3 +149,34 @@ def test_policy_lists_every_pair_with_both_predictions_and_applies_the_winners()
     decision, _ = choose_substitutions(graph, FakeModel({}), slice_params, cost=cost)
     assert not decision.candidates[0].feasible and "no fitted overlap costs" in decision.candidates[0].detail["reason"]
     assert math.isclose(decision.predicted_ms, iteration_ms(graph))
+
+
+def test_reference_job_graphs_mark_their_pairs_and_simulate_substituted():
+    from predictors.dlrm_graph import build_dlrm_graph, dlrm_slice_params
+    from predictors.overlap_model import pairs_in
+    from predictors.transformer_graph import build_transformer_graph
+    from probes.jobspec import JobSpec
+    from probes.workloads.transformer import TransformerSpec
+
+    job = JobSpec.from_dict({
+        "name": "g", "workload": "dlrm", "world_size": 2, "batch_size": 32,
+        "dense": {"num_dense_features": 4, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
+        "tables": [{"name": f"t{i}", "num_embeddings": 1000, "embedding_dim": 8, "pooling_factor": 2} for i in range(3)],
+    })
+    placement = [0, 0, 0]  # rank 1 holds no table: it only receives
+    graph = build_dlrm_graph(job, placement)
+    [pair] = pairs_in(graph)
+    unit = lambda op: op.duration_s if op.duration_s is not None else 1e-4 * (1 + op.params.get("B", 0) / 64)  # noqa: E731
+    fused = substitute(graph, pair, 4, OverlapCosts(), dlrm_slice_params(job, placement), unit)
+    lookups = [o for o in fused.ranks[0] if o.op == "embedding_fwd"]
+    assert [o.params["B"] for o in lookups] == [16] * 4  # 64 bags of the global batch in 4 slices
+    assert sum(o.op == "embedding_bwd" for o in fused.ranks[0]) == 4
+    assert sum(o.name.startswith("all_to_all_fwd.slice") for o in fused.ranks[1]) == 4
+    simulate(fused, unit, synchronous=True)  # every rank meets every slice
+
+    tf = build_transformer_graph(TransformerSpec(layers=2, hidden=32, heads=4, seq_len=8, batch_size=2, world_size=2,
+                                                 tensor_parallel=2, dropout=0.1))
+    names = [p.name for p in pairs_in(tf)]
+    assert names == ["b0.out", "b0.fc2", "b1.out", "b1.fc2"]
+    assert pairs_in(build_transformer_graph(TransformerSpec(layers=1, hidden=32, heads=4, seq_len=8, batch_size=2,
+                                                            world_size=2, tensor_parallel=1))) == []
