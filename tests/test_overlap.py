@@ -105,3 +105,32 @@ def test_layout_rejects_bad_shapes():
         ExchangeLayout(((1, 2),), (1, 1))
     with pytest.raises(ValueError, match="non-negative"):
         ExchangeLayout(((1, -1), (0, 0)), (1, 1))
+
+
+def _transformer_worker(rank: int, init_file: str, out_dir: str) -> None:
+    from probes.workloads.transformer import ParallelTransformer, TransformerSpec
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    torch.set_num_threads(1)
+    try:
+        spec = TransformerSpec(layers=2, hidden=32, heads=4, seq_len=8, batch_size=2, world_size=2,
+                               tensor_parallel=2, dropout=0.0)
+        losses = {}
+        for name, slices in [("unfused", None), ("overlapped", {"b0.out": 4, "b0.fc2": 2, "b1.fc2": 8})]:
+            model = ParallelTransformer(spec, rank, torch.device("cpu"), overlap_slices=slices)
+            losses[name] = [model.step() for _ in range(3)]
+        with open(f"{out_dir}/{rank}.json", "w") as f:
+            json.dump(losses, f)
+    finally:
+        dist.destroy_process_group()
+    exit_worker()
+
+
+@pytest.mark.timeout(180)
+def test_tensor_parallel_transformer_trains_the_same_with_overlapped_row_parallel_pairs():
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_transformer_worker, args=(f"{tmp}/init", tmp), nprocs=2)
+        results = [json.load(open(f"{tmp}/{r}.json")) for r in range(2)]
+    for losses in results:
+        assert losses["unfused"][0] != losses["unfused"][-1]  # it trains
+        assert losses["overlapped"] == pytest.approx(losses["unfused"], rel=1e-5)

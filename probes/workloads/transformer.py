@@ -22,6 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from probes.overlap import overlapped_gemm_all_reduce
 from probes.workloads.timed_steps import RunResult, run_timed_steps
 
 
@@ -132,9 +133,28 @@ class _ReduceFromTensorParallel(torch.autograd.Function):
         return grad, None
 
 
+class _OverlappedRowParallel(torch.autograd.Function):
+    """A row-parallel linear's product and the all-reduce of its partial sums, overlapped in
+    `slices` slices (`probes.overlap.overlapped_gemm_all_reduce`); backward as the unfused
+    pair's: the all-reduce passes the gradient through, the product's two GEMMs follow."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, group: Any, slices: int) -> torch.Tensor:
+        ctx.save_for_backward(x, weight)
+        return overlapped_gemm_all_reduce(x, weight.t(), slices, group)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        x, weight = ctx.saved_tensors
+        return grad @ weight, grad.t() @ x, None, None
+
+
 class Block(nn.Module):
-    def __init__(self, spec: TransformerSpec, tp_group: Any):
+    def __init__(self, spec: TransformerSpec, tp_group: Any, overlap_slices: dict[str, int] | None = None):
+        """`overlap_slices`: per row-parallel linear ("out", "fc2"), the slice count of its
+        overlapped product + all-reduce (the plan's substitution decision); absent: unfused."""
         super().__init__()
+        self.overlap_slices = dict(overlap_slices or {})
         H, tp = spec.hidden, spec.tensor_parallel
         self.spec, self.tp_group = spec, tp_group
         self.local_heads = spec.heads // tp
@@ -155,6 +175,15 @@ class Block(nn.Module):
             return x
         return _ReduceFromTensorParallel.apply(x, self.tp_group) + getattr(self, bias)
 
+    def _row_parallel(self, name: str, x: torch.Tensor) -> torch.Tensor:
+        """The row-parallel linear `name` with its all-reduce and bias: overlapped when the
+        block was given a slice count for it."""
+        slices = self.overlap_slices.get(name, 1)
+        if self.spec.tensor_parallel == 1 or slices < 2:
+            return self._leave(getattr(self, name)(x), name + "_bias")
+        out = _OverlappedRowParallel.apply(x, getattr(self, name).weight, self.tp_group, slices)
+        return out + getattr(self, name + "_bias")
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, S, d, h = self.spec.batch_size, self.spec.seq_len, self.spec.head_dim, self.local_heads
         p = self.spec.dropout
@@ -163,15 +192,18 @@ class Block(nn.Module):
         q, k, v = qkv[0] * (1.0 / math.sqrt(d)), qkv[1], qkv[2]
         attn = F.dropout(torch.softmax(torch.bmm(q, k.transpose(1, 2)), dim=-1), p, self.training)
         ctx = torch.bmm(attn, v).view(B, h, S, d).transpose(1, 2).contiguous().view(B * S, h * d)
-        x = x + F.dropout(self._leave(self.out(ctx), "out_bias"), p, self.training)
-        y = self.fc2(F.gelu(self.fc1(self._enter(self.ln2(x)))))
-        return x + F.dropout(self._leave(y, "fc2_bias"), p, self.training)
+        x = x + F.dropout(self._row_parallel("out", ctx), p, self.training)
+        y = F.gelu(self.fc1(self._enter(self.ln2(x))))
+        return x + F.dropout(self._row_parallel("fc2", y), p, self.training)
 
 
 class BlockStack(nn.Module):
-    def __init__(self, spec: TransformerSpec, tp_group: Any):
+    def __init__(self, spec: TransformerSpec, tp_group: Any, overlap_slices: dict[str, int] | None = None):
+        """`overlap_slices`: "b{layer}.{out|fc2}" -> slices, as the substitution decision names pairs."""
         super().__init__()
-        self.blocks = nn.ModuleList(Block(spec, tp_group) for _ in range(spec.layers))
+        per_block = [{name.split(".", 1)[1]: k for name, k in (overlap_slices or {}).items()
+                      if name.split(".", 1)[0] == f"b{layer}"} for layer in range(spec.layers)]
+        self.blocks = nn.ModuleList(Block(spec, tp_group, per_block[layer]) for layer in range(spec.layers))
         self.ln_f = nn.LayerNorm(spec.hidden)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -184,9 +216,12 @@ class ParallelTransformer:
     """One rank of the block stack on the default process group (gloo or NCCL)."""
 
     def __init__(self, spec: TransformerSpec, rank: int, device: torch.device,
-                 comm_hook: tuple[Any, Callable[..., Any]] | None = None):
+                 comm_hook: tuple[Any, Callable[..., Any]] | None = None,
+                 overlap_slices: dict[str, int] | None = None):
         """`comm_hook`: (state, hook) registered on the DDP module, e.g. the hierarchical
-        all-reduce of probes/hierarchical_allreduce.py; None keeps DDP's own all-reduce."""
+        all-reduce of probes/hierarchical_allreduce.py; None keeps DDP's own all-reduce.
+        `overlap_slices`: the substitution decision's {"b0.out": k, ...}: those row-parallel
+        products run overlapped with their all-reduce."""
         if dist.get_world_size() != spec.world_size:
             raise ValueError(f"spec wants world_size={spec.world_size}, the process group has {dist.get_world_size()}")
         self.spec, self.rank, self.device = spec, rank, device
@@ -196,7 +231,7 @@ class ParallelTransformer:
         dp_groups = {g: dist.new_group(list(g)) for g in sorted({spec.dp_group_of(r) for r in range(spec.world_size)})} \
             if 1 < spec.data_parallel < spec.world_size else {}
         torch.manual_seed(spec.seed + rank % spec.tensor_parallel)  # TP shards differ, DP replicas agree
-        module = BlockStack(spec, tp_groups.get(spec.tp_group_of(rank))).to(device)
+        module = BlockStack(spec, tp_groups.get(spec.tp_group_of(rank)), overlap_slices).to(device)
         if spec.data_parallel > 1:
             dp_group = dp_groups.get(spec.dp_group_of(rank))  # None: the default group
             module = nn.parallel.DistributedDataParallel(module, process_group=dp_group)
