@@ -22,7 +22,7 @@ from predictors.overlap_model import (
     group_rows_by_point, pair_graph, pairs_in, predict_forms, scale_gemm_rows, substitute,
 )
 from predictors.performance_model import PerformanceModel
-from predictors.simulator import model_cost
+from predictors.simulator import model_cost, simulate
 from probes.gemm import gemm_params
 from probes.overlap_probe import FLOAT, OP as PAIR_OP, PairPoint, embedding_slice_features
 from probes.records import Measurement
@@ -154,8 +154,6 @@ def choose_substitutions(graph: ExecutionGraph, model: PerformanceModel, slice_p
         if choice.substitute:
             chosen.append(f"{pair.name}:k{choice.slices}")
             substituted = substitute(substituted, pair, choice.slices, costs, slice_params, collective_cost)
-    from predictors.simulator import simulate
-
     predicted = simulate(substituted, cost, cpu_overhead, synchronous=synchronous).iteration_s
     decision = Decision("substitution", ",".join(chosen) or "none", predicted * 1e3, candidates,
                         {"substitutions": {c.split(":")[0]: int(c.split(":k")[1]) for c in chosen},

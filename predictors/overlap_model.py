@@ -224,9 +224,11 @@ def fit_overlap_costs(points: Sequence[tuple[Callable[[OverlapCosts], PairPredic
                 total += (math.log(pred.fused_s[k] / pred.unfused_s) - math.log(t / times[1])) ** 2
         return total
 
-    overheads = [0.0] + list(scale * np.logspace(-4, 0, 13))
-    shares = list(np.linspace(0.0, 1.0, 11))
-    factors = list(np.linspace(0.4, 1.6, 13))
+    # A coarse grid (each evaluation simulates every measured pair at every slice count), then
+    # Nelder-Mead from its best cell.
+    overheads = [0.0] + list(scale * np.logspace(-4, 0, 7))
+    shares = list(np.linspace(0.0, 1.0, 6))
+    factors = list(np.linspace(0.4, 1.6, 7))
     start = min(itertools.product(overheads, shares, factors), key=lambda p: loss(*p))
     # Refine from the best cell (Nelder-Mead; the bounds are kept by clipping inside the loss).
     clip = lambda p: (max(0.0, p[0] * scale), min(1.0, max(0.0, p[1])), max(0.05, p[2]))  # noqa: E731

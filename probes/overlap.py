@@ -178,16 +178,21 @@ def overlapped_all_to_all(produce: Producer, layout: ExchangeLayout, k: int, gro
     return out
 
 
-def _produce_pieces(produce: Producer, pieces: Sequence[Piece]) -> torch.Tensor:
-    """The producer rows of one slice, in the slice's piece order: one call per contiguous
-    run of producer rows (a slice that wraps from the last rank's block to rank 0's makes two)."""
+def _runs(pieces: Sequence[Piece]) -> list[tuple[int, int]]:
+    """A slice's producer rows as contiguous runs, in piece order (a slice that wraps from the
+    last rank's block to rank 0's makes two)."""
     runs: list[list[int]] = []
     for p in pieces:
         if runs and runs[-1][1] == p.lo:
             runs[-1][1] = p.hi
         else:
             runs.append([p.lo, p.hi])
-    parts = [produce(a, b) for a, b in runs]
+    return [(a, b) for a, b in runs]
+
+
+def _produce_pieces(produce: Producer, pieces: Sequence[Piece]) -> torch.Tensor:
+    """The producer rows of one slice, in the slice's piece order: one call per run."""
+    parts = [produce(a, b) for a, b in _runs(pieces)]
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
@@ -257,13 +262,7 @@ def producer_ranges(layout: ExchangeLayout, rank: int, k: int) -> list[tuple[int
     whole range, for the unfused form)."""
     ranges = [(0, layout.rows(rank))]
     for pieces in layout.slices(rank, k):
-        runs: list[list[int]] = []
-        for p in pieces:
-            if runs and runs[-1][1] == p.lo:
-                runs[-1][1] = p.hi
-            else:
-                runs.append([p.lo, p.hi])
-        ranges += [(a, b) for a, b in runs]
+        ranges += _runs(pieces)
     return ranges
 
 
