@@ -140,6 +140,7 @@ def choose_substitutions(graph: ExecutionGraph, model: PerformanceModel, slice_p
     synchronous = is_synchronous(model)
     candidates, chosen = [], []
     substituted = graph
+    unfused_s = simulate(graph, cost, cpu_overhead, synchronous=synchronous).iteration_s  # shared by every pair
     for pair in pairs_in(graph):
         costs = calibration.pairs.get(pair.pair)
         if costs is None:
@@ -148,7 +149,7 @@ def choose_substitutions(graph: ExecutionGraph, model: PerformanceModel, slice_p
                 "reason": f"no fitted overlap costs for {pair.pair} in this bundle (calibrate with overlap probes)"}))
             continue
         choice = decide(predict_forms(graph, pair, costs, cost, slice_params, collective_cost, synchronous,
-                                      slice_counts, cpu_overhead), threshold)
+                                      slice_counts, cpu_overhead, unfused_s), threshold)
         candidates.append(Candidate(pair.name, choice.prediction.unfused_s * 1e3, True,
                                     {"pair": pair.pair, **choice.to_dict()}))
         if choice.substitute:

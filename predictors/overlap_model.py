@@ -190,10 +190,12 @@ class PairPrediction:
 
 def predict_forms(graph: ExecutionGraph, pair: SubstitutablePair, costs: OverlapCosts, cost: CostFn,
                   slice_params: SliceParams, collective_cost: CostFn, synchronous: bool,
-                  slice_counts: Sequence[int] = SLICE_COUNTS, cpu_overhead: CostFn | None = None) -> PairPrediction:
-    """Simulated time of `graph` with `pair` unfused and fused at each slice count."""
+                  slice_counts: Sequence[int] = SLICE_COUNTS, cpu_overhead: CostFn | None = None,
+                  unfused_s: float | None = None) -> PairPrediction:
+    """Simulated time of `graph` with `pair` unfused and fused at each slice count;
+    `unfused_s`, when the caller already simulated `graph`, is not simulated again."""
     run = lambda g: simulate(g, cost, cpu_overhead, synchronous=synchronous).iteration_s  # noqa: E731
-    out = PairPrediction(run(graph))
+    out = PairPrediction(run(graph) if unfused_s is None else unfused_s)
     for k in slice_counts:
         out.fused_s[k] = run(substitute(graph, pair, k, costs, slice_params, collective_cost))
     return out

@@ -26,6 +26,18 @@ def _uneven_layout(world: int, seed: int) -> ExchangeLayout:
     return ExchangeLayout(tuple(tuple(int(x) for x in r) for r in rows), tuple(int(x) for x in widths))
 
 
+def _report(out_dir: str, rank: int, result: dict) -> None:
+    with open(f"{out_dir}/{rank}.json", "w") as f:
+        json.dump(result, f)
+
+
+def _run_ranks(worker, world: int, *args) -> list[dict]:
+    """Spawn `world` gloo ranks of `worker(rank, *args, init_file, out_dir)`; each rank's report."""
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(worker, args=(*args, f"{tmp}/init", tmp), nprocs=world)
+        return [json.load(open(f"{tmp}/{r}.json")) for r in range(world)]
+
+
 def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
     torch.set_num_threads(1)
@@ -66,8 +78,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
             for k in SLICES:
                 got = overlapped_gemm_all_reduce(x, w, k)
                 errors[f"gemm_ar_m{m}_k{k}"] = float((got - ref).abs().max() / ref.abs().max())
-        with open(f"{out_dir}/{rank}.json", "w") as f:
-            json.dump(errors, f)
+        _report(out_dir, rank, errors)
     finally:
         dist.destroy_process_group()
     exit_worker()
@@ -76,9 +87,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
 @pytest.mark.timeout(180)
 @pytest.mark.parametrize("world", [2, 4])
 def test_fused_equals_unfused_on_gloo_ranks(world):
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(world, f"{tmp}/init", tmp), nprocs=world)
-        results = [json.load(open(f"{tmp}/{r}.json")) for r in range(world)]
+    results = _run_ranks(_worker, world, world)
     for rank, errors in enumerate(results):
         assert len(errors) == 2 * len(SLICES) + 2 * len(SLICES) + 1
         for key, err in errors.items():
@@ -119,8 +128,7 @@ def _transformer_worker(rank: int, init_file: str, out_dir: str) -> None:
         for name, slices in [("unfused", None), ("overlapped", {"b0.out": 4, "b0.fc2": 2, "b1.fc2": 8})]:
             model = ParallelTransformer(spec, rank, torch.device("cpu"), overlap_slices=slices)
             losses[name] = [model.step() for _ in range(3)]
-        with open(f"{out_dir}/{rank}.json", "w") as f:
-            json.dump(losses, f)
+        _report(out_dir, rank, losses)
     finally:
         dist.destroy_process_group()
     exit_worker()
@@ -128,9 +136,7 @@ def _transformer_worker(rank: int, init_file: str, out_dir: str) -> None:
 
 @pytest.mark.timeout(180)
 def test_tensor_parallel_transformer_trains_the_same_with_overlapped_row_parallel_pairs():
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_transformer_worker, args=(f"{tmp}/init", tmp), nprocs=2)
-        results = [json.load(open(f"{tmp}/{r}.json")) for r in range(2)]
+    results = _run_ranks(_transformer_worker, 2)
     for losses in results:
         assert losses["unfused"][0] != losses["unfused"][-1]  # it trains
         assert losses["overlapped"] == pytest.approx(losses["unfused"], rel=1e-5)
