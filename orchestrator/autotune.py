@@ -90,6 +90,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
         mlflow.set_tag("sharding_choice", sharding.choice)
         say(f"plan: sharder {sharding.choice}, predicted {plan.predicted_iteration_ms:.2f} ms/iteration; "
             f"candidates: " + ", ".join(f"{c.name}={c.predicted_ms:.2f}" for c in sharding.candidates if c.feasible))
+        if plan.substitutions:
+            say(f"substituting overlapped pairs: {plan.decisions['substitution'].choice}")
         say(f"plan written to {plan_path}")
         summary.update({"plan": str(plan_path), "sharding": sharding.choice, "predicted_iteration_ms": plan.predicted_iteration_ms})
 
@@ -99,7 +101,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
             iterations = args.iterations or job.iterations
             say(f"launching {job.name} on {job.world_size} worker(s) for {iterations} timed iterations")
             result = launch_dlrm(job, plan.table_to_rank, iterations, use_gpu=fp.device_kind == "cuda",
-                                 chunk_schedule=plan.chunk_schedule)
+                                 chunk_schedule=plan.chunk_schedule, substitutions=plan.substitutions)
             error = abs(plan.predicted_iteration_ms - result.iteration_ms) / result.iteration_ms
             mlflow.log_metrics({
                 "measured_iteration_ms": result.iteration_ms,

@@ -58,13 +58,15 @@ def _train_loop(config: dict[str, Any]) -> None:
         if "transformer" in config:
             from probes.workloads.transformer import ParallelTransformer, TransformerSpec
 
-            model = ParallelTransformer(TransformerSpec.from_dict(config["transformer"]), ctx.get_world_rank(), device)
+            model = ParallelTransformer(TransformerSpec.from_dict(config["transformer"]), ctx.get_world_rank(), device,
+                                        overlap_slices=config.get("overlap_slices"))
         else:
             from probes.workloads.dlrm import ShardedDLRM
 
             spec = JobSpec.from_dict(config["job"])
             model = ShardedDLRM(spec, config["table_to_rank"], ctx.get_world_rank(), ctx.get_world_size(), device,
-                                chunk_schedule=config.get("chunk_schedule"))
+                                chunk_schedule=config.get("chunk_schedule"),
+                                overlap_slices=config.get("overlap_slices", {}).get("embedding_all_to_all", 1))
         metrics = summary = _metrics(model.run(config["iterations"], config["warmup"]))
     if quiet is not None:
         metrics.update(quiet_wait_s=quiet.waited_s, host_busy_share=quiet.busy_share, host_quiet=quiet.quiet)
@@ -97,15 +99,19 @@ class _ResultCollector:
 def launch_dlrm(
     spec: JobSpec, table_to_rank: Sequence[PlanEntry], iterations: int | None = None, use_gpu: bool = False,
     storage: str | Path = ".autotune/ray_results", chunk_schedule: dict | None = None,
+    substitutions: dict[str, int] | None = None,
 ) -> LaunchResult:
     """Run the job for real with a sharding plan: per table a rank (table-wise) or a row-/
     column-wise / data-parallel entry (`probes.table_shards`); with a chunk schedule (the plan's
-    chunking decision), the dense gradients are all-reduced by it (a DDP communication hook)."""
+    chunking decision), the dense gradients are all-reduced by it (a DDP communication hook);
+    `substitutions` (the plan's substitution decision, pair -> slices) runs those pairs overlapped."""
+    substitutions = _checked_substitutions(substitutions, {"embedding_all_to_all"})
     table_shards(spec, table_to_rank)  # a bad plan fails here, naming the entry, before any worker starts
     if chunk_schedule is not None and ChunkSchedule.from_dict(chunk_schedule).world_size != spec.world_size:
         raise ScheduleError(f"chunk schedule grid {chunk_schedule['dims']} does not hold world_size={spec.world_size}")
     config = {"job": spec.to_dict(), "table_to_rank": list(table_to_rank), "chunk_schedule": chunk_schedule,
-              "iterations": iterations or spec.iterations, "warmup": spec.warmup_iterations}
+              "overlap_slices": substitutions, "iterations": iterations or spec.iterations,
+              "warmup": spec.warmup_iterations}
     return _launch(config, spec.world_size, f"dlrm-{spec.name}", use_gpu, storage)
 
 
@@ -128,11 +134,26 @@ def race_dlrm_plans(
 
 def launch_transformer(
     spec: Any, iterations: int | None = None, use_gpu: bool = False, storage: str | Path = ".autotune/ray_results",
+    substitutions: dict[str, int] | None = None,
 ) -> LaunchResult:
-    """Run a `TransformerSpec` (data x tensor parallel) for real and time it."""
-    config = {"transformer": spec.to_dict(), "iterations": iterations or spec.iterations,
-              "warmup": spec.warmup_iterations}
+    """Run a `TransformerSpec` (data x tensor parallel) for real and time it; `substitutions`
+    ("b{layer}.out" / "b{layer}.fc2" -> slices) runs those row-parallel pairs overlapped."""
+    allowed = {f"b{layer}.{name}" for layer in range(spec.layers) for name in ("out", "fc2")}
+    config = {"transformer": spec.to_dict(), "overlap_slices": _checked_substitutions(substitutions, allowed),
+              "iterations": iterations or spec.iterations, "warmup": spec.warmup_iterations}
     return _launch(config, spec.world_size, f"transformer-{spec.name}", use_gpu, storage)
+
+
+def _checked_substitutions(substitutions: dict[str, int] | None, allowed: set[str]) -> dict[str, int]:
+    """A substitution decision the job can run, refused before any worker starts otherwise."""
+    out = {}
+    for name, slices in (substitutions or {}).items():
+        if name not in allowed:
+            raise ValueError(f"substitutions: no pair {name!r} in this job; allowed: {sorted(allowed)}")
+        if int(slices) < 1:
+            raise ValueError(f"substitutions[{name!r}]: slices must be >= 1, got {slices}")
+        out[name] = int(slices)
+    return out
 
 
 def _launch(config: dict[str, Any], world_size: int, name: str, use_gpu: bool, storage: str | Path) -> LaunchResult:

@@ -74,11 +74,16 @@ def make_plan(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFinger
         notes.append("extrapolating beyond measurements: " + "; ".join(out_of_range[:5]))
     decisions = {"sharding": sharding}
     placement = sharding.choice_detail["table_to_rank"]
-    decisions["substitution"], _ = choose_substitutions(build_dlrm_graph(job, placement), model,
-                                                        dlrm_slice_params(job, placement))
+    substitution, _ = choose_substitutions(build_dlrm_graph(job, placement), model, dlrm_slice_params(job, placement))
+    decisions["substitution"] = substitution
+    predicted_ms = sharding.predicted_ms
     notes.append("substitution: each compute+collective pair of the chosen plan's graph simulated unfused and as a "
                  "k-slice overlapped pipeline (predictors/overlap_model.py); its predicted time is the kernels' "
                  "critical path without the step overhead")
+    if substitution.choice_detail["substitutions"]:  # the job runs them, so the prediction includes their gain
+        predicted_ms -= substitution.choice_detail["unfused_ms"] - substitution.predicted_ms
+        notes.append(f"predicted iteration time includes the substituted pairs ({substitution.choice}): "
+                     f"{sharding.predicted_ms:.2f} ms unfused")
     if job.network is not None:
         decisions["chunking"] = chunking_decision(job, model, fingerprint)
         notes.append("chunking: the gradient all-reduce of one DDP bucket, simulated chunk by chunk on the "
@@ -87,7 +92,7 @@ def make_plan(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFinger
         job=job.to_dict(),
         hardware_id=fingerprint.hardware_id,
         model_version=model_version,
-        predicted_iteration_ms=sharding.predicted_ms,
+        predicted_iteration_ms=predicted_ms,
         decisions=decisions,
         notes=notes,
     )

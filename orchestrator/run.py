@@ -27,7 +27,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     plan = Plan.load(args.plan)
     fp = fingerprint(args.ray_address, start_ray=True)
     result = launch_dlrm(job, plan.table_to_rank, args.iters, use_gpu=fp.device_kind == "cuda",
-                         chunk_schedule=plan.chunk_schedule)
+                         chunk_schedule=plan.chunk_schedule, substitutions=plan.substitutions)
     out = {"iteration_ms": result.iteration_ms, "iterations": result.iterations,
            "per_iteration_ms": result.per_iteration_ms, "loss_first": result.loss_first, "loss_last": result.loss_last}
     emit(out, args.json, lambda o: say(f"measured {o['iteration_ms']:.2f} ms/iteration over {o['iterations']} iterations"))

@@ -50,6 +50,12 @@ class Plan:
         chunking = self.decisions.get("chunking")
         return chunking.choice_detail["chunk_schedule"] if chunking else None
 
+    @property
+    def substitutions(self) -> dict[str, int]:
+        """The substitution decision's chosen pairs: pair name -> slice count (none: {})."""
+        substitution = self.decisions.get("substitution")
+        return dict(substitution.choice_detail.get("substitutions", {})) if substitution else {}
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 

@@ -158,5 +158,5 @@ def choose_substitutions(graph: ExecutionGraph, model: PerformanceModel, slice_p
     predicted = simulate(substituted, cost, cpu_overhead, synchronous=synchronous).iteration_s
     decision = Decision("substitution", ",".join(chosen) or "none", predicted * 1e3, candidates,
                         {"substitutions": {c.split(":")[0]: int(c.split(":k")[1]) for c in chosen},
-                         "threshold": threshold})
+                         "threshold": threshold, "unfused_ms": unfused_s * 1e3})
     return decision, substituted

@@ -196,9 +196,13 @@ def _produce_pieces(produce: Producer, pieces: Sequence[Piece]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def slices_rows(m: int, n: int) -> bool:
-    """Whether an [m, n] product is sliced along its rows (else along its columns)."""
-    return m >= n
+def slices_rows(m: int, n: int, inner: int, k: int) -> bool:
+    """Whether an [m, inner] @ [inner, n] product in `k` slices is cut along its rows (else
+    along its columns). Row slices are contiguous but each re-reads the whole weight, so
+    `k` of them read it k - 1 extra times ((k - 1) * inner * n elements); column slices read
+    it once but land in a transposed buffer that is copied back (m * n elements). Rows win
+    for a GEMM with rows to spare, columns for a GEMV or a few-row product."""
+    return m >= n or (k - 1) * inner <= m
 
 
 def gemm_all_reduce_reference(x: torch.Tensor, weight: torch.Tensor, group=None) -> torch.Tensor:
@@ -210,12 +214,12 @@ def gemm_all_reduce_reference(x: torch.Tensor, weight: torch.Tensor, group=None)
 
 def overlapped_gemm_all_reduce(x: torch.Tensor, weight: torch.Tensor, k: int, group=None) -> torch.Tensor:
     """Fused: the product in `k` slices, each all-reduced asynchronously as soon as it is
-    written. Slices run along the output's longer side (`slices_rows`): rows, or for a
-    wide output such as a GEMV's, columns through a transposed buffer so every slice stays
-    contiguous (slicing a GEMV's one row would re-read the whole weight per slice)."""
+    written. Slices run along rows, or, for a GEMV or a few-row product whose row slices
+    would each re-read the whole weight (`slices_rows`), along columns through a transposed
+    buffer so every slice stays contiguous."""
     m, n = x.shape[0], weight.shape[1]
     works = []
-    if slices_rows(m, n):
+    if slices_rows(m, n, x.shape[1], k):
         out = x.new_empty(m, n)
         for a, b in slice_bounds(m, k):
             torch.mm(x[a:b], weight, out=out[a:b])
@@ -264,6 +268,12 @@ def producer_ranges(layout: ExchangeLayout, rank: int, k: int) -> list[tuple[int
     for pieces in layout.slices(rank, k):
         ranges += _runs(pieces)
     return ranges
+
+
+def slice_runs(layout: ExchangeLayout, rank: int, k: int) -> list[list[tuple[int, int]]]:
+    """Per slice of `rank`'s `k`, the producer row runs `overlapped_all_to_all` computes, in
+    the order its `keep` list holds them (a slice's rows are the runs concatenated)."""
+    return [_runs(pieces) for pieces in layout.slices(rank, k)]
 
 
 def tbe_producer(tbe: torch.nn.Module, inputs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]) -> Producer:

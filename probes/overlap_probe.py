@@ -9,6 +9,8 @@ noise only ever adds time). Only the group's first rank returns rows.
 """
 from __future__ import annotations
 
+import math
+import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Sequence
 
@@ -23,7 +25,6 @@ from probes.overlap import (
     overlapped_gemm_all_reduce, producer_ranges, tbe_bag_ranges, tbe_producer,
 )
 from probes.records import Measurement
-from probes.timing import time_callable
 
 OP = "overlap_pair"
 FLOAT = 4
@@ -115,24 +116,40 @@ def pair_forms(point: PairPoint, rank: int, slices: Sequence[int], group=None) -
     return forms
 
 
-def measure_pair(point: PairPoint, slices: Sequence[int] = (2, 4, 8, 16), rounds: int = 7, repeats: int = 5,
-                 group=None) -> list[Measurement]:
+def measure_pair(point: PairPoint, slices: Sequence[int] = (2, 4, 8, 16), rounds: int = 15, repeats: int = 5,
+                 group=None, min_sample_s: float = 0.01) -> list[Measurement]:
     """Time every form of `point` on the group (every member calls this with the same point);
-    one row per form on the group's first rank, params = the point plus `k` (1: unfused)."""
+    one row per form on the group's first rank, params = the point plus `k` (1: unfused).
+
+    A sample is `inner` back-to-back calls taking at least `min_sample_s` (a sub-millisecond
+    pair timed one call at a time is mostly scheduler jitter on a shared host); every member
+    runs the same number of calls, agreed from the warm-up (the slowest member's count)."""
     rank = dist.get_rank(group)
     with torch.no_grad():
         forms = pair_forms(point, rank, slices, group)
         names = list(forms)
-        for fn in forms.values():  # warm-up: first calls allocate and connect pairs
+        inner = torch.ones(len(names), dtype=torch.int64)
+        for i, fn in enumerate(forms.values()):  # warm-up: first calls allocate and connect pairs
             fn()
+            dist.barrier(group=group)
+            t0 = time.perf_counter()
+            fn()
+            inner[i] = max(1, math.ceil(min_sample_s / max(time.perf_counter() - t0, 1e-7)))
+        dist.all_reduce(inner, op=dist.ReduceOp.MAX, group=group)
         medians = torch.zeros(len(names), rounds, dtype=torch.float64)
         for r in range(rounds):
             order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
             for name in order:
-                dist.barrier(group=group)
-                t = time_callable(forms[name], warmup=0, min_repeats=repeats, max_repeats=repeats, max_seconds=1e9,
-                                  min_sample_s=0.0)
-                medians[names.index(name), r] = t.median_s
+                i = names.index(name)
+                fn, n = forms[name], int(inner[i])
+                samples = []
+                for _ in range(repeats):
+                    dist.barrier(group=group)
+                    t0 = time.perf_counter()
+                    for _ in range(n):
+                        fn()
+                    samples.append((time.perf_counter() - t0) / n)
+                medians[i, r] = float(np.median(samples))
     dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=group)
     if rank != 0:
         return []
@@ -142,9 +159,10 @@ def measure_pair(point: PairPoint, slices: Sequence[int] = (2, 4, 8, 16), rounds
         q1, q3 = np.percentile(windows, [25, 75])
         k = 1 if name == "unfused" else int(name[1:])
         params = {**point.to_params(), "k": k}
-        rows.append(Measurement(OP, params, window_estimate(windows), float(q3 - q1), rounds * repeats,
-                                world_size=point.world, family="overlap",
-                                extra={"form": name, "window_medians": windows.tolist()}))
+        rows.append(Measurement(OP, params, window_estimate(windows), float(q3 - q1),
+                                rounds * repeats * int(inner[i]), world_size=point.world, family="overlap",
+                                extra={"form": name, "window_medians": windows.tolist(),
+                                       "calls_per_sample": int(inner[i])}))
     return rows
 
 

@@ -142,6 +142,13 @@ def test_policy_lists_every_pair_with_both_predictions_and_applies_the_winners()
     assert set(cand.detail["predicted_fused_ms"]) == {"2", "4", "8", "16"}
     assert decision.predicted_ms == pytest.approx(min(cand.detail["predicted_fused_ms"].values()))
     assert any(o.name == "a2a.join" for o in applied.ranks[0])
+    assert decision.choice_detail["unfused_ms"] == pytest.approx(iteration_ms(graph))
+    # the plan carries the chosen pairs to the launcher, through its JSON
+    from policies.plan import Plan
+
+    plan = Plan.from_dict(Plan({}, "hw", None, 1.0, {"substitution": decision}).to_dict())
+    assert plan.substitutions == {"emb_a2a": int(decision.choice.split(":k")[1])}
+    assert Plan({}, "hw", None, 1.0, {}).substitutions == {}
     # the same pair with costly slices stays unfused, and a bundle without costs says why
     dear = FakeModel(OverlapCalibration({"embedding_all_to_all": OverlapCosts(5 * MS, 1.0, 1.0)}).to_dict())
     decision, applied = choose_substitutions(graph, dear, slice_params, cost=cost)
@@ -180,3 +187,15 @@ def test_reference_job_graphs_mark_their_pairs_and_simulate_substituted():
     assert names == ["b0.out", "b0.fc2", "b1.out", "b1.fc2"]
     assert pairs_in(build_transformer_graph(TransformerSpec(layers=1, hidden=32, heads=4, seq_len=8, batch_size=2,
                                                             world_size=2, tensor_parallel=1))) == []
+
+
+def test_launcher_refuses_a_substitution_the_job_cannot_run():
+    from orchestrator.launch import _checked_substitutions
+
+    allowed = {"b0.out", "b0.fc2"}
+    assert _checked_substitutions({"b0.out": 4}, allowed) == {"b0.out": 4}
+    assert _checked_substitutions(None, allowed) == {}
+    with pytest.raises(ValueError, match="no pair 'b3.out'.*allowed"):
+        _checked_substitutions({"b3.out": 4}, allowed)
+    with pytest.raises(ValueError, match="slices must be >= 1"):
+        _checked_substitutions({"b0.fc2": 0}, allowed)

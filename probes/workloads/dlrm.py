@@ -12,6 +12,11 @@ prices can be run and checked:
   are reduce-scattered to the ranks owning the samples (all-gathered back in backward);
 - data-parallel tables are replicated; each rank looks up its local batch with a dense-gradient
   TBE, and the gradients are all-reduced (averaged) before the optimizer step.
+With `overlap_slices` = k > 1 (the plan's substitution decision for the embedding + all-to-all
+pair), the table-wise lookup and its forward all-to-all run overlapped
+(`probes.overlap.overlapped_all_to_all`): the lookup in k bag slices, remote ranks' bags first,
+each slice's rows sent as soon as they are pooled; backward is one reverse all-to-all whose
+gradient rows are handed back to each slice's lookup (k TBE backwards).
 The synthetic loader yields every table's global-batch indices from a per-table seed, so the
 ranks holding pieces of one table see the same ids, and a rank's indices are already the ones
 its pieces need (as with a sharded data pipeline): no input all-to-all is run.
@@ -28,6 +33,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from probes.hierarchical_allreduce import ChunkSchedule, HierarchicalAllReduce, hierarchical_allreduce_hook
+from probes.overlap import ExchangeLayout, overlapped_all_to_all, producer_ranges, slice_runs, tbe_bag_ranges
 
 from probes.embedding import make_dense_tbe, make_tbe
 from probes.indices import sample_indices
@@ -55,6 +61,29 @@ class _AllToAllSingle(torch.autograd.Function):
 
 def all_to_all_autograd(send: torch.Tensor, send_sizes: list[int], recv_sizes: list[int]) -> torch.Tensor:
     return _AllToAllSingle.apply(send, send_sizes, recv_sizes)
+
+
+class _JoinOverlappedExchange(torch.autograd.Function):
+    """Ties the overlapped exchange's output to the slices it was sent from: forward passes the
+    received rows through; backward runs the reverse all-to-all once and hands each slice the
+    gradient rows of the producer rows it computed (in the slice's own row order)."""
+
+    @staticmethod
+    def forward(ctx, received: torch.Tensor, layout: ExchangeLayout, slices: int, *kept: torch.Tensor) -> torch.Tensor:
+        ctx.layout, ctx.slices = layout, slices
+        return received
+
+    @staticmethod
+    def backward(ctx, grad_recv: torch.Tensor):
+        layout, rank = ctx.layout, dist.get_rank()
+        grad_send = grad_recv.new_empty(sum(layout.send_sizes(rank)))
+        dist.all_to_all_single(grad_send, grad_recv.contiguous(), layout.send_sizes(rank), layout.recv_sizes(rank))
+        rows = grad_send.view(layout.rows(rank), layout.widths[rank])
+        per_slice = []
+        for runs in slice_runs(layout, rank, ctx.slices):
+            parts = [rows[a:b] for a, b in runs]
+            per_slice.append(parts[0] if len(parts) == 1 else torch.cat(parts))
+        return (None, None, None, *per_slice)
 
 
 class _ReduceScatterSamples(torch.autograd.Function):
@@ -124,10 +153,13 @@ class ShardedDLRM:
     table-wise, or a row-/column-wise / data-parallel object, see `probes.table_shards`)."""
 
     def __init__(self, spec: JobSpec, plan: Sequence, rank: int, world: int, device: torch.device,
-                 chunk_schedule: dict | None = None):
+                 chunk_schedule: dict | None = None, overlap_slices: int = 1):
         """`chunk_schedule`: a `ChunkSchedule` as a dict (the plan's chunking decision); the dense
         layers' gradients are then averaged by the hierarchical all-reduce it describes instead
-        of DDP's own."""
+        of DDP's own. `overlap_slices`: the slice count of the overlapped lookup + all-to-all
+        (the substitution decision's "embedding_all_to_all"); 1 runs them unfused."""
+        if overlap_slices < 1:
+            raise ValueError(f"overlap_slices must be >= 1, got {overlap_slices}")
         if spec.world_size != world:  # the process group decides; the plan is checked against it
             spec = replace(spec, world_size=world)
         shards = table_shards(spec, plan)
@@ -139,6 +171,8 @@ class ShardedDLRM:
         self.first_row = _row_ranges(shards)
         # Width of the pooled embeddings each rank sends (its table- and column-wise pieces).
         self.rank_width = exchanged_widths(spec, shards)
+        self.overlap_slices = int(overlap_slices)
+        self.layout = ExchangeLayout.even(world, spec.batch_size, self.rank_width)
         torch.manual_seed(spec.seed)  # identical dense init on every rank (DDP also broadcasts)
         self.dense = DistributedDataParallel(DenseArch(spec).to(device))
         if chunk_schedule is not None:
@@ -176,6 +210,10 @@ class ShardedDLRM:
                 batch["indices"], batch["offsets"] = _tbe_input(
                     [ids[s.table].ravel() for s in self.exchanged],
                     [np.full(B * W, s.shape.pooling_factor) for s in self.exchanged])
+                if self.overlap_slices > 1:  # each slice's bags, cut once per batch as a sliced loader would
+                    ranges = producer_ranges(self.layout, r, self.overlap_slices)
+                    batch["slices"] = tbe_bag_ranges(batch["indices"], batch["offsets"], len(self.exchanged),
+                                                     B * W, ranges)
             if self.row_wise:  # the global batch's ids in this rank's rows, shifted to the piece
                 per_table, lengths = [], []
                 for s in self.row_wise:
@@ -189,7 +227,11 @@ class ShardedDLRM:
                 batch["dp_indices"], batch["dp_offsets"] = _tbe_input(
                     [ids[s.table][mine].ravel() for s in self.replicated],
                     [np.full(B, s.shape.pooling_factor) for s in self.replicated])
-            out.append({k: v.to(self.device) for k, v in batch.items()})
+            slices = batch.pop("slices", None)
+            batch = {k: v.to(self.device) for k, v in batch.items()}
+            if slices is not None:
+                batch["slices"] = {key: (i.to(self.device), o.to(self.device)) for key, (i, o) in slices.items()}
+            out.append(batch)
         return out
 
     def _exchange(self, pooled: torch.Tensor) -> torch.Tensor:
@@ -202,15 +244,35 @@ class ShardedDLRM:
         parts = [p.view(B, w) for p, w in zip(torch.split(recv, recv_sizes), self.rank_width)]
         return torch.cat(parts, dim=1)
 
+    def _overlapped_exchange(self, slices: dict | None) -> torch.Tensor:
+        """The lookup and the forward all-to-all overlapped in `overlap_slices` slices; the same
+        [B, sum of widths] as `_exchange` of the whole lookup. A rank without tables still takes
+        part (it receives, and sends zero-width rows that carry the backward exchange)."""
+        B = self.spec.batch_size
+        if self.tbe is not None:
+            produce = lambda lo, hi: self.tbe(*slices[(lo, hi)])  # noqa: E731
+        else:
+            produce = lambda lo, hi: torch.zeros(hi - lo, 0, device=self.device, requires_grad=True)  # noqa: E731
+        kept: list[torch.Tensor] = []
+        received = overlapped_all_to_all(produce, self.layout, self.overlap_slices, keep=kept, dtype=torch.float32,
+                                         device=self.device)
+        recv = _JoinOverlappedExchange.apply(received, self.layout, self.overlap_slices, *kept)
+        recv_sizes = [B * w for w in self.rank_width]
+        parts = [p.view(B, w) for p, w in zip(torch.split(recv, recv_sizes), self.rank_width)]
+        return torch.cat(parts, dim=1)
+
     def _embeddings(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         B, W = self.spec.batch_size, self.world
         parts = []
         if sum(self.rank_width):
-            if self.tbe is not None:
+            if self.overlap_slices > 1:
+                parts.append(self._overlapped_exchange(batch.get("slices")))
+            elif self.tbe is not None:
                 pooled = self.tbe(batch["indices"], batch["offsets"])  # [W*B, width_r], sample-major
+                parts.append(self._exchange(pooled))
             else:
                 pooled = torch.zeros(W * B, 0, device=self.device, requires_grad=True)
-            parts.append(self._exchange(pooled))
+                parts.append(self._exchange(pooled))
         if self.rw_tbe is not None:
             partial = self.rw_tbe(batch["rw_indices"], batch["rw_offsets"])  # [W*B, row-wise width]
             parts.append(_ReduceScatterSamples.apply(partial, W))
