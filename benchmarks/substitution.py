@@ -53,13 +53,13 @@ SWEEP = [
 ]
 
 
-def _worker(rank: int, init: str, points: list[dict], rows_path: str, rounds: int) -> None:
+def _worker(rank: int, init: str, points: list[dict], rows_path: str, rounds: int, transfer: bool) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
     torch.set_num_threads(1)
     try:
         for i, params in enumerate(points):
             t0 = time.monotonic()
-            rows = measure_pair(PairPoint(**params), rounds=rounds)
+            rows = measure_pair(PairPoint(**params), rounds=rounds, transfer=transfer)
             if rank == 0:
                 with open(rows_path, "a") as f:  # persisted before the next point can fail
                     for row in rows:
@@ -73,10 +73,12 @@ def _worker(rank: int, init: str, points: list[dict], rows_path: str, rounds: in
     os._exit(0)
 
 
-def measure(points: list[PairPoint], rows_path: Path, rounds: int) -> list[Measurement]:
+def measure(points: list[PairPoint], rows_path: Path, rounds: int, transfer: bool = False) -> list[Measurement]:
+    """Both forms of every point on 2 gloo ranks (with `transfer`, the transfer-only forms too)."""
     rows_path.unlink(missing_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(f"{tmp}/init", [p.to_params() for p in points], str(rows_path), rounds), nprocs=2)
+        mp.spawn(_worker, args=(f"{tmp}/init", [p.to_params() for p in points], str(rows_path), rounds, transfer),
+                 nprocs=2)
     return [Measurement.from_row(json.loads(line)) for line in rows_path.read_text().splitlines()]
 
 
@@ -96,7 +98,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tracking-uri", required=True, help="MLflow store holding this machine's champion bundle")
     ap.add_argument("--threshold", type=float, default=DEFAULT_THRESHOLD)
-    ap.add_argument("--rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=15)
     ap.add_argument("--refit", action="store_true", help="fit overlap costs here even if the bundle has them")
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/substitution.json"))
     args = ap.parse_args()
@@ -107,7 +109,7 @@ def main() -> None:
     source = "bundle"
     if args.refit or not calibration.pairs:
         print(f"fitting overlap costs on {len(overlap_points(2))} calibration pairs measured now", flush=True)
-        cal_rows = measure(overlap_points(2), scratch / "calibration_rows.jsonl", args.rounds)
+        cal_rows = measure(overlap_points(2), scratch / "calibration_rows.jsonl", args.rounds, transfer=True)
         calibration = fit_overlap_calibration(model, cal_rows)
         model.meta[OverlapCalibration.META_KEY] = calibration.to_dict()
         source = "fitted in this run on probes.sweep.overlap_points (sizes not in the sweep)"

@@ -31,7 +31,7 @@ from policies.substitution import fit_overlap_calibration
 from policies.transformer_cost import TRANSFORMER_STEP_OP, fit_transformer_overhead, score_transformer_steps
 from predictors.context_model import fit_context_factors
 from predictors.overlap_model import OverlapCalibration
-from probes.overlap_probe import OP as OVERLAP_OP
+from probes.overlap_probe import OP as OVERLAP_OP, TRANSFER_OP as OVERLAP_TRANSFER_OP
 from probes.in_context import IN_CONTEXT_OP
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from predictors.performance_model import PerformanceModel, fit_performance_model
@@ -151,7 +151,8 @@ def fit_and_register(
     if not rows:
         raise RuntimeError(f"calibration measured nothing; failures: {failures[:3]}")
     registry.log_measurements(rows, fingerprint.hardware_id, failures)
-    kernel_rows = [r for r in rows if r.op not in (STEP_OP, TRANSFORMER_STEP_OP, IN_CONTEXT_OP, OVERLAP_OP)]
+    kernel_rows = [r for r in rows if r.op not in (STEP_OP, TRANSFORMER_STEP_OP, IN_CONTEXT_OP, OVERLAP_OP,
+                                                   OVERLAP_TRANSFER_OP)]
     step_rows = [r for r in rows if r.op == STEP_OP]
     model, test_rows = fit_performance_model(kernel_rows, fingerprint.hardware_id, seed=seed)
     context_rows = [r for r in rows if r.op == IN_CONTEXT_OP]
@@ -167,13 +168,15 @@ def fit_and_register(
     transformer_rows = [r for r in rows if r.op == TRANSFORMER_STEP_OP]
     if len(transformer_rows) >= 3:
         test_rows += fit_transformer_overhead(model, transformer_rows, seed=seed)
-    overlap_rows = [r for r in rows if r.op == OVERLAP_OP]
+    overlap_rows = [r for r in rows if r.op in (OVERLAP_OP, OVERLAP_TRANSFER_OP)]
     if overlap_rows:  # fitted on the bundle's own kernel and collective models, kept as JSON in its meta
         calibration = fit_overlap_calibration(model, overlap_rows)
         model.meta[OverlapCalibration.META_KEY] = calibration.to_dict()
         for pair, costs in calibration.pairs.items():
             say(f"overlap {pair}: slice overhead {costs.slice_overhead_s * 1e3:.3f} ms, communication's compute "
-                f"share {costs.comm_compute_share:.2f} ({costs.n_points} pairs, ratio error {costs.fit_gmae:.1%})")
+                f"share {costs.comm_compute_share:.2f}, transfer line "
+                f"{'none' if costs.transfer_latency_s is None else f'{costs.transfer_latency_s * 1e6:.0f} us + {costs.transfer_s_per_byte * 1e9:.3f} ns/B'}"
+                f" ({costs.n_points} pairs, ratio error {costs.fit_gmae:.1%})")
     registry.log_model_metrics(model)
     try:
         log_calibration_plots(model, kernel_rows, test_rows)

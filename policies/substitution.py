@@ -19,12 +19,12 @@ from policies.plan import Candidate, Decision
 from predictors.graph import ExecutionGraph, GraphOp
 from predictors.overlap_model import (
     PAIR_OPS, SLICE_COUNTS, OverlapCalibration, OverlapCosts, PairPrediction, SliceParams, fit_overlap_costs,
-    group_rows_by_point, pair_graph, pairs_in, predict_forms, scale_gemm_rows, substitute,
+    fit_transfer_line, group_rows_by_point, pair_graph, pairs_in, predict_forms, scale_gemm_rows, substitute,
 )
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import model_cost, simulate
 from probes.gemm import gemm_params
-from probes.overlap_probe import FLOAT, OP as PAIR_OP, PairPoint, embedding_slice_features
+from probes.overlap_probe import FLOAT, OP as PAIR_OP, TRANSFER_OP, PairPoint, embedding_slice_features
 from probes.records import Measurement
 
 DEFAULT_THRESHOLD = 0.05  # substitute only for a predicted gain above 5% of the pair's graph time
@@ -90,8 +90,15 @@ def predict_point(point: PairPoint, model: PerformanceModel, costs: OverlapCosts
 
 
 def fit_overlap_calibration(model: PerformanceModel, rows: Sequence[Measurement]) -> OverlapCalibration:
-    """Fit each pair kind's overlap costs to its measured `overlap_pair` rows; kinds the bundle
-    cannot price (no model for the producer or the collective) or without rows are left out."""
+    """Fit each pair kind's overlap costs to its measured `overlap_pair` rows, its transfer
+    line first when there are `overlap_transfer` rows; kinds the bundle cannot price (no model
+    for the producer or the collective) or without rows are left out."""
+    transfers: dict[str, list[tuple[float, int, float]]] = {}
+    for key, forms in group_rows_by_point([r for r in rows if r.op == TRANSFER_OP]).items():
+        point = PairPoint(**dict(key))
+        nbytes = point_graph(point).ranks[0][1].params["bytes"]
+        transfers.setdefault(point.pair, []).extend((nbytes, k, row.median_s) for k, row in forms.items())
+    lines = {pair: fit_transfer_line(samples)[:2] for pair, samples in transfers.items() if len(samples) >= 2}
     by_kind: dict[str, list] = {}
     for key, forms in group_rows_by_point([r for r in rows if r.op == PAIR_OP]).items():
         point = PairPoint(**dict(key))
@@ -100,7 +107,7 @@ def fit_overlap_calibration(model: PerformanceModel, rows: Sequence[Measurement]
         times = {k: row.median_s for k, row in forms.items()}
         by_kind.setdefault(point.pair, []).append(
             (lambda costs, point=point, ks=tuple(k for k in times if k > 1): predict_point(point, model, costs, ks), times))
-    return OverlapCalibration({pair: fit_overlap_costs(points) for pair, points in sorted(by_kind.items())})
+    return OverlapCalibration({pair: fit_overlap_costs(points, lines.get(pair)) for pair, points in sorted(by_kind.items())})
 
 
 @dataclass
@@ -154,7 +161,7 @@ def choose_substitutions(graph: ExecutionGraph, model: PerformanceModel, slice_p
                                     {"pair": pair.pair, **choice.to_dict()}))
         if choice.substitute:
             chosen.append(f"{pair.name}:k{choice.slices}")
-            substituted = substitute(substituted, pair, choice.slices, costs, slice_params, collective_cost)
+            substituted = substitute(substituted, pair, choice.slices, costs, slice_params, collective_cost, cost)
     predicted = simulate(substituted, cost, cpu_overhead, synchronous=synchronous).iteration_s
     decision = Decision("substitution", ",".join(chosen) or "none", predicted * 1e3, candidates,
                         {"substitutions": {c.split(":")[0]: int(c.split(":k")[1]) for c in chosen},

@@ -7,9 +7,11 @@ the issuing thread, whatever the device), plus two costs that are measured, not 
 - `slice_overhead_s`: what each extra slice costs the issuing stream (a launch, an async
   collective's set-up, a slice's smaller and less efficient kernel beyond what the kernel model
   already prices);
-- `comm_factor`: the overlapped form's communication time per slice relative to the collective
-  model's price for a slice of that size (its transfers are point-to-point sends or async
-  all-reduces, not the probed collective call, and may be cheaper or dearer);
+- the price of a communication slice: the overlapped form's transfers are point-to-point
+  sends or asynchronous all-reduces, not the probed collective call, so they have their own
+  line, `transfer_latency_s + transfer_s_per_byte * bytes` per slice, fitted to the pair
+  probe's transfer-only forms (`fit_transfer_line`); without one, the collective model's price
+  of a slice. `comm_factor` scales either (the transfer runs beside compute, not alone);
 - `comm_compute_share`: the share of a communication slice's time it takes from the compute
   stream while both run (on a CPU the backend's thread competes for the cores the kernels run
   on; on a GPU a fused kernel gives SMs to communication). 0 is perfect overlap, 1 none.
@@ -52,6 +54,14 @@ class OverlapCosts:
     comm_factor: float = 1.0
     n_points: int = 0
     fit_gmae: float | None = None  # on the fused / unfused ratios it was fitted to
+    transfer_latency_s: float | None = None  # per communication slice (None: the collective model prices it)
+    transfer_s_per_byte: float | None = None
+
+    def slice_comm_s(self, piece_bytes: float, model_price: Callable[[], float]) -> float:
+        """A communication slice's time: the fitted transfer line, else the collective model's."""
+        if self.transfer_latency_s is None or self.transfer_s_per_byte is None:
+            return self.comm_factor * model_price()
+        return self.comm_factor * (self.transfer_latency_s + self.transfer_s_per_byte * piece_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,12 +108,19 @@ def scale_gemm_rows(params: dict[str, Any], slices: int) -> dict[str, Any]:
 
 
 def substitute(graph: ExecutionGraph, pair: SubstitutablePair, slices: int, costs: OverlapCosts,
-               slice_params: SliceParams, collective_cost: CostFn) -> ExecutionGraph:
+               slice_params: SliceParams, collective_cost: CostFn, compute_cost: CostFn | None = None,
+               ) -> ExecutionGraph:
     """`graph` with `pair` replaced on every rank that runs it by a `slices`-stage pipeline.
 
     A rank that takes part in the collective without producing anything for it (a DLRM rank
     holding no tables) runs the collective's slices alone. Ops named in `pair.sliced_with` (the
-    producer's backward, which the overlapped form runs per slice) become `slices` ops in a row."""
+    producer's backward, which the overlapped form runs per slice) become `slices` ops in a row.
+
+    A slice is never priced below its share of the whole (k slices of a kernel or a transfer
+    cannot cost less than the whole): with `compute_cost`, a compute slice costs at least
+    1/k of the whole producer's price, and a collective slice at least 1/k of the whole
+    collective's. A model fitted across sizes can otherwise price k small calls below one big
+    one and predict a gain that no overlap produces."""
     if slices < 2:
         return graph
     ranks = []
@@ -120,7 +137,15 @@ def substitute(graph: ExecutionGraph, pair: SubstitutablePair, slices: int, cost
             raise ValueError(f"rank {r}: ops between {pair.producer} and {pair.collective} read the producer")
         coll = ops[c_i]
         piece = dict(coll.params, bytes=max(1, int(math.ceil(coll.params["bytes"] / slices))))
-        comm_s = costs.comm_factor * collective_cost(replace(coll, params=piece))
+        comm_s = costs.slice_comm_s(piece["bytes"], lambda: max(collective_cost(replace(coll, params=piece)),
+                                                                collective_cost(coll) / slices))
+
+        def sliced(op: GraphOp, s: int, name: str, deps: list[int]) -> GraphOp:
+            out = replace(op, name=name, params=slice_params(r, op, slices), deps=deps)
+            if compute_cost is not None:
+                out = replace(out, duration_s=max(compute_cost(out), compute_cost(op) / slices))
+            return out
+
         new: list[GraphOp] = []
         index: dict[int, int] = {}
         join = -1
@@ -135,9 +160,8 @@ def substitute(graph: ExecutionGraph, pair: SubstitutablePair, slices: int, cost
                         if s:
                             new.append(GraphOp(f"{producer.name}.slice_overhead", "compute", "overlap_overhead", {},
                                                duration_s=costs.slice_overhead_s))
-                        new.append(GraphOp(f"{producer.name}.slice{s}", producer.kind, producer.op,
-                                           slice_params(r, producer, slices), producer.stream,
-                                           [index[d] for d in producer.deps] if s == 0 else []))
+                        new.append(sliced(producer, s, f"{producer.name}.slice{s}",
+                                          [index[d] for d in producer.deps] if s == 0 else []))
                         compute = last_slice = len(new) - 1
                     new.append(GraphOp(f"{coll.name}.slice{s}", "collective", coll.op, piece, coll.stream,
                                        [compute] if compute is not None else [], coll.group, duration_s=comm_s,
@@ -156,8 +180,7 @@ def substitute(graph: ExecutionGraph, pair: SubstitutablePair, slices: int, cost
                 continue  # produced slice by slice where the collective was
             if o.name in pair.sliced_with:
                 for s in range(slices):
-                    new.append(replace(o, name=f"{o.name}.slice{s}", params=slice_params(r, o, slices),
-                                       deps=deps if s == 0 else []))
+                    new.append(sliced(o, s, f"{o.name}.slice{s}", deps if s == 0 else []))
             else:
                 new.append(replace(o, deps=deps))
             index[i] = len(new) - 1
@@ -197,18 +220,36 @@ def predict_forms(graph: ExecutionGraph, pair: SubstitutablePair, costs: Overlap
     run = lambda g: simulate(g, cost, cpu_overhead, synchronous=synchronous).iteration_s  # noqa: E731
     out = PairPrediction(run(graph) if unfused_s is None else unfused_s)
     for k in slice_counts:
-        out.fused_s[k] = run(substitute(graph, pair, k, costs, slice_params, collective_cost))
+        out.fused_s[k] = run(substitute(graph, pair, k, costs, slice_params, collective_cost, cost))
     return out
 
 
+def fit_transfer_line(samples: Sequence[tuple[float, int, float]]) -> tuple[float, float, float]:
+    """(latency per slice, seconds per byte, geometric mean relative error) of
+    `k * latency + bytes * per_byte` fitted to measured transfer-only forms
+    `(bytes, k, seconds)`: non-negative least squares on relative error, so a 50 us form
+    counts as much as a 50 ms one."""
+    from scipy.optimize import nnls
+
+    if len(samples) < 2:
+        raise ValueError("a transfer line needs at least two measured transfer forms")
+    a = np.array([[k, b] for b, k, _ in samples], dtype=float)
+    t = np.array([s for _, _, s in samples], dtype=float)
+    (latency, per_byte), _ = nnls(a / t[:, None], np.ones_like(t))
+    errors = np.abs(a @ [latency, per_byte] - t) / t
+    return float(latency), float(per_byte), float(np.exp(np.mean(np.log(np.maximum(errors, 1e-9)))))
+
+
 def fit_overlap_costs(points: Sequence[tuple[Callable[[OverlapCosts], PairPrediction], dict[int, float]]],
-                      ) -> OverlapCosts:
+                      transfer_line: tuple[float, float] | None = None) -> OverlapCosts:
     """Fit (slice overhead, communication's compute share, communication factor) to measured pairs.
 
     `points`: per measured pair, a function predicting its forms under given costs, and the
     measured time per slice count (1 = unfused). Minimises the squared log error of the
     fused / unfused ratio over every measured slice count: a grid over the three, then a
-    local refinement around the best cell."""
+    local refinement around the best cell. `transfer_line` (latency, seconds per byte), when
+    given, prices the communication slices (see `OverlapCosts.slice_comm_s`)."""
+    line = dict(zip(("transfer_latency_s", "transfer_s_per_byte"), transfer_line)) if transfer_line else {}
     if not points:
         raise ValueError("no measured pairs to fit overlap costs to")
     measured = [(predict, times) for predict, times in points if 1 in times and len(times) > 1]
@@ -219,7 +260,7 @@ def fit_overlap_costs(points: Sequence[tuple[Callable[[OverlapCosts], PairPredic
     def loss(o: float, s: float, f: float) -> float:
         total = 0.0
         for predict, times in measured:
-            pred = predict(OverlapCosts(o, s, f))
+            pred = predict(OverlapCosts(o, s, f, **line))
             for k, t in times.items():
                 if k == 1 or k not in pred.fused_s:
                     continue
@@ -240,12 +281,12 @@ def fit_overlap_costs(points: Sequence[tuple[Callable[[OverlapCosts], PairPredic
     o, s, f = clip(res.x) if res.fun < loss(*start) else start
     errors = []
     for predict, times in measured:
-        pred = predict(OverlapCosts(o, s, f))
+        pred = predict(OverlapCosts(o, s, f, **line))
         for k, t in times.items():
             if k != 1 and k in pred.fused_s:
                 errors.append(abs(pred.fused_s[k] / pred.unfused_s - t / times[1]) / (t / times[1]))
     gmae = float(np.exp(np.mean(np.log(np.maximum(errors, 1e-9))))) if errors else None
-    return OverlapCosts(float(o), float(s), float(f), len(measured), gmae)
+    return OverlapCosts(float(o), float(s), float(f), len(measured), gmae, **line)
 
 
 def _simplex(x0: list[float]) -> np.ndarray:

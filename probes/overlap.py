@@ -238,6 +238,17 @@ def overlapped_gemm_all_reduce(x: torch.Tensor, weight: torch.Tensor, k: int, gr
     return out_t.t()
 
 
+def sliced_all_reduce(out: torch.Tensor, k: int, group=None) -> torch.Tensor:
+    """The communication of `overlapped_gemm_all_reduce` alone: `k` asynchronous all-reduces
+    of near-equal contiguous slices of `out`, all in flight before the first wait (the
+    transfer-only form its cost model is calibrated on)."""
+    flat = out.view(-1)
+    works = [dist.all_reduce(flat[a:b], group=group, async_op=True) for a, b in slice_bounds(flat.numel(), k)]
+    for w in works:
+        w.wait()
+    return out
+
+
 def gemm_producer(x: torch.Tensor, weight: torch.Tensor) -> Producer:
     """Rows lo..hi of x @ weight (an expert's output for those tokens)."""
     return lambda lo, hi: x[lo:hi] @ weight

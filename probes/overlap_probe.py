@@ -2,10 +2,13 @@
 
 A `PairPoint` names a pair and its size; every rank of the group builds the same inputs
 (seeded), and each form (unfused, then overlapped with k slices for each k) is timed in
-interleaved rounds, so a slow spell of the host touches every form alike. A round's time per
-form is the slowest member's median over a few repeats (the pair is done when its last rank
-is); a form's time is the mean of the faster half of its rounds (`window_estimate`: host
-noise only ever adds time). Only the group's first rank returns rows.
+interleaved rounds, so a slow spell of the host touches every form alike. A sample is enough
+back-to-back calls to last >= 10 ms (the same count on every member), as a training loop runs
+the pair step after step; a round's time per form is the slowest member's median over a few
+samples (the pair is done when its last rank is); a form's time is the mean of the faster half
+of its rounds (`window_estimate`: host noise only ever adds time). Calibration also times the
+transfer-only forms (the overlapped form's communication alone), which price its slices. Only
+the group's first rank returns rows.
 """
 from __future__ import annotations
 
@@ -22,11 +25,12 @@ from probes.collective import uneven_splits, window_estimate
 from probes.embedding import TableShape, expected_features, make_batch, make_tbe
 from probes.overlap import (
     PAIRS, ExchangeLayout, all_to_all_reference, gemm_all_reduce_reference, gemm_producer, overlapped_all_to_all,
-    overlapped_gemm_all_reduce, producer_ranges, tbe_bag_ranges, tbe_producer,
+    overlapped_gemm_all_reduce, producer_ranges, sliced_all_reduce, tbe_bag_ranges, tbe_producer,
 )
 from probes.records import Measurement
 
 OP = "overlap_pair"
+TRANSFER_OP = "overlap_transfer"  # the overlapped form's communication alone, k slices
 FLOAT = 4
 
 
@@ -85,8 +89,11 @@ class PairPoint:
         return [TableShape(self.num_embeddings, dim, self.pooling) for _ in range(self.tables)]
 
 
-def pair_forms(point: PairPoint, rank: int, slices: Sequence[int], group=None) -> dict[str, Callable[[], torch.Tensor]]:
-    """Form name ("unfused", "k2", "k4", ...) -> a call running that form once on this rank."""
+def pair_forms(point: PairPoint, rank: int, slices: Sequence[int], group=None,
+               transfer: bool = False) -> dict[str, Callable[[], torch.Tensor]]:
+    """Form name ("unfused", "k2", "k4", ...) -> a call running that form once on this rank;
+    with `transfer`, also "t1", "t2", ...: the overlapped form's communication alone (its
+    slices sent from an output computed beforehand), which prices its transfers."""
     gen = torch.Generator().manual_seed(point.seed * 1000 + rank)
     forms: dict[str, Callable[[], torch.Tensor]] = {}
     if point.pair == "gemm_all_reduce":
@@ -95,6 +102,10 @@ def pair_forms(point: PairPoint, rank: int, slices: Sequence[int], group=None) -
         forms["unfused"] = lambda: gemm_all_reduce_reference(x, w, group)
         for k in slices:
             forms[f"k{k}"] = (lambda k=k: overlapped_gemm_all_reduce(x, w, k, group))
+        if transfer:
+            zeros = torch.zeros(point.rows, point.cols)  # all-reduced in place, stays finite
+            for k in (1, *slices):
+                forms[f"t{k}"] = (lambda k=k: sliced_all_reduce(zeros, k, group))
         return forms
     layout = point.exchange_layout()
     if point.pair == "gemm_all_to_all":
@@ -113,20 +124,26 @@ def pair_forms(point: PairPoint, rank: int, slices: Sequence[int], group=None) -
     forms["unfused"] = lambda: all_to_all_reference(produce, layout, group)
     for k in slices:
         forms[f"k{k}"] = (lambda k=k: overlapped_all_to_all(produce, layout, k, group))
+    if transfer:
+        computed = produce(0, layout.rows(rank))
+        for k in (1, *slices):
+            forms[f"t{k}"] = (lambda k=k: overlapped_all_to_all(lambda lo, hi: computed[lo:hi], layout, k, group))
     return forms
 
 
 def measure_pair(point: PairPoint, slices: Sequence[int] = (2, 4, 8, 16), rounds: int = 15, repeats: int = 5,
-                 group=None, min_sample_s: float = 0.01) -> list[Measurement]:
+                 group=None, min_sample_s: float = 0.01, transfer: bool = False) -> list[Measurement]:
     """Time every form of `point` on the group (every member calls this with the same point);
-    one row per form on the group's first rank, params = the point plus `k` (1: unfused).
+    one row per form on the group's first rank, params = the point plus `k` (1: unfused);
+    with `transfer`, also a `TRANSFER_OP` row per slice count (1 included) for the
+    communication alone.
 
     A sample is `inner` back-to-back calls taking at least `min_sample_s` (a sub-millisecond
     pair timed one call at a time is mostly scheduler jitter on a shared host); every member
     runs the same number of calls, agreed from the warm-up (the slowest member's count)."""
     rank = dist.get_rank(group)
     with torch.no_grad():
-        forms = pair_forms(point, rank, slices, group)
+        forms = pair_forms(point, rank, slices, group, transfer)
         names = list(forms)
         inner = torch.ones(len(names), dtype=torch.int64)
         for i, fn in enumerate(forms.values()):  # warm-up: first calls allocate and connect pairs
@@ -159,7 +176,7 @@ def measure_pair(point: PairPoint, slices: Sequence[int] = (2, 4, 8, 16), rounds
         q1, q3 = np.percentile(windows, [25, 75])
         k = 1 if name == "unfused" else int(name[1:])
         params = {**point.to_params(), "k": k}
-        rows.append(Measurement(OP, params, window_estimate(windows), float(q3 - q1),
+        rows.append(Measurement(TRANSFER_OP if name.startswith("t") else OP, params, window_estimate(windows), float(q3 - q1),
                                 rounds * repeats * int(inner[i]), world_size=point.world, family="overlap",
                                 extra={"form": name, "window_medians": windows.tolist(),
                                        "calls_per_sample": int(inner[i])}))

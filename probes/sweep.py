@@ -93,7 +93,7 @@ def run_collective_batch(specs: Sequence[ProbeSpec], device: str = "cpu",
 
         point = PairPoint(**specs[0].params)
         group = group_for(list(range(point.world)))  # every member of the gang takes part in this
-        return measure_pair(point, group=group) if dist.get_rank() < point.world else []
+        return measure_pair(point, group=group, transfer=True) if dist.get_rank() < point.world else []
     if any(s.family != "collective" for s in specs):
         raise ValueError(f"a collective batch holds collective points only; got {[s.family for s in specs]}")
     return measure_collectives([_collective_point(s) for s in specs], device=device, **(timing or {}))
@@ -450,23 +450,23 @@ def transformer_training_specs(n: int, seed: int, world: int) -> list[ProbeSpec]
     return out
 
 def overlap_points(world: int) -> list["PairPoint"]:
-    """The measured compute + collective pairs a calibration fits overlap costs to: per pair a
-    small, two mid-sized and a skewed (or GEMV-shaped) point on the first two devices, cheap
-    enough (about 1-8 s each on two CPU cores) to run in every calibration."""
+    """The measured compute + collective pairs a calibration fits overlap costs to: per pair
+    eight sizes from sub-millisecond to tens of milliseconds, square, tall, wide and GEMV-like
+    products, skewed splits, few and many tables, on the first two devices (about 5-15 s each
+    on two CPU cores, the transfer-only forms included)."""
     from probes.overlap_probe import PairPoint
 
     w = min(world, 2)
-    return [
-        PairPoint("gemm_all_reduce", 128, 128, 128, world=w), PairPoint("gemm_all_reduce", 1024, 512, 256, world=w),
-        PairPoint("gemm_all_reduce", 4, 2048, 2048, world=w), PairPoint("gemm_all_reduce", 2048, 512, 768, world=w),
-        PairPoint("gemm_all_to_all", 256, 256, 256, world=w), PairPoint("gemm_all_to_all", 2048, 512, 256, world=w),
-        PairPoint("gemm_all_to_all", 1024, 512, 512, world=w, uneven=True),
-        PairPoint("gemm_all_to_all", 4096, 768, 128, world=w),
-        PairPoint("embedding_all_to_all", 512, 64, world=w, tables=4),
-        PairPoint("embedding_all_to_all", 2048, 128, world=w, tables=8, pooling=16),
-        PairPoint("embedding_all_to_all", 1024, 128, world=w, tables=4, uneven=True),
-        PairPoint("embedding_all_to_all", 4096, 192, world=w, tables=6, pooling=12),
-    ]
+    gar = [(128, 128, 128), (1024, 512, 256), (4, 2048, 2048), (2048, 512, 768), (256, 1024, 1024),
+           (4096, 1024, 256), (1, 4096, 4096), (1024, 4096, 256)]
+    ga2a = [(256, 256, 256, False), (2048, 512, 256, False), (1024, 512, 512, True), (4096, 768, 128, False),
+            (512, 512, 1024, False), (8192, 512, 64, False), (1024, 1024, 128, False), (64, 256, 256, False)]
+    emb = [(512, 64, 4, 8, False), (2048, 128, 8, 16, False), (1024, 128, 4, 8, True), (4096, 192, 6, 12, False),
+           (8192, 128, 4, 8, False), (4096, 512, 8, 4, False), (16384, 64, 2, 8, False), (1024, 256, 8, 32, False)]
+    return ([PairPoint("gemm_all_reduce", m, n, k, world=w) for m, n, k in gar]
+            + [PairPoint("gemm_all_to_all", m, n, k, world=w, uneven=u) for m, n, k, u in ga2a]
+            + [PairPoint("embedding_all_to_all", rows, cols, world=w, tables=t, pooling=p, uneven=u)
+               for rows, cols, t, p, u in emb])
 
 
 def overlap_specs(world: int) -> list[ProbeSpec]:

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from probes.embedding import TableShape, make_batch, make_tbe
 from probes.overlap import (
     ExchangeLayout, all_to_all_reference, gemm_all_reduce_reference, gemm_producer, overlapped_all_to_all,
-    overlapped_gemm_all_reduce, producer_ranges, slice_bounds, tbe_bag_ranges, tbe_producer,
+    overlapped_gemm_all_reduce, producer_ranges, slice_bounds, sliced_all_reduce, tbe_bag_ranges, tbe_producer,
 )
 from spawned import exit_worker
 
@@ -70,14 +70,18 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
                 got = overlapped_all_to_all(tbe_producer(tbe, inputs), emb_layout, k)
                 errors[f"emb_a2a_k{k}"] = float((got - ref).abs().max())
 
-        # GEMM + all-reduce sliced along rows (33 x 20) and a GEMV's along columns (2 x 20).
-        for m in (33, 2):
-            x = torch.randn(m, 12, generator=g)
-            w = torch.randn(12, 20, generator=g)
+        # GEMM + all-reduce sliced along rows (33 x 20, and a wide 30 x 40 over a short inner
+        # dimension) and a GEMV's along columns (2 x 20).
+        for m, inner, n in ((33, 12, 20), (30, 3, 40), (2, 12, 20)):
+            x = torch.randn(m, inner, generator=g)
+            w = torch.randn(inner, n, generator=g)
             ref = gemm_all_reduce_reference(x, w)
             for k in SLICES:
                 got = overlapped_gemm_all_reduce(x, w, k)
                 errors[f"gemm_ar_m{m}_k{k}"] = float((got - ref).abs().max() / ref.abs().max())
+            for k in SLICES:  # the transfer-only form the cost model is calibrated on
+                got = sliced_all_reduce(x @ w, k)
+                errors[f"sliced_ar_m{m}_k{k}"] = float((got - ref).abs().max() / ref.abs().max())
         _report(out_dir, rank, errors)
     finally:
         dist.destroy_process_group()

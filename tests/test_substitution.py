@@ -6,7 +6,8 @@ import pytest
 from policies.substitution import choose_substitutions, decide
 from predictors.graph import ExecutionGraph, GraphOp
 from predictors.overlap_model import (
-    OverlapCalibration, OverlapCosts, PairPrediction, SubstitutablePair, fit_overlap_costs, predict_forms, substitute,
+    OverlapCalibration, OverlapCosts, PairPrediction, SubstitutablePair, fit_overlap_costs, fit_transfer_line, predict_forms,
+    substitute,
 )
 from predictors.simulator import simulate
 
@@ -73,6 +74,31 @@ def test_contention_and_overhead_are_paid_on_the_compute_stream():
     assert iteration_ms(half) == pytest.approx(1 + 5 + 2.5 + 0.5 + 5 + 5 + 1 + 4)
     dear = substitute(graph, PAIR, 2, OverlapCosts(comm_factor=2.0), slice_params, cost)
     assert iteration_ms(dear) == pytest.approx(1 + 5 + 10 + 10 + 1 + 4)  # transfers of 10 each, back to back
+
+
+def test_a_fitted_transfer_line_prices_the_communication_slices():
+    graph = two_rank_graph()
+    line = OverlapCosts(transfer_latency_s=1 * MS, transfer_s_per_byte=1e-7)  # 1 ms + 0.5 ms per 5000-byte slice
+    fused = substitute(graph, PAIR, 2, line, slice_params, cost)
+    # slice0 ends 6, its transfer 6-7.5 under slice1 (6-11), slice1's transfer 11-12.5, after, bwd 2 x 2
+    assert iteration_ms(fused) == pytest.approx(1 + 5 + 5 + 1.5 + 1 + 4)
+
+
+def test_slices_are_never_priced_below_their_share_of_the_whole():
+    graph = two_rank_graph()
+    too_cheap = lambda rank, op, slices: {"units": op.params["units"] / slices / 4}  # noqa: E731
+    no_overlap = OverlapCosts(comm_compute_share=1.0)
+    assert iteration_ms(substitute(graph, PAIR, 2, no_overlap, too_cheap, cost)) < iteration_ms(graph)
+    # priced against the whole producer and collective, k slices without overlap gain nothing
+    assert iteration_ms(substitute(graph, PAIR, 2, no_overlap, too_cheap, cost, cost)) == pytest.approx(iteration_ms(graph))
+
+
+def test_transfer_line_fit_recovers_latency_and_bandwidth():
+    samples = [(b, k, k * 50e-6 + b * 2e-10) for b in (4e3, 1e5, 4e6, 3e7) for k in (1, 2, 4, 8, 16)]
+    latency, per_byte, err = fit_transfer_line(samples)
+    assert latency == pytest.approx(50e-6, rel=1e-3) and per_byte == pytest.approx(2e-10, rel=1e-3) and err < 1e-3
+    with pytest.raises(ValueError, match="at least two"):
+        fit_transfer_line(samples[:1])
 
 
 def test_a_rank_without_a_producer_still_runs_every_collective_slice():
