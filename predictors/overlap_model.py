@@ -57,11 +57,16 @@ class OverlapCosts:
     transfer_latency_s: float | None = None  # per communication slice (None: the collective model prices it)
     transfer_s_per_byte: float | None = None
 
-    def slice_comm_s(self, piece_bytes: float, model_price: Callable[[], float]) -> float:
-        """A communication slice's time: the fitted transfer line, else the collective model's."""
+    def slice_comm_s(self, slices: int, whole_bytes: float, whole_price: float, piece_price: float) -> float:
+        """A communication slice's time. With a fitted transfer line, the whole collective's
+        model price times the line's share for one slice of `slices`: the line says how the
+        transfer's cost splits into slices (a latency per slice, the bytes shared), the model
+        what the whole costs on this op, so a mismatch between the two probes is never
+        predicted as a gain. Without one, the collective model's price of a slice."""
         if self.transfer_latency_s is None or self.transfer_s_per_byte is None:
-            return self.comm_factor * model_price()
-        return self.comm_factor * (self.transfer_latency_s + self.transfer_s_per_byte * piece_bytes)
+            return self.comm_factor * max(piece_price, whole_price / slices)
+        line = lambda b: self.transfer_latency_s + self.transfer_s_per_byte * b  # noqa: E731
+        return self.comm_factor * whole_price * line(whole_bytes / slices) / line(whole_bytes)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -137,8 +142,8 @@ def substitute(graph: ExecutionGraph, pair: SubstitutablePair, slices: int, cost
             raise ValueError(f"rank {r}: ops between {pair.producer} and {pair.collective} read the producer")
         coll = ops[c_i]
         piece = dict(coll.params, bytes=max(1, int(math.ceil(coll.params["bytes"] / slices))))
-        comm_s = costs.slice_comm_s(piece["bytes"], lambda: max(collective_cost(replace(coll, params=piece)),
-                                                                collective_cost(coll) / slices))
+        comm_s = costs.slice_comm_s(slices, coll.params["bytes"], collective_cost(coll),
+                                    collective_cost(replace(coll, params=piece)))
 
         def sliced(op: GraphOp, s: int, name: str, deps: list[int]) -> GraphOp:
             out = replace(op, name=name, params=slice_params(r, op, slices), deps=deps)

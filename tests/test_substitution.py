@@ -78,10 +78,11 @@ def test_contention_and_overhead_are_paid_on_the_compute_stream():
 
 def test_a_fitted_transfer_line_prices_the_communication_slices():
     graph = two_rank_graph()
-    line = OverlapCosts(transfer_latency_s=1 * MS, transfer_s_per_byte=1e-7)  # 1 ms + 0.5 ms per 5000-byte slice
+    # the line (0.5 ms + 0.1 ms per 1000 bytes) splits the 10 ms collective as 1.0 : 1.5 per half
+    line = OverlapCosts(transfer_latency_s=0.5 * MS, transfer_s_per_byte=1e-7)
     fused = substitute(graph, PAIR, 2, line, slice_params, cost)
-    # slice0 ends 6, its transfer 6-7.5 under slice1 (6-11), slice1's transfer 11-12.5, after, bwd 2 x 2
-    assert iteration_ms(fused) == pytest.approx(1 + 5 + 5 + 1.5 + 1 + 4)
+    # slice0 ends 6; transfers of 10 * 1.0 / 1.5 ms each, back to back from 6; after; bwd 2 x 2
+    assert iteration_ms(fused) == pytest.approx(1 + 5 + 2 * 10 / 1.5 + 1 + 4)
 
 
 def test_slices_are_never_priced_below_their_share_of_the_whole():
