@@ -8,10 +8,12 @@ the issuing thread, whatever the device), plus two costs that are measured, not 
   collective's set-up, a slice's smaller and less efficient kernel beyond what the kernel model
   already prices);
 - the price of a communication slice: the overlapped form's transfers are point-to-point
-  sends or asynchronous all-reduces, not the probed collective call, so they have their own
-  line, `transfer_latency_s + transfer_s_per_byte * bytes` per slice, fitted to the pair
-  probe's transfer-only forms (`fit_transfer_line`); without one, the collective model's price
-  of a slice. `comm_factor` scales either (the transfer runs beside compute, not alone);
+  sends or asynchronous all-reduces, not the probed collective call; how their cost splits into
+  k slices (a latency per slice, the bytes shared) is a line `transfer_latency_s +
+  transfer_s_per_byte * bytes` fitted to the pair probe's transfer-only forms
+  (`fit_transfer_line`), applied to the collective model's price of the whole; without a line,
+  the collective model's price of a slice. `comm_factor` scales either (the transfer runs
+  beside compute, not alone);
 - `comm_compute_share`: the share of a communication slice's time it takes from the compute
   stream while both run (on a CPU the backend's thread competes for the cores the kernels run
   on; on a GPU a fused kernel gives SMs to communication). 0 is perfect overlap, 1 none.
