@@ -138,6 +138,21 @@ def test_fit_recovers_costs_that_generated_the_measurements():
     assert fitted.comm_factor == pytest.approx(1.2, abs=0.1)
 
 
+def test_fit_never_prices_communication_beside_compute_below_the_collective_alone():
+    # measurements made with communication at 0.5x its price alone (a probe mismatch, not an
+    # overlap): the fit must not take the cheap transfer, which would predict gains
+    cheap = OverlapCosts(comm_compute_share=1.0, comm_factor=0.5)
+    points = []
+    for units, nbytes in [(10.0, 10_000), (2.0, 8_000), (6.0, 30_000)]:
+        graph = two_rank_graph(units, nbytes)
+
+        def predict(costs, graph=graph):
+            return predict_forms(graph, PAIR, costs, cost, slice_params, cost, synchronous=True)
+        made = predict(cheap)
+        points.append((predict, {1: made.unfused_s, **made.fused_s}))
+    assert fit_overlap_costs(points).comm_factor >= 1.0
+
+
 def test_decide_substitutes_only_above_the_threshold():
     assert decide(PairPrediction(10.0, {2: 9.0, 4: 9.4})).substitute
     assert decide(PairPrediction(10.0, {2: 9.0, 4: 9.4})).slices == 2
