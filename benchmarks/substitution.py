@@ -10,7 +10,8 @@ fitted, and the JSON says which. Then every sweep point, per pair a range of siz
 ranks, is measured for real unfused and fused with 2/4/8/16 slices (interleaved rounds), and
 the policy's decision (substitute iff the predicted best fused form is faster by more than the
 threshold) is compared with the measured truth (the same rule on the measured times).
-Measured rows are appended to a JSONL file as they arrive. Writes
+The ranks run with the allocator setting of `probes.host_allocator`, as the product's workers
+do. Measured rows are appended to a JSONL file as they arrive. Writes
 benchmarks/results/substitution.json.
 """
 from __future__ import annotations
@@ -32,6 +33,7 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from policies.substitution import DEFAULT_THRESHOLD, decide, fit_overlap_calibration, predict_point  # noqa: E402
 from predictors.overlap_model import OverlapCalibration, PairPrediction, group_rows_by_point  # noqa: E402
+from probes.host_allocator import apply_to_child_processes  # noqa: E402
 from probes.overlap_probe import PairPoint, measure_pair  # noqa: E402
 from probes.records import Measurement  # noqa: E402
 from probes.sweep import overlap_points  # noqa: E402
@@ -73,9 +75,15 @@ def _worker(rank: int, init: str, points: list[dict], rows_path: str, rounds: in
     os._exit(0)
 
 
-def measure(points: list[PairPoint], rows_path: Path, rounds: int, transfer: bool = False) -> list[Measurement]:
-    """Both forms of every point on 2 gloo ranks (with `transfer`, the transfer-only forms too)."""
+def measure(points: list[PairPoint], rows_path: Path, rounds: int, transfer: bool = False,
+            tuned_allocator: bool = True) -> list[Measurement]:
+    """Both forms of every point on 2 gloo ranks (with `transfer`, the transfer-only forms too);
+    the ranks run with the allocator setting the product's workers get, unless told not to."""
     rows_path.unlink(missing_ok=True)
+    if tuned_allocator:
+        apply_to_child_processes()
+    else:
+        os.environ.pop("GLIBC_TUNABLES", None)
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_worker, args=(f"{tmp}/init", [p.to_params() for p in points], str(rows_path), rounds, transfer),
                  nprocs=2)
@@ -152,6 +160,7 @@ def main() -> None:
                           "measured_should_substitute": sum(r["truth"]["substitute"] for r in mine)}
     result = {
         "hardware_id": hardware_id, "device": "cpu (2 gloo ranks, 1 thread each)",
+        "allocator": os.environ.get("GLIBC_TUNABLES", "glibc defaults"),
         "command": f"python benchmarks/substitution.py --tracking-uri URI --threshold {args.threshold:g} "
                    f"--rounds {args.rounds}" + (" --refit" if args.refit else ""),
         "threshold": args.threshold, "overlap_costs_source": source, "overlap_costs": calibration.to_dict(),

@@ -6,6 +6,8 @@ import os
 
 import ray
 
+from probes.host_allocator import apply_to_child_processes
+
 
 # Probe actors and launched training workers both run at Ray's default worker niceness, so
 # what calibration measures and what a job measures are alike. Resetting it through a
@@ -20,6 +22,9 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     if address:
         ray.init(address=address, **kwargs)
     else:
+        # a local cluster's raylet and workers inherit the driver's environment; a deployed
+        # cluster's nodes carry the same setting in their image (deploy/Dockerfile)
+        apply_to_child_processes()
         ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
 
 
