@@ -165,6 +165,9 @@ def main() -> None:
                    f"--rounds {args.rounds}" + (" --refit" if args.refit else ""),
         "threshold": args.threshold, "overlap_costs_source": source, "overlap_costs": calibration.to_dict(),
         "decision_accuracy": sum(r["correct"] for r in results) / len(results),
+        # what a policy that never substitutes would score: where fusion rarely pays, accuracy
+        # alone says little, and this says how little
+        "never_substitute_accuracy": sum(not r["truth"]["substitute"] for r in results) / len(results),
         "per_pair": per_pair,
         "substituted": len(substituted),
         "measured_gain_of_substituted": [r["measured_gain_of_choice"] for r in substituted],
@@ -174,7 +177,8 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     by_pair = ", ".join(f"{p} {v['decision_accuracy']:.0%}" for p, v in per_pair.items())
-    print(f"decision accuracy {result['decision_accuracy']:.0%} over {len(results)} points ({by_pair}); "
+    print(f"decision accuracy {result['decision_accuracy']:.0%} over {len(results)} points ({by_pair}; never "
+          f"substituting would score {result['never_substitute_accuracy']:.0%}); "
           f"substituted {len(substituted)}, their measured gains "
           f"{', '.join(f'{g:+.1%}' for g in result['measured_gain_of_substituted']) or '-'}")
 
