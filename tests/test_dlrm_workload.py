@@ -10,6 +10,7 @@ import torch.multiprocessing as mp
 from probes.jobspec import JobSpec
 from probes.workloads.dlrm import ShardedDLRM
 from probes.workloads.plan_race import drift_adjusted, race_plans
+from spawned import exit_worker
 
 
 def _free_port() -> int:
@@ -28,6 +29,7 @@ def _worker(rank, world, port, job, placement, queue):
         queue.put((rank, result.median_s, result.losses, [w.sum().item() for w in weights]))
     finally:
         dist.destroy_process_group()
+    exit_worker(queue)
 
 
 def _chunked_worker(rank, world, port, job, placement_and_schedule, queue):
@@ -41,6 +43,7 @@ def _chunked_worker(rank, world, port, job, placement_and_schedule, queue):
         queue.put((rank, result.median_s, result.losses, [p.detach().sum().item() for p in model.dense.parameters()]))
     finally:
         dist.destroy_process_group()
+    exit_worker(queue)
 
 
 def _pooled_worker(rank, world, port, job, placement, queue):
@@ -71,6 +74,7 @@ def _pooled_worker(rank, world, port, job, placement, queue):
         queue.put((rank, float((got - torch.cat(expected, dim=1)).abs().max()), tuple(got.shape), replicas_equal))
     finally:
         dist.destroy_process_group()
+    exit_worker(queue)
 
 
 def _race_worker(rank, world, port, job, plans, queue):
@@ -82,6 +86,7 @@ def _race_worker(rank, world, port, job, plans, queue):
         queue.put((rank, race.round_medians_s, [len(s.iteration_s) for s in race.steps], race.plan_seconds()))
     finally:
         dist.destroy_process_group()
+    exit_worker(queue)
 
 
 def run_two_ranks(job, placement, worker=_worker):
@@ -185,6 +190,7 @@ def _overlap_worker(rank, world, port, job, placement_and_slices, queue):
                    max([float((a - b).abs().max()) for a, b in zip(t1, tk)] + [0.0])))
     finally:
         dist.destroy_process_group()
+    exit_worker(queue)
 
 
 @pytest.mark.parametrize("placement,slices", [([0, 1, 0, 1, 0], 4), ([0, 0, 0, 0, 0], 3)])
