@@ -2,11 +2,11 @@
 
 With glibc's defaults, a process that frees a few tens of MB at the top of its heap each
 iteration (a producer's output and a collective's receive buffer) has the heap trimmed and
-then page-faults the same memory back in on the next iteration. On the 2-core CPU host this
-cost the unfused embedding + all-to-all pair of 16 MB buffers 48% of its time (17.8 ms
-against 12.1 ms with the setting below) and GEMM + all-to-all of 33 MB 94% (44.5 against
-23.0 ms); slicing the pair into smaller buffers dodged it, which read as a fusion gain that
-no overlap produced. Memory allocators tuned for PyTorch on CPU (jemalloc, tcmalloc) avoid
+then page-faults the same memory back in on the next iteration. On the 2-core CPU host the
+unfused embedding + all-to-all pair of 16 MB buffers took 17.9 ms against 11.2 ms with the
+setting below, and GEMM + all-to-all of 33 MB 48.7 against 27.0 ms
+(benchmarks/allocator_effect.py); slicing the pair into smaller buffers dodged it, which read
+as a fusion gain that no overlap produced. Memory allocators tuned for PyTorch on CPU (jemalloc, tcmalloc) avoid
 the same churn; glibc's own tunables do it without a new dependency.
 
 The setting must be in a process's environment when it starts (glibc reads it once), so it

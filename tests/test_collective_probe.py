@@ -11,6 +11,7 @@ from probes.collective import (bus_bandwidth, forget_groups, measure_collective,
                                window_estimate)
 from probes.records import Measurement
 from probes.sweep import ProbeSpec, collective_batches, collective_groups, collective_specs
+from spawned import exit_worker
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
@@ -24,6 +25,7 @@ def _worker(rank: int, init_file: str, out_dir: str) -> None:
     finally:
         forget_groups()
         dist.destroy_process_group()
+    exit_worker()
 
 
 @pytest.mark.timeout(120)
