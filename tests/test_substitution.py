@@ -118,16 +118,22 @@ def test_substitute_refuses_a_collective_that_does_not_read_the_producer():
         substitute(graph, PAIR, 2, OverlapCosts(), slice_params, cost)
 
 
-def test_fit_recovers_costs_that_generated_the_measurements():
-    truth = OverlapCosts(slice_overhead_s=0.4 * MS, comm_compute_share=0.3, comm_factor=1.2)
+def _measured_as(costs, shapes):
+    """Fit input: per (units, bytes) pair graph, its predictor and the times `costs` give it."""
     points = []
-    for units, nbytes in [(10.0, 10_000), (2.0, 8_000), (20.0, 5_000), (6.0, 30_000)]:
+    for units, nbytes in shapes:
         graph = two_rank_graph(units, nbytes)
 
-        def predict(costs, graph=graph):
-            return predict_forms(graph, PAIR, costs, cost, slice_params, cost, synchronous=True)
-        made = predict(truth)
+        def predict(c, graph=graph):
+            return predict_forms(graph, PAIR, c, cost, slice_params, cost, synchronous=True)
+        made = predict(costs)
         points.append((predict, {1: made.unfused_s, **made.fused_s}))
+    return points
+
+
+def test_fit_recovers_costs_that_generated_the_measurements():
+    truth = OverlapCosts(slice_overhead_s=0.4 * MS, comm_compute_share=0.3, comm_factor=1.2)
+    points = _measured_as(truth, [(10.0, 10_000), (2.0, 8_000), (20.0, 5_000), (6.0, 30_000)])
     fitted = fit_overlap_costs(points)
     assert fitted.fit_gmae < 0.01
     for predict, times in points:
@@ -142,14 +148,7 @@ def test_fit_never_prices_communication_beside_compute_below_the_collective_alon
     # measurements made with communication at 0.5x its price alone (a probe mismatch, not an
     # overlap): the fit must not take the cheap transfer, which would predict gains
     cheap = OverlapCosts(comm_compute_share=1.0, comm_factor=0.5)
-    points = []
-    for units, nbytes in [(10.0, 10_000), (2.0, 8_000), (6.0, 30_000)]:
-        graph = two_rank_graph(units, nbytes)
-
-        def predict(costs, graph=graph):
-            return predict_forms(graph, PAIR, costs, cost, slice_params, cost, synchronous=True)
-        made = predict(cheap)
-        points.append((predict, {1: made.unfused_s, **made.fused_s}))
+    points = _measured_as(cheap, [(10.0, 10_000), (2.0, 8_000), (6.0, 30_000)])
     assert fit_overlap_costs(points).comm_factor >= 1.0
 
 
