@@ -86,12 +86,17 @@ def _main(argv: Sequence[str] | None = None) -> int:
         plan.save(plan_path)
         mlflow.log_dict(plan.to_dict(), "plan.json")
         mlflow.log_metric("predicted_iteration_ms", plan.predicted_iteration_ms)
+        mlflow.set_tags({"placement_scope": plan.placement.get("scope", ""),
+                         "placement_ranks_per_node": json.dumps(plan.placement.get("ranks_per_node", {})),
+                         "node_types_priced": ",".join(plan.placement.get("node_types", []))})
         sharding = plan.decisions["sharding"]
         mlflow.set_tag("sharding_choice", sharding.choice)
         say(f"plan: sharder {sharding.choice}, predicted {plan.predicted_iteration_ms:.2f} ms/iteration; "
             f"candidates: " + ", ".join(f"{c.name}={c.predicted_ms:.2f}" for c in sharding.candidates if c.feasible))
         if plan.substitutions:
             say(f"substituting overlapped pairs: {plan.decisions['substitution'].choice}")
+        say(f"placement: {job.world_size} rank(s) on {plan.rank_placement.node_count} node(s) of type "
+            f"{', '.join(plan.placement.get('node_types', []))}, collectives priced {plan.placement.get('scope')}-node")
         say(f"plan written to {plan_path}")
         summary.update({"plan": str(plan_path), "sharding": sharding.choice, "predicted_iteration_ms": plan.predicted_iteration_ms})
 
@@ -101,7 +106,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
             iterations = args.iterations or job.iterations
             say(f"launching {job.name} on {job.world_size} worker(s) for {iterations} timed iterations")
             result = launch_dlrm(job, plan.table_to_rank, iterations, use_gpu=fp.device_kind == "cuda",
-                                 chunk_schedule=plan.chunk_schedule, substitutions=plan.substitutions)
+                                 chunk_schedule=plan.chunk_schedule, substitutions=plan.substitutions,
+                                 placement=plan.placement)
             error = abs(plan.predicted_iteration_ms - result.iteration_ms) / result.iteration_ms
             mlflow.log_metrics({
                 "measured_iteration_ms": result.iteration_ms,
@@ -110,9 +116,15 @@ def _main(argv: Sequence[str] | None = None) -> int:
                 "loss_last": result.loss_last,
             })
             mlflow.log_dict(result.to_dict(), "launch.json")
+            ran = {"planned": plan.placement, "rank_nodes": result.rank_nodes,
+                   "as_planned": result.placement_as_planned}
+            mlflow.log_dict(ran, "placement.json")
+            mlflow.set_tag("placement_as_planned", str(result.placement_as_planned))
             say(f"measured {result.iteration_ms:.2f} ms/iteration vs predicted {plan.predicted_iteration_ms:.2f} ms "
-                f"(error {error:.1%})")
-            summary.update({"measured_iteration_ms": result.iteration_ms, "prediction_error": error})
+                f"(error {error:.1%}); ranks ran {'as planned' if result.placement_as_planned else 'NOT as planned'} "
+                f"on {len(set(result.rank_nodes or []))} node(s)")
+            summary.update({"measured_iteration_ms": result.iteration_ms, "prediction_error": error,
+                            "placement": ran})
         summary["wall_s"] = round(time.monotonic() - t0, 1)
         mlflow.log_metric("autotune_wall_s", summary["wall_s"])
     say(f"done in {summary['wall_s']}s; browse with: mlflow ui --backend-store-uri {uri}")

@@ -21,7 +21,7 @@ import mlflow
 
 from orchestrator import registry
 from orchestrator.cluster import HardwareFingerprint
-from orchestrator.fanout import ActorPool, collective_visits, run_collective_probes, run_local_probes
+from orchestrator.fanout import ActorPool, Gang, collective_visits, run_collective_probes, run_local_probes
 from orchestrator.calibration_plots import log_calibration_plots
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.sentinel import choose_sentinels
@@ -40,7 +40,6 @@ from probes.records import Measurement
 from probes.sweep import (
     collective_groups,
     collective_specs,
-    default_max_collective_bytes,
     elementwise_specs,
     embedding_specs,
     gemm_specs,
@@ -102,35 +101,57 @@ def job_table_groups(job: JobSpec) -> list[list[int]]:
     return groups
 
 
+def node_members(gang: Gang) -> list[int]:
+    """The pool actors of the node with the most of them (a gang of one node's devices), or
+    none when every device is on one node already or no node holds two."""
+    counts = Counter(gang.nodes)
+    node, count = counts.most_common(1)[0]
+    if len(counts) < 2 or count < 2:
+        return []
+    return [m for m, n in zip(gang.members, gang.nodes) if n == node]
+
+
 def measure(
     fingerprint: HardwareFingerprint, budget_s: float, store: MeasurementStore, job: JobSpec | None = None, seed: int = 0
 ) -> tuple[int, int]:
-    """Run the sweep over one ProbeActor per device until done or out of budget."""
+    """Run the sweep over one ProbeActor per device until done or out of budget.
+
+    Collective groups are measured within a node and across nodes wherever both exist;
+    training probes run at the whole cluster and, on several nodes, also within one node (the
+    step model then sees both scopes' collectives, each row priced at the placement it ran)."""
     devices = sum(fingerprint.devices_per_node)
     device = fingerprint.device_kind
     local = interleave(gemm_specs(4000, seed, device_kind=device), embedding_specs(3000, seed),
                        elementwise_specs(4000, seed), memcpy_specs(1000, seed, device))
     if job is not None:
         local = job_specs(job, job_table_groups(job)) + local
-    training = interleave(training_specs(TRAINING_PROBES, seed, devices, place_by_sharder),
-                          transformer_training_specs(TRANSFORMER_PROBES, seed, devices),
-                          overlap_specs(devices)) if devices > 1 else []
 
     start = time.monotonic()
     pool = ActorPool(device, fingerprint.hardware_id, devices, strategy="SPREAD").start()
-    coll = collective_specs(collective_groups(pool.nodes()), default_max_collective_bytes(device)) if devices > 1 else []
     done = failed = 0
     try:
-        say(f"probing {devices} device(s) of {fingerprint.summary()} for up to {budget_s:.0f}s")
+        gang = Gang(pool)  # ranks numbered node by node, as a job's are
+        one_node = node_members(gang)
+        coll = collective_specs(collective_groups(gang.nodes), pool.max_collective_bytes()) if devices > 1 else []
+        whole = interleave(training_specs(TRAINING_PROBES, seed, devices, place_by_sharder),
+                           transformer_training_specs(TRANSFORMER_PROBES, seed, devices),
+                           overlap_specs(devices)) if devices > 1 else []
+        within = interleave(training_specs(TRAINING_PROBES // 2, seed + 1, len(one_node), place_by_sharder),
+                            transformer_training_specs(TRANSFORMER_PROBES // 2, seed + 1, len(one_node))) \
+            if one_node else []
+        say(f"probing {devices} device(s) of {fingerprint.summary()} for up to {budget_s:.0f}s"
+            + (f"; training probes also within one node ({len(one_node)} ranks)" if one_node else ""))
         if coll:
             bar = Progress("collectives", collective_visits(coll), budget_s * COLLECTIVE_SHARE)
             d, f = run_collective_probes(pool, coll, store, start + budget_s * COLLECTIVE_SHARE, bar.update)
             bar.close()
             done, failed = done + d, failed + f
-        if training:
-            share = budget_s * TRAINING_SHARE
-            bar = Progress("training probes", len(training), share)
-            d, f = run_collective_probes(pool, training, store, time.monotonic() + share, bar.update)
+        for specs, members, label in ((whole, None, "training probes"), (within, one_node, "training probes (one node)")):
+            if not specs:
+                continue
+            share = budget_s * TRAINING_SHARE * len(specs) / (len(whole) + len(within))
+            bar = Progress(label, len(specs), share)
+            d, f = run_collective_probes(pool, specs, store, time.monotonic() + share, bar.update, members=members)
             bar.close()
             done, failed = done + d, failed + f
         remaining = max(budget_s - (time.monotonic() - start), budget_s * KERNEL_MIN_SHARE)
@@ -245,15 +266,18 @@ def print_summary(info: dict[str, Any]) -> None:
 
 
 def refit_main(directory: Path, tracking_uri: str | None, seed: int, as_json: bool) -> int:
-    """Fit and register from stored measurements, on the hardware that took them."""
-    from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint
-
+    """Fit and register from stored measurements, for the hardware that took them (its
+    fingerprint is stored beside them: a multi-node calibration refits from any machine)."""
     if not (directory / "measurements.jsonl").exists():
         raise SystemExit(f"--refit {directory}: no measurements.jsonl there")
-    fingerprint = HardwareFingerprint([local_node_fingerprint()])
-    recorded = json.loads((directory / "fingerprint.json").read_text()).get("hardware_id")
-    if recorded != fingerprint.hardware_id:
-        raise SystemExit(f"--refit {directory}: measured on {recorded}, this machine is {fingerprint.hardware_id}")
+    if not (directory / "fingerprint.json").exists():
+        raise SystemExit(f"--refit {directory}: no fingerprint.json there (the hardware the measurements came from)")
+    stored = json.loads((directory / "fingerprint.json").read_text())
+    fingerprint = HardwareFingerprint.from_dict(stored)
+    if stored.get("hardware_id") not in (None, fingerprint.hardware_id):
+        # an id stored by an older rule (which counted device-less nodes too)
+        say(f"note: {directory} was stored as {stored['hardware_id']}; its device nodes give "
+            f"{fingerprint.hardware_id}, which the refit registers under")
     uri = registry.configure(tracking_uri)
     t0 = time.monotonic()
     store = MeasurementStore(directory)

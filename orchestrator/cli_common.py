@@ -15,6 +15,8 @@ from predictors.network import NetworkError
 from probes.hierarchical_allreduce import ScheduleError
 from probes.table_shards import ShardingPlanError
 from probes.jobspec import JobSpecError
+from probes.placement import PlacementError
+from predictors.opmodels import UncalibratedGroupError
 
 EXIT_BAD_INPUT, EXIT_NO_MODEL, EXIT_FAILED = 2, 3, 1
 
@@ -71,6 +73,12 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
         return EXIT_BAD_INPUT
     except (NetworkError, ScheduleError) as exc:
         print(f"invalid network: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except PlacementError as exc:
+        print(f"invalid placement: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except UncalibratedGroupError as exc:
+        print(f"cannot price this job's collectives: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
     except FileNotFoundError as exc:
         print(f"file not found: {exc}", file=sys.stderr)

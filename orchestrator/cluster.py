@@ -35,9 +35,10 @@ class NodeFingerprint:
     cpu_model: str
     cpu_cores: int
     memory_bytes: int
-    devices: list[DeviceInfo]
+    devices: list[DeviceInfo]  # what the node offers to work: its GPUs, else its CPU slots (may be none)
     interconnect: list[list[str]] = field(default_factory=list)  # device x device link kind
     software: dict[str, str] = field(default_factory=dict)
+    node_id: str = ""  # the Ray node id (where the launcher pins ranks); not part of the hardware
 
     def hardware_key(self) -> dict[str, Any]:
         """What identifies the node's hardware class (never hostnames, uuids or versions)."""
@@ -49,51 +50,121 @@ class NodeFingerprint:
             "interconnect": self.interconnect,
         }
 
+    @property
+    def device_kind(self) -> str | None:
+        return "cuda" if any(d.kind == "cuda" for d in self.devices) else ("cpu" if self.devices else None)
+
+    def label(self) -> str:
+        gpus = [d for d in self.devices if d.kind == "cuda"]
+        return f"{_slug(gpus[0].name)}x{len(gpus)}" if gpus else f"cpu{len(self.devices)}c"
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "NodeFingerprint":
+        fields = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        fields["devices"] = [DeviceInfo(**d) for d in data.get("devices", [])]
+        return cls(**fields)
+
+
+@dataclass
+class NodeType:
+    """Device nodes of one hardware class: how many, and what each offers."""
+
+    label: str
+    nodes: int
+    devices_per_node: int
+    device: str
+    device_memory_bytes: int
+
+    def describe(self) -> str:
+        return f"{self.nodes} x {self.label} ({self.devices_per_node} x {self.device}, {self.device_memory_bytes / GIB:.0f} GiB)"
+
 
 @dataclass
 class HardwareFingerprint:
+    """Every node Ray reports; only the device nodes are the hardware. When any node has GPUs,
+    the devices are GPUs and a node without (a KubeRay head) is not part of the hardware; on a
+    CPU cluster the devices are the CPUs Ray offers for work (a head started with
+    `--num-cpus=0` offers none). Device nodes are listed most devices first: the order ranks
+    are packed onto them (`probes.placement.RankPlacement.packed`)."""
+
     nodes: list[NodeFingerprint]
 
     @property
-    def hardware_id(self) -> str:
-        keys = sorted(json.dumps(n.hardware_key(), sort_keys=True) for n in self.nodes)
-        digest = hashlib.sha256(json.dumps(keys).encode()).hexdigest()[:10]
-        first = self.nodes[0]
-        gpus = [d for d in first.devices if d.kind == "cuda"]
-        if gpus:
-            label = f"{_slug(gpus[0].name)}x{len(gpus)}"
-        else:
-            label = f"cpu{first.cpu_cores}c"
-        return f"{label}-n{len(self.nodes)}-{digest}"
+    def device_kind(self) -> str:
+        return "cuda" if any(n.device_kind == "cuda" for n in self.nodes) else "cpu"
 
     @property
-    def device_kind(self) -> str:
-        return "cuda" if any(d.kind == "cuda" for n in self.nodes for d in n.devices) else "cpu"
+    def device_nodes(self) -> list[NodeFingerprint]:
+        kind = self.device_kind
+        chosen = [n for n in self.nodes if n.device_kind == kind]
+        return sorted(chosen, key=lambda n: (-len(n.devices), json.dumps(n.hardware_key(), sort_keys=True), n.node_id))
+
+    @property
+    def hardware_id(self) -> str:
+        nodes = self.device_nodes
+        keys = sorted(json.dumps(n.hardware_key(), sort_keys=True) for n in nodes)
+        digest = hashlib.sha256(json.dumps(keys).encode()).hexdigest()[:10]
+        labels = sorted({n.label() for n in nodes})
+        label = labels[0] if len(labels) == 1 else "mixed" if labels else "nodevice"
+        return f"{label}-n{len(nodes)}-{digest}"
 
     @property
     def devices_per_node(self) -> list[int]:
-        return [len(n.devices) for n in self.nodes]
+        return [len(n.devices) for n in self.device_nodes]
+
+    @property
+    def node_ids(self) -> list[str]:
+        """Ray node ids of the device nodes, in `devices_per_node` order."""
+        return [n.node_id for n in self.device_nodes]
+
+    def node_types(self) -> list[NodeType]:
+        groups: dict[str, list[NodeFingerprint]] = {}
+        for n in self.device_nodes:
+            groups.setdefault(json.dumps(n.hardware_key(), sort_keys=True), []).append(n)
+        out = []
+        for members in groups.values():
+            first = members[0]
+            out.append(NodeType(first.label(), len(members), len(first.devices), first.devices[0].name,
+                                first.devices[0].memory_bytes))
+        return out
 
     @property
     def software(self) -> dict[str, str]:
         """Versions that must match across nodes; a node that differs is reported as mixed."""
+        nodes = self.device_nodes or self.nodes
         merged: dict[str, str] = {}
-        for key in sorted({k for n in self.nodes for k in n.software}):
-            values = sorted({n.software.get(key, "") for n in self.nodes})
+        for key in sorted({k for n in nodes for k in n.software}):
+            values = sorted({n.software.get(key, "") for n in nodes})
             merged[key] = values[0] if len(values) == 1 else "mixed:" + "|".join(values)
         return merged
 
     @property
     def min_device_memory_bytes(self) -> int:
-        return min(d.memory_bytes for n in self.nodes for d in n.devices)
+        """The smallest device's memory; 0 when no device's memory is known (GPUs that Ray
+        declares but NVML cannot see)."""
+        known = [d.memory_bytes for n in self.device_nodes for d in n.devices if d.memory_bytes > 0]
+        return min(known) if known else 0
 
     def summary(self) -> str:
-        kinds = Counter(f"{d.name} ({d.memory_bytes / GIB:.0f} GiB)" for n in self.nodes for d in n.devices)
+        if not self.device_nodes:
+            return f"{len(self.nodes)} node(s), none offering a device"
+        kinds = Counter(f"{d.name} ({d.memory_bytes / GIB:.0f} GiB)" for n in self.device_nodes for d in n.devices)
         devices = ", ".join(f"{c}x {k}" for k, c in kinds.items())
-        return f"{len(self.nodes)} node(s): {devices}"
+        others = len(self.nodes) - len(self.device_nodes)
+        extra = f" (+{others} node(s) without devices)" if others else ""
+        types = self.node_types()
+        per_type = "; node types: " + ", ".join(t.describe() for t in types) if len(types) > 1 else ""
+        return f"{len(self.device_nodes)} node(s): {devices}{extra}{per_type}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"hardware_id": self.hardware_id, "software": self.software, "nodes": [asdict(n) for n in self.nodes]}
+        return {"hardware_id": self.hardware_id, "software": self.software, "device_kind": self.device_kind,
+                "devices_per_node": self.devices_per_node, "node_types": [asdict(t) for t in self.node_types()],
+                "nodes": [asdict(n) for n in self.nodes]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "HardwareFingerprint":
+        """A stored fingerprint (`fingerprint.json` beside a calibration's measurements)."""
+        return cls([NodeFingerprint.from_dict(n) for n in data["nodes"]])
 
 
 def _slug(text: str) -> str:
@@ -196,30 +267,47 @@ def software_versions() -> dict[str, str]:
     return versions
 
 
-def local_node_fingerprint(cpu_slots: int | None = None) -> NodeFingerprint:
-    """This process's node. Without a GPU the devices are the usable CPU cores (one slot each),
-    at most `cpu_slots`: the CPUs Ray may schedule there, which a node started with
-    `--num-cpus` or a container quota keeps below the cores the affinity mask shows."""
+def local_node_fingerprint(cpu_slots: int | None = None, gpu_slots: int | None = None) -> NodeFingerprint:
+    """This process's node, as much of it as is offered to work: `gpu_slots` / `cpu_slots` are
+    the GPUs / CPUs Ray may schedule there (None: everything the node has). With GPUs the
+    devices are the GPUs NVML sees, at most `gpu_slots` (GPUs Ray declares beyond what NVML sees
+    are listed with unknown memory); without, the devices are the usable cores, at most
+    `cpu_slots`: a node started with `--num-cpus` or a container quota offers fewer than the
+    affinity mask shows, and one started with `--num-cpus=0` offers none."""
     gpus, links, gpu_software = _nvml_devices()
     cores = _usable_cores()
     memory = _total_memory()
     cpu = _cpu_model()
-    slots = min(cores, cpu_slots) if cpu_slots else cores
-    devices = gpus or [DeviceInfo("cpu", cpu, memory // max(cores, 1), i) for i in range(slots)]
+    if gpu_slots is not None:
+        gpus, links = gpus[:gpu_slots], [row[:gpu_slots] for row in links[:gpu_slots]]
+        gpus += [DeviceInfo("cuda", "GPU declared by Ray (not seen by NVML)", 0, i) for i in range(len(gpus), gpu_slots)]
+    if gpus:
+        devices = gpus
+    else:
+        slots = cores if cpu_slots is None else min(cores, max(0, cpu_slots))
+        devices = [DeviceInfo("cpu", cpu, memory // max(cores, 1), i) for i in range(slots)]
     software = {**software_versions(), **gpu_software}
     return NodeFingerprint(socket.gethostname(), cpu, cores, memory, devices, links, software)
 
 
+def _located(node_id: str, cpu_slots: int, gpu_slots: int) -> NodeFingerprint:
+    fingerprint = local_node_fingerprint(cpu_slots, gpu_slots)
+    fingerprint.node_id = node_id
+    return fingerprint
+
+
 def cluster_fingerprint() -> HardwareFingerprint:
-    """Fingerprint every alive node of the connected Ray cluster (one task pinned per node)."""
+    """Fingerprint every alive node of the connected Ray cluster (one zero-CPU task pinned per
+    node), each with the CPUs and GPUs Ray offers there."""
     import ray
     from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    remote = ray.remote(num_cpus=0)(local_node_fingerprint)
+    remote = ray.remote(num_cpus=0)(_located)
     nodes = [n for n in ray.nodes() if n.get("Alive")]
-    refs = [
-        remote.options(scheduling_strategy=NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)).remote(
-            int(n.get("Resources", {}).get("CPU", 0)) or None)
-        for n in nodes
-    ]
+    refs = []
+    for n in nodes:
+        offered = n.get("Resources", {})
+        strategy = NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
+        refs.append(remote.options(scheduling_strategy=strategy).remote(
+            n["NodeID"], int(offered.get("CPU", 0)), int(offered.get("GPU", 0))))
     return HardwareFingerprint(ray.get(refs))

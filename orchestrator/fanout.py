@@ -20,7 +20,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.probe_actor import ProbeActor
-from probes.sweep import COLLECTIVE_PASSES, ProbeSpec, collective_batch_bytes, collective_batches, collective_pass_timing
+from probes.placement import RankPlacement
+from probes.sweep import (COLLECTIVE_PASSES, ProbeSpec, collective_batch_bytes, collective_batches,
+                          collective_pass_timing, default_max_collective_bytes)
 
 ProgressFn = Callable[[int, int], None]  # (done, failed) increments
 
@@ -82,6 +84,13 @@ class ActorPool:
     def nodes(self) -> list[str]:
         return [w["node_id"] for w in ray.get([a.where.remote() for a in self.actors])]
 
+    def max_collective_bytes(self) -> int:
+        """The largest collective message, from the free memory of the devices themselves (the
+        driver may be a head with no device at all)."""
+        free = [w.get("device_free_bytes") for w in ray.get([a.where.remote() for a in self.actors])]
+        known = [f for f in free if f]
+        return default_max_collective_bytes(self.device_kind, min(known) if known else None)
+
 
 def run_local_probes(
     pool: ActorPool,
@@ -136,26 +145,39 @@ def _short(exc: BaseException) -> str:
 
 
 class Gang:
-    """All pool actors joined in one process group for collective probes."""
+    """Pool actors (all, or `members`) joined in one process group for collective and training
+    probes. Ranks are numbered node by node (as Ray Train and torchrun number a job's ranks), so
+    a group of consecutive ranks stays on a node the way a job's would."""
 
-    def __init__(self, pool: ActorPool, timeout_s: float = 120.0):
+    def __init__(self, pool: ActorPool, members: Sequence[int] | None = None, timeout_s: float = 120.0):
         self.pool, self.timeout_s = pool, timeout_s
-        self.nodes = pool.nodes()
+        where = pool.nodes()
+        chosen = list(range(len(pool.actors))) if members is None else list(members)
+        first_seen = {node: i for i, node in reversed(list(enumerate(where)))}
+        self.members = sorted(chosen, key=lambda i: (first_seen[where[i]], i))
+        self.nodes = [where[i] for i in self.members]
+
+    @property
+    def actors(self) -> list:
+        return [self.pool.actors[i] for i in self.members]
+
+    def placement(self, world: int | None = None) -> RankPlacement:
+        """The node of each of the first `world` ranks (default: all)."""
+        return RankPlacement.from_node_names(self.nodes[:world])
 
     def scope(self, ranks: Sequence[int] | None = None) -> str:
         """`intra` when every member of the group is on one node, else `inter`."""
-        members = range(len(self.nodes)) if ranks is None else ranks
-        return "intra" if len({self.nodes[r] for r in members}) == 1 else "inter"
+        return self.placement().scope(ranks)
 
     def form(self) -> None:
-        leader = self.pool.actors[0]
+        leader = self.actors[0]
         addr = ray.get(leader.where.remote())["ip"]
         port = ray.get(leader.free_port.remote())
-        world = len(self.pool.actors)
-        ray.get([a.init_group.remote(addr, port, rank, world, self.timeout_s) for rank, a in enumerate(self.pool.actors)])
+        world = len(self.members)
+        ray.get([a.init_group.remote(addr, port, rank, world, self.timeout_s) for rank, a in enumerate(self.actors)])
 
     def disband(self) -> None:
-        refs = [a.destroy_group.remote() for a in self.pool.actors]
+        refs = [a.destroy_group.remote() for a in self.actors]
         for ref in refs:
             try:
                 ray.get(ref, timeout=30)
@@ -163,17 +185,29 @@ class Gang:
                 pass
 
     def rebuild(self) -> None:
-        """A group with a dead or stuck member cannot be reused: restart every member."""
-        for i in range(len(self.pool.actors)):
+        """A group with a dead or stuck member cannot be reused: restart every member (each on
+        its own bundle, so on the same node)."""
+        for i in self.members:
             self.pool.replace(i)
-        self.nodes = self.pool.nodes()
         self.form()
 
     def run(self, specs: Sequence[ProbeSpec], timing: dict | None = None):
         """Run one batch on every member; rows come from each group's first rank."""
-        refs = [a.run_collectives.remote(list(specs), timing) for a in self.pool.actors]
+        refs = [a.run_collectives.remote(list(specs), timing) for a in self.actors]
         results = ray.get(refs, timeout=self.timeout_s * (1 + len(specs)))
         return [row for rows in results for row in rows]
+
+    def placed(self, spec: ProbeSpec) -> ProbeSpec:
+        """The spec with where its ranks run: a collective's or pair's scope, a training
+        probe's placement (so its step is priced on the curves of the scopes it ran at)."""
+        p = spec.params
+        if spec.family == "collective":
+            return ProbeSpec(spec.family, {**p, "scope": self.scope(p.get("ranks"))}, spec.key)
+        if spec.family == "overlap":
+            return ProbeSpec(spec.family, {**p, "scope": self.scope(range(int(p.get("world", 2))))}, spec.key)
+        if spec.family == "training":
+            return ProbeSpec(spec.family, {**p, "placement": self.placement().to_dict()}, spec.key)
+        return spec
 
 
 def run_collective_probes(
@@ -183,6 +217,7 @@ def run_collective_probes(
     deadline: float,
     progress: ProgressFn | None = None,
     passes: int = COLLECTIVE_PASSES,
+    members: Sequence[int] | None = None,
 ) -> tuple[int, int]:
     """Measure `specs` on a gang of every actor until done or `deadline`; returns (points
     measured, points failed).
@@ -191,14 +226,15 @@ def run_collective_probes(
     of the point's repeats, and in `collective_batches` whose windows interleave; the store
     merges a point's passes into one row (`merge_passes`), so its windows span the sweep.
     Training points run once. A batch that fails rebuilds the gang and is retried once; a
-    second failure records each of its points with the error. Progress counts batch visits."""
-    if len(pool.actors) < 2:
+    second failure records each of its points with the error. Progress counts batch visits.
+    `members`: the pool actors that form the gang (default: all), e.g. one node's."""
+    gang = Gang(pool, members)
+    if len(gang.members) < 2:
         return 0, 0
-    gang = Gang(pool)
     gang.form()
     done = failed = 0
     device = "cuda" if pool.device_kind == "cuda" else "cpu"
-    batches = collective_batches(specs, max_bytes=collective_batch_bytes(device))
+    batches = collective_batches(specs, max_bytes=collective_batch_bytes(device, pool.max_collective_bytes()))
     measured: set[int] = set()
     visit_s = 0.0  # seconds per point visit so far, to cut the last batch at the deadline
     try:
@@ -212,8 +248,7 @@ def run_collective_probes(
                 fit = (deadline - time.monotonic()) / visit_s if visit_s > 0 else float("inf")
                 if fit < len(batch):  # a batch is several points: run only what fits before the deadline
                     batch = batch[:max(1, int(fit))]
-                batch = [ProbeSpec(s.family, {**s.params, "scope": gang.scope(s.params.get("ranks"))}, s.key)
-                         if s.family == "collective" else s for s in batch]
+                batch = [gang.placed(s) for s in batch]
                 for attempt in (0, 1):
                     try:
                         t0 = time.monotonic()

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 from probes.hierarchical_allreduce import ChunkSchedule, ScheduleError
 from probes.table_shards import PlanEntry, table_shards
 from probes.jobspec import JobSpec
+from probes.placement import PlacementError
 
 
 @dataclass
@@ -25,6 +26,8 @@ class LaunchResult:
     loss_last: float
     quiet_wait_s: float | None = None  # how long the host took to go quiet before timing
     host_quiet: bool | None = None  # False: timed although the host never went quiet
+    rank_nodes: list[str] | None = None  # the Ray node id each rank ran on
+    placement_as_planned: bool | None = None  # every rank on the node the prediction assumed (None: none asked)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -42,6 +45,9 @@ def _train_loop(config: dict[str, Any]) -> None:
     torch.set_num_threads(config["threads_per_worker"])
     ctx = ray.train.get_context()
     device = ray.train.torch.get_device()
+    # Where every rank runs, as run (the launcher compares it with the placement it asked for).
+    rank_nodes: list = [None] * ctx.get_world_size()
+    dist.all_gather_object(rank_nodes, ray.get_runtime_context().get_node_id())
     # Rank 0 waits out Ray Train's start-up on the host; the others sleep in the barrier.
     quiet = wait_for_quiet_host() if ctx.get_world_rank() == 0 else None
     dist.barrier()
@@ -69,7 +75,8 @@ def _train_loop(config: dict[str, Any]) -> None:
                                 overlap_slices=config.get("overlap_slices", {}).get("embedding_all_to_all", 1))
         metrics = summary = _metrics(model.run(config["iterations"], config["warmup"]))
     if quiet is not None:
-        metrics.update(quiet_wait_s=quiet.waited_s, host_busy_share=quiet.busy_share, host_quiet=quiet.quiet)
+        metrics.update(quiet_wait_s=quiet.waited_s, host_busy_share=quiet.busy_share, host_quiet=quiet.quiet,
+                       rank_nodes=rank_nodes)
         ray.get(config["collector"].put.remote(metrics))
     ray.train.report(summary)
 
@@ -99,12 +106,14 @@ class _ResultCollector:
 def launch_dlrm(
     spec: JobSpec, table_to_rank: Sequence[PlanEntry], iterations: int | None = None, use_gpu: bool = False,
     storage: str | Path = ".autotune/ray_results", chunk_schedule: dict | None = None,
-    substitutions: dict[str, int] | None = None,
+    substitutions: dict[str, int] | None = None, placement: dict[str, Any] | None = None,
 ) -> LaunchResult:
     """Run the job for real with a sharding plan: per table a rank (table-wise) or a row-/
     column-wise / data-parallel entry (`probes.table_shards`); with a chunk schedule (the plan's
     chunking decision), the dense gradients are all-reduced by it (a DDP communication hook);
-    `substitutions` (the plan's substitution decision, pair -> slices) runs those pairs overlapped."""
+    `substitutions` (the plan's substitution decision, pair -> slices) runs those pairs overlapped;
+    `placement` (the plan's: each rank's node index and the Ray node ids) pins every rank to
+    the node the prediction assumed."""
     substitutions = _checked_substitutions(substitutions, {"embedding_all_to_all"})
     table_shards(spec, table_to_rank)  # a bad plan fails here, naming the entry, before any worker starts
     if chunk_schedule is not None and ChunkSchedule.from_dict(chunk_schedule).world_size != spec.world_size:
@@ -112,12 +121,12 @@ def launch_dlrm(
     config = {"job": spec.to_dict(), "table_to_rank": list(table_to_rank), "chunk_schedule": chunk_schedule,
               "overlap_slices": substitutions, "iterations": iterations or spec.iterations,
               "warmup": spec.warmup_iterations}
-    return _launch(config, spec.world_size, f"dlrm-{spec.name}", use_gpu, storage)
+    return _launch(config, spec.world_size, f"dlrm-{spec.name}", use_gpu, storage, placement)
 
 
 def race_dlrm_plans(
     spec: JobSpec, plans: Sequence[Sequence[PlanEntry]], rounds: int = 10, steps_per_round: int = 8,
-    use_gpu: bool = False, storage: str | Path = ".autotune/ray_results",
+    use_gpu: bool = False, storage: str | Path = ".autotune/ray_results", placement: dict[str, Any] | None = None,
 ) -> list[LaunchResult]:
     """Run several plans of one job for real in one Ray Train run, their timed steps interleaved
     in rounds (`probes.workloads.plan_race`), so the comparison does not ride on the host's
@@ -127,21 +136,21 @@ def race_dlrm_plans(
         table_shards(spec, plan)
     config = {"job": spec.to_dict(), "plans": [list(p) for p in plans], "rounds": rounds,
               "steps_per_round": steps_per_round, "warmup": spec.warmup_iterations}
-    metrics = _run(config, spec.world_size, f"dlrm-race-{spec.name}", use_gpu, storage)
-    host = {k: metrics[k] for k in ("quiet_wait_s", "host_quiet") if k in metrics}
-    return [_result({**m, **host}, rounds * steps_per_round) for m in metrics["plans"]]
+    metrics = _run(config, spec.world_size, f"dlrm-race-{spec.name}", use_gpu, storage, placement)
+    host = {k: metrics[k] for k in ("quiet_wait_s", "host_quiet", "rank_nodes") if k in metrics}
+    return [_result({**m, **host}, rounds * steps_per_round, placement) for m in metrics["plans"]]
 
 
 def launch_transformer(
     spec: Any, iterations: int | None = None, use_gpu: bool = False, storage: str | Path = ".autotune/ray_results",
-    substitutions: dict[str, int] | None = None,
+    substitutions: dict[str, int] | None = None, placement: dict[str, Any] | None = None,
 ) -> LaunchResult:
     """Run a `TransformerSpec` (data x tensor parallel) for real and time it; `substitutions`
     ("b{layer}.out" / "b{layer}.fc2" -> slices) runs those row-parallel pairs overlapped."""
     allowed = {f"b{layer}.{name}" for layer in range(spec.layers) for name in ("out", "fc2")}
     config = {"transformer": spec.to_dict(), "overlap_slices": _checked_substitutions(substitutions, allowed),
               "iterations": iterations or spec.iterations, "warmup": spec.warmup_iterations}
-    return _launch(config, spec.world_size, f"transformer-{spec.name}", use_gpu, storage)
+    return _launch(config, spec.world_size, f"transformer-{spec.name}", use_gpu, storage, placement)
 
 
 def _checked_substitutions(substitutions: dict[str, int] | None, allowed: set[str]) -> dict[str, int]:
@@ -156,19 +165,50 @@ def _checked_substitutions(substitutions: dict[str, int] | None, allowed: set[st
     return out
 
 
-def _launch(config: dict[str, Any], world_size: int, name: str, use_gpu: bool, storage: str | Path) -> LaunchResult:
-    return _result(_run(config, world_size, name, use_gpu, storage), config["iterations"])
+def _launch(config: dict[str, Any], world_size: int, name: str, use_gpu: bool, storage: str | Path,
+            placement: dict[str, Any] | None) -> LaunchResult:
+    return _result(_run(config, world_size, name, use_gpu, storage, placement), config["iterations"], placement)
 
 
-def _result(metrics: dict[str, Any], iterations: int) -> LaunchResult:
+def _result(metrics: dict[str, Any], iterations: int, placement: dict[str, Any] | None) -> LaunchResult:
+    rank_nodes = metrics.get("rank_nodes")
+    planned = planned_rank_nodes(placement)
     return LaunchResult(
         float(metrics["iteration_ms"]), iterations, list(metrics["per_iteration_ms"]),
         float(metrics["loss_first"]), float(metrics["loss_last"]),
-        metrics.get("quiet_wait_s"), metrics.get("host_quiet"),
+        metrics.get("quiet_wait_s"), metrics.get("host_quiet"), rank_nodes,
+        None if planned is None or rank_nodes is None else list(rank_nodes) == planned,
     )
 
 
-def _run(config: dict[str, Any], world_size: int, name: str, use_gpu: bool, storage: str | Path) -> dict[str, Any]:
+# Every Ray node carries its id under this label (ray.util.placement_group.NODE_ID_LABEL_KEY).
+NODE_ID_LABEL = "ray.io/node-id"
+
+
+def planned_rank_nodes(placement: dict[str, Any] | None) -> list[str] | None:
+    """The Ray node id each rank should run on, from a plan's placement (None: no node ids)."""
+    if not placement or not placement.get("node_ids"):
+        return None
+    ids, nodes = placement["node_ids"], placement["nodes"]
+    if max(nodes) >= len(ids):
+        raise PlacementError(f"placement.nodes: rank on node {max(nodes)}, but only {len(ids)} node id(s) given")
+    return [ids[n] for n in nodes]
+
+
+def worker_label_selectors(placement: dict[str, Any] | None, world_size: int) -> list[dict[str, str]] | None:
+    """One label selector per Ray Train worker, pinning it to its rank's node. Ray Train numbers
+    ranks node by node in worker order, and a packed placement lists each node's ranks
+    together, so rank r runs where the prediction put it."""
+    planned = planned_rank_nodes(placement)
+    if planned is None:
+        return None
+    if len(planned) != world_size:
+        raise PlacementError(f"placement.nodes: {len(planned)} ranks placed, the job has world_size={world_size}")
+    return [{NODE_ID_LABEL: node} for node in planned]
+
+
+def _run(config: dict[str, Any], world_size: int, name: str, use_gpu: bool, storage: str | Path,
+         placement: dict[str, Any] | None = None) -> dict[str, Any]:
     import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -183,7 +223,8 @@ def _run(config: dict[str, Any], world_size: int, name: str, use_gpu: bool, stor
     trainer = TorchTrainer(
         _train_loop,
         train_loop_config={**config, "threads_per_worker": 1, "collector": collector},
-        scaling_config=ScalingConfig(num_workers=world_size, use_gpu=use_gpu, resources_per_worker={"CPU": 1}),
+        scaling_config=ScalingConfig(num_workers=world_size, use_gpu=use_gpu, resources_per_worker={"CPU": 1},
+                                     label_selector=worker_label_selectors(placement, world_size)),
         run_config=RunConfig(name=name, storage_path=str(Path(storage).resolve())),
     )
     trainer.fit()

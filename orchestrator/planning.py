@@ -13,7 +13,8 @@ from predictors.network import (
     NetworkError, NetworkTopology, check_topology_size, dimension_from_model, topology_from_config,
 )
 from predictors.performance_model import PerformanceModel
-from probes.jobspec import JobSpec
+from probes.jobspec import JobSpec, JobSpecError
+from probes.placement import PlacementError, RankPlacement
 
 # Embedding weights may use this share of a device's memory when the job sets no cap: the
 # rest holds activations, communication buffers and the framework.
@@ -21,9 +22,42 @@ DEFAULT_MEMORY_SHARE = 0.6
 
 
 def memory_cap_bytes(job: JobSpec, fingerprint: HardwareFingerprint) -> float:
+    """The job's cap, else a share of the smallest device's memory (the device nodes', never
+    the driver's or a device-less head's)."""
     if job.memory_cap_gb is not None:
         return job.memory_cap_gb * 2**30
+    if fingerprint.min_device_memory_bytes <= 0:
+        raise JobSpecError(["memory_cap_gb: required here: the devices' memory is unknown (GPUs that Ray declares "
+                            "but NVML does not see); expected a number of GiB > 0"])
     return DEFAULT_MEMORY_SHARE * fingerprint.min_device_memory_bytes
+
+
+def job_placement(job: JobSpec, fingerprint: HardwareFingerprint) -> RankPlacement:
+    """The job's ranks packed onto the device nodes, most devices first (as the launcher
+    places them); a job larger than the cluster is refused, naming `world_size`."""
+    try:
+        return RankPlacement.packed(job.world_size, fingerprint.devices_per_node)
+    except PlacementError as exc:
+        raise JobSpecError([str(exc)]) from None
+
+
+def placement_record(placement: RankPlacement, fingerprint: HardwareFingerprint) -> dict:
+    """What the plan says of where it runs: each rank's node, the Ray node ids to pin them to,
+    and the node types priced (the hardware classes of the nodes the ranks occupy)."""
+    device_nodes = fingerprint.device_nodes
+    used = sorted(set(placement.nodes))
+    return {**placement.to_dict(), "node_ids": [n.node_id for n in device_nodes[:max(used) + 1]],
+            "node_types": sorted({device_nodes[i].label() for i in used}), "scope": placement.scope()}
+
+
+def require_collectives(model: PerformanceModel, job: JobSpec, placement: RankPlacement) -> None:
+    """Fail early, saying what to calibrate, when the bundle has no curve for the job's group
+    (its size, within a node or across nodes): every candidate plan would need it."""
+    if job.world_size < 2:
+        return
+    for op in ("all_to_all", "all_reduce"):
+        if op in model.models:
+            model.predict(op, bytes=4096, world=job.world_size, scope=placement.scope())
 
 
 def job_topology(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFingerprint) -> NetworkTopology:
@@ -32,7 +66,7 @@ def job_topology(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFin
     reduce-scatter of a group that size (intra-node, then inter-node)."""
     assert job.network is not None
     if job.network.get("topology") == "calibrated":
-        per_node, nodes = max(fingerprint.devices_per_node), len(fingerprint.nodes)
+        per_node, nodes = max(fingerprint.devices_per_node), len(fingerprint.device_nodes)
         dims = []
         try:
             if per_node > 1:
@@ -62,19 +96,24 @@ def chunking_decision(job: JobSpec, model: PerformanceModel, fingerprint: Hardwa
 
 
 def make_plan(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFingerprint, model_version: str | None) -> Plan:
+    placement = job_placement(job, fingerprint)
+    require_collectives(model, job, placement)
     sharding = choose_sharding(job, model, memory_cap_bytes(job, fingerprint), seed=job.seed,
-                               device_memory_bytes=fingerprint.min_device_memory_bytes)
+                               device_memory_bytes=fingerprint.min_device_memory_bytes or None, placement=placement)
     notes = [
         "iteration cost = critical-path simulation of the job's execution graph (per-op models, in-step "
         "corrections, waits at every collective) + the fitted per-step overhead",
+        f"ranks packed onto {placement.node_count} node(s) ({', '.join(map(str, placement.ranks_per_node().values()))} "
+        f"rank(s) each): the job's collectives priced on the {placement.scope()}-node curves of {job.world_size} ranks",
     ]
     best = sharding.candidates[0]
     out_of_range = best.detail.get("breakdown", {}).get("out_of_range", [])
     if out_of_range:
         notes.append("extrapolating beyond measurements: " + "; ".join(out_of_range[:5]))
     decisions = {"sharding": sharding}
-    placement = sharding.choice_detail["table_to_rank"]
-    substitution, _ = choose_substitutions(build_dlrm_graph(job, placement), model, dlrm_slice_params(job, placement))
+    table_to_rank = sharding.choice_detail["table_to_rank"]
+    substitution, _ = choose_substitutions(build_dlrm_graph(job, table_to_rank, placement), model,
+                                           dlrm_slice_params(job, table_to_rank))
     decisions["substitution"] = substitution
     predicted_ms = sharding.predicted_ms
     notes.append("substitution: each compute+collective pair of the chosen plan's graph simulated unfused and as a "
@@ -95,8 +134,9 @@ def make_plan(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFinger
         predicted_iteration_ms=predicted_ms,
         decisions=decisions,
         notes=notes,
+        placement=placement_record(placement, fingerprint),
     )
 
 
 def predict_plan_ms(job: JobSpec, plan: Plan, model: PerformanceModel) -> float:
-    return estimate_iteration(job, plan.table_to_rank, model).iteration_s * 1e3
+    return estimate_iteration(job, plan.table_to_rank, model, placement=plan.rank_placement).iteration_s * 1e3

@@ -11,6 +11,7 @@ from typing import Sequence
 from orchestrator import registry
 from orchestrator.cli_common import add_common, champion_or_exit, emit, fingerprint, run_main
 from orchestrator.jobfile import load_job
+from orchestrator.planning import job_placement
 from orchestrator.progress import say
 from policies.dlrm_cost import estimate_iteration
 from policies.plan import Plan
@@ -29,7 +30,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
     if plan.hardware_id != fp.hardware_id:
         say(f"note: the plan was made for {plan.hardware_id}; predicting for this hardware, {fp.hardware_id}")
     champion = champion_or_exit(fp.hardware_id)
-    cost = estimate_iteration(job, plan.table_to_rank, champion.model)
+    placement = plan.rank_placement if plan.placement else job_placement(job, fp)
+    cost = estimate_iteration(job, plan.table_to_rank, champion.model, placement=placement)
     out = {"iteration_ms": cost.iteration_s * 1e3, "breakdown": cost.to_dict(), "hardware_id": fp.hardware_id,
            "model_version": champion.version}
     emit(out, args.json, lambda o: say(f"predicted {o['iteration_ms']:.2f} ms/iteration with model v{o['model_version']}"))

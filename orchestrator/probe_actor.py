@@ -35,8 +35,15 @@ class ProbeActor:
         return apply_drill(rows, self.slowdown)
 
     def where(self) -> dict[str, Any]:
+        """This actor's node, address and, on a GPU, the device's free memory (what bounds the
+        largest probe, decided here on the device rather than on a driver that may have none)."""
+        free = None
+        if self.device.startswith("cuda"):
+            import torch
+
+            free = int(torch.cuda.mem_get_info()[0])
         return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
-                "niceness": os.nice(0)}
+                "niceness": os.nice(0), "device_free_bytes": free}
 
     def run_local(self, spec: ProbeSpec) -> list[Measurement]:
         return self._stamp(run_local_probe(spec, self.device))

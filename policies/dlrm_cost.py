@@ -28,6 +28,7 @@ from probes.table_shards import DATA_PARALLEL, PlanEntry, row_wise_width, table_
 from probes.embedding import expected_features
 from probes.gemm import gemm_params, linear_layer_gemms
 from probes.jobspec import JobSpec
+from probes.placement import RankPlacement, placement_of
 from probes.records import Measurement
 
 OVERHEAD_OP = "dlrm_overhead"
@@ -69,12 +70,15 @@ def overhead_params(spec: JobSpec, kernels_s: float, plan: Sequence[PlanEntry] =
 
 def estimate_iteration(
     spec: JobSpec, table_to_rank: Sequence[PlanEntry], model: PerformanceModel, include_overhead: bool = True,
-    simulate_graph: bool = True,
+    simulate_graph: bool = True, placement: RankPlacement | None = None,
 ) -> CostBreakdown:
     """The iteration's kernels through the critical-path simulator over the job's execution
     graph (`simulate_graph`), or as the plain sum below (the baseline); plus the fitted
-    per-step CPU overhead."""
+    per-step CPU overhead. `placement`: the node of every rank (default: one node); the job's
+    collectives span all ranks, so it decides whether they run within a node or across nodes."""
     W, B = spec.world_size, spec.batch_size
+    placement = placement or RankPlacement.single_node(W)
+    scope = placement.scope()
     problems: list[str] = []
 
     def predict(op: str, **params) -> float:
@@ -99,16 +103,16 @@ def estimate_iteration(
             dense += predict("gemm", **gemm_params(m, n, k))
 
     # Pooled-embedding all-to-all, forward and backward (the largest per-rank send or receive).
-    a2a = 2 * predict("all_to_all", **all_to_all_params(spec, table_to_rank, "intra")) if W > 1 else 0.0
+    a2a = 2 * predict("all_to_all", **all_to_all_params(spec, table_to_rank, scope)) if W > 1 else 0.0
     rw = FLOAT * B * W * row_wise_width(shards)
     if W > 1 and rw:  # row-wise tables: reduce-scatter forward, all-gather backward
-        a2a += predict("reduce_scatter", bytes=rw, world=W, scope="intra") + predict("all_gather", bytes=rw, world=W, scope="intra")
+        a2a += predict("reduce_scatter", bytes=rw, world=W, scope=scope) + predict("all_gather", bytes=rw, world=W, scope=scope)
 
     param_bytes = 4 * sum(i * o + o for i, o in spec.dense_layers())
-    allreduce = sum(predict("all_reduce", bytes=b, world=W, scope="intra") for b in ddp_buckets(param_bytes)) if W > 1 else 0.0
+    allreduce = sum(predict("all_reduce", bytes=b, world=W, scope=scope) for b in ddp_buckets(param_bytes)) if W > 1 else 0.0
 
     if simulate_graph:
-        graph = build_dlrm_graph(spec, table_to_rank)
+        graph = build_dlrm_graph(spec, table_to_rank, placement)
         unpriced: set[str] = set()
         kernels = simulate(graph, model_cost(model, unpriced), synchronous=is_synchronous(model)).iteration_s
         problems.extend(f"no model for {op}: priced at 0, the estimate is a lower bound" for op in unpriced)
@@ -138,7 +142,8 @@ def fit_overhead(model: PerformanceModel, step_rows: Sequence[Measurement], seed
     for row in train:
         job = JobSpec.from_dict(row.params["job"])
         kernels = estimate_iteration(job, row.params["table_to_rank"], model, include_overhead=False,
-                                     simulate_graph=simulate_graph).iteration_s
+                                     simulate_graph=simulate_graph,
+                                     placement=placement_of(row.params, job.world_size)).iteration_s
         # A step cannot cost less than its kernels; floor the residual at 2% of the step.
         residuals.append(Measurement(OVERHEAD_OP, overhead_params(job, kernels, row.params["table_to_rank"]), max(row.median_s - kernels, 0.02 * row.median_s), 0.0, row.repeats))
     model.models[OVERHEAD_OP] = fit_linear_or_constant(OVERHEAD_OP, OVERHEAD_FEATURES, residuals)
@@ -157,6 +162,6 @@ def score_steps(model: PerformanceModel, step_rows: Sequence[Measurement], inclu
     for row in step_rows:
         job = JobSpec.from_dict(row.params["job"])
         predicted = estimate_iteration(job, row.params["table_to_rank"], model, include_overhead,
-                                       simulate_graph).iteration_s
+                                       simulate_graph, placement_of(row.params, job.world_size)).iteration_s
         errors.append(abs(predicted - row.median_s) / row.median_s)
     return error_stats(np.asarray(errors))

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from probes.placement import RankPlacement
+
 
 @dataclass
 class Candidate:
@@ -39,6 +41,13 @@ class Plan:
     predicted_iteration_ms: float
     decisions: dict[str, Decision]
     notes: list[str] = field(default_factory=list)
+    # where the ranks run: each rank's node index, the Ray node ids behind them and the node
+    # types priced (`probes.placement`); empty in plans from before placements were recorded
+    placement: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def rank_placement(self) -> RankPlacement:
+        return RankPlacement.from_dict(self.placement, int(self.job.get("world_size", 1)))
 
     @property
     def table_to_rank(self) -> list[int]:
@@ -68,7 +77,7 @@ class Plan:
             job=data["job"], hardware_id=data["hardware_id"], model_version=data.get("model_version"),
             predicted_iteration_ms=data["predicted_iteration_ms"],
             decisions={k: Decision.from_dict(v) for k, v in data["decisions"].items()},
-            notes=data.get("notes", []),
+            notes=data.get("notes", []), placement=data.get("placement", {}),
         )
 
     def save(self, path: str | Path) -> Path:

@@ -20,6 +20,7 @@ from policies.sharding_search import local_search
 from predictors.memory import dlrm_memory
 from predictors.performance_model import PerformanceModel
 from probes.jobspec import JobSpec
+from probes.placement import RankPlacement
 from probes.table_shards import COLUMN_WISE, ROW_WISE, PlanEntry, shard_bytes, split_kinds, table_shards
 
 SEARCH = "search"
@@ -44,8 +45,8 @@ class PlanPricer:
     """Memory checks and the simulated iteration time of one plan of a job."""
 
     def __init__(self, spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float,
-                 device_memory_bytes: float | None = None):
-        self.spec, self.model = spec, model
+                 device_memory_bytes: float | None = None, placement: RankPlacement | None = None):
+        self.spec, self.model, self.placement = spec, model, placement
         self.memory_cap_bytes, self.device_memory_bytes = memory_cap_bytes, device_memory_bytes
 
     def memory(self, plan: Sequence[PlanEntry]) -> tuple[dict, str | None]:
@@ -67,7 +68,7 @@ class PlanPricer:
         bundle has no model for (say, a calibration without reduce-scatter) cannot be priced,
         and a zero in its place would make it look cheaper than it is."""
         try:
-            return estimate_iteration(self.spec, plan, self.model), None
+            return estimate_iteration(self.spec, plan, self.model, placement=self.placement), None
         except KeyError as exc:
             return None, f"cannot be priced: {exc.args[0]}"
 
@@ -93,12 +94,15 @@ class PlanPricer:
 
 def choose_sharding(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float, seed: int = 0,
                     device_memory_bytes: float | None = None, search: bool = True,
-                    search_seconds: float = 20.0, torchrec: bool = True) -> Decision:
+                    search_seconds: float = 20.0, torchrec: bool = True,
+                    placement: RankPlacement | None = None) -> Decision:
     """Rank every candidate plan by predicted iteration time (infeasible ones last, with the
     reason). Raises `NoFeasiblePlanError` naming every candidate's reason when none fits.
-    `torchrec=False` leaves TorchRec's planner out (it is skipped anyway when not installed)."""
+    `torchrec=False` leaves TorchRec's planner out (it is skipped anyway when not installed).
+    `placement`: the node of every rank (default: one node), so collectives are priced on the
+    curves of their scope."""
     W = spec.world_size
-    pricer = PlanPricer(spec, model, memory_cap_bytes, device_memory_bytes)
+    pricer = PlanPricer(spec, model, memory_cap_bytes, device_memory_bytes, placement)
     candidates: list[Candidate] = []
     seen: dict[str, str] = {}
     plans: dict[str, list[PlanEntry]] = {}
@@ -109,7 +113,7 @@ def choose_sharding(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: fl
             candidates.append(Candidate(name, None, False, {"reason": str(exc)}))
     plans.update(uniform_plans(spec))
     if torchrec and W > 1:
-        plans.update(torchrec_plans(spec, model, memory_cap_bytes))
+        plans.update(torchrec_plans(spec, model, memory_cap_bytes, placement))
     for name, plan in plans.items():
         candidates.append(_dedup(pricer.candidate(name, plan), seen))
 
@@ -137,13 +141,14 @@ def choose_sharding(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: fl
     return Decision("sharding", best.name, best.predicted_ms, ranked, {"table_to_rank": best.detail["table_to_rank"]})
 
 
-def torchrec_plans(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float) -> dict[str, list[PlanEntry]]:
+def torchrec_plans(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float,
+                   placement: RankPlacement | None = None) -> dict[str, list[PlanEntry]]:
     """TorchRec's planner's plans (its constants; our measured costs), or none without torchrec."""
     try:
         from policies.torchrec_bridge import torchrec_plan
 
-        return {TORCHREC: torchrec_plan(spec, memory_cap_bytes),
-                TORCHREC_MEASURED: torchrec_plan(spec, memory_cap_bytes, model=model)}
+        return {TORCHREC: torchrec_plan(spec, memory_cap_bytes, placement=placement),
+                TORCHREC_MEASURED: torchrec_plan(spec, memory_cap_bytes, model=model, placement=placement)}
     except ImportError:
         return {}
 

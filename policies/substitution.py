@@ -48,7 +48,7 @@ def isolated_cost(model: PerformanceModel) -> Callable[[GraphOp], float]:
 def point_graph(point: PairPoint) -> ExecutionGraph:
     """The measured pair as a graph: each rank's producer, then the collective."""
     W = point.world
-    coll = {"world": W, "scope": "intra"}
+    coll = {"world": W, "scope": point.scope}
     if point.pair == "gemm_all_reduce":
         producers = [GraphOp("producer", "compute", "gemm", gemm_params(point.rows, point.cols, point.inner))] * W
         coll["bytes"] = FLOAT * point.rows * point.cols

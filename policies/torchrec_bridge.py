@@ -26,6 +26,7 @@ from typing import Any, Sequence
 
 from probes.embedding import TableShape, expected_features
 from probes.jobspec import JobSpec
+from probes.placement import INTRA, RankPlacement
 from probes.table_shards import COLUMN_WISE, DATA_PARALLEL, ROW_WISE, PlanEntry, table_shards
 
 # Sharding types TorchRec may choose for our workload (table-row-wise: see above).
@@ -46,7 +47,7 @@ def embedding_bag_collection(job: JobSpec, device: str = "meta"):
     return EmbeddingBagCollection(tables=configs, device=torch.device(device))
 
 
-def measured_estimator(job: JobSpec, model: Any, world_size: int):
+def measured_estimator(job: JobSpec, model: Any, world_size: int, scope: str = INTRA):
     """A TorchRec `ShardEstimator` pricing shards with our `PerformanceModel` (milliseconds).
 
     Per shard, as our workload runs it: table- and column-wise pieces look up the global batch
@@ -63,8 +64,8 @@ def measured_estimator(job: JobSpec, model: Any, world_size: int):
     W = world_size
 
     def marginal(op: str, nbytes: float) -> float:
-        floor = model.predict(op, bytes=8, world=W, scope="intra")
-        return max(model.predict(op, bytes=max(int(nbytes), 8), world=W, scope="intra") - floor, 0.0)
+        floor = model.predict(op, bytes=8, world=W, scope=scope)
+        return max(model.predict(op, bytes=max(int(nbytes), 8), world=W, scope=scope) - floor, 0.0)
 
     def lookup(shape: TableShape, batch: int) -> tuple[float, float]:
         feats = expected_features([shape], batch, seed=job.seed)
@@ -99,7 +100,7 @@ def measured_estimator(job: JobSpec, model: Any, world_size: int):
 
 
 def torchrec_plan(job: JobSpec, memory_cap_bytes: float, compute_device: str = "cuda",
-                  model: Any = None) -> list[PlanEntry]:
+                  model: Any = None, placement: RankPlacement | None = None) -> list[PlanEntry]:
     """TorchRec's planner's choice for the job, as our plan entries.
 
     The planner is given what it can use: world size, per-rank batch, each table's pooling
@@ -116,8 +117,10 @@ def torchrec_plan(job: JobSpec, memory_cap_bytes: float, compute_device: str = "
     from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
 
     W = job.world_size
+    placement = placement or RankPlacement.single_node(W)
     topology = TopologyFactory.create_topology(
-        trainer_config=TrainerConfig(world_size=W, local_world_size=W, hbm_cap_bytes=int(min(memory_cap_bytes, 2**50))),
+        trainer_config=TrainerConfig(world_size=W, local_world_size=max(placement.ranks_per_node().values()),
+                                     hbm_cap_bytes=int(min(memory_cap_bytes, 2**50))),
         kernel_config=KernelConfig(compute_device=compute_device))
     types = list(TORCHREC_TYPES)
     if model is not None and not {"reduce_scatter", "all_gather"} <= set(model.models):
@@ -130,7 +133,8 @@ def torchrec_plan(job: JobSpec, memory_cap_bytes: float, compute_device: str = "
     if model is not None:
         enumerator = EmbeddingEnumerator(
             topology=topology, batch_size=job.batch_size, constraints=constraints,
-            estimator=[measured_estimator(job, model, W), EmbeddingStorageEstimator(topology, constraints)])
+            estimator=[measured_estimator(job, model, W, placement.scope()),
+                       EmbeddingStorageEstimator(topology, constraints)])
     planner = EmbeddingShardingPlanner(topology=topology, batch_size=job.batch_size, constraints=constraints,
                                        enumerator=enumerator,
                                        storage_reservation=FixedPercentageStorageReservation(0.0), debug=False)

@@ -17,6 +17,7 @@ from predictors.opmodels import fit_linear_or_constant
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import SimResult, model_cost, model_cpu_overhead, simulate
 from predictors.transformer_graph import build_transformer_graph
+from probes.placement import RankPlacement, placement_of
 from probes.records import Measurement
 from probes.workloads.transformer import TransformerSpec
 
@@ -36,8 +37,10 @@ class TransformerEstimate:
 
 
 def estimate_transformer_iteration(spec: TransformerSpec, model: PerformanceModel,
-                                   include_overhead: bool = True) -> TransformerEstimate:
-    graph = build_transformer_graph(spec)
+                                   include_overhead: bool = True,
+                                   placement: RankPlacement | None = None) -> TransformerEstimate:
+    """`placement`: the node of every rank (default: one node), which decides each group's scope."""
+    graph = build_transformer_graph(spec, placement)
     unpriced: set[str] = set()
     synchronous = model.meta.get("device_kind", "cpu") != "cuda"
     result = simulate(graph, model_cost(model, unpriced), cpu_overhead=model_cpu_overhead(model), synchronous=synchronous)
@@ -62,7 +65,8 @@ def fit_transformer_overhead(model: PerformanceModel, step_rows: Sequence[Measur
     residuals = []
     for row in train:
         spec = TransformerSpec.from_dict(row.params["transformer"])
-        simulated = estimate_transformer_iteration(spec, model, include_overhead=False).iteration_s
+        simulated = estimate_transformer_iteration(spec, model, include_overhead=False,
+                                                   placement=placement_of(row.params, spec.world_size)).iteration_s
         residuals.append(Measurement(TRANSFORMER_OVERHEAD_OP, {"layers": spec.layers},
                                      max(row.median_s - simulated, 0.02 * row.median_s), 0.0, row.repeats))
     model.models[TRANSFORMER_OVERHEAD_OP] = fit_linear_or_constant(TRANSFORMER_OVERHEAD_OP, OVERHEAD_FEATURES, residuals)
@@ -76,7 +80,8 @@ def fit_transformer_overhead(model: PerformanceModel, step_rows: Sequence[Measur
 def score_transformer_steps(model: PerformanceModel, rows: Sequence[Measurement], baseline: bool = False) -> ErrorStats:
     errors = []
     for row in rows:
-        estimate = estimate_transformer_iteration(TransformerSpec.from_dict(row.params["transformer"]), model)
+        spec = TransformerSpec.from_dict(row.params["transformer"])
+        estimate = estimate_transformer_iteration(spec, model, placement=placement_of(row.params, spec.world_size))
         predicted = estimate.kernel_sum_s if baseline else estimate.iteration_s
         errors.append(abs(predicted - row.median_s) / row.median_s)
     return error_stats(np.asarray(errors))

@@ -20,7 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy.optimize import least_squares
 
-from predictors.opmodels import OpModel, curve_key, group_key
+from predictors.opmodels import OpModel, UncalibratedGroupError, curve_key, group_key
 from probes.records import Measurement
 
 
@@ -173,8 +173,8 @@ class SigmoidCollectiveModel(OpModel):
     def _curve(self, params: dict[str, Any]) -> SigmoidCurve:
         try:
             return self.curves[curve_key(self.curves, params)]
-        except KeyError as exc:
-            raise KeyError(f"{self.op}: {exc.args[0]}") from None
+        except UncalibratedGroupError as exc:
+            raise exc.with_op(self.op) from None
 
     def predict(self, params: dict[str, Any]) -> float:
         x = np.log2(max(float(params["bytes"]), 1.0))

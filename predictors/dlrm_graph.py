@@ -21,6 +21,7 @@ from probes.elementwise import elementwise_params
 from probes.gemm import gemm_params
 from probes.memcpy import memcpy_params
 from probes.jobspec import JobSpec
+from probes.placement import INTRA, PlacementError, RankPlacement
 from probes.table_shards import (
     DATA_PARALLEL, PlanEntry, exchanged_widths, replicated_tables, row_wise_width, table_shards,
 )
@@ -59,13 +60,13 @@ def _all_to_all(spec: JobSpec, widths: Sequence[int], scope: str) -> dict[str, A
     return params
 
 
-def all_to_all_params(spec: JobSpec, plan: Sequence[PlanEntry], scope: str) -> dict[str, Any]:
+def all_to_all_params(spec: JobSpec, plan: Sequence[PlanEntry], scope: str = INTRA) -> dict[str, Any]:
     """The pooled-embedding all-to-all of a plan (its table- and column-wise pieces)."""
     return _all_to_all(spec, exchanged_widths(spec, table_shards(spec, plan)), scope)
 
 
 def all_to_all_bytes(spec: JobSpec, plan: Sequence[PlanEntry]) -> int:
-    return int(all_to_all_params(spec, plan, "intra")["bytes"])
+    return int(all_to_all_params(spec, plan)["bytes"])
 
 
 class _RankBuilder:
@@ -80,13 +81,19 @@ class _RankBuilder:
 def build_dlrm_graph(
     spec: JobSpec,
     plan: Sequence[PlanEntry],
-    scope: str = "intra",
+    placement: RankPlacement | None = None,
     bucket_bytes: int = DDP_BUCKET_BYTES,
     embedding_features: Callable[..., dict[str, Any]] = expected_features,
 ) -> ExecutionGraph:
     """`plan`: per table a rank (table-wise) or a row-/column-wise / data-parallel entry
-    (`probes.table_shards`)."""
+    (`probes.table_shards`). `placement`: the node of every rank (default: all on one node);
+    every DLRM collective spans the whole world, so it is priced on the curve of a group that
+    size within one node or across nodes, as the ranks are placed."""
     W, B = spec.world_size, spec.batch_size
+    placement = placement or RankPlacement.single_node(W)
+    if placement.world != W:
+        raise PlacementError(f"placement: {placement.world} ranks placed, the job has world_size={W}")
+    scope = placement.scope()
     shards = table_shards(spec, plan)
     group = tuple(range(W))
     widths = exchanged_widths(spec, shards)
@@ -157,7 +164,8 @@ def build_dlrm_graph(
         g.add(GraphOp("optimizer_step", "compute", "add", elementwise_params("add", -(-params_numel // cols), cols), deps=reduces))
         graph.append(g.ops)
     meta_plan = [p if isinstance(p, dict) else int(p) for p in plan]
-    meta: dict[str, Any] = {"job": spec.name, "workload": "dlrm", "table_to_rank": meta_plan}
+    meta: dict[str, Any] = {"job": spec.name, "workload": "dlrm", "table_to_rank": meta_plan,
+                            "placement": placement.to_dict()}
     if a2a is not None:  # the lookup and the all-to-all that ships its pooled rows (predictors/overlap_model.py)
         meta["substitutable"] = [{"name": "embedding_all_to_all", "pair": "embedding_all_to_all",
                                   "producer": "embedding_fwd", "collective": "all_to_all_fwd",

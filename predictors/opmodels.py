@@ -184,6 +184,28 @@ def group_key(params: Params) -> str:
     return key + ":uneven" if params.get("uneven") else key
 
 
+class UncalibratedGroupError(KeyError):
+    """A collective over a group (size, scope) the calibration never measured. A KeyError, so
+    a candidate plan that needs it is listed as unpriceable; its message says what to
+    calibrate, because guessing the curve of another scope would be off by the network."""
+
+    def __init__(self, key: str, measured: Sequence[str], op: str = ""):
+        self.key, self.measured, self.op = key, sorted(measured), op
+        world, scope = (key.split(":") + ["", ""])[:2]
+        where = "on one node" if scope == "intra" else "spanning nodes"
+        super().__init__(
+            f"{op + ': ' if op else ''}no measurements for group {key} ({world} ranks {where}); measured groups: "
+            f"{', '.join(self.measured) or 'none'}. Calibrate on a cluster that holds a group of {world} ranks "
+            f"{where} (python -m orchestrator.calibrate --ray-address <cluster>), or choose a world_size whose "
+            f"groups were measured")
+
+    def __str__(self) -> str:  # KeyError's own quotes its message
+        return str(self.args[0])
+
+    def with_op(self, op: str) -> "UncalibratedGroupError":
+        return UncalibratedGroupError(self.key, self.measured, op)
+
+
 def curve_key(curves: Any, params: Params) -> str:
     """The measured group for `params`: its own, or for an uneven all-to-all with no uneven
     measurements, the even curve of the same group size and scope."""
@@ -191,7 +213,7 @@ def curve_key(curves: Any, params: Params) -> str:
     if key not in curves and params.get("uneven"):
         key = group_key({**params, "uneven": False})
     if key not in curves:
-        raise KeyError(f"no measurements for group {key}; measured groups: {sorted(curves)}")
+        raise UncalibratedGroupError(key, list(curves))
     return key
 
 
@@ -222,8 +244,8 @@ class CurveModel(OpModel):
     def _curve(self, params: Params) -> tuple[np.ndarray, np.ndarray]:
         try:
             return self.curves[curve_key(self.curves, params)]
-        except KeyError as exc:
-            raise KeyError(f"{self.op}: {exc.args[0]}") from None
+        except UncalibratedGroupError as exc:
+            raise exc.with_op(self.op) from None
 
     def predict(self, params: Params) -> float:
         xs, ys = self._curve(params)
@@ -279,7 +301,11 @@ class AlphaBetaModel(OpModel):
         return self
 
     def predict(self, params: Params) -> float:
-        return self.groups[curve_key(self.groups, params)].predict(params)
+        try:
+            key = curve_key(self.groups, params)
+        except UncalibratedGroupError as exc:
+            raise exc.with_op(self.op) from None
+        return self.groups[key].predict(params)
 
     def out_of_range(self, params: Params) -> list[str]:
         try:

@@ -19,6 +19,7 @@ from predictors.graph import ExecutionGraph, GraphOp
 from probes.elementwise import elementwise_params
 from probes.gemm import gemm_params
 from probes.memcpy import memcpy_params
+from probes.placement import PlacementError, RankPlacement
 from probes.workloads.transformer import TransformerSpec
 
 
@@ -30,10 +31,12 @@ def block_param_numel(spec: TransformerSpec) -> int:
 
 
 class _Rank:
-    def __init__(self, spec: TransformerSpec, rank: int, scope: str):
+    def __init__(self, spec: TransformerSpec, rank: int, placement: RankPlacement):
         self.ops: list[GraphOp] = []
-        self.spec, self.scope = spec, scope
+        self.spec = spec
         self.tp_group, self.dp_group = spec.tp_group_of(rank), spec.dp_group_of(rank)
+        # consecutive ranks form a TP group, so TP stays on a node unless it outgrows one
+        self.tp_scope, self.dp_scope = placement.scope(self.tp_group), placement.scope(self.dp_group)
         self.prev: int | None = None
 
     def add(self, name: str, kind: str, op: str, params: dict[str, Any], extra_deps: tuple[int, ...] = (),
@@ -65,12 +68,17 @@ class _Rank:
 
     def tp_all_reduce(self, name: str, nbytes: int) -> None:
         if self.spec.tensor_parallel > 1:
-            params = {"bytes": int(nbytes), "world": self.spec.tensor_parallel, "scope": self.scope}
+            params = {"bytes": int(nbytes), "world": self.spec.tensor_parallel, "scope": self.tp_scope}
             self.add(name, "collective", "all_reduce", params, stream="comm", group=self.tp_group)
 
 
-def build_transformer_graph(spec: TransformerSpec, scope: str = "intra",
+def build_transformer_graph(spec: TransformerSpec, placement: RankPlacement | None = None,
                             bucket_bytes: int = DDP_BUCKET_BYTES) -> ExecutionGraph:
+    """`placement`: the node of every rank (default: one node); each TP and DP group's
+    collectives are priced on the curve of their own scope."""
+    placement = placement or RankPlacement.single_node(spec.world_size)
+    if placement.world != spec.world_size:
+        raise PlacementError(f"placement: {placement.world} ranks placed, the job has world_size={spec.world_size}")
     B, S, H, tp = spec.batch_size, spec.seq_len, spec.hidden, spec.tensor_parallel
     T, local, h, d = B * S, H // tp, spec.heads // tp, spec.head_dim
     BH = B * h
@@ -79,7 +87,7 @@ def build_transformer_graph(spec: TransformerSpec, scope: str = "intra",
     per_block_bytes = FLOAT * block_param_numel(spec)
     ranks = []
     for r in range(spec.world_size):
-        g = _Rank(spec, r, scope)
+        g = _Rank(spec, r, placement)
         for layer in range(spec.layers):
             p = f"b{layer}."
             residual = g.prev
@@ -114,7 +122,7 @@ def build_transformer_graph(spec: TransformerSpec, scope: str = "intra",
             filled += nbytes
             while buckets and filled >= buckets[0] - 1e-9:
                 filled -= buckets[0]
-                params = {"bytes": int(buckets.pop(0)), "world": spec.data_parallel, "scope": scope}
+                params = {"bytes": int(buckets.pop(0)), "world": spec.data_parallel, "scope": g.dp_scope}
                 reduces.append(g.add(f"ddp_all_reduce{len(reduces)}", "collective", "all_reduce", params,
                                      (after,), stream="comm", group=g.dp_group, chain=False))
 
@@ -156,7 +164,8 @@ def build_transformer_graph(spec: TransformerSpec, scope: str = "intra",
         cols = 1024
         g.add("optimizer_step", "compute", "add", elementwise_params("add", -(-params_numel // cols), cols), tuple(reduces))
         ranks.append(g.ops)
-    meta = {"job": spec.name, "workload": "transformer", "tensor_parallel": tp, "data_parallel": spec.data_parallel}
+    meta = {"job": spec.name, "workload": "transformer", "tensor_parallel": tp, "data_parallel": spec.data_parallel,
+            "placement": placement.to_dict()}
     if tp > 1:  # each row-parallel product and the all-reduce of its partial sums (predictors/overlap_model.py)
         meta["substitutable"] = [{"name": f"b{layer}.{linear}", "pair": "gemm_all_reduce", "producer": f"b{layer}.{linear}",
                                   "collective": f"b{layer}.{linear}_all_reduce"}

@@ -56,12 +56,15 @@ class PairPoint:
     pooling: int = 8
     num_embeddings: int = 20_000
     seed: int = 0
+    scope: str = "intra"  # the members on one node, or spanning nodes (set by the gang that runs it)
 
     def __post_init__(self) -> None:
         if self.pair not in PAIRS:
             raise ValueError(f"unknown pair {self.pair!r}; expected one of {PAIRS}")
         if self.rows < 1 or self.cols < 1 or self.world < 2:
             raise ValueError(f"{self.pair}: rows and cols must be >= 1 and world >= 2")
+        if self.scope not in ("intra", "inter"):
+            raise ValueError(f"{self.pair}: scope must be 'intra' or 'inter', got {self.scope!r}")
         if self.pair != "embedding_all_to_all" and self.inner < 1:
             raise ValueError(f"{self.pair}: inner (the GEMM's reduction dimension) must be >= 1")
 

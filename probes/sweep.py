@@ -120,11 +120,11 @@ def collective_batches(specs: Sequence[ProbeSpec], max_points: int = 12,
     return batches
 
 
-def collective_batch_bytes(device: str) -> int:
+def collective_batch_bytes(device: str, max_message_bytes: int | None = None) -> int:
     """Buffer bytes a batch may hold at once: on a GPU twice the largest message (half the
     free memory, see `default_max_collective_bytes`), on CPU 1 GiB."""
     if device.startswith("cuda"):
-        return 2 * default_max_collective_bytes(device)
+        return 2 * (max_message_bytes or default_max_collective_bytes(device))
     return 2**30
 
 
@@ -305,12 +305,19 @@ def collective_specs(
     return out
 
 
-def default_max_collective_bytes(device: str) -> int:
-    """Largest message: bounded by free memory on a GPU; on CPU, 64 MiB keeps gloo quick."""
-    if device.startswith("cuda") and torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info()
-        return int(2 ** math.floor(math.log2(free / 4)))
-    return 64 * 2**20
+CPU_MAX_COLLECTIVE_BYTES = 64 * 2**20
+
+
+def default_max_collective_bytes(device: str, free_bytes: int | None = None) -> int:
+    """Largest message: a quarter of the device's free memory on a GPU (rounded down to a power
+    of two), given by the devices themselves (`free_bytes`: the smallest any probe actor
+    reported) or, without it, this process's GPU; on CPU, 64 MiB keeps gloo quick."""
+    if device.startswith("cuda"):
+        if free_bytes is None and torch.cuda.is_available():
+            free_bytes, _ = torch.cuda.mem_get_info()
+        if free_bytes:
+            return int(2 ** math.floor(math.log2(free_bytes / 4)))
+    return CPU_MAX_COLLECTIVE_BYTES
 
 
 # The random-task generator's seed stream for calibration probes: disjoint from the streams
@@ -408,11 +415,13 @@ def run_training_probe(spec: ProbeSpec, device: str = "cpu", iterations: int = 3
         from probes.jobspec import JobSpec
         from probes.workloads.dlrm import ShardedDLRM
 
-        placement = spec.params["table_to_rank"]
-        model = ShardedDLRM(JobSpec.from_dict(spec.params["job"]), placement, dist.get_rank(),
+        plan = spec.params["table_to_rank"]
+        model = ShardedDLRM(JobSpec.from_dict(spec.params["job"]), plan, dist.get_rank(),
                             dist.get_world_size(), torch.device(device))
         step_op, workload, step = "dlrm_step", "dlrm", cycling_step(model)
-        params = {"job": spec.params["job"], "table_to_rank": placement}
+        params = {"job": spec.params["job"], "table_to_rank": plan}
+    if "placement" in spec.params:  # the node of each rank, set by the gang that ran it
+        params["placement"] = spec.params["placement"]
     result = model.run(iterations, warmup)
     # Every rank profiles (the steps hold collectives); rank 0 reports.
     overheads = profile_overheads(step, iterations=5, warmup=0, device=device, workload=workload)

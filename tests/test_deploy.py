@@ -115,3 +115,112 @@ def test_image_installs_what_make_setup_pins():
     assert f"rayproject/ray:{ray.__version__}-" in dockerfile
     for package in ("orchestrator", "probes", "predictors", "policies", "examples"):
         assert f"COPY --chown=ray:users {package} {package}" in dockerfile
+
+
+# Multi-node clusters: a head that offers no work slots, worker groups whose Ray resources match
+# their Kubernetes limits, NCCL / gloo network settings from one ConfigMap, /dev/shm in memory.
+
+NCCL_CONFIGMAP = "cluster-autotune-nccl"
+
+
+def kuberay_docs() -> list[tuple[str, dict]]:
+    return [(p.name, d) for p in sorted((DEPLOY / "kuberay").glob("*.yaml")) for d in docs(f"kuberay/{p.name}")]
+
+
+def cluster_specs() -> list[tuple[str, dict]]:
+    """Every RayCluster spec in deploy/kuberay, also those embedded in a RayJob / RayCronJob
+    (`rayClusterSpec`, at any depth)."""
+    found = []
+
+    def walk(where: str, node) -> None:
+        if isinstance(node, dict):
+            if "headGroupSpec" in node or "workerGroupSpecs" in node:
+                found.append((where, node))
+            for value in node.values():
+                walk(where, value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(where, value)
+
+    for name, doc in kuberay_docs():
+        walk(f"{name}:{doc['kind']}", doc)
+    return found
+
+
+def ray_container(pod_template: dict) -> dict:
+    return containers(pod_template)[0]  # KubeRay runs Ray in the first container
+
+
+def cpus(quantity) -> float:
+    text = str(quantity)
+    return int(text[:-1]) / 1000 if text.endswith("m") else float(text)
+
+
+def test_every_cluster_spec_is_found():
+    wheres = [where for where, _ in cluster_specs()]
+    assert "raycluster.yaml:RayCluster" in wheres
+    for where, spec in cluster_specs():
+        assert "headGroupSpec" in spec and spec.get("workerGroupSpecs"), where
+
+
+def test_the_head_offers_no_cpu_or_gpu_slots():
+    for where, spec in cluster_specs():
+        head = spec["headGroupSpec"]
+        params = head["rayStartParams"]
+        assert params.get("num-cpus") == "0", f"{where}: the head must advertise no CPUs to Ray"
+        assert params.get("num-gpus") == "0", f"{where}: the head must advertise no GPUs to Ray"
+        for c in containers(head["template"]):
+            resources = c.get("resources", {})
+            for kind in ("requests", "limits"):
+                gpus = resources.get(kind, {}).get("nvidia.com/gpu", 0)
+                assert int(gpus) == 0, f"{where}: head container {c['name']} {kind} nvidia.com/gpu={gpus}"
+
+
+def test_worker_groups_declare_the_slots_their_limits_reserve():
+    groups = [(where, g) for where, spec in cluster_specs() for g in spec["workerGroupSpecs"]]
+    assert groups
+    for where, group in groups:
+        params = group["rayStartParams"]
+        resources = ray_container(group["template"])["resources"]
+        limits, requests = resources["limits"], resources.get("requests", {})
+        label = f"{where} group {group['groupName']}"
+        gpus = int(limits.get("nvidia.com/gpu", 0))
+        assert int(params.get("num-gpus", 0)) == gpus, f"{label}: num-gpus != nvidia.com/gpu limit"
+        assert int(requests.get("nvidia.com/gpu", gpus)) == gpus, label
+        assert "num-cpus" in params and cpus(params["num-cpus"]) == cpus(limits["cpu"]), f"{label}: num-cpus != cpu limit"
+        assert cpus(requests.get("cpu", limits["cpu"])) == cpus(limits["cpu"]), f"{label}: cpu request != limit"
+        assert all(isinstance(v, str) for v in params.values()), f"{label}: rayStartParams values must be strings"
+
+
+def test_every_ray_container_loads_the_nccl_configmap():
+    for where, spec in cluster_specs():
+        templates = [("head", spec["headGroupSpec"]["template"])]
+        templates += [(g["groupName"], g["template"]) for g in spec["workerGroupSpecs"]]
+        for group, template in templates:
+            refs = [e["configMapRef"] for e in ray_container(template).get("envFrom", []) if "configMapRef" in e]
+            assert {"name": NCCL_CONFIGMAP, "optional": True} in refs, f"{where} {group}"
+            # The MLflow client secret stays wired in next to it.
+            assert {"secretRef": {"name": "mlflow-client"}} in ray_container(template)["envFrom"], f"{where} {group}"
+
+
+def test_nccl_configmap_defines_the_network_settings():
+    maps = [d for _, d in kuberay_docs() if d["kind"] == "ConfigMap" and d["metadata"]["name"] == NCCL_CONFIGMAP]
+    assert len(maps) == 1
+    data = maps[0]["data"]
+    assert {"NCCL_SOCKET_IFNAME", "NCCL_IB_DISABLE", "GLOO_SOCKET_IFNAME", "NCCL_DEBUG"} <= set(data)
+    assert all(isinstance(v, str) for v in data.values()), "ConfigMap data values must be strings (quote them)"
+    assert data["NCCL_SOCKET_IFNAME"] and data["NCCL_IB_DISABLE"] in ("0", "1")
+    # gloo takes plain interface names: no NCCL-style prefix, "=" or "^" syntax.
+    assert re.fullmatch(r"[A-Za-z0-9_.@-]+(,[A-Za-z0-9_.@-]+)*", data["GLOO_SOCKET_IFNAME"])
+    readme = (DEPLOY / "README.md").read_text()
+    for key in (*data, "NCCL_IB_HCA"):
+        assert f"`{key}`" in readme, f"{key} is not documented in deploy/README.md"
+
+
+def test_worker_pods_mount_a_memory_backed_dev_shm():
+    for where, spec in cluster_specs():
+        for group in spec["workerGroupSpecs"]:
+            pod = group["template"]["spec"]
+            (mount,) = [m for m in ray_container(group["template"]).get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
+            (volume,) = [v for v in pod.get("volumes", []) if v["name"] == mount["name"]]
+            assert volume["emptyDir"]["medium"] == "Memory", f"{where} {group['groupName']}"
