@@ -13,14 +13,25 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture()
 def ray_local():
+    """This process connected to a local 2-CPU Ray cluster, started once and kept for the tests
+    after (a test that joins a simulated multi-node cluster shuts it down; the next use starts
+    it again)."""
     import ray
 
     if not ray.is_initialized():
         ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     yield ray
-    ray.shutdown()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _ray_shutdown_at_exit():
+    yield
+    import ray
+
+    if ray.is_initialized():
+        ray.shutdown()
 
 
 @pytest.fixture()
