@@ -137,14 +137,15 @@ def train_group(config: dict[str, Any], work: FusionWorkload | None = None, boar
     first = configs[0]
     work = work or workload(config["workload"])
     batch_size = int(first.get("batch_size", work.batch_size))
+    device = trial_device()
     trainer = FusedTrainer.build(work, seeds=[int(c.get("seed", i)) for i, c in enumerate(configs)],
                                  hyper=_group_hyper(configs), optimizer=str(first.get("optimizer", "adam")),
-                                 dropouts=[float(c.get("dropout", 0.0)) for c in configs])
+                                 dropouts=[float(c.get("dropout", 0.0)) for c in configs], device=device)
     stream = batches(work, batch_size, int(config["data_seed"]))
-    val_x, val_y = next(batches(work, VALIDATION_SAMPLES, int(config["data_seed"]) + 1))
+    val_x, val_y = (t.to(device) for t in next(batches(work, VALIDATION_SAMPLES, int(config["data_seed"]) + 1)))
     for epoch in range(int(config["epochs"])):
         for x, y in itertools.islice(stream, int(config["steps_per_epoch"])):
-            trainer.step(x, y)
+            trainer.step(x.to(device), y.to(device))
         trainer.fused.eval()
         with torch.no_grad():
             logits = trainer.fused(val_x)
@@ -168,15 +169,31 @@ def train_group(config: dict[str, Any], work: FusionWorkload | None = None, boar
             return
 
 
+def trial_device() -> torch.device:
+    """The trial's device: the GPU Ray gave it (Ray sets CUDA_VISIBLE_DEVICES, so it is cuda:0),
+    else the CPU."""
+    gpus = ray.get_gpu_ids() if ray.is_initialized() else []
+    return torch.device("cuda", 0) if gpus and torch.cuda.is_available() else torch.device("cpu")
+
+
+def trial_resources(device_kind: str, cpus_per_trial: float) -> dict[str, float]:
+    """What one fused group asks Tune for: a GPU and its CPUs on a GPU cluster (the group's
+    models share the GPU, which is what fusing buys), CPUs alone otherwise."""
+    if device_kind == "cuda":
+        return {"cpu": cpus_per_trial, "gpu": 1}
+    return {"cpu": cpus_per_trial}
+
+
 def run_sweep(work: str | FusionWorkload, trials: Sequence[dict[str, Any]], width: int, epochs: int,
               steps_per_epoch: int, storage: str | Path, name: str, data_seed: int = 0, fused: bool = True,
               scheduler: Any = None, cpus_per_trial: float = 1.0,
-              halving: MemberHalving | None = None) -> SweepOutcome:
+              halving: MemberHalving | None = None, device_kind: str = "cpu") -> SweepOutcome:
     """Run `trials` (configs) as fused groups of at most `width` (or one per Tune trial when
     `fused` is False) and return every trial's own history. `work` is a reference workload's
     name or the user's own `FusionWorkload` (a model factory, a batch function, a batch size):
     the training loop is this module's, the model is theirs. `halving` stops single trials
-    inside the groups (`MemberHalving`); a Tune `scheduler` acts on whole groups."""
+    inside the groups (`MemberHalving`); a Tune `scheduler` acts on whole groups. With
+    `device_kind="cuda"` every group trial asks for a GPU and trains there."""
     if isinstance(work, str):
         work = workload(work)  # a clear error for an unknown name before anything starts
     ids = [f"trial_{i:03d}" for i in range(len(trials))]
@@ -185,7 +202,8 @@ def run_sweep(work: str | FusionWorkload, trials: Sequence[dict[str, Any]], widt
     group_members = [[{"trial_id": ids[i], "config": dict(trials[i])} for i in g] for g in groups]
     board = ray.remote(num_cpus=0)(RungBoard).remote(halving) if halving is not None else None
     tuner = tune.Tuner(
-        tune.with_resources(tune.with_parameters(train_group, work=work, board=board), {"cpu": cpus_per_trial}),
+        tune.with_resources(tune.with_parameters(train_group, work=work, board=board),
+                            trial_resources(device_kind, cpus_per_trial)),
         param_space={"workload": work.name, "epochs": epochs, "steps_per_epoch": steps_per_epoch,
                      "data_seed": data_seed, "members": tune.grid_search(group_members)},
         tune_config=tune.TuneConfig(metric="val_loss", mode="min", scheduler=scheduler),

@@ -29,6 +29,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from probes.comm import destroy_groups, on_host
 from probes.records import Measurement
 from probes.timing import time_callable
 
@@ -70,7 +71,9 @@ def group_for(ranks: Sequence[int] | None):
 
 
 def forget_groups() -> None:
-    """Drop cached subgroups (call before destroying the default group)."""
+    """Destroy the cached subgroups (call before destroying the default group): each NCCL
+    communicator holds device buffers until destroyed."""
+    destroy_groups(list(_subgroups.values()))
     _subgroups.clear()
 
 
@@ -187,15 +190,16 @@ def measure_collectives(
     # Everyone must run the same number of repeats: size each point's count from a few
     # warm-up runs (about `target_s` of work) and agree on the largest across members.
     dist.barrier(group=group)
-    want = torch.zeros(len(points), dtype=torch.int64)
+    want = torch.zeros(len(points), dtype=torch.int64, device=device)  # on the group's device (probes.comm)
     for i, fn in enumerate(fns):
         probe = time_callable(fn, device=device, warmup=warmup, min_repeats=2, max_repeats=2, max_seconds=1e9,
                               min_sample_s=0.0)
         want[i] = min(max(int(target_s / max(probe.median_s, 1e-7)), min_repeats), max_repeats)
     dist.all_reduce(want, op=dist.ReduceOp.MAX, group=group)
-    n_windows = [max(1, min(int(windows), int(w) // 2)) for w in want]
-    per_window = [max(2, -(-int(w) // k)) for w, k in zip(want, n_windows)]
-    medians = torch.zeros(len(points), max(n_windows), dtype=torch.float64)
+    agreed = [int(w) for w in want.tolist()]
+    n_windows = [max(1, min(int(windows), w // 2)) for w in agreed]
+    per_window = [max(2, -(-w // k)) for w, k in zip(agreed, n_windows)]
+    medians = torch.zeros(len(points), max(n_windows), dtype=torch.float64, device=device)
     for w in range(max(n_windows)):
         for i, fn in enumerate(fns):
             if w >= n_windows[i]:
@@ -207,6 +211,7 @@ def measure_collectives(
     dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=group)  # per window: the slowest member
     if pos != 0:
         return []
+    medians = on_host(medians)
     return [_row(p, numel, s, medians[i, : n_windows[i]].numpy(), n_windows[i] * per_window[i], n, members, device)
             for i, (p, numel, s) in enumerate(zip(points, numels, splits))]
 

@@ -8,10 +8,11 @@ Three pairs, each with its unfused reference (produce everything, then one colle
 - GEMM / GEMV + all-reduce: the row-parallel linear of tensor parallelism;
 - GEMM + all-to-all: an expert layer's output rows go to the ranks that routed their tokens.
 
-All-to-all slices are point-to-point transfers (`isend` / `irecv`, any backend), computed in
+All-to-all slices are point-to-point transfers (batched `isend` / `irecv`, any backend), computed in
 communication-aware order: the producer's rows are walked starting at the next rank's block and
 wrapping round, so rows for remote ranks are computed (and sent) first and the rank's own rows,
-which need no transfer, last. Every receive is posted up front into its final place in the
+which need no transfer, last. A slice's sends and the matching receives of every source's slice
+go in one batch (`probes.comm.exchange`), each receive straight into its final place in the
 output, which has exactly `all_to_all_single`'s layout (per source rank, its rows for this rank,
 sources in rank order), so fused and unfused outputs are comparable element for element and
 the consumer cannot tell them apart. Splits may be uneven in rows (tokens per expert) and in
@@ -29,6 +30,8 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from probes.comm import comm_stream, exchange
 
 PAIRS = ("embedding_all_to_all", "gemm_all_reduce", "gemm_all_to_all")
 
@@ -140,39 +143,49 @@ def _global(group, rank: int) -> int:
 def overlapped_all_to_all(produce: Producer, layout: ExchangeLayout, k: int, group=None,
                           keep: list[torch.Tensor] | None = None, dtype: torch.dtype = torch.float32,
                           device: torch.device | str = "cpu") -> torch.Tensor:
-    """Fused: `k` slices of the producer in remote-first order, each remote piece sent as soon
-    as its slice is computed, every receive posted up front into the output's final layout.
-    `keep`, when given, collects each slice's producer output (for autograd callers)."""
+    """Fused: `k` slices of the producer in remote-first order, each slice's remote pieces sent
+    as soon as it is computed, every piece received straight into the output's final layout.
+    Slice t's sends and the receives of every source's slice t go in one `batch_isend_irecv`
+    (batches in slice order on every rank, so NCCL, which ignores tags, pairs them and cannot
+    deadlock), issued from the communication stream on CUDA. `keep`, when given, collects each
+    slice's producer output (for autograd callers)."""
     rank, world = dist.get_rank(group), layout.world
     width = layout.widths[rank]
     out = torch.empty(sum(layout.recv_sizes(rank)), dtype=dtype, device=device)
-    works = []
+    batches = max(len(layout.slices(s, k)) for s in range(world))  # the same count on every rank
+    receives: list[list[tuple[str, torch.Tensor, int]]] = [[] for _ in range(batches)]
     for s in range(world):
         if s == rank:
             continue
         base = layout.recv_offset(s, rank)
-        for tag, pieces in enumerate(layout.slices(s, k)):
+        for t, pieces in enumerate(layout.slices(s, k)):
             for p in pieces:
                 if p.dest == rank:
                     a = base + p.dest_lo * layout.widths[s]
                     b = a + (p.hi - p.lo) * layout.widths[s]
                     if b > a:  # a rank without exchanged columns sends nothing
-                        works.append(dist.irecv(out[a:b], src=_global(group, s), group=group, tag=tag))
+                        receives[t].append(("recv", out[a:b], _global(group, s)))
     own_base = layout.recv_offset(rank, rank)
-    for tag, pieces in enumerate(layout.slices(rank, k)):
-        y = _produce_pieces(produce, pieces)
-        if keep is not None:
-            keep.append(y)
-        y = y.detach()
-        row = 0
-        for p in pieces:
-            n = p.hi - p.lo
-            part = y[row:row + n]
-            row += n
-            if p.dest == rank:
-                out[own_base + p.dest_lo * width: own_base + (p.dest_lo + n) * width].copy_(part.reshape(-1))
-            elif part.numel():
-                works.append(dist.isend(part.contiguous().reshape(-1), dst=_global(group, p.dest), group=group, tag=tag))
+    mine = layout.slices(rank, k)
+    works = []
+    for t in range(batches):
+        sends: list[tuple[str, torch.Tensor, int]] = []
+        if t < len(mine):
+            y = _produce_pieces(produce, mine[t])
+            if keep is not None:
+                keep.append(y)
+            y = y.detach()
+            row = 0
+            for p in mine[t]:
+                n = p.hi - p.lo
+                part = y[row:row + n]
+                row += n
+                if p.dest == rank:
+                    out[own_base + p.dest_lo * width: own_base + (p.dest_lo + n) * width].copy_(part.reshape(-1))
+                elif part.numel():
+                    sends.append(("send", part.contiguous().reshape(-1), _global(group, p.dest)))
+        with comm_stream(out.device):
+            works += exchange(receives[t] + sends, group, tag=t)
     for w in works:
         w.wait()
     return out
@@ -223,7 +236,8 @@ def overlapped_gemm_all_reduce(x: torch.Tensor, weight: torch.Tensor, k: int, gr
         out = x.new_empty(m, n)
         for a, b in slice_bounds(m, k):
             torch.mm(x[a:b], weight, out=out[a:b])
-            works.append(dist.all_reduce(out[a:b], group=group, async_op=True))
+            with comm_stream(out.device):
+                works.append(dist.all_reduce(out[a:b], group=group, async_op=True))
         for w in works:
             w.wait()
         return out
@@ -232,7 +246,8 @@ def overlapped_gemm_all_reduce(x: torch.Tensor, weight: torch.Tensor, k: int, gr
         # x @ weight[:, a:b] reads the weight in its own layout (a product over a transposed,
         # strided weight view is an order of magnitude slower on CPU), then lands transposed.
         out_t[a:b].copy_((x @ weight[:, a:b]).t())
-        works.append(dist.all_reduce(out_t[a:b], group=group, async_op=True))
+        with comm_stream(out_t.device):
+            works.append(dist.all_reduce(out_t[a:b], group=group, async_op=True))
     for w in works:
         w.wait()
     return out_t.t()
@@ -243,7 +258,8 @@ def sliced_all_reduce(out: torch.Tensor, k: int, group=None) -> torch.Tensor:
     of near-equal contiguous slices of `out`, all in flight before the first wait (the
     transfer-only form its cost model is calibrated on)."""
     flat = out.view(-1)
-    works = [dist.all_reduce(flat[a:b], group=group, async_op=True) for a, b in slice_bounds(flat.numel(), k)]
+    with comm_stream(out.device):
+        works = [dist.all_reduce(flat[a:b], group=group, async_op=True) for a, b in slice_bounds(flat.numel(), k)]
     for w in works:
         w.wait()
     return out
@@ -267,7 +283,7 @@ def tbe_bag_ranges(indices: torch.Tensor, offsets: torch.Tensor, num_tables: int
             a, b = int(off[t * bags + lo]), int(off[t * bags + hi])
             idx_parts.append(indices[a:b])
             lengths.append(off[t * bags + lo + 1: t * bags + hi + 1] - off[t * bags + lo: t * bags + hi])
-        new_offsets = torch.cat([torch.zeros(1, dtype=torch.int64), torch.cumsum(torch.cat(lengths), 0)])
+        new_offsets = torch.cat([torch.zeros(1, dtype=torch.int64, device=off.device), torch.cumsum(torch.cat(lengths), 0)])
         out[(lo, hi)] = (torch.cat(idx_parts).to(indices.dtype), new_offsets.to(offsets.dtype))
     return out
 

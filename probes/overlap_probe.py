@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from probes.collective import uneven_splits, window_estimate
+from probes.comm import on_host
 from probes.embedding import TableShape, expected_features, make_batch, make_tbe
 from probes.overlap import (
     PAIRS, ExchangeLayout, all_to_all_reference, gemm_all_reduce_reference, gemm_producer, overlapped_all_to_all,
@@ -93,49 +94,56 @@ class PairPoint:
 
 
 def pair_forms(point: PairPoint, rank: int, slices: Sequence[int], group=None,
-               transfer: bool = False) -> dict[str, Callable[[], torch.Tensor]]:
+               transfer: bool = False, device: torch.device | str = "cpu") -> dict[str, Callable[[], torch.Tensor]]:
     """Form name ("unfused", "k2", "k4", ...) -> a call running that form once on this rank;
     with `transfer`, also "t1", "t2", ...: the overlapped form's communication alone (its
-    slices sent from an output computed beforehand), which prices its transfers."""
+    slices sent from an output computed beforehand), which prices its transfers. Every tensor
+    is made on `device` (the group's, `probes.comm`) from a CPU generator, so the data are the
+    same on any device."""
+    device = torch.device(device)
     gen = torch.Generator().manual_seed(point.seed * 1000 + rank)
+    randn = lambda *shape: torch.randn(*shape, generator=gen, device="cpu").to(device)  # noqa: E731
     forms: dict[str, Callable[[], torch.Tensor]] = {}
     if point.pair == "gemm_all_reduce":
-        x = torch.randn(point.rows, point.inner, generator=gen)
-        w = torch.randn(point.inner, point.cols, generator=gen)
+        x = randn(point.rows, point.inner)
+        w = randn(point.inner, point.cols)
         forms["unfused"] = lambda: gemm_all_reduce_reference(x, w, group)
         for k in slices:
             forms[f"k{k}"] = (lambda k=k: overlapped_gemm_all_reduce(x, w, k, group))
         if transfer:
-            zeros = torch.zeros(point.rows, point.cols)  # all-reduced in place, stays finite
+            zeros = torch.zeros(point.rows, point.cols, device=device)  # all-reduced in place, stays finite
             for k in (1, *slices):
                 forms[f"t{k}"] = (lambda k=k: sliced_all_reduce(zeros, k, group))
         return forms
     layout = point.exchange_layout()
     if point.pair == "gemm_all_to_all":
-        x = torch.randn(layout.rows(rank), point.inner, generator=gen)
-        w = torch.randn(point.inner, point.cols, generator=gen)
+        x = randn(layout.rows(rank), point.inner)
+        w = randn(point.inner, point.cols)
         produce = gemm_producer(x, w)
     else:
         tables = point.rank_tables(rank)
         torch.manual_seed(point.seed * 1000 + rank)
-        tbe = make_tbe(tables, torch.device("cpu"))
+        tbe = make_tbe(tables, device)
         bags = point.rows * point.world
         indices, offsets, _ = make_batch(tables, bags, np.random.default_rng([point.seed, rank]))
         ranges = sorted({r for k in slices for r in producer_ranges(layout, rank, k)})
-        inputs = tbe_bag_ranges(torch.from_numpy(indices), torch.from_numpy(offsets), len(tables), bags, ranges)
+        inputs = tbe_bag_ranges(torch.from_numpy(indices).to(device), torch.from_numpy(offsets).to(device),
+                                len(tables), bags, ranges)
         produce = tbe_producer(tbe, inputs)
     forms["unfused"] = lambda: all_to_all_reference(produce, layout, group)
     for k in slices:
-        forms[f"k{k}"] = (lambda k=k: overlapped_all_to_all(produce, layout, k, group))
+        forms[f"k{k}"] = (lambda k=k: overlapped_all_to_all(produce, layout, k, group, device=device))
     if transfer:
         computed = produce(0, layout.rows(rank))
         for k in (1, *slices):
-            forms[f"t{k}"] = (lambda k=k: overlapped_all_to_all(lambda lo, hi: computed[lo:hi], layout, k, group))
+            forms[f"t{k}"] = (lambda k=k: overlapped_all_to_all(lambda lo, hi: computed[lo:hi], layout, k, group,
+                                                               device=device))
     return forms
 
 
 def measure_pair(point: PairPoint, slices: Sequence[int] = (2, 4, 8, 16), rounds: int = 15, repeats: int = 5,
-                 group=None, min_sample_s: float = 0.01, transfer: bool = False) -> list[Measurement]:
+                 group=None, min_sample_s: float = 0.01, transfer: bool = False,
+                 device: torch.device | str = "cpu") -> list[Measurement]:
     """Time every form of `point` on the group (every member calls this with the same point);
     one row per form on the group's first rank, params = the point plus `k` (1: unfused);
     with `transfer`, also a `TRANSFER_OP` row per slice count (1 included) for the
@@ -145,34 +153,42 @@ def measure_pair(point: PairPoint, slices: Sequence[int] = (2, 4, 8, 16), rounds
     pair timed one call at a time is mostly scheduler jitter on a shared host); every member
     runs the same number of calls, agreed from the warm-up (the slowest member's count)."""
     rank = dist.get_rank(group)
+    device = torch.device(device)
+    done = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)  # noqa: E731
     with torch.no_grad():
-        forms = pair_forms(point, rank, slices, group, transfer)
+        forms = pair_forms(point, rank, slices, group, transfer, device)
         names = list(forms)
-        inner = torch.ones(len(names), dtype=torch.int64)
-        for i, fn in enumerate(forms.values()):  # warm-up: first calls allocate and connect pairs
+        calls = []
+        for fn in forms.values():  # warm-up: first calls allocate and connect pairs
             fn()
+            done()
             dist.barrier(group=group)
             t0 = time.perf_counter()
             fn()
-            inner[i] = max(1, math.ceil(min_sample_s / max(time.perf_counter() - t0, 1e-7)))
+            done()
+            calls.append(max(1, math.ceil(min_sample_s / max(time.perf_counter() - t0, 1e-7))))
+        inner = torch.tensor(calls, dtype=torch.int64, device=device)  # on the group's device (probes.comm)
         dist.all_reduce(inner, op=dist.ReduceOp.MAX, group=group)
-        medians = torch.zeros(len(names), rounds, dtype=torch.float64)
+        inner_calls = [int(n) for n in inner.tolist()]
+        medians = torch.zeros(len(names), rounds, dtype=torch.float64, device=device)
         for r in range(rounds):
             order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
             for name in order:
                 i = names.index(name)
-                fn, n = forms[name], int(inner[i])
+                fn, n = forms[name], inner_calls[i]
                 samples = []
                 for _ in range(repeats):
                     dist.barrier(group=group)
                     t0 = time.perf_counter()
                     for _ in range(n):
                         fn()
+                    done()
                     samples.append((time.perf_counter() - t0) / n)
                 medians[i, r] = float(np.median(samples))
     dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=group)
     if rank != 0:
         return []
+    medians, inner = on_host(medians), on_host(inner)
     rows = []
     for i, name in enumerate(names):
         windows = medians[i].numpy()
@@ -180,7 +196,8 @@ def measure_pair(point: PairPoint, slices: Sequence[int] = (2, 4, 8, 16), rounds
         k = 1 if name == "unfused" else int(name[1:])
         params = {**point.to_params(), "k": k}
         rows.append(Measurement(TRANSFER_OP if name.startswith("t") else OP, params, window_estimate(windows), float(q3 - q1),
-                                rounds * repeats * int(inner[i]), world_size=point.world, family="overlap",
+                                rounds * repeats * int(inner[i]), device=str(device), world_size=point.world,
+                                family="overlap",
                                 extra={"form": name, "window_medians": windows.tolist(),
                                        "calls_per_sample": int(inner[i])}))
     return rows

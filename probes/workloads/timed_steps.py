@@ -34,6 +34,6 @@ def run_timed_steps(step: Callable[[int], float], iterations: int, warmup: int, 
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         times.append(time.perf_counter() - t0)
-    slowest = torch.tensor(times, dtype=torch.float64)
+    slowest = torch.tensor(times, dtype=torch.float64, device=device)  # on the group's device (probes.comm)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    return RunResult([float(t) for t in slowest], losses)
+    return RunResult([float(t) for t in slowest.tolist()], losses)
