@@ -27,11 +27,11 @@ from orchestrator.measurement_store import MeasurementStore
 from orchestrator.sentinel import choose_sentinels
 from orchestrator.progress import Progress, say
 from policies.dlrm_cost import STEP_OP, fit_overhead, score_steps
-from policies.substitution import fit_overlap_calibration
+from policies.substitution import fit_overlap_calibration, fit_symm_mem
 from policies.transformer_cost import TRANSFORMER_STEP_OP, fit_transformer_overhead, score_transformer_steps
 from predictors.context_model import fit_context_factors
-from predictors.overlap_model import OverlapCalibration
-from probes.overlap_probe import OP as OVERLAP_OP, TRANSFER_OP as OVERLAP_TRANSFER_OP
+from predictors.overlap_model import SYMM_MEM_KEY, OverlapCalibration
+from probes.overlap_probe import OP as OVERLAP_OP, SYMM_MEM_OP, TRANSFER_OP as OVERLAP_TRANSFER_OP
 from probes.in_context import IN_CONTEXT_OP
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from predictors.performance_model import PerformanceModel, fit_performance_model
@@ -173,7 +173,7 @@ def fit_and_register(
         raise RuntimeError(f"calibration measured nothing; failures: {failures[:3]}")
     registry.log_measurements(rows, fingerprint.hardware_id, failures)
     kernel_rows = [r for r in rows if r.op not in (STEP_OP, TRANSFORMER_STEP_OP, IN_CONTEXT_OP, OVERLAP_OP,
-                                                   OVERLAP_TRANSFER_OP)]
+                                                   OVERLAP_TRANSFER_OP, SYMM_MEM_OP)]
     step_rows = [r for r in rows if r.op == STEP_OP]
     model, test_rows = fit_performance_model(kernel_rows, fingerprint.hardware_id, seed=seed)
     context_rows = [r for r in rows if r.op == IN_CONTEXT_OP]
@@ -189,6 +189,11 @@ def fit_and_register(
     transformer_rows = [r for r in rows if r.op == TRANSFORMER_STEP_OP]
     if len(transformer_rows) >= 3:
         test_rows += fit_transformer_overhead(model, transformer_rows, seed=seed)
+    symm = fit_symm_mem([r for r in rows if r.op in (OVERLAP_OP, SYMM_MEM_OP)])
+    if symm:  # PyTorch's symmetric-memory fused kernels, measured beside ours (CUDA)
+        model.meta[SYMM_MEM_KEY] = symm
+        for pair, fitted in symm.items():
+            say(f"symmetric-memory {pair}: {fitted['ratio']:.2f} x the unfused pair ({fitted['n']} points)")
     overlap_rows = [r for r in rows if r.op in (OVERLAP_OP, OVERLAP_TRANSFER_OP)]
     if overlap_rows:  # fitted on the bundle's own kernel and collective models, kept as JSON in its meta
         calibration = fit_overlap_calibration(model, overlap_rows)

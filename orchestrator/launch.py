@@ -148,19 +148,24 @@ def launch_transformer(
     """Run a `TransformerSpec` (data x tensor parallel) for real and time it; `substitutions`
     ("b{layer}.out" / "b{layer}.fc2" -> slices) runs those row-parallel pairs overlapped."""
     allowed = {f"b{layer}.{name}" for layer in range(spec.layers) for name in ("out", "fc2")}
-    config = {"transformer": spec.to_dict(), "overlap_slices": _checked_substitutions(substitutions, allowed),
+    config = {"transformer": spec.to_dict(), "overlap_slices": _checked_substitutions(substitutions, allowed, allowed),
               "iterations": iterations or spec.iterations, "warmup": spec.warmup_iterations}
     return _launch(config, spec.world_size, f"transformer-{spec.name}", use_gpu, storage, placement)
 
 
-def _checked_substitutions(substitutions: dict[str, int] | None, allowed: set[str]) -> dict[str, int]:
-    """A substitution decision the job can run, refused before any worker starts otherwise."""
+def _checked_substitutions(substitutions: dict[str, int] | None, allowed: set[str],
+                           fused_kernel: set[str] = frozenset()) -> dict[str, int]:
+    """A substitution decision the job can run, refused before any worker starts otherwise.
+    Slices 0 (`policies.substitution.SYMM_MEM_SLICES`) runs PyTorch's symmetric-memory fused
+    kernels, for the pairs in `fused_kernel` (the row-parallel GEMM + all-reduce pairs)."""
     out = {}
     for name, slices in (substitutions or {}).items():
         if name not in allowed:
             raise ValueError(f"substitutions: no pair {name!r} in this job; allowed: {sorted(allowed)}")
-        if int(slices) < 1:
-            raise ValueError(f"substitutions[{name!r}]: slices must be >= 1, got {slices}")
+        lowest = 0 if name in fused_kernel else 1
+        if int(slices) < lowest:
+            raise ValueError(f"substitutions[{name!r}]: slices must be >= {lowest}"
+                             f"{' (0: the symmetric-memory fused kernels)' if lowest == 0 else ''}, got {slices}")
         out[name] = int(slices)
     return out
 

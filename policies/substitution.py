@@ -15,19 +15,25 @@ import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+import numpy as np
+
 from policies.plan import Candidate, Decision
 from predictors.graph import ExecutionGraph, GraphOp
 from predictors.overlap_model import (
-    PAIR_OPS, SLICE_COUNTS, OverlapCalibration, OverlapCosts, PairPrediction, SliceParams, fit_overlap_costs,
-    fit_transfer_line, group_rows_by_point, pair_graph, pairs_in, predict_forms, scale_gemm_rows, substitute,
+    PAIR_OPS, SLICE_COUNTS, SYMM_MEM_KEY, OverlapCalibration, OverlapCosts, PairPrediction, SliceParams,
+    fit_overlap_costs, fit_transfer_line, fuse_as_one_kernel, group_rows_by_point, pair_graph, pairs_in,
+    predict_forms, scale_gemm_rows, substitute,
 )
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import model_cost, simulate
 from probes.gemm import gemm_params
-from probes.overlap_probe import FLOAT, OP as PAIR_OP, TRANSFER_OP, PairPoint, embedding_slice_features
+from probes.overlap_probe import FLOAT, OP as PAIR_OP, SYMM_MEM_OP, TRANSFER_OP, PairPoint, embedding_slice_features
 from probes.records import Measurement
 
 DEFAULT_THRESHOLD = 0.05  # substitute only for a predicted gain above 5% of the pair's graph time
+# A substitution decision's slice count for a pair run by PyTorch's symmetric-memory fused
+# kernels instead of our sliced pipeline (`probes.overlap.symm_mem_gemm_all_reduce`).
+SYMM_MEM_SLICES = 0
 
 
 def is_synchronous(model: PerformanceModel) -> bool:
@@ -110,6 +116,19 @@ def fit_overlap_calibration(model: PerformanceModel, rows: Sequence[Measurement]
     return OverlapCalibration({pair: fit_overlap_costs(points, lines.get(pair)) for pair, points in sorted(by_kind.items())})
 
 
+def fit_symm_mem(rows: Sequence[Measurement]) -> dict[str, dict[str, float]]:
+    """Per pair kind, PyTorch's symmetric-memory fused kernels against the unfused pair at the
+    same measured points: the geometric mean time ratio and how many points it rests on (kept
+    in the bundle's meta as plain JSON; none where the kernels did not run, e.g. on CPU)."""
+    unfused = {key: forms[1].median_s for key, forms in group_rows_by_point([r for r in rows if r.op == PAIR_OP]).items()
+               if 1 in forms}
+    ratios: dict[str, list[float]] = {}
+    for key, forms in group_rows_by_point([r for r in rows if r.op == SYMM_MEM_OP]).items():
+        if key in unfused and 1 in forms:
+            ratios.setdefault(dict(key)["pair"], []).append(forms[1].median_s / unfused[key])
+    return {pair: {"ratio": float(np.exp(np.mean(np.log(r)))), "n": len(r)} for pair, r in sorted(ratios.items())}
+
+
 @dataclass
 class PairChoice:
     substitute: bool
@@ -142,6 +161,7 @@ def choose_substitutions(graph: ExecutionGraph, model: PerformanceModel, slice_p
     chosen substitutions applied. Each pair is judged by the whole iteration's simulated time
     with only that pair changed, so a pair whose collective is already hidden gains nothing."""
     calibration = OverlapCalibration.of(model)
+    symm = model.meta.get(SYMM_MEM_KEY, {})
     cost = cost or model_cost(model)
     collective_cost = isolated_cost(model)
     synchronous = is_synchronous(model)
@@ -157,11 +177,25 @@ def choose_substitutions(graph: ExecutionGraph, model: PerformanceModel, slice_p
             continue
         choice = decide(predict_forms(graph, pair, costs, cost, slice_params, collective_cost, synchronous,
                                       slice_counts, cpu_overhead, unfused_s), threshold)
-        candidates.append(Candidate(pair.name, choice.prediction.unfused_s * 1e3, True,
-                                    {"pair": pair.pair, **choice.to_dict()}))
+        detail = {"pair": pair.pair, **choice.to_dict()}
+        fused_kernel = symm.get(pair.pair)
+        if fused_kernel is not None:  # PyTorch's fused kernels, priced by their measured ratio
+            fused_s = simulate(fuse_as_one_kernel(graph, pair, fused_kernel["ratio"], collective_cost), cost,
+                               cpu_overhead, synchronous=synchronous).iteration_s
+            detail["predicted_symm_mem_ms"] = fused_s * 1e3
+            best_sliced = choice.prediction.best()[1] if choice.substitute else unfused_s
+            if fused_s < best_sliced and 1.0 - fused_s / unfused_s > threshold:
+                detail.update(substitute=True, slices=SYMM_MEM_SLICES,
+                              reason=f"PyTorch's symmetric-memory kernels predicted {1.0 - fused_s / unfused_s:.1%} "
+                                     f"faster (> {threshold:.0%}; measured ratio {fused_kernel['ratio']:.2f})")
+                choice = PairChoice(True, SYMM_MEM_SLICES, choice.prediction, detail["reason"])
+        candidates.append(Candidate(pair.name, choice.prediction.unfused_s * 1e3, True, detail))
         if choice.substitute:
             chosen.append(f"{pair.name}:k{choice.slices}")
-            substituted = substitute(substituted, pair, choice.slices, costs, slice_params, collective_cost, cost)
+            if choice.slices == SYMM_MEM_SLICES:
+                substituted = fuse_as_one_kernel(substituted, pair, fused_kernel["ratio"], collective_cost)
+            else:
+                substituted = substitute(substituted, pair, choice.slices, costs, slice_params, collective_cost, cost)
     predicted = simulate(substituted, cost, cpu_overhead, synchronous=synchronous).iteration_s
     decision = Decision("substitution", ",".join(chosen) or "none", predicted * 1e3, candidates,
                         {"substitutions": {c.split(":")[0]: int(c.split(":k")[1]) for c in chosen},

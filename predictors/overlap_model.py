@@ -236,6 +236,29 @@ def predict_forms(graph: ExecutionGraph, pair: SubstitutablePair, costs: Overlap
     return out
 
 
+SYMM_MEM_KEY = "symm_mem"  # bundle meta: pair kind -> measured fused-kernel / unfused time ratio
+
+
+def fuse_as_one_kernel(graph: ExecutionGraph, pair: SubstitutablePair, ratio: float, cost: CostFn) -> ExecutionGraph:
+    """`graph` with `pair` run as one fused kernel (PyTorch's symmetric-memory ops, which
+    micro-pipeline the product with its communication inside the kernel): on every rank that
+    runs both, the producer takes `ratio` x what the unfused producer and collective cost, and
+    the collective none of its own (it stays, at zero length, as the point where the ranks
+    meet). `ratio` is measured (fused / unfused, geometric mean over the calibration's pairs)."""
+    ranks = []
+    for ops in graph.ranks:
+        names = [o.name for o in ops]
+        if pair.collective not in names or pair.producer not in names:
+            ranks.append(list(ops))
+            continue
+        p_i, c_i = names.index(pair.producer), names.index(pair.collective)
+        new = list(ops)
+        new[p_i] = replace(ops[p_i], duration_s=ratio * (cost(ops[p_i]) + cost(ops[c_i])))
+        new[c_i] = replace(ops[c_i], duration_s=0.0)
+        ranks.append(new)
+    return ExecutionGraph(ranks, meta=graph.meta)
+
+
 def fit_transfer_line(samples: Sequence[tuple[float, int, float]]) -> tuple[float, float, float]:
     """(latency per slice, seconds per byte, geometric mean relative error) of
     `k * latency + bytes * per_byte` fitted to measured transfer-only forms

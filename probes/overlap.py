@@ -24,6 +24,7 @@ along its columns into a transposed buffer instead.
 """
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -251,6 +252,30 @@ def overlapped_gemm_all_reduce(x: torch.Tensor, weight: torch.Tensor, k: int, gr
     for w in works:
         w.wait()
     return out_t.t()
+
+
+def symm_mem_supported(device: torch.device | str, rows: int, world: int) -> bool:
+    """Whether PyTorch's symmetric-memory fused matmul + reduce-scatter can run the pair here:
+    CUDA, the op registered in this PyTorch, and rows that split evenly over the group."""
+    if torch.device(device).type != "cuda" or rows % max(world, 1):
+        return False
+    try:
+        importlib.import_module("torch.distributed._symmetric_memory")  # registers torch.ops.symm_mem
+    except ImportError:
+        return False
+    return hasattr(torch.ops, "symm_mem") and hasattr(torch.ops.symm_mem, "fused_matmul_reduce_scatter")
+
+
+def symm_mem_gemm_all_reduce(x: torch.Tensor, weight: torch.Tensor, group=None) -> torch.Tensor:
+    """The row-parallel pair as PyTorch's own fused kernels run it: symmetric-memory
+    `fused_matmul_reduce_scatter` (the product micro-pipelined with its reduce-scatter), then an
+    all-gather of the reduced rows, equal to x @ weight all-reduced. CUDA only (see
+    `symm_mem_supported`); a candidate beside the sliced form, measured by the pair probe."""
+    group = group or dist.group.WORLD
+    scattered = torch.ops.symm_mem.fused_matmul_reduce_scatter(x, weight, "sum", 0, group.group_name)
+    out = scattered.new_empty(x.shape[0], weight.shape[1])
+    dist.all_gather_into_tensor(out, scattered.contiguous(), group=group)
+    return out
 
 
 def sliced_all_reduce(out: torch.Tensor, k: int, group=None) -> torch.Tensor:

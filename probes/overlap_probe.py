@@ -26,12 +26,15 @@ from probes.comm import on_host
 from probes.embedding import TableShape, expected_features, make_batch, make_tbe
 from probes.overlap import (
     PAIRS, ExchangeLayout, all_to_all_reference, gemm_all_reduce_reference, gemm_producer, overlapped_all_to_all,
-    overlapped_gemm_all_reduce, producer_ranges, sliced_all_reduce, tbe_bag_ranges, tbe_producer,
+    overlapped_gemm_all_reduce, producer_ranges, sliced_all_reduce, symm_mem_gemm_all_reduce, symm_mem_supported,
+    tbe_bag_ranges, tbe_producer,
 )
 from probes.records import Measurement
 
 OP = "overlap_pair"
 TRANSFER_OP = "overlap_transfer"  # the overlapped form's communication alone, k slices
+SYMM_MEM_OP = "overlap_symm_mem"  # PyTorch's symmetric-memory fused kernels for the pair (CUDA)
+SYMM_MEM_FORM = "symm_mem"
 FLOAT = 4
 
 
@@ -110,6 +113,8 @@ def pair_forms(point: PairPoint, rank: int, slices: Sequence[int], group=None,
         forms["unfused"] = lambda: gemm_all_reduce_reference(x, w, group)
         for k in slices:
             forms[f"k{k}"] = (lambda k=k: overlapped_gemm_all_reduce(x, w, k, group))
+        if symm_mem_supported(device, point.rows, point.world):  # PyTorch's fused kernels, a candidate beside ours
+            forms[SYMM_MEM_FORM] = lambda: symm_mem_gemm_all_reduce(x, w, group)
         if transfer:
             zeros = torch.zeros(point.rows, point.cols, device=device)  # all-reduced in place, stays finite
             for k in (1, *slices):
@@ -193,9 +198,10 @@ def measure_pair(point: PairPoint, slices: Sequence[int] = (2, 4, 8, 16), rounds
     for i, name in enumerate(names):
         windows = medians[i].numpy()
         q1, q3 = np.percentile(windows, [25, 75])
-        k = 1 if name == "unfused" else int(name[1:])
+        k = 1 if name in ("unfused", SYMM_MEM_FORM) else int(name[1:])
         params = {**point.to_params(), "k": k}
-        rows.append(Measurement(TRANSFER_OP if name.startswith("t") else OP, params, window_estimate(windows), float(q3 - q1),
+        op = SYMM_MEM_OP if name == SYMM_MEM_FORM else TRANSFER_OP if name.startswith("t") else OP
+        rows.append(Measurement(op, params, window_estimate(windows), float(q3 - q1),
                                 rounds * repeats * int(inner[i]), device=str(device), world_size=point.world,
                                 family="overlap",
                                 extra={"form": name, "window_medians": windows.tolist(),

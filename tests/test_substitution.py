@@ -240,3 +240,49 @@ def test_launcher_refuses_a_substitution_the_job_cannot_run():
         _checked_substitutions({"b3.out": 4}, allowed)
     with pytest.raises(ValueError, match="slices must be >= 1"):
         _checked_substitutions({"b0.fc2": 0}, allowed)
+
+
+def test_symmetric_memory_kernels_are_a_candidate_priced_by_their_measured_ratio():
+    """PyTorch's fused kernels (CUDA) beside our sliced pipeline: their measured ratio to the
+    unfused pair is fitted per pair kind, and the policy picks them (slices 0) only where the
+    simulated iteration with the pair as one fused kernel beats both unfused and sliced."""
+    from policies.substitution import SYMM_MEM_SLICES, fit_symm_mem
+    from predictors.overlap_model import SYMM_MEM_KEY, fuse_as_one_kernel
+    from probes.overlap_probe import OP, SYMM_MEM_OP, PairPoint
+    from probes.records import Measurement
+
+    point = PairPoint("gemm_all_reduce", 256, 256, 256).to_params()
+    rows = [Measurement(OP, {**point, "k": 1}, 2.0 * MS, 0, 5), Measurement(OP, {**point, "k": 2}, 1.9 * MS, 0, 5),
+            Measurement(SYMM_MEM_OP, {**point, "k": 1}, 1.0 * MS, 0, 5)]
+    other = {**point, "rows": 512}
+    rows += [Measurement(OP, {**other, "k": 1}, 4.0 * MS, 0, 5), Measurement(SYMM_MEM_OP, {**other, "k": 1}, 1.0 * MS, 0, 5)]
+    fitted = fit_symm_mem(rows)
+    assert fitted["gemm_all_reduce"]["n"] == 2
+    assert fitted["gemm_all_reduce"]["ratio"] == pytest.approx(math.sqrt(0.5 * 0.25))
+
+    graph = two_rank_graph()  # the pair kind only decides which ratio applies
+    graph.meta["substitutable"][0]["pair"] = "gemm_all_reduce"
+    pair = SubstitutablePair("emb_a2a", "gemm_all_reduce", "emb", "a2a", ("emb_bwd",))
+    one = fuse_as_one_kernel(graph, pair, 0.5, cost)
+    assert iteration_ms(one) == pytest.approx(1 + 0.5 * (10 + 10) + 1 + 4)
+    slow_slices = OverlapCalibration({"gemm_all_reduce": OverlapCosts(5 * MS, 1.0, 1.0)}).to_dict()
+    model = FakeModel(slow_slices)
+    model.meta[SYMM_MEM_KEY] = {"gemm_all_reduce": {"ratio": 0.5, "n": 2}}
+    decision, applied = choose_substitutions(graph, model, slice_params, cost=cost)
+    assert decision.choice == f"emb_a2a:k{SYMM_MEM_SLICES}"
+    assert decision.choice_detail["substitutions"] == {"emb_a2a": SYMM_MEM_SLICES}
+    assert decision.candidates[0].detail["predicted_symm_mem_ms"] == pytest.approx(iteration_ms(one))
+    assert decision.predicted_ms == pytest.approx(iteration_ms(one))
+    model.meta[SYMM_MEM_KEY] = {"gemm_all_reduce": {"ratio": 1.1, "n": 2}}  # slower than unfused: not chosen
+    assert choose_substitutions(graph, model, slice_params, cost=cost)[0].choice == "none"
+
+    from orchestrator.launch import _checked_substitutions
+    assert _checked_substitutions({"b0.out": 0}, {"b0.out"}, {"b0.out"}) == {"b0.out": 0}
+    with pytest.raises(ValueError, match="slices must be >= 1"):
+        _checked_substitutions({"emb": 0}, {"emb"})
+
+
+def test_symmetric_memory_kernels_run_only_on_cuda():
+    from probes.overlap import symm_mem_supported
+
+    assert not symm_mem_supported("cpu", 256, 2)
