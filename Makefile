@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-stamp
 # fbgemm-gpu when a GPU is visible, the CPU build otherwise.
 FBGEMM := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo fbgemm-gpu==1.8.0 || echo fbgemm-gpu-cpu==1.8.0)
 
-.PHONY: setup autotune test test-fast clean postgres
+.PHONY: setup autotune test test-fast clean postgres gpu-check
 
 setup: $(STAMP)
 
@@ -38,3 +38,9 @@ test-fast: setup
 
 clean:
 	rm -rf $(VENV) mlflow.db mlartifacts .autotune
+
+# On a lent GPU machine: a bare python3 (PyTorch, NumPy, SciPy, scikit-learn; no Ray, MLflow or
+# fbgemm-gpu, no .venv) drives probes -> predictors -> policies on the one device; cuda when
+# torch sees one, else cpu. Extra flags: make gpu-check GPU_CHECK_ARGS="--quick --out PATH".
+gpu-check:
+	PYTHONPATH=. python3 benchmarks/gpu_check.py $(GPU_CHECK_ARGS)

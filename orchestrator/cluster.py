@@ -222,6 +222,22 @@ def _nvml_devices() -> tuple[list[DeviceInfo], list[list[str]], dict[str, str]]:
                            i, _str(pynvml.nvmlDeviceGetUUID(h)), f"{major}.{minor}")
             )
         links = [[_link_kind(pynvml, a, b) for b in handles] for a in handles]
+        # Clock settings per GPU (settings, like TF32, not hardware identity: they stay out of
+        # hardware_key()). The applications clocks are the configured targets; the momentary
+        # clock (nvmlDeviceGetClockInfo) is left out on purpose: it follows load and power
+        # state, and every software key is compared when a model's freshness is checked.
+        for key, query, kind in (("gpu_sm_app_clock_mhz", "nvmlDeviceGetApplicationsClock", "NVML_CLOCK_SM"),
+                                 ("gpu_mem_app_clock_mhz", "nvmlDeviceGetApplicationsClock", "NVML_CLOCK_MEM"),
+                                 ("gpu_sm_max_clock_mhz", "nvmlDeviceGetMaxClockInfo", "NVML_CLOCK_SM"),
+                                 ("gpu_mem_max_clock_mhz", "nvmlDeviceGetMaxClockInfo", "NVML_CLOCK_MEM")):
+            values = []
+            for h in handles:
+                try:
+                    values.append(str(int(getattr(pynvml, query)(h, getattr(pynvml, kind)))))
+                except (pynvml.NVMLError, AttributeError):
+                    values.append("n/a")
+            if values and any(v != "n/a" for v in values):
+                software[key] = values[0] if len(set(values)) == 1 else ",".join(values)  # per GPU index
         return devices, links, software
     finally:
         pynvml.nvmlShutdown()
@@ -264,6 +280,14 @@ def software_versions() -> dict[str, str]:
         except (AttributeError, RuntimeError):
             pass
     versions["gloo"] = str(torch.distributed.is_available() and torch.distributed.is_gloo_available())
+    # TF32 in effect: on Ampere+ it decides whether an fp32 GEMM / convolution runs on tensor
+    # cores (several times faster), so models fitted under one setting misprice the other.
+    try:
+        versions["tf32_matmul"] = str(bool(torch.backends.cuda.matmul.allow_tf32))
+        versions["tf32_cudnn"] = str(bool(torch.backends.cudnn.allow_tf32))
+        versions["float32_matmul_precision"] = str(torch.get_float32_matmul_precision())
+    except (AttributeError, RuntimeError):
+        pass
     return versions
 
 

@@ -45,6 +45,8 @@ def _train_loop(config: dict[str, Any]) -> None:
     torch.set_num_threads(config["threads_per_worker"])
     ctx = ray.train.get_context()
     device = ray.train.torch.get_device()
+    if device.type == "cuda":
+        torch.cuda.set_device(device)  # NCCL collectives and batched point-to-point use the current device
     # Where every rank runs, as run (the launcher compares it with the placement it asked for).
     rank_nodes: list = [None] * ctx.get_world_size()
     dist.all_gather_object(rank_nodes, ray.get_runtime_context().get_node_id())

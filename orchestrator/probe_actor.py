@@ -22,6 +22,8 @@ class ProbeActor:
 
         torch.set_num_threads(threads)
         self.device = "cuda:0" if device_kind == "cuda" else "cpu"  # Ray sets CUDA_VISIBLE_DEVICES
+        if device_kind == "cuda":
+            torch.cuda.set_device(0)  # NCCL's communicators and batched point-to-point use the current device
         self.hardware_id = hardware_id
         # Simulated nodes share a hostname; the Ray node id tells them apart.
         self.node = f"{socket.gethostname()}/{ray.get_runtime_context().get_node_id()[:12]}"
@@ -61,9 +63,13 @@ class ProbeActor:
         forget_groups()
         if dist.is_initialized():
             dist.destroy_process_group()
+        import torch
+
         dist.init_process_group(
             self.backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
             timeout=datetime.timedelta(seconds=timeout_s),
+            # NCCL binds the group to its device (every tensor it is handed lives there: probes.comm)
+            device_id=torch.device(self.device) if self.backend == "nccl" else None,
         )
 
     def run_collectives(self, specs: list[ProbeSpec], timing: dict[str, Any] | None = None) -> list[Measurement]:

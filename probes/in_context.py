@@ -6,7 +6,8 @@ and writes fresh activations that autograd keeps alive. On the 2-core developmen
 fitted in-step / isolated ratios are gelu 2.5x, layer_norm 1.85x, GEMMs 1.39x, softmax 1.19x
 (benchmarks/results/calibration_heldout_cpu2c-n1-bc3cb441b9.json). These rows pair each top-level op of a captured step
 (`probes/trace_capture.py`) with the model op and params the isolated probes use, so the
-predictor can learn, per op, how much slower the step really runs it.
+predictor can learn, per op, how much slower the step really runs it. On CUDA the in-step
+duration is the op's kernel time (`device_s` of the capture), never its host dispatch span.
 """
 from __future__ import annotations
 
@@ -66,17 +67,28 @@ def model_op_for(name: str, shapes: Sequence[Sequence[int]]) -> tuple[str, dict[
     return op, elementwise_params(op, rows, cols)
 
 
+def op_duration_s(op: dict[str, Any]) -> float | None:
+    """A captured op's duration: its kernels' summed device time when the capture recorded
+    device work (`device_s`, CUDA), else its host span (CPU, where the kernel runs inline).
+    None for an op of a device capture that launched no kernel (nothing to compare)."""
+    if "device_s" in op:
+        return float(op["device_s"]) if op.get("kernels", 1) else None
+    return float(op["end_s"] - op["start_s"])
+
+
 def in_context_rows(steps: Sequence[dict[str, Any]], device: str, world_size: int, workload: str) -> list[Measurement]:
-    """One row per priced top-level op of every captured step (duration in context)."""
+    """One row per priced top-level op of every captured step (duration in context: device
+    time on CUDA, see `op_duration_s`)."""
     rows = []
     for step in steps:
         for op in step["ops"]:
             priced = model_op_for(op["name"], op.get("shapes", []))
-            if priced is None:
+            duration = op_duration_s(op)
+            if priced is None or duration is None:
                 continue
             model_op, params = priced
             rows.append(Measurement(IN_CONTEXT_OP, {"model_op": model_op, "aten_op": op["name"], "workload": workload,
                                                     **params},
-                                    float(op["end_s"] - op["start_s"]), 0.0, 1, device=device,
+                                    duration, 0.0, 1, device=device,
                                     world_size=world_size, family="training"))
     return rows
