@@ -62,8 +62,14 @@ def _rank_ops(trace: dict[str, Any], world: int, transfer_s: Sequence[float], of
             ops.append(GraphOp(RESUME, "compute", RESUME, {}, deps=sorted(set(deps)), duration_s=gap, issue_s=0.0,
                                blocking=True))
             deps, gap = [len(ops) - 1], 0.0
-        ops.append(GraphOp(op["name"], "compute", op["name"], {"shapes": op.get("shapes", [])},
-                           deps=deps, duration_s=op["end_s"] - op["start_s"], issue_s=gap, blocking=True))
+        host_s = op["end_s"] - op["start_s"]
+        if op.get("device_s") is not None:  # a CUDA capture: the kernels run asynchronously for device_s,
+            # the host's span is what issuing them cost the CPU thread
+            ops.append(GraphOp(op["name"], "compute", op["name"], {"shapes": op.get("shapes", [])}, deps=deps,
+                               duration_s=float(op["device_s"]), issue_s=gap + host_s, blocking=False))
+        else:
+            ops.append(GraphOp(op["name"], "compute", op["name"], {"shapes": op.get("shapes", [])},
+                               deps=deps, duration_s=host_s, issue_s=gap, blocking=True))
         launcher = len(ops) - 1
         prev_end = op["end_s"]
         # Collectives this launch started (work items starting before the next op starts).

@@ -169,7 +169,7 @@ def test_bad_fusion_requests_are_named() -> None:
 def test_probe_measures_throughput_and_memory() -> None:
     row = measure_fusion_width("pointnet", 2, batch_size=8, max_seconds=0.3)
     assert row.op == "fused_training" and row.params["width"] == 2
-    assert row.median_s > 0 and row.repeats >= 5
+    assert row.median_s > 0 and row.repeats >= 3  # time_callable's floor when the time budget runs out (a busy host)
     assert row.extra["samples_per_s"] == pytest.approx(2 * 8 / row.median_s)
     assert row.extra["peak_memory_bytes"] >= 0
 

@@ -200,7 +200,7 @@ def test_cpu_path_times_real_calls_with_perf_counter():
     t = time_callable(lambda: time.sleep(2e-3), device="cpu", warmup=1, min_repeats=5, max_repeats=9)
     assert isinstance(t, Timing) and t.method == "perf_counter" and t.calls_per_sample == 1
     assert 5 <= t.repeats <= 9 and t.exposed == 0
-    assert 2e-3 <= t.median_s < 2e-3 + 5e-3  # what the host slept, plus loop and scheduler jitter
+    assert t.median_s >= 2e-3  # at least what the host slept (a busy host adds jitter on top, unbounded)
 
     calls = []
     t = time_callable(lambda: calls.append(1), device="cpu", warmup=2, min_repeats=3, max_repeats=3)
