@@ -38,8 +38,8 @@ def choose_sentinels(seed: int, device_kind: str, world: int = 1) -> list[dict[s
     over all of them at three sizes."""
     s = seed + SENTINEL_SEED_OFFSET
     specs = (gemm_specs(SENTINEL_COUNTS["gemm"], s, device_kind=device_kind)
-             + embedding_specs(SENTINEL_COUNTS["embedding"], s, max_rows=100_000, max_batch=1024)
-             + elementwise_specs(SENTINEL_COUNTS["elementwise"], s)
+             + embedding_specs(SENTINEL_COUNTS["embedding"], s, max_rows=100_000, max_batch=1024, device_kind=device_kind)
+             + elementwise_specs(SENTINEL_COUNTS["elementwise"], s, device_kind=device_kind)
              + memcpy_specs(SENTINEL_COUNTS["memcpy"], s, device_kind, max_bytes=16 * 2**20))
     if world > 1:
         ranks = list(range(world))

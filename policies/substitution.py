@@ -27,13 +27,11 @@ from predictors.overlap_model import (
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import model_cost, simulate
 from probes.gemm import gemm_params
+from probes.overlap import SYMM_MEM_SLICES
 from probes.overlap_probe import FLOAT, OP as PAIR_OP, SYMM_MEM_OP, TRANSFER_OP, PairPoint, embedding_slice_features
 from probes.records import Measurement
 
 DEFAULT_THRESHOLD = 0.05  # substitute only for a predicted gain above 5% of the pair's graph time
-# A substitution decision's slice count for a pair run by PyTorch's symmetric-memory fused
-# kernels instead of our sliced pipeline (`probes.overlap.symm_mem_gemm_all_reduce`).
-SYMM_MEM_SLICES = 0
 
 
 def is_synchronous(model: PerformanceModel) -> bool:

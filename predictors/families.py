@@ -5,7 +5,7 @@ from predictors.collective_model import SigmoidCollectiveModel
 from predictors.context_model import ContextFactorModel  # noqa: F401  (registers its kind for loading)
 from predictors.learned_model import EMBEDDING_DESIGN, GEMM_DESIGN, ROW_OP_DESIGN, LearnedKernelModel
 from predictors.overhead_model import OverheadModel
-from predictors.opmodels import AlphaBetaModel, GroupedCostModel, LinearCostModel, OpModel
+from predictors.opmodels import AlphaBetaModel, GroupedCostModel, OpModel
 
 COLLECTIVES = ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "broadcast")
 GEMM_FEATURES = ["one", "flops", "bytes", "mn"]
@@ -16,13 +16,20 @@ ROW_OPS = ("layer_norm", "softmax", "dropout", "layer_norm_bwd", "softmax_bwd")
 ROOFLINE_FEATURES = ["one", "bytes"]
 ROW_OP_FEATURES = ["one", "rows", "bytes"]
 EMBEDDING_FEATURES = ["one", "tables", "bags", "lookups", "gathered_elems", "output_elems", "distinct_elems"]
+# Reduced precision gets models of its own: element-wise ops per activation dtype, TBE lookups
+# per weights' storage precision (a row without the key is the default: what was measured
+# before either was recorded). The learned correction, shared, sees which one it corrects.
+DTYPE_GROUP = ("dtype", "float32")
+PRECISION_GROUP = ("weights_precision", "fp32")
+ELEMENTWISE_DESIGN = ROW_OP_DESIGN + ["is:dtype=bfloat16", "is:dtype=float16"]
+TBE_DESIGN = EMBEDDING_DESIGN + ["is:weights_precision=fp16", "is:weights_precision=bf16"]
 
 
 def default_model_for(op: str, seed: int = 0) -> OpModel:
     if op == "gemm":
         return LearnedKernelModel(op, GEMM_FEATURES, GEMM_DESIGN, seed, group_by=("dtype", "float32"))
     if op.startswith("embedding_"):
-        return LearnedKernelModel(op, EMBEDDING_FEATURES, EMBEDDING_DESIGN, seed)
+        return LearnedKernelModel(op, EMBEDDING_FEATURES, TBE_DESIGN, seed, group_by=PRECISION_GROUP)
     if op in COLLECTIVES:
         return SigmoidCollectiveModel(op)
     if op == "cpu_overhead":
@@ -30,23 +37,24 @@ def default_model_for(op: str, seed: int = 0) -> OpModel:
     if op == "memcpy":
         return LearnedKernelModel(op, ROOFLINE_FEATURES, ["log:bytes"], seed, group_by=("direction", "d2d"))
     if op in STREAMING_OPS:
-        return LearnedKernelModel(op, ROOFLINE_FEATURES, ROW_OP_DESIGN, seed)
+        return LearnedKernelModel(op, ROOFLINE_FEATURES, ELEMENTWISE_DESIGN, seed, group_by=DTYPE_GROUP)
     if op in ROW_OPS:
-        return LearnedKernelModel(op, ROW_OP_FEATURES, ROW_OP_DESIGN, seed)
+        return LearnedKernelModel(op, ROW_OP_FEATURES, ELEMENTWISE_DESIGN, seed, group_by=DTYPE_GROUP)
     raise ValueError(f"no model family for op {op!r}")
 
 
 def baseline_model_for(op: str) -> OpModel | None:
     """Collectives: alpha-beta. GEMM: launch + flops roofline. Embeddings and element-wise /
-    row ops: the additive linear roofline the learned model starts from."""
+    row ops: the additive linear roofline the learned model starts from (per weights
+    precision / dtype, as the learned model's base is)."""
     if op in COLLECTIVES:
         return AlphaBetaModel(op)
     if op == "gemm":
         return GroupedCostModel(op, ["one", "flops"], "dtype", "float32")
     if op.startswith("embedding_"):
-        return LinearCostModel(op, EMBEDDING_FEATURES)
+        return GroupedCostModel(op, EMBEDDING_FEATURES, *PRECISION_GROUP)
     if op in STREAMING_OPS or op in ROW_OPS:
-        return LinearCostModel(op, ROOFLINE_FEATURES)
+        return GroupedCostModel(op, ROOFLINE_FEATURES, *DTYPE_GROUP)
     if op == "memcpy":
         return GroupedCostModel(op, ROOFLINE_FEATURES, "direction", "d2d")
     return None

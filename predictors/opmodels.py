@@ -140,6 +140,10 @@ class GroupedCostModel(OpModel):
         return str(params.get(self.key, self.default))
 
     def fit(self, rows: Sequence[Measurement]) -> "GroupedCostModel":
+        """A group with fewer rows than features (a sweep cut short while its dtype was rare)
+        is the default group's model (else the best-measured group's) scaled by the median
+        ratio of its own rows to that model: still fitted to its own measurements, never
+        priced as another group, and its rows remain predictable by whoever fitted them."""
         by_group: dict[str, list[Measurement]] = defaultdict(list)
         for r in rows:
             by_group[self._group(r.params)].append(r)
@@ -149,6 +153,10 @@ class GroupedCostModel(OpModel):
         }
         if not self.groups:
             raise ValueError(f"{self.op}: no {self.key} group has {len(self.features)} measurements to fit")
+        reference = self.groups.get(self.default) or self.groups[max(self.groups, key=lambda g: len(by_group[g]))]
+        for g, rs in sorted(by_group.items()):
+            if g not in self.groups:
+                self.groups[g] = _scaled(reference, rs)
         return self
 
     def _model(self, params: Params) -> LinearCostModel:
@@ -175,6 +183,17 @@ class GroupedCostModel(OpModel):
         model = cls(data["op"], data["features"], data["key"], data["default"])
         model.groups = {g: LinearCostModel._from_dict(m) for g, m in data["groups"].items()}
         return model
+
+
+def _scaled(reference: LinearCostModel, rows: Sequence[Measurement]) -> LinearCostModel:
+    """`reference`'s coefficients times the median measured / predicted ratio of `rows`, with
+    the rows' own measured range."""
+    x = np.array([feature_vector(reference.features, r.params) for r in rows], dtype=np.float64)
+    predicted = np.maximum(x @ reference.coef, 1e-12)
+    ratio = float(np.median([r.median_s for r in rows] / predicted))
+    model = LinearCostModel(reference.op, reference.features)
+    model.coef, model.lo, model.hi = reference.coef * ratio, x.min(axis=0), x.max(axis=0)
+    return model
 
 
 def group_key(params: Params) -> str:

@@ -9,10 +9,20 @@ gelu. Backward in reverse with each linear's grad_input and grad_weight products
 backward kernels of layer_norm / softmax / gelu, masked multiplies for dropout, the TP
 all-reduce of the column-parallel inputs' gradients, and DDP bucket all-reduces over the
 data-parallel group on the communication stream as gradients fill buckets. Then SGD.
+
+A bfloat16 / float16 spec trains under autocast (weights, gradients and SGD in float32): every
+product runs in the reduced dtype, with the casts autocast adds (each linear's weight, and its
+input where that is float32, forward; weight and input gradients back to float32, backward);
+element-wise ops are priced in the dtype they see: layer norms, residual adds and the loss in
+float32 (the residual stream stays float32), softmax, gelu, the attention scaling and dropout on
+reduced-precision outputs in the reduced dtype (CPU autocast's choice; CUDA's runs softmax in
+float32), and the permutes and the row-parallel all-reduces move reduced-precision elements.
 """
 from __future__ import annotations
 
 from typing import Any
+
+import torch
 
 from predictors.dlrm_graph import DDP_BUCKET_BYTES, FLOAT, ddp_buckets
 from predictors.graph import ExecutionGraph, GraphOp
@@ -38,6 +48,9 @@ class _Rank:
         # consecutive ranks form a TP group, so TP stays on a node unless it outgrows one
         self.tp_scope, self.dp_scope = placement.scope(self.tp_group), placement.scope(self.dp_group)
         self.prev: int | None = None
+        self.dtype = spec.dtype  # of the products and of the ops on their outputs (`low`)
+        self.mixed = spec.dtype != "float32"
+        self.low_size = torch.tensor([], dtype=getattr(torch, spec.dtype)).element_size()
 
     def add(self, name: str, kind: str, op: str, params: dict[str, Any], extra_deps: tuple[int, ...] = (),
             stream: str = "compute", group: tuple[int, ...] = (), chain: bool = True) -> int:
@@ -48,22 +61,43 @@ class _Rank:
             self.prev = index
         return index
 
-    def elementwise(self, name: str, op: str, rows: int, cols: int) -> int:
-        return self.add(name, "compute", op, elementwise_params(op, rows, cols))
+    def elementwise(self, name: str, op: str, rows: int, cols: int, low: bool = False) -> int:
+        """`low`: the op sees the products' reduced-precision outputs (else float32)."""
+        return self.add(name, "compute", op, elementwise_params(op, rows, cols, self.dtype if low else "float32"))
 
-    def gemm(self, name: str, m: int, n: int, k: int, variant: str = "mm", batch: int = 1) -> int:
-        return self.add(name, "compute", "gemm", gemm_params(m, n, k, variant=variant, batch=batch))
+    def gemm(self, name: str, m: int, n: int, k: int, variant: str = "mm", batch: int = 1, chain: bool = True) -> int:
+        return self.add(name, "compute", "gemm", gemm_params(m, n, k, self.dtype, variant=variant, batch=batch),
+                        chain=chain)
+
+    def cast(self, name: str, numel: int, extra_deps: tuple[int, ...] = (), chain: bool = True) -> int | None:
+        """An autocast copy between float32 and the reduced dtype (mixed precision only),
+        priced as the copy that moves the same bytes (one element read, one written)."""
+        if not self.mixed:
+            return None
+        nbytes = numel * (FLOAT + self.low_size) // 2
+        return self.add(name, "memory", "memcpy", memcpy_params("d2d", nbytes), extra_deps, chain=chain)
+
+    def linear_forward(self, name: str, m: int, fan_out: int, fan_in: int, variant: str, bias: bool,
+                       float32_input: bool) -> int:
+        """A linear's product, after autocast's casts of its weight (and bias) and, where it
+        arrives in float32, of its input."""
+        self.cast(name + "_weight_cast", fan_in * fan_out + (fan_out if bias else 0))
+        if float32_input:
+            self.cast(name + "_input_cast", m * fan_in)
+        return self.gemm(name, m, fan_out, fan_in, variant)
 
     def row_parallel_output(self, name: str, fan_in: int, variant: str, dropout: bool, residual: int | None) -> None:
         """A row-parallel linear's output: the product, its TP all-reduce and bias (TP > 1),
-        dropout, then the residual add."""
+        dropout, then the residual add. (Under autocast the product's output is in the reduced
+        dtype; the float32 bias added after a TP all-reduce promotes it back to float32.)"""
         T, H = self.spec.batch_size * self.spec.seq_len, self.spec.hidden
-        self.gemm(name, T, H, fan_in, variant)
-        self.tp_all_reduce(name + "_all_reduce", FLOAT * T * H)
-        if self.spec.tensor_parallel > 1:
+        tp = self.spec.tensor_parallel
+        self.linear_forward(name, T, H, fan_in, variant, bias=tp == 1, float32_input=False)
+        self.tp_all_reduce(name + "_all_reduce", self.low_size * T * H)
+        if tp > 1:
             self.elementwise(name + "_bias", "add", T, H)
         if dropout:
-            self.elementwise(name + "_dropout", "dropout", T, H)
+            self.elementwise(name + "_dropout", "dropout", T, H, low=tp == 1)
         self.add(name + "_residual", "compute", "add", elementwise_params("add", T, H), (residual,))
 
     def tp_all_reduce(self, name: str, nbytes: int) -> None:
@@ -84,6 +118,7 @@ def build_transformer_graph(spec: TransformerSpec, placement: RankPlacement | No
     BH = B * h
     dropout = spec.dropout > 0
     bias = "addmm" if tp == 1 else "mm"  # row-parallel layers add their bias after the all-reduce
+    low = torch.tensor([], dtype=getattr(torch, spec.dtype)).element_size()  # bytes of a product's output element
     per_block_bytes = FLOAT * block_param_numel(spec)
     ranks = []
     for r in range(spec.world_size):
@@ -92,20 +127,20 @@ def build_transformer_graph(spec: TransformerSpec, placement: RankPlacement | No
             p = f"b{layer}."
             residual = g.prev
             g.elementwise(p + "ln1", "layer_norm", T, H)
-            g.gemm(p + "qkv", T, 3 * local, H, "addmm")
-            g.add(p + "qkv_permute", "memory", "memcpy", memcpy_params("d2d", FLOAT * T * 3 * local))
-            g.elementwise(p + "q_scale", "mul", T, local)
+            g.linear_forward(p + "qkv", T, 3 * local, H, "addmm", bias=True, float32_input=True)
+            g.add(p + "qkv_permute", "memory", "memcpy", memcpy_params("d2d", low * T * 3 * local))
+            g.elementwise(p + "q_scale", "mul", T, local, low=True)
             g.gemm(p + "scores", S, S, d, "bmm", BH)
-            g.elementwise(p + "softmax", "softmax", BH * S, S)
+            g.elementwise(p + "softmax", "softmax", BH * S, S, low=True)
             if dropout:
-                g.elementwise(p + "attn_dropout", "dropout", BH * S, S)
+                g.elementwise(p + "attn_dropout", "dropout", BH * S, S, low=True)
             g.gemm(p + "context", S, d, S, "bmm", BH)
-            g.add(p + "context_permute", "memory", "memcpy", memcpy_params("d2d", FLOAT * T * local))
+            g.add(p + "context_permute", "memory", "memcpy", memcpy_params("d2d", low * T * local))
             g.row_parallel_output(p + "out", local, bias, dropout, residual)
             residual = g.prev
             g.elementwise(p + "ln2", "layer_norm", T, H)
-            g.gemm(p + "fc1", T, 4 * local, H, "addmm")
-            g.elementwise(p + "gelu", "gelu", T, 4 * local)
+            g.linear_forward(p + "fc1", T, 4 * local, H, "addmm", bias=True, float32_input=True)
+            g.elementwise(p + "gelu", "gelu", T, 4 * local, low=True)
             g.row_parallel_output(p + "fc2", 4 * local, bias, dropout, residual)
         g.elementwise("ln_f", "layer_norm", T, H)
         g.elementwise("mse_loss", "mul", T, H)
@@ -126,36 +161,51 @@ def build_transformer_graph(spec: TransformerSpec, placement: RankPlacement | No
                 reduces.append(g.add(f"ddp_all_reduce{len(reduces)}", "collective", "all_reduce", params,
                                      (after,), stream="comm", group=g.dp_group, chain=False))
 
-        def linear_backward(name: str, fan_in: int, fan_out: int) -> None:
-            grad_weight = g.add(name + "_grad_weight", "compute", "gemm", gemm_params(fan_out, fan_in, T), chain=False)
+        def output_grad_backward(name: str, dropout_name: str) -> None:
+            """The residual branch's gradient back to a row-parallel output: dropout's masked
+            multiply, and under autocast the cast of the float32 gradient to the product's dtype
+            (before the multiply when the dropout saw the product's output, after it when a TP
+            bias had promoted that to float32)."""
+            if tp == 1:
+                g.cast(name + "_grad_output_cast", T * H)
+            if dropout:
+                g.elementwise(dropout_name, "mul", T, H, low=tp == 1)
+            if tp > 1:
+                g.cast(name + "_grad_output_cast", T * H)
+
+        def linear_backward(name: str, fan_in: int, fan_out: int, float32_input: bool = False) -> None:
+            """Under autocast the weight's gradient is cast back to float32 before DDP sees it,
+            and so is the input's where the forward cast a float32 input."""
+            grad_weight = g.gemm(name + "_grad_weight", fan_out, fan_in, T, chain=False)
             g.gemm(name + "_grad_input", T, fan_in, fan_out)
-            gradients_ready(FLOAT * (fan_in * fan_out + fan_out), grad_weight)
+            weight_cast = g.cast(name + "_grad_weight_cast", fan_in * fan_out + fan_out, (grad_weight,), chain=False)
+            if float32_input:
+                g.cast(name + "_grad_input_cast", T * fan_in)
+            gradients_ready(FLOAT * (fan_in * fan_out + fan_out), grad_weight if weight_cast is None else weight_cast)
 
         for layer in range(spec.layers - 1, -1, -1):
             p = f"b{layer}."
-            if dropout:
-                g.elementwise(p + "mlp_dropout_bwd", "mul", T, H)
+            output_grad_backward(p + "fc2", p + "mlp_dropout_bwd")
             linear_backward(p + "fc2", 4 * local, H)
-            g.elementwise(p + "gelu_bwd", "gelu_bwd", T, 4 * local)
-            linear_backward(p + "fc1", H, 4 * local)
+            g.elementwise(p + "gelu_bwd", "gelu_bwd", T, 4 * local, low=True)
+            linear_backward(p + "fc1", H, 4 * local, float32_input=True)
             g.tp_all_reduce(p + "fc1_input_grad_all_reduce", FLOAT * T * H)
             g.elementwise(p + "ln2_bwd", "layer_norm_bwd", T, H)
             gradients_ready(FLOAT * 2 * H, g.prev)
             g.elementwise(p + "residual2_grad", "add", T, H)
-            if dropout:
-                g.elementwise(p + "out_dropout_bwd", "mul", T, H)
+            output_grad_backward(p + "out", p + "out_dropout_bwd")
             linear_backward(p + "out", local, H)
-            g.add(p + "context_permute_bwd", "memory", "memcpy", memcpy_params("d2d", FLOAT * T * local))
+            g.add(p + "context_permute_bwd", "memory", "memcpy", memcpy_params("d2d", low * T * local))
             g.gemm(p + "context_grad_attn", S, S, d, "bmm", BH)
             g.gemm(p + "context_grad_v", S, d, S, "bmm", BH)
             if dropout:
-                g.elementwise(p + "attn_dropout_bwd", "mul", BH * S, S)
-            g.elementwise(p + "softmax_bwd", "softmax_bwd", BH * S, S)
+                g.elementwise(p + "attn_dropout_bwd", "mul", BH * S, S, low=True)
+            g.elementwise(p + "softmax_bwd", "softmax_bwd", BH * S, S, low=True)
             g.gemm(p + "scores_grad_q", S, d, S, "bmm", BH)
             g.gemm(p + "scores_grad_k", S, d, S, "bmm", BH)
-            g.elementwise(p + "q_scale_bwd", "mul", T, local)
-            g.add(p + "qkv_permute_bwd", "memory", "memcpy", memcpy_params("d2d", FLOAT * T * 3 * local))
-            linear_backward(p + "qkv", H, 3 * local)
+            g.elementwise(p + "q_scale_bwd", "mul", T, local, low=True)
+            g.add(p + "qkv_permute_bwd", "memory", "memcpy", memcpy_params("d2d", low * T * 3 * local))
+            linear_backward(p + "qkv", H, 3 * local, float32_input=True)
             g.tp_all_reduce(p + "qkv_input_grad_all_reduce", FLOAT * T * H)
             g.elementwise(p + "ln1_bwd", "layer_norm_bwd", T, H)
             gradients_ready(FLOAT * 2 * H, g.prev)

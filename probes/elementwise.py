@@ -6,7 +6,8 @@ guessing a multiple of the forward. (relu's and dropout's backward are a masked 
 
 Element-wise ops stream memory, so a roofline (launch + bytes / bandwidth) describes them;
 normalisation and softmax reduce along rows, so their cost also depends on the row length.
-`bytes` counts what the op must read and write once.
+`bytes` counts what the op must read and write once, in the dtype's element size (float32,
+bfloat16 or float16).
 """
 from __future__ import annotations
 
@@ -23,11 +24,22 @@ BINARY = ("add", "mul")
 ROW_OPS = ("layer_norm", "softmax", "dropout")
 BACKWARD_OPS = ("gelu_bwd", "layer_norm_bwd", "softmax_bwd")
 ELEMENTWISE_OPS = UNARY + BINARY + ROW_OPS + BACKWARD_OPS
+# Activation dtypes probed: float32, and the reduced precisions mixed-precision training runs
+# these ops in (every op above runs in all three on CPU too, torch 2.13).
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _torch_dtype(dtype: str) -> torch.dtype:
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown element-wise dtype {dtype!r}; expected one of {DTYPES}")
+    return getattr(torch, dtype)
 
 
 def elementwise_params(op: str, rows: int, cols: int, dtype: str = "float32") -> dict:
+    """Shape, dtype and the bytes the op moves (in `dtype`'s element size): the models are
+    fitted per dtype."""
     numel = rows * cols
-    size = torch.tensor([], dtype=getattr(torch, dtype)).element_size()
+    size = torch.tensor([], dtype=_torch_dtype(dtype)).element_size()
     # inputs read + outputs written (backward: grad_out and the saved tensor in, grad_in out)
     tensors = 3 if op in BINARY or op in BACKWARD_OPS else 2
     return {"op": op, "rows": int(rows), "cols": int(cols), "numel": int(numel), "dtype": dtype,
@@ -71,7 +83,7 @@ def measure_elementwise(op: str, rows: int, cols: int, device: torch.device | st
     if op not in ELEMENTWISE_OPS:
         raise ValueError(f"unknown element-wise op {op!r}; expected one of {ELEMENTWISE_OPS}")
     device = torch.device(device)
-    torch_dtype = getattr(torch, dtype)
+    torch_dtype = _torch_dtype(dtype)
     x = torch.randn(rows, cols, device=device, dtype=torch_dtype)
     y = torch.randn(rows, cols, device=device, dtype=torch_dtype)
     out = torch.empty_like(x)

@@ -18,6 +18,20 @@ from probes.indices import REUSE_BINS, Distribution, normalised_histogram, reuse
 from probes.records import Measurement
 from probes.timing import time_callable
 
+# Weight storage precisions a TBE probe can use (FBGEMM's SparseType values); the pooled output
+# stays float32 either way. fbgemm_gpu's CPU kernels (fbgemm_gpu-cpu 1.8.0) take fp32 and fp16
+# weights but not bf16 ("split_embedding_cpu_forward" is not implemented for BFloat16).
+WEIGHTS_PRECISIONS = ("fp32", "fp16", "bf16")
+CPU_WEIGHTS_PRECISIONS = ("fp32", "fp16")
+
+
+def check_weights_precision(weights_precision: str, device: torch.device | str) -> None:
+    device = torch.device(device)
+    allowed = WEIGHTS_PRECISIONS if device.type == "cuda" else CPU_WEIGHTS_PRECISIONS
+    if weights_precision not in allowed:
+        raise ValueError(f"weights_precision: expected one of {list(allowed)} on {device.type}, "
+                         f"got {weights_precision!r}")
+
 
 @dataclass(frozen=True)
 class TableShape:
@@ -27,15 +41,19 @@ class TableShape:
     distribution: Distribution = Distribution()
 
 
-def make_tbe(tables: Sequence[TableShape], device: torch.device, learning_rate: float = 0.01):
-    """A TBE over `tables` with the exact-SGD update fused into backward (as DLRM trains)."""
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+def make_tbe(tables: Sequence[TableShape], device: torch.device, learning_rate: float = 0.01,
+             weights_precision: str = "fp32"):
+    """A TBE over `tables` with the exact-SGD update fused into backward (as DLRM trains);
+    `weights_precision` ("fp32", "fp16", "bf16" on CUDA) is how the tables are stored."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
     from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
         ComputeDevice,
         SplitTableBatchedEmbeddingBagsCodegen,
     )
 
+    device = torch.device(device)
+    check_weights_precision(weights_precision, device)
     cuda = device.type == "cuda"
     location = EmbeddingLocation.DEVICE if cuda else EmbeddingLocation.HOST
     compute = ComputeDevice.CUDA if cuda else ComputeDevice.CPU
@@ -43,6 +61,8 @@ def make_tbe(tables: Sequence[TableShape], device: torch.device, learning_rate: 
     kwargs: dict[str, Any] = {}
     if cuda:
         kwargs["device"] = device
+    if weights_precision != "fp32":  # the fp32 default is left to FBGEMM, as it always was
+        kwargs["weights_precision"] = SparseType(weights_precision)
     return SplitTableBatchedEmbeddingBagsCodegen(
         embedding_specs=specs,
         optimizer=EmbOptimType.EXACT_SGD,
@@ -76,18 +96,21 @@ def make_batch(
     return np.concatenate(per_table), offsets, per_table
 
 
-def batch_features(tables: Sequence[TableShape], batch_size: int, per_table: Sequence[np.ndarray]) -> dict[str, Any]:
-    """The aggregated features the embedding model is fitted on (all plain numbers)."""
-    return _features(tables, batch_size, [reuse_counts(idx) for idx in per_table])
+def batch_features(tables: Sequence[TableShape], batch_size: int, per_table: Sequence[np.ndarray],
+                   weights_precision: str = "fp32") -> dict[str, Any]:
+    """The aggregated features the embedding model is fitted on (plain numbers, and the
+    weights' storage precision, which the models are grouped by)."""
+    return _features(tables, batch_size, [reuse_counts(idx) for idx in per_table], weights_precision)
 
 
 def _features(tables: Sequence[TableShape], batch_size: int,
-              reuse: Sequence[tuple[int, Sequence[int]]]) -> dict[str, Any]:
+              reuse: Sequence[tuple[int, Sequence[int]]], weights_precision: str = "fp32") -> dict[str, Any]:
     """Features from each table's (distinct rows, hit-count bin counts): tables' ids are
     disjoint, so the set's reuse histogram is the sum of theirs."""
     hist = normalised_histogram(np.sum([np.asarray(bins, dtype=np.float64) for _, bins in reuse], axis=0)
                                 if reuse else np.zeros(REUSE_BINS))
     return {
+        "weights_precision": weights_precision,
         "T": len(tables),
         "B": batch_size,
         "D_sum": sum(t.embedding_dim for t in tables),
@@ -115,10 +138,11 @@ def _typical_reuse(num_embeddings: int, pooling_factor: int, distribution: Distr
     return distinct, tuple(int(b) for b in bins)
 
 
-def expected_features(tables: Sequence[TableShape], batch_size: int, seed: int = 0) -> dict[str, Any]:
+def expected_features(tables: Sequence[TableShape], batch_size: int, seed: int = 0,
+                      weights_precision: str = "fp32") -> dict[str, Any]:
     """Features of a typical batch, for predicting a table set that was never measured."""
     reuse = [_typical_reuse(t.num_embeddings, t.pooling_factor, t.distribution, batch_size, seed) for t in tables]
-    return _features(tables, batch_size, reuse)
+    return _features(tables, batch_size, reuse, weights_precision)
 
 
 def measure_tbe(
@@ -128,20 +152,22 @@ def measure_tbe(
     seed: int = 0,
     max_seconds: float = 1.5,
     distinct_batches: int = 8,
+    weights_precision: str = "fp32",
 ) -> list[Measurement]:
-    """Time forward and backward (with the fused SGD update) of TBE batches.
+    """Time forward and backward (with the fused SGD update) of TBE batches, the tables
+    stored in `weights_precision` ("fp32", "fp16"; "bf16" on CUDA only).
 
     Repeats cycle through `distinct_batches` different index batches: timing one batch over
     and over keeps its rows in cache and under-reports a real training step by ~1.7x.
     """
     device = torch.device(device)
     rng = np.random.default_rng(seed)
-    tbe = make_tbe(tables, device)
+    tbe = make_tbe(tables, device, weights_precision=weights_precision)
     batches, feature_sets = [], []
     for _ in range(distinct_batches):
         flat, offsets, per_table = make_batch(tables, batch_size, rng)
         batches.append((torch.from_numpy(flat).to(device), torch.from_numpy(offsets).to(device)))
-        feature_sets.append(batch_features(tables, batch_size, per_table))
+        feature_sets.append(batch_features(tables, batch_size, per_table, weights_precision))
     features = _mean_features(feature_sets)
     features["tables"] = [
         [t.num_embeddings, t.embedding_dim, t.pooling_factor, t.distribution.label()] for t in tables
@@ -181,7 +207,7 @@ def _mean_features(feature_sets: list[dict[str, Any]]) -> dict[str, Any]:
     for key, value in feature_sets[0].items():
         if key == "reuse_hist":
             out[key] = [round(float(x), 6) for x in np.mean([f[key] for f in feature_sets], axis=0)]
-        elif key in ("T", "B"):
+        elif key in ("T", "B", "weights_precision"):
             out[key] = value
         else:
             out[key] = float(np.mean([f[key] for f in feature_sets]))

@@ -254,6 +254,11 @@ def overlapped_gemm_all_reduce(x: torch.Tensor, weight: torch.Tensor, k: int, gr
     return out_t.t()
 
 
+# A substitution's slice count for a pair run by PyTorch's symmetric-memory fused kernels
+# (`symm_mem_gemm_all_reduce`) instead of the sliced pipeline.
+SYMM_MEM_SLICES = 0
+
+
 def symm_mem_supported(device: torch.device | str, rows: int, world: int) -> bool:
     """Whether PyTorch's symmetric-memory fused matmul + reduce-scatter can run the pair here:
     CUDA, the op registered in this PyTorch, and rows that split evenly over the group."""

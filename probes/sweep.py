@@ -44,16 +44,18 @@ class ProbeSpec:
 
 
 def run_local_probe(spec: ProbeSpec, device: str = "cpu") -> list[Measurement]:
-    """Run one GEMM or embedding probe point on `device`."""
+    """Run one GEMM, embedding, element-wise or copy probe point on `device` (in the point's
+    dtype / weights precision; float32 where it names none)."""
     p = spec.params
     if spec.family == "gemm":
         return [measure_gemm(p["M"], p["N"], p["K"], p.get("dtype", "float32"), device=device,
                              variant=p.get("variant", "mm"), batch=p.get("batch", 1), product=p.get("product"))]
     if spec.family == "embedding":
         tables = [TableShape(e, d, l, Distribution.parse(dist)) for e, d, l, dist in p["tables"]]
-        return measure_tbe(tables, p["B"], device=device, seed=p.get("seed", 0))
+        return measure_tbe(tables, p["B"], device=device, seed=p.get("seed", 0),
+                           weights_precision=p.get("weights_precision", "fp32"))
     if spec.family == "elementwise":
-        return [measure_elementwise(p["op"], p["rows"], p["cols"], device=device)]
+        return [measure_elementwise(p["op"], p["rows"], p["cols"], device=device, dtype=p.get("dtype", "float32"))]
     if spec.family == "memcpy":
         return [measure_memcpy(p["direction"], p["bytes"], device=device)]
     raise ValueError(f"{spec.family!r} is not a local probe family; expected one of {LOCAL_FAMILIES}")
@@ -93,7 +95,7 @@ def run_collective_batch(specs: Sequence[ProbeSpec], device: str = "cpu",
 
         point = PairPoint(**specs[0].params)
         group = group_for(list(range(point.world)))  # every member of the gang takes part in this
-        return measure_pair(point, group=group, transfer=True) if dist.get_rank() < point.world else []
+        return measure_pair(point, group=group, transfer=True, device=device) if dist.get_rank() < point.world else []
     if any(s.family != "collective" for s in specs):
         raise ValueError(f"a collective batch holds collective points only; got {[s.family for s in specs]}")
     return measure_collectives([_collective_point(s) for s in specs], device=device, **(timing or {}))
@@ -163,15 +165,34 @@ def gemm_specs(n: int, seed: int, max_dim: int = 2048, device_kind: str = "cpu")
     return out
 
 
-def elementwise_specs(n: int, seed: int, max_numel: int = 4 * 2**20) -> list[ProbeSpec]:
-    """Each element-wise / normalisation op over log-uniform (rows, cols), ops in turn."""
+# Share of element-wise points per activation dtype on each device kind. Every op runs in
+# bfloat16 and float16 on CPU too (torch 2.13; at 0.3-2x the float32 time, memory-bound either
+# way), but CPUs train in bfloat16 if in reduced precision at all: float16 is sampled rarely.
+_ELEMENTWISE_DTYPE_SHARE = {"cpu": {"float32": 0.7, "bfloat16": 0.2, "float16": 0.1},
+                            "cuda": {"float32": 0.4, "bfloat16": 0.4, "float16": 0.2}}
+# The first passes over the ops are float32, so a sweep cut short has every op's float32
+# model (what it had before reduced precision was probed) instead of a few points per dtype.
+_FLOAT32_PASSES = 3
+
+
+def elementwise_specs(n: int, seed: int, max_numel: int = 4 * 2**20, device_kind: str = "cpu") -> list[ProbeSpec]:
+    """Each element-wise / normalisation op over log-uniform (rows, cols), ops in turn; the
+    dtype drawn by the device kind's share (its own random stream: the shapes are those the
+    sweep always drew), after `_FLOAT32_PASSES` float32 passes over the ops."""
+    kind = "cuda" if device_kind.startswith("cuda") else "cpu"
     rng = np.random.default_rng(seed + 3)
+    dtype_rng = np.random.default_rng([seed, 3, 16])
+    dtypes, d_p = zip(*_ELEMENTWISE_DTYPE_SHARE[kind].items())
     out = []
     for i in range(n):
         op = ELEMENTWISE_OPS[i % len(ELEMENTWISE_OPS)]
         cols = _log_uniform(rng, 16, 4096)
         rows = max(1, min(_log_uniform(rng, 1, 8192), max_numel // cols))
-        out.append(ProbeSpec("elementwise", {"op": op, "rows": rows, "cols": cols}, f"{op}:{rows}x{cols}"))
+        dtype = str(dtype_rng.choice(dtypes, p=d_p))
+        if i < _FLOAT32_PASSES * len(ELEMENTWISE_OPS):
+            dtype = "float32"
+        out.append(ProbeSpec("elementwise", {"op": op, "rows": rows, "cols": cols, "dtype": dtype},
+                             f"{op}:{rows}x{cols}:{dtype}"))
     return out
 
 
@@ -194,17 +215,33 @@ def _distributions() -> list[Any]:
     return ["uniform", {"zipf": 0.8}, {"zipf": 1.05}, {"zipf": 1.2}] + [{"profile": n} for n in load_profile().names]
 
 
-def embedding_specs(
-    n: int, seed: int, max_rows: int = 500_000, max_batch: int = 4096, max_table_bytes: int = 256 * 2**20
-) -> list[ProbeSpec]:
-    """Random table sets: T tables each with its own rows, dim, pooling and distribution.
+# Share of embedding points per TBE weights precision on each device kind: fbgemm_gpu's CPU
+# kernels (fbgemm_gpu-cpu 1.8.0) take fp16 weights (fp32 pooled output, backward ~3x fp32's)
+# but not bf16; its CUDA kernels take both.
+_TBE_PRECISION_SHARE = {"cpu": {"fp32": 0.8, "fp16": 0.2},
+                        "cuda": {"fp32": 0.5, "fp16": 0.3, "bf16": 0.2}}
+_FLOAT32_TABLE_SETS = 32  # the first table sets are fp32 (as long as the element-wise float32 passes)
 
-    A set whose weights exceed `max_table_bytes` is drawn again, so probes stay inside memory.
+
+def embedding_specs(
+    n: int, seed: int, max_rows: int = 500_000, max_batch: int = 4096, max_table_bytes: int = 256 * 2**20,
+    device_kind: str = "cpu",
+) -> list[ProbeSpec]:
+    """Random table sets: T tables each with its own rows, dim, pooling and distribution; the
+    weights precision drawn by the device kind's share (its own random stream, so the sets are
+    those the sweep always drew), after `_FLOAT32_TABLE_SETS` fp32 sets.
+
+    A set whose weights exceed `max_table_bytes` (at 4 bytes an element, whatever the precision)
+    is drawn again, so probes stay inside memory.
     """
+    kind = "cuda" if device_kind.startswith("cuda") else "cpu"
     rng = np.random.default_rng(seed + 1)
+    precision_rng = np.random.default_rng([seed, 1, 16])
+    precisions, p_p = zip(*_TBE_PRECISION_SHARE[kind].items())
     dists = _distributions()
     out = []
     for i in range(n):
+        precision = str(precision_rng.choice(precisions, p=p_p)) if i >= _FLOAT32_TABLE_SETS else "fp32"
         T = int(rng.integers(1, 9))
         while True:
             tables = [
@@ -219,7 +256,8 @@ def embedding_specs(
             if sum(e * d * 4 for e, d, _, _ in tables) <= max_table_bytes:
                 break
         B = _log_uniform(rng, 64, max_batch)
-        out.append(ProbeSpec("embedding", {"tables": tables, "B": B, "seed": i}, f"emb:{i}"))
+        out.append(ProbeSpec("embedding", {"tables": tables, "B": B, "seed": i, "weights_precision": precision},
+                             f"emb:{i}:{precision}"))
     return out
 
 
@@ -422,10 +460,14 @@ def run_training_probe(spec: ProbeSpec, device: str = "cpu", iterations: int = 3
         params = {"job": spec.params["job"], "table_to_rank": plan}
     if "placement" in spec.params:  # the node of each rank, set by the gang that ran it
         params["placement"] = spec.params["placement"]
-    result = model.run(iterations, warmup)
-    # Every rank profiles (the steps hold collectives); rank 0 reports.
-    overheads = profile_overheads(step, iterations=5, warmup=0, device=device, workload=workload)
-    trace = capture_step_trace(step, iterations=3, warmup=0, barrier=dist.barrier)
+    try:
+        result = model.run(iterations, warmup)
+        # Every rank profiles (the steps hold collectives); rank 0 reports.
+        overheads = profile_overheads(step, iterations=5, warmup=0, device=device, workload=workload)
+        trace = capture_step_trace(step, iterations=3, warmup=0, barrier=dist.barrier)
+    finally:
+        if hasattr(model, "close"):
+            model.close()  # its subgroups: a calibration builds many models on one process group
     if dist.get_rank() != 0:
         return []
     times = np.asarray(result.iteration_s)
@@ -437,25 +479,40 @@ def run_training_probe(spec: ProbeSpec, device: str = "cpu", iterations: int = 3
     ] + overheads + in_context_rows(trace["steps"], device, world, workload)
 
 
-def transformer_training_specs(n: int, seed: int, world: int) -> list[ProbeSpec]:
+# Which transformer probes (by index mod 4) train under bfloat16 autocast: on a GPU half of
+# them, small and task-shaped alike. On CPU none for now: bfloat16 steps do work there (on the
+# AVX512-BF16 development host 0.5-1.4x the float32 step), but the in-context rows of a captured
+# step are labelled float32 whatever the step ran in (probes/in_context.py), so they would skew
+# the float32 context factors, and a CPU without bf16 units emulates the products (~50x
+# slower). (2,) here would probe every other small stack once those rows carry their dtype.
+# float16 (a GradScaler, CUDA only) is not probed: jobs train in bfloat16.
+_TRAINING_BF16_SLOTS: dict[str, tuple[int, ...]] = {"cpu": (), "cuda": (2, 3)}
+
+
+def transformer_training_specs(n: int, seed: int, world: int, device_kind: str = "cpu") -> list[ProbeSpec]:
     """Data-parallel block stacks whose captured steps give the in-context times of the
     transformer kernels (gelu, softmax, layer_norm and their backward, batched GEMMs),
     alternating small stacks with task-shaped ones from the random-task generator (its own
-    seed stream), so the step model is not extrapolated to the sizes jobs have."""
+    seed stream), so the step model is not extrapolated to the sizes jobs have; some of them
+    in bfloat16 mixed precision (`_TRAINING_BF16_SLOTS`)."""
     from probes.workloads.transformer import random_transformer
 
+    bf16_slots = _TRAINING_BF16_SLOTS["cuda" if device_kind.startswith("cuda") else "cpu"]
     rng = np.random.default_rng(seed + 3)
     out = []
     for i in range(n):
+        dtype = "bfloat16" if i % 4 in bf16_slots else "float32"
         if i % 2:
             spec = random_transformer(i, world, 1, seed + CALIBRATION_TASK_STREAM).to_dict()
             spec["name"] = f"probe{i}"
+            spec["dtype"] = dtype
         else:
             hidden = int(rng.choice([64, 128, 256]))
             spec = {"layers": int(rng.integers(1, 3)), "hidden": hidden, "heads": int(rng.choice([2, 4])),
                     "seq_len": int(rng.choice([32, 64, 128])), "batch_size": int(rng.choice([2, 4])),
-                    "world_size": world, "tensor_parallel": 1, "dropout": 0.1, "seed": i, "name": f"probe{i}"}
-        out.append(ProbeSpec("training", {"transformer": spec}, f"train-transformer:{i}"))
+                    "world_size": world, "tensor_parallel": 1, "dropout": 0.1, "seed": i, "name": f"probe{i}",
+                    "dtype": dtype}
+        out.append(ProbeSpec("training", {"transformer": spec}, f"train-transformer:{i}:{dtype}"))
     return out
 
 def overlap_points(world: int) -> list["PairPoint"]:

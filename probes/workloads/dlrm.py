@@ -35,7 +35,7 @@ from torch.nn.parallel import DistributedDataParallel
 from probes.hierarchical_allreduce import ChunkSchedule, HierarchicalAllReduce, hierarchical_allreduce_hook
 from probes.overlap import ExchangeLayout, overlapped_all_to_all, producer_ranges, slice_runs, tbe_bag_ranges
 
-from probes.embedding import make_dense_tbe, make_tbe
+from probes.embedding import check_weights_precision, make_dense_tbe, make_tbe
 from probes.indices import sample_indices
 from probes.jobspec import JobSpec
 from probes.table_shards import DATA_PARALLEL, EXCHANGED, ROW_WISE, TableShard, exchanged_widths, table_shards
@@ -153,13 +153,17 @@ class ShardedDLRM:
     table-wise, or a row-/column-wise / data-parallel object, see `probes.table_shards`)."""
 
     def __init__(self, spec: JobSpec, plan: Sequence, rank: int, world: int, device: torch.device,
-                 chunk_schedule: dict | None = None, overlap_slices: int = 1):
+                 chunk_schedule: dict | None = None, overlap_slices: int = 1, weights_precision: str = "fp32"):
         """`chunk_schedule`: a `ChunkSchedule` as a dict (the plan's chunking decision); the dense
         layers' gradients are then averaged by the hierarchical all-reduce it describes instead
         of DDP's own. `overlap_slices`: the slice count of the overlapped lookup + all-to-all
-        (the substitution decision's "embedding_all_to_all"); 1 runs them unfused."""
+        (the substitution decision's "embedding_all_to_all"); 1 runs them unfused.
+        `weights_precision`: how the fused-SGD TBEs (table- / column- and row-wise pieces) store
+        their tables ("fp32", "fp16"; "bf16" on CUDA), as `probes.embedding.measure_tbe` probes
+        them; their pooled outputs stay float32. Data-parallel replicas stay float32."""
         if overlap_slices < 1:
             raise ValueError(f"overlap_slices must be >= 1, got {overlap_slices}")
+        check_weights_precision(weights_precision, device)
         if spec.world_size != world:  # the process group decides; the plan is checked against it
             spec = replace(spec, world_size=world)
         shards = table_shards(spec, plan)
@@ -178,8 +182,11 @@ class ShardedDLRM:
         if chunk_schedule is not None:
             schedule = ChunkSchedule.from_dict(chunk_schedule)
             self.dense.register_comm_hook(HierarchicalAllReduce(schedule.dims, schedule), hierarchical_allreduce_hook)
-        self.tbe = make_tbe([s.shape for s in self.exchanged], device) if self.exchanged else None
-        self.rw_tbe = make_tbe([s.shape for s in self.row_wise], device) if self.row_wise else None
+        self.weights_precision = weights_precision
+        self.tbe = make_tbe([s.shape for s in self.exchanged], device, weights_precision=weights_precision) \
+            if self.exchanged else None
+        self.rw_tbe = make_tbe([s.shape for s in self.row_wise], device, weights_precision=weights_precision) \
+            if self.row_wise else None
         self.dp_tbe = make_dense_tbe([s.shape for s in self.replicated], device) if self.replicated else None
         params = list(self.dense.parameters())
         if self.dp_tbe is not None:

@@ -12,6 +12,7 @@ target: the block stack is what is timed, not a tokenizer.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -22,12 +23,19 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from probes.overlap import overlapped_gemm_all_reduce
+from probes.overlap import SYMM_MEM_SLICES, overlapped_gemm_all_reduce, symm_mem_gemm_all_reduce
+from probes.comm import destroy_groups
 from probes.workloads.timed_steps import RunResult, run_timed_steps
 
 
 class TransformerSpecError(ValueError):
     pass
+
+
+# Training precisions: float32, or mixed precision under torch.autocast with weights, gradients
+# and the optimizer kept in float32 (float16 adds a GradScaler, so it needs CUDA).
+DTYPES = ("float32", "bfloat16", "float16")
+CPU_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True)
@@ -44,6 +52,7 @@ class TransformerSpec:
     warmup_iterations: int = 5
     seed: int = 0
     name: str = "transformer"
+    dtype: str = "float32"  # autocast precision of the step; one of DTYPES
 
     def __post_init__(self) -> None:
         problems = [f"{k}: expected an integer >= 1, got {getattr(self, k)!r}"
@@ -58,6 +67,8 @@ class TransformerSpec:
                 problems.append(f"tensor_parallel: expected a divisor of world_size={self.world_size}, got {self.tensor_parallel}")
         if not 0.0 <= self.dropout < 1.0:
             problems.append(f"dropout: expected 0 <= p < 1, got {self.dropout!r}")
+        if self.dtype not in DTYPES:
+            problems.append(f"dtype: expected one of {list(DTYPES)}, got {self.dtype!r}")
         if problems:
             raise TransformerSpecError("invalid transformer spec:\n  " + "\n  ".join(problems))
 
@@ -140,13 +151,23 @@ class _OverlappedRowParallel(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, group: Any, slices: int) -> torch.Tensor:
+        # the product runs in the precision the unfused linear would: autocast's, if it is on
+        # (its sliced `out=` products are not autocast themselves); gradients return in the
+        # inputs' own dtypes (float32 weights)
+        device = x.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+        ctx.dtypes = (x.dtype, weight.dtype)
+        x, weight = x.to(dtype), weight.to(dtype)
         ctx.save_for_backward(x, weight)
+        if slices == SYMM_MEM_SLICES:  # PyTorch's symmetric-memory fused kernels (CUDA)
+            return symm_mem_gemm_all_reduce(x, weight.t(), group)
         return overlapped_gemm_all_reduce(x, weight.t(), slices, group)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         x, weight = ctx.saved_tensors
-        return grad @ weight, grad.t() @ x, None, None
+        grad = grad.to(x.dtype)
+        return (grad @ weight).to(ctx.dtypes[0]), (grad.t() @ x).to(ctx.dtypes[1]), None, None
 
 
 class Block(nn.Module):
@@ -179,7 +200,7 @@ class Block(nn.Module):
         """The row-parallel linear `name` with its all-reduce and bias: overlapped when the
         block was given a slice count for it."""
         slices = self.overlap_slices.get(name, 1)
-        if self.spec.tensor_parallel == 1 or slices < 2:
+        if self.spec.tensor_parallel == 1 or slices == 1:
             return self._leave(getattr(self, name)(x), name + "_bias")
         out = _OverlappedRowParallel.apply(x, getattr(self, name).weight, self.tp_group, slices)
         return out + getattr(self, name + "_bias")
@@ -224,6 +245,10 @@ class ParallelTransformer:
         products run overlapped with their all-reduce."""
         if dist.get_world_size() != spec.world_size:
             raise ValueError(f"spec wants world_size={spec.world_size}, the process group has {dist.get_world_size()}")
+        device = torch.device(device)
+        if device.type != "cuda" and spec.dtype not in CPU_DTYPES:
+            raise ValueError(f"dtype: {spec.dtype!r} needs a CUDA device (float16 autocast trains with a GradScaler); "
+                             f"on {device.type} the allowed values are {list(CPU_DTYPES)}")
         self.spec, self.rank, self.device = spec, rank, device
         # Every rank creates every group, in the same order (torch.distributed requires it).
         tp_groups = {g: dist.new_group(list(g)) for g in sorted({spec.tp_group_of(r) for r in range(spec.world_size)})} \
@@ -238,19 +263,40 @@ class ParallelTransformer:
             if comm_hook is not None:
                 module.register_comm_hook(*comm_hook)
         self.model = module
+        self.groups = list(tp_groups.values()) + list(dp_groups.values())
         self.optimizer = torch.optim.SGD(self.model.parameters(), lr=1e-3)
+        self.scaler = torch.amp.GradScaler("cuda") if spec.dtype == "float16" else None
         dp_rank = rank // spec.tensor_parallel
         rng = np.random.default_rng([spec.seed, dp_rank])
         shape = (spec.batch_size * spec.seq_len, spec.hidden)
         self.x = torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(device)
         self.target = torch.from_numpy(rng.standard_normal(shape, dtype=np.float32)).to(device)
 
+    def _autocast(self) -> contextlib.AbstractContextManager:
+        """Mixed precision for bfloat16 / float16 (parameters, gradients and SGD stay float32);
+        float32 runs without autocast, so its step is the op sequence it always was."""
+        if self.spec.dtype == "float32":
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=getattr(torch, self.spec.dtype))
+
     def step(self) -> float:
-        loss = F.mse_loss(self.model(self.x), self.target)
+        with self._autocast():
+            loss = F.mse_loss(self.model(self.x), self.target)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optimizer.step()
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
         return float(loss.detach())
 
     def run(self, iterations: int, warmup: int) -> RunResult:
         return run_timed_steps(lambda _i: self.step(), iterations, warmup, self.device)
+
+    def close(self) -> None:
+        """Destroy the TP / DP subgroups made for this stack (each NCCL communicator holds device
+        memory); a calibration builds many stacks on one process group."""
+        destroy_groups(self.groups)
+        self.groups = []
