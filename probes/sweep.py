@@ -476,7 +476,13 @@ def run_training_probe(spec: ProbeSpec, device: str = "cpu", iterations: int = 3
     return [
         Measurement(step_op, params, float(np.median(times)), float(q3 - q1), len(times), device=device,
                     world_size=world, family="training")
-    ] + overheads + in_context_rows(trace["steps"], device, world, workload)
+    ] + overheads + (in_context_rows(trace["steps"], device, world, workload) if float32_step(spec) else [])
+
+
+def float32_step(spec: ProbeSpec) -> bool:
+    """Whether a training probe's captured kernels run in float32: the in-context rows price
+    them with the float32 probe models (a bfloat16 step's kernels would skew those factors)."""
+    return spec.params.get("transformer", {}).get("dtype", "float32") == "float32"
 
 
 # Which transformer probes (by index mod 4) train under bfloat16 autocast: on a GPU half of
