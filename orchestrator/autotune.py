@@ -20,7 +20,9 @@ from typing import Any, Sequence
 import mlflow
 
 from orchestrator import registry
-from orchestrator.calibrate import DEFAULT_BUDGET_S, calibrate, describe, print_summary
+from orchestrator.calibrate import (
+    DEFAULT_BUDGET_S, calibrate, describe, lock_timeout_s, print_summary, promotion_lease, waiting,
+)
 from orchestrator.cli_common import EXIT_NO_MODEL, add_common, fingerprint, run_main
 from orchestrator.jobfile import load_job
 from orchestrator.planning import make_plan
@@ -41,6 +43,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--calibration-budget-s", type=float, default=DEFAULT_BUDGET_S)
     parser.add_argument("--max-model-age-days", type=float, default=7.0)
     parser.add_argument("--iterations", type=int, help="timed iterations when launching (default: the job's)")
+    parser.add_argument("--lock-timeout-s", type=float, default=None,
+                        help="wait this long for another calibration of this hardware (default: 3 x the budget + 300 s)")
     add_common(parser)
     return parser.parse_args(argv)
 
@@ -64,13 +68,28 @@ def _main(argv: Sequence[str] | None = None) -> int:
         freshness = registry.check_freshness(champion, fp.software, args.max_model_age_days)
         needed = args.recalibrate == "always" or (args.recalibrate == "auto" and not freshness.fresh)
         if needed:
-            why = "forced by --recalibrate always" if args.recalibrate == "always" else "; ".join(freshness.reasons)
-            say(f"recalibrating: {why}")
-            mlflow.set_tag("recalibration_reason", why)
-            info = describe(calibrate(fp, args.calibration_budget_s, job, job.seed))
-            print_summary(info)
-            summary["calibration"] = info
-            champion = registry.get_alias(hw, registry.CHAMPION)
+            # One calibration of a hardware at a time, across pods: the others wait for it and
+            # then reuse what it promoted, unless it is still not fresh for them.
+            with promotion_lease(hw).hold(args.lock_timeout_s or lock_timeout_s(args.calibration_budget_s),
+                                          on_wait=waiting) as lease:
+                if args.recalibrate == "auto":
+                    champion = registry.get_alias(hw, registry.CHAMPION)
+                    freshness = registry.check_freshness(champion, fp.software, args.max_model_age_days)
+                    needed = not freshness.fresh
+                if needed:
+                    why = "forced by --recalibrate always" if args.recalibrate == "always" else "; ".join(freshness.reasons)
+                    say(f"recalibrating: {why}")
+                    mlflow.set_tag("recalibration_reason", why)
+                    info = describe(calibrate(fp, args.calibration_budget_s, job, job.seed, lease=lease))
+                    print_summary(info)
+                    summary["calibration"] = info
+                    champion = registry.get_alias(hw, registry.CHAMPION)
+                else:
+                    say(f"another process calibrated {hw} meanwhile: reusing champion v{champion.version}")
+            if champion is None:
+                say(f"no champion for {hw}: the calibration's bundle was not promoted "
+                    f"({summary.get('calibration', {}).get('promotion_reason', 'see above')})")
+                return EXIT_NO_MODEL
         elif champion is None:
             say(f"no champion model for {hw} and --recalibrate never: nothing to plan with")
             return EXIT_NO_MODEL

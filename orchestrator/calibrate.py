@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections import Counter
@@ -18,12 +19,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import mlflow
+import numpy as np
 
 from orchestrator import registry
 from orchestrator.cluster import HardwareFingerprint
+from orchestrator.lease import Lease
 from orchestrator.fanout import ActorPool, Gang, collective_visits, run_collective_probes, run_local_probes
 from orchestrator.calibration_plots import log_calibration_plots
-from orchestrator.measurement_store import MeasurementStore
+from orchestrator.measurement_store import MeasurementStore, spec_key
 from orchestrator.sentinel import choose_sentinels
 from orchestrator.progress import Progress, say
 from policies.dlrm_cost import STEP_OP, fit_overhead, score_steps
@@ -35,9 +38,11 @@ from probes.overlap_probe import OP as OVERLAP_OP, SYMM_MEM_OP, TRANSFER_OP as O
 from probes.in_context import IN_CONTEXT_OP
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from predictors.performance_model import PerformanceModel, fit_performance_model
-from probes.jobspec import JobSpec
+from probes.files import atomic_write_text
+from probes.jobspec import JobSpec, JobSpecError
 from probes.records import Measurement
 from probes.sweep import (
+    ProbeSpec,
     collective_groups,
     collective_specs,
     elementwise_specs,
@@ -111,6 +116,11 @@ def node_members(gang: Gang) -> list[int]:
     return [m for m, n in zip(gang.members, gang.nodes) if n == node]
 
 
+def missing(specs: Sequence[ProbeSpec], done: set[str]) -> list[ProbeSpec]:
+    """The specs a resumed calibration still has to measure."""
+    return [s for s in specs if spec_key(s.to_dict()) not in done] if done else list(specs)
+
+
 def measure(
     fingerprint: HardwareFingerprint, budget_s: float, store: MeasurementStore, job: JobSpec | None = None, seed: int = 0
 ) -> tuple[int, int]:
@@ -121,8 +131,8 @@ def measure(
     step model then sees both scopes' collectives, each row priced at the placement it ran)."""
     devices = sum(fingerprint.devices_per_node)
     device = fingerprint.device_kind
-    local = interleave(gemm_specs(4000, seed, device_kind=device), embedding_specs(3000, seed),
-                       elementwise_specs(4000, seed), memcpy_specs(1000, seed, device))
+    local = interleave(gemm_specs(4000, seed, device_kind=device), embedding_specs(3000, seed, device_kind=device),
+                       elementwise_specs(4000, seed, device_kind=device), memcpy_specs(1000, seed, device))
     if job is not None:
         local = job_specs(job, job_table_groups(job)) + local
 
@@ -134,11 +144,15 @@ def measure(
         one_node = node_members(gang)
         coll = collective_specs(collective_groups(gang.nodes), pool.max_collective_bytes()) if devices > 1 else []
         whole = interleave(training_specs(TRAINING_PROBES, seed, devices, place_by_sharder),
-                           transformer_training_specs(TRANSFORMER_PROBES, seed, devices),
+                           transformer_training_specs(TRANSFORMER_PROBES, seed, devices, device),
                            overlap_specs(devices)) if devices > 1 else []
         within = interleave(training_specs(TRAINING_PROBES // 2, seed + 1, len(one_node), place_by_sharder),
-                            transformer_training_specs(TRANSFORMER_PROBES // 2, seed + 1, len(one_node))) \
+                            transformer_training_specs(TRANSFORMER_PROBES // 2, seed + 1, len(one_node), device)) \
             if one_node else []
+        done_before = store.done_keys()  # a resumed calibration measures only what is missing
+        if done_before:
+            coll, whole, within, local = (missing(x, done_before) for x in (coll, whole, within, local))
+            say(f"resuming {store.directory}: {len(done_before)} probe point(s) already stored")
         say(f"probing {devices} device(s) of {fingerprint.summary()} for up to {budget_s:.0f}s"
             + (f"; training probes also within one node ({len(one_node)} ranks)" if one_node else ""))
         if coll:
@@ -164,8 +178,29 @@ def measure(
     return done, failed
 
 
+# What planning a DLRM job prices (predictors/dlrm_graph.py): without a model for one of these a
+# plan is a lower bound at best, so a bundle lacking one is never promoted.
+PLANNER_KERNEL_OPS = ("gemm", "embedding_fwd", "embedding_bwd", "relu", "mul", "add", "memcpy")
+PLANNER_COLLECTIVE_OPS = ("all_to_all", "all_reduce")
+MAX_PROMOTED_GMAE = 0.5  # held-out error (geomean over the planner's ops) above which nothing is promoted
+
+
+def quality_problems(model: PerformanceModel, devices: int, bound: float = MAX_PROMOTED_GMAE) -> list[str]:
+    """Why `model` must not become the champion: an op the planner needs without a model, or
+    held-out error over `bound` (empty: it may be promoted if not worse than the champion)."""
+    needed = list(PLANNER_KERNEL_OPS) + (list(PLANNER_COLLECTIVE_OPS) if devices > 1 else [])
+    problems = [f"no model for {op} (raise the budget to measure it)" for op in needed if op not in model.models]
+    errors = [model.metrics[op]["gmae"] for op in needed
+              if op in model.metrics and model.metrics[op].get("n") and math.isfinite(model.metrics[op]["gmae"])]
+    if errors:
+        error = float(np.exp(np.mean(np.log(np.maximum(errors, 1e-12)))))
+        if error > bound:
+            problems.append(f"held-out GMAE {error:.1%} over the planner's ops exceeds {bound:.0%}")
+    return problems
+
+
 def fit_and_register(
-    store: MeasurementStore, fingerprint: HardwareFingerprint, seed: int = 0
+    store: MeasurementStore, fingerprint: HardwareFingerprint, seed: int = 0, lease: Any = None
 ) -> tuple[PerformanceModel, registry.Registration]:
     """Log the table (first: it is the asset), fit on a seeded split, log errors, register."""
     rows, failures = store.rows(), store.failures()
@@ -208,7 +243,11 @@ def fit_and_register(
         log_calibration_plots(model, kernel_rows, test_rows)
     except Exception as exc:  # a plot must never cost the registration of a fitted model
         say(f"WARNING: calibration plots not drawn: {type(exc).__name__}: {exc}")
-    registration = registry.register_bundle(model, test_rows, fingerprint.software, scorer=score_bundle)
+    floor = quality_problems(model, sum(fingerprint.devices_per_node))
+    for problem in floor:
+        say(f"WARNING: {problem}: registering as a candidate, not promoting")
+    registration = registry.register_bundle(model, test_rows, fingerprint.software, scorer=score_bundle,
+                                            below_floor=floor, lease=lease)
     return model, registration
 
 
@@ -226,23 +265,46 @@ def score_bundle(bundle: PerformanceModel, rows: Sequence[Measurement]) -> dict[
 
 
 def calibrate(
-    fingerprint: HardwareFingerprint, budget_s: float = DEFAULT_BUDGET_S, job: JobSpec | None = None, seed: int = 0
+    fingerprint: HardwareFingerprint, budget_s: float = DEFAULT_BUDGET_S, job: JobSpec | None = None, seed: int = 0,
+    resume: Path | None = None, lease: Any = None,
 ) -> CalibrationResult:
-    """Measure, fit and register inside the active MLflow run."""
+    """Measure, fit and register inside the active MLflow run. `resume`: a calibration
+    directory of this hardware cut short; only what it lacks is measured, into it. `lease`: the
+    promotion lock the caller holds (`orchestrator.lease`)."""
     t0 = time.monotonic()
-    directory = STORE_ROOT / f"{time.strftime('%Y%m%d-%H%M%S')}-{fingerprint.hardware_id}"
+    directory = resume or STORE_ROOT / f"{time.strftime('%Y%m%d-%H%M%S')}-{fingerprint.hardware_id}"
+    if resume is not None:
+        stored = json.loads((resume / "fingerprint.json").read_text()).get("hardware_id")
+        if stored != fingerprint.hardware_id:
+            raise JobSpecError([f"--resume {resume}: measured on {stored}; this cluster is {fingerprint.hardware_id}"])
     store = MeasurementStore(directory)
-    (directory / "fingerprint.json").write_text(json.dumps(fingerprint.to_dict(), indent=1))
+    atomic_write_text(directory / "fingerprint.json", json.dumps(fingerprint.to_dict(), indent=1))
     mlflow.log_params({"hardware_id": fingerprint.hardware_id, "calibration_budget_s": budget_s, "calibration_seed": seed})
     mlflow.log_dict(fingerprint.to_dict(), "fingerprint.json")
     done, failed = measure(fingerprint, budget_s, store, job, seed)
     say(f"measured {done} probe points ({failed} failed) in {time.monotonic() - t0:.0f}s; fitting")
-    model, registration = fit_and_register(store, fingerprint, seed)
+    model, registration = fit_and_register(store, fingerprint, seed, lease)
     result = CalibrationResult(
         fingerprint.hardware_id, store.rows(), store.failures(), model, registration, directory, time.monotonic() - t0
     )
     mlflow.log_metric("calibration_wall_s", result.wall_s)
     return result
+
+
+def promotion_lease(hardware_id: str) -> Lease:
+    """The lock every calibrate, autotune and nightly takes before calibrating and promoting
+    `hardware_id`'s models (held in the tracking server: it works across pods)."""
+    return Lease(f"calibrate-{hardware_id}")
+
+
+def lock_timeout_s(budget_s: float) -> float:
+    """How long to wait for another process's calibration of the same hardware: its probing
+    (up to 1.25 x the budget plus grace), fitting and registration."""
+    return 3.0 * budget_s + 300.0
+
+
+def waiting(holder: str) -> None:
+    say(f"another calibration of this hardware is running ({holder}); waiting for it")
 
 
 def describe(result: CalibrationResult) -> dict[str, Any]:
@@ -312,18 +374,28 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--refit", metavar="DIR", help="measure nothing: fit and register again from a calibration "
                         "directory's measurements.jsonl (e.g. after the model code improved)")
+    parser.add_argument("--resume", metavar="DIR", help="continue a calibration of this cluster that was cut short: "
+                        "measure only the probe points its directory lacks, then fit and register")
+    parser.add_argument("--lock-timeout-s", type=float, default=None,
+                        help="wait this long for another calibration of this hardware to finish "
+                             "(default: 3 x the budget + 300 s)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     args = parser.parse_args(argv)
     if args.refit:
         return refit_main(Path(args.refit), args.tracking_uri, args.seed, args.json)
 
     job = load_job(args.job) if args.job else None
+    resume = Path(args.resume) if args.resume else None
+    if resume is not None and not (resume / "fingerprint.json").exists():
+        raise JobSpecError([f"--resume {resume}: not a calibration directory (no fingerprint.json there)"])
     uri = registry.configure(args.tracking_uri)
     ray_runtime.connect(args.ray_address)
     fingerprint = cluster_fingerprint()
-    with mlflow.start_run(run_name=f"calibrate-{fingerprint.hardware_id}"):
+    timeout = args.lock_timeout_s if args.lock_timeout_s is not None else lock_timeout_s(args.budget_s)
+    with promotion_lease(fingerprint.hardware_id).hold(timeout, on_wait=waiting) as lease, \
+            mlflow.start_run(run_name=f"calibrate-{fingerprint.hardware_id}"):
         mlflow.set_tags({"kind": "calibration", "hardware_id": fingerprint.hardware_id})
-        info = describe(calibrate(fingerprint, args.budget_s, job, args.seed))
+        info = describe(calibrate(fingerprint, args.budget_s, job, args.seed, resume, lease))
     info["tracking_uri"] = uri
     print_summary(info)
     if args.json:

@@ -25,6 +25,7 @@ from probes.sweep import (COLLECTIVE_PASSES, ProbeSpec, collective_batch_bytes, 
                           collective_pass_timing, default_max_collective_bytes)
 
 ProgressFn = Callable[[int, int], None]  # (done, failed) increments
+ACTOR_CALL_TIMEOUT_S = 60.0  # a bookkeeping call (where, free_port) on a live actor answers in well under this
 
 
 @dataclass
@@ -51,7 +52,11 @@ class ActorPool:
                 f"cluster resources: {ray.cluster_resources()}"
             ) from None
         self.actors = [self._spawn(i) for i in range(self.num_devices)]
-        ray.get([a.where.remote() for a in self.actors])
+        try:
+            ray.get([a.where.remote() for a in self.actors], timeout=ready_timeout_s)
+        except GetTimeoutError:
+            self.stop()
+            raise RuntimeError(f"{self.num_devices} probe actor(s) not ready within {ready_timeout_s:.0f}s") from None
         return self
 
     def _spawn(self, index: int):
@@ -82,14 +87,19 @@ class ActorPool:
             self.pg = None
 
     def nodes(self) -> list[str]:
-        return [w["node_id"] for w in ray.get([a.where.remote() for a in self.actors])]
+        return [w["node_id"] for w in ray.get([a.where.remote() for a in self.actors], timeout=ACTOR_CALL_TIMEOUT_S)]
 
     def max_collective_bytes(self) -> int:
         """The largest collective message, from the free memory of the devices themselves (the
         driver may be a head with no device at all)."""
-        free = [w.get("device_free_bytes") for w in ray.get([a.where.remote() for a in self.actors])]
+        free = [w.get("device_free_bytes")
+                for w in ray.get([a.where.remote() for a in self.actors], timeout=ACTOR_CALL_TIMEOUT_S)]
         known = [f for f in free if f]
         return default_max_collective_bytes(self.device_kind, min(known) if known else None)
+
+
+GRACE_S = 20.0  # how far past its deadline a phase may run: a probe started just before it finishes
+PROBE_TIMEOUT_S = 120.0  # no single local probe point takes this long (time_callable caps its repeats)
 
 
 def run_local_probes(
@@ -98,12 +108,30 @@ def run_local_probes(
     store: MeasurementStore,
     deadline: float,
     progress: ProgressFn | None = None,
+    grace_s: float = GRACE_S,
+    probe_timeout_s: float = PROBE_TIMEOUT_S,
 ) -> tuple[int, int]:
-    """Measure `specs` until done or `deadline`; returns (points measured, points failed)."""
+    """Measure `specs` until done or `deadline`; returns (points measured, points failed).
+
+    Every wait is bounded: a probe still running `probe_timeout_s` after it started, or at
+    `deadline + grace_s`, is cancelled (its actor killed and replaced: a hung or stopped process
+    answers no cancel) and retried once on another actor while time remains, else recorded as
+    failed with the reason; a retry the deadline leaves no time for is recorded too."""
     queue = collections.deque((s, 0, None) for s in specs)  # (spec, attempt, actor that failed it)
     idle = list(range(len(pool.actors)))
-    in_flight: dict = {}
+    in_flight: dict = {}  # ref -> (actor index, spec, attempt, started)
     done = failed = 0
+
+    def fail(spec: ProbeSpec, attempt: int, actor_index: int | None, why: str) -> None:
+        nonlocal failed
+        if attempt == 0 and time.monotonic() < deadline:
+            queue.appendleft((spec, 1, actor_index))
+            return
+        if attempt == 0:
+            why += "; no time left for a retry"
+        store.add_failure(spec.to_dict(), why, attempt + 1)
+        failed += 1
+        progress and progress(0, 1)
 
     def submit() -> None:
         while idle and queue and time.monotonic() < deadline:
@@ -113,29 +141,42 @@ def run_local_probes(
             queue.popleft()
             idle.remove(actor_index)
             ref = pool.actors[actor_index].run_local.remote(spec)
-            in_flight[ref] = (actor_index, spec, attempt)
+            in_flight[ref] = (actor_index, spec, attempt, time.monotonic())
 
     submit()
     while in_flight:
-        ready, _ = ray.wait(list(in_flight), num_returns=1)
+        now = time.monotonic()
+        limit = min(min(started + probe_timeout_s for _, _, _, started in in_flight.values()), deadline + grace_s)
+        ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=max(0.0, min(limit - now, 1.0)))
+        if not ready:
+            now = time.monotonic()
+            for ref, (actor_index, spec, attempt, started) in list(in_flight.items()):
+                if now >= started + probe_timeout_s or now >= deadline + grace_s:
+                    del in_flight[ref]
+                    pool.replace(actor_index)  # kill: a hung (or SIGSTOPped) actor answers no cancel
+                    fail(spec, attempt, actor_index, f"timed out after {now - started:.0f}s (actor killed and replaced)")
+                    idle.append(actor_index)
+            submit()
+            continue
         ref = ready[0]
-        actor_index, spec, attempt = in_flight.pop(ref)
+        actor_index, spec, attempt, _ = in_flight.pop(ref)
         try:
             rows = ray.get(ref)
-            store.add(rows)
+            store.add(rows, done=spec.to_dict())
             done += 1
             progress and progress(1, 0)
         except RayError as exc:
             if isinstance(exc, RayActorError):
                 pool.replace(actor_index)
-            if attempt == 0:
-                queue.appendleft((spec, 1, actor_index))
-            else:
-                store.add_failure(spec.to_dict(), _short(exc), attempt + 1)
-                failed += 1
-                progress and progress(0, 1)
+            fail(spec, attempt, actor_index, _short(exc))
         idle.append(actor_index)
         submit()
+    # A retry still queued when the deadline passed was neither measured nor dropped silently.
+    for spec, attempt, _ in queue:
+        if attempt > 0:
+            store.add_failure(spec.to_dict(), "its retry was queued when the deadline passed", attempt)
+            failed += 1
+    store.sync()
     return done, failed
 
 
@@ -171,16 +212,20 @@ class Gang:
 
     def form(self) -> None:
         leader = self.actors[0]
-        addr = ray.get(leader.where.remote())["ip"]
-        port = ray.get(leader.free_port.remote())
+        addr = ray.get(leader.where.remote(), timeout=ACTOR_CALL_TIMEOUT_S)["ip"]
+        port = ray.get(leader.free_port.remote(), timeout=ACTOR_CALL_TIMEOUT_S)
         world = len(self.members)
-        ray.get([a.init_group.remote(addr, port, rank, world, self.timeout_s) for rank, a in enumerate(self.actors)])
+        ray.get([a.init_group.remote(addr, port, rank, world, self.timeout_s) for rank, a in enumerate(self.actors)],
+                timeout=self.timeout_s + ACTOR_CALL_TIMEOUT_S)
 
-    def disband(self) -> None:
+    def disband(self, timeout_s: float = 15.0) -> None:
+        """Destroy the group on every member, waiting `timeout_s` in all (a stuck member is
+        killed with the pool)."""
         refs = [a.destroy_group.remote() for a in self.actors]
-        for ref in refs:
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+        for ref in ready:
             try:
-                ray.get(ref, timeout=30)
+                ray.get(ref)
             except RayError:
                 pass
 
@@ -191,10 +236,15 @@ class Gang:
             self.pool.replace(i)
         self.form()
 
-    def run(self, specs: Sequence[ProbeSpec], timing: dict | None = None):
-        """Run one batch on every member; rows come from each group's first rank."""
+    def run(self, specs: Sequence[ProbeSpec], timing: dict | None = None, until: float | None = None):
+        """Run one batch on every member; rows come from each group's first rank. Waits at most
+        until `until` (monotonic), else `timeout_s` per spec: a stuck member raises
+        GetTimeoutError and the caller rebuilds the gang (killing every member)."""
         refs = [a.run_collectives.remote(list(specs), timing) for a in self.actors]
-        results = ray.get(refs, timeout=self.timeout_s * (1 + len(specs)))
+        timeout = self.timeout_s * (1 + len(specs))
+        if until is not None:
+            timeout = max(1.0, min(timeout, until - time.monotonic()))
+        results = ray.get(refs, timeout=timeout)
         return [row for rows in results for row in rows]
 
     def placed(self, spec: ProbeSpec) -> ProbeSpec:
@@ -218,6 +268,7 @@ def run_collective_probes(
     progress: ProgressFn | None = None,
     passes: int = COLLECTIVE_PASSES,
     members: Sequence[int] | None = None,
+    grace_s: float = GRACE_S,
 ) -> tuple[int, int]:
     """Measure `specs` on a gang of every actor until done or `deadline`; returns (points
     measured, points failed).
@@ -248,11 +299,16 @@ def run_collective_probes(
                 fit = (deadline - time.monotonic()) / visit_s if visit_s > 0 else float("inf")
                 if fit < len(batch):  # a batch is several points: run only what fits before the deadline
                     batch = batch[:max(1, int(fit))]
+                plain = list(batch)  # as generated: what a resumed calibration looks up
                 batch = [gang.placed(s) for s in batch]
                 for attempt in (0, 1):
                     try:
                         t0 = time.monotonic()
-                        store.add(gang.run(batch, timing if batch[0].family == "collective" else None))
+                        rows = gang.run(batch, timing if batch[0].family == "collective" else None,
+                                        until=deadline + grace_s)
+                        store.add(rows)
+                        if visit == 0:
+                            store.mark_done([s.to_dict() for s in plain])
                         if batch[0].family == "collective":
                             visit_s = max(visit_s, (time.monotonic() - t0) / len(batch))
                         if visit == 0:
@@ -261,14 +317,27 @@ def run_collective_probes(
                         progress and progress(len(batch), 0)
                         break
                     except (RayError, GetTimeoutError) as exc:
-                        gang.rebuild()
-                        if attempt == 1:
+                        why = "timed out (members killed and replaced)" if isinstance(exc, GetTimeoutError) else _short(exc)
+                        late = time.monotonic() >= deadline
+                        if not late:
+                            try:
+                                gang.rebuild()  # a stuck or dead member: restart every member
+                            except (RayError, GetTimeoutError) as broken:
+                                why += f"; the gang could not be rebuilt: {_short(broken)}"
+                                late = True
+                        if attempt == 1 or late:
                             for spec in batch:
-                                store.add_failure({**spec.to_dict(), "pass": visit}, _short(exc), 2)
+                                store.add_failure({**spec.to_dict(), "pass": visit},
+                                                  why + ("; no time left for a retry" if late and attempt == 0 else ""),
+                                                  attempt + 1)
                             failed += len(batch) if visit == 0 else 0
                             progress and progress(0, len(batch))
+                            if late:
+                                return done, failed  # past the deadline (or no gang left): the phase ends
+                            break
     finally:
         gang.disband()
+        store.sync()
     return done, failed
 
 

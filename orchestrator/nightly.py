@@ -11,8 +11,9 @@ has seen jobs for but holds no fresh champion of, and that are not in this clust
 listed: they need a nightly on their own hardware. Everything is printed and logged to an
 MLflow run (kind=nightly).
 
-Safe to start twice: the first holds a file lock (put it on storage every scheduler shares);
-the second says who holds it and exits 0 without touching anything.
+Safe to start twice, on any pods: the first holds a lock kept in the tracking server
+(`orchestrator.lease`, renewed while it runs, expiring when its holder stops); the second says
+who holds it and exits 0 without touching anything.
 """
 from __future__ import annotations
 
@@ -25,10 +26,12 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import mlflow
-from filelock import FileLock, Timeout
 
 from orchestrator import registry
-from orchestrator.calibrate import DEFAULT_BUDGET_S, calibrate, describe, print_summary
+from orchestrator.calibrate import (
+    DEFAULT_BUDGET_S, calibrate, describe, lock_timeout_s, print_summary, promotion_lease, waiting,
+)
+from orchestrator.lease import Lease
 from orchestrator.cli_common import add_common, emit, fingerprint, run_main
 from orchestrator.progress import say
 from orchestrator.sentinel import DEFAULT_BOUND, DEFAULT_RATIO, run_sentinels
@@ -73,18 +76,31 @@ def check_hardware(fp, args: argparse.Namespace) -> dict[str, Any]:
         return out
     say(f"{hw}: recalibrating: " + "; ".join(reasons))
     mlflow.set_tag("recalibration_reason", "; ".join(reasons))
-    info = describe(calibrate(fp, args.budget_s, seed=args.seed))
+    with promotion_lease(hw).hold(lock_timeout_s(args.budget_s), on_wait=waiting) as lease:
+        latest = registry.get_alias(hw, registry.CHAMPION)
+        if latest is not None and (champion is None or latest.version != champion.version):
+            say(f"{hw}: another process promoted v{latest.version} meanwhile; nothing to recalibrate")
+            out.update(reasons=reasons + [f"superseded by v{latest.version}"], champion=f"{latest.name}/{latest.version}")
+            return out
+        info = describe(calibrate(fp, args.budget_s, seed=args.seed, lease=lease))
     print_summary(info)
     out.update({"recalibrated": True, "promoted": info["promoted"], "model": info["model"],
                 "promotion_reason": info["promotion_reason"]})
     return out
 
 
+def nightly_lease(name: str, budget_s: float) -> Lease:
+    """The nightly's own lock: renewed while it runs, for at most its calibration's wait and a
+    calibration of every device kind it may find, and it expires `ttl_s` after its holder stops."""
+    return Lease(f"nightly:{name}", max_hold_s=lock_timeout_s(budget_s) * 3)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m orchestrator.nightly", description=__doc__.splitlines()[0])
     parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="calibration budget where one is needed")
     parser.add_argument("--lock", default=os.environ.get("AUTOTUNE_NIGHTLY_LOCK", DEFAULT_LOCK),
-                        help="lock file shared by every scheduler of this cluster (default %(default)s)")
+                        help="name of the nightly's lock, held in the tracking server so every scheduler of "
+                             "this cluster sees it (default %(default)s)")
     parser.add_argument("--max-model-age-days", type=float, default=7.0)
     parser.add_argument("--sentinel-bound", type=float, default=DEFAULT_BOUND,
                         help="sentinel GMAE that marks a champion stale, at least (default %(default)s)")
@@ -98,20 +114,18 @@ def build_parser() -> argparse.ArgumentParser:
 def _main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
 
-    Path(args.lock).parent.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(args.lock)
-    holder = Path(args.lock + ".holder")
-    try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        who = holder.read_text().strip() if holder.exists() else "unknown"
+    uri = registry.configure(args.tracking_uri)
+    # The nightly's lock lives in the tracking server (every scheduler pod sees it) and expires
+    # when its holder stops renewing it: a nightly that died or hangs cannot hold it past its run.
+    lock = nightly_lease(args.lock, args.budget_s)
+    if not lock.try_acquire():
+        current = lock.current()
+        who = current[0] if current else "unknown"
         say(f"another nightly run holds {args.lock} ({who}); exiting without doing anything")
         emit({"skipped": True, "lock": args.lock, "holder": who}, args.json, lambda _: None)
         return 0
     try:
-        holder.write_text(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}")
         t0 = time.monotonic()
-        uri = registry.configure(args.tracking_uri)
         fp = fingerprint(args.ray_address, start_ray=True)
         say(f"nightly on {fp.hardware_id}: {fp.summary()}; MLflow at {uri}")
         with mlflow.start_run(run_name=f"nightly-{fp.hardware_id}") as run:
@@ -131,7 +145,6 @@ def _main(argv: Sequence[str] | None = None) -> int:
             mlflow.log_metrics({"recalibrated": float(summary["recalibrated"]), "promoted": float(summary["promoted"])})
             mlflow.log_dict(summary, "nightly_summary.json")
     finally:
-        holder.unlink(missing_ok=True)
         lock.release()
 
     def human(s: dict[str, Any]) -> None:

@@ -1,4 +1,5 @@
-"""Connecting to Ray: an address, RAY_ADDRESS (set by `ray job submit`), or a local cluster."""
+"""Connecting to Ray: an address, RAY_ADDRESS (set by `ray job submit`), or a new local cluster
+of our own (never one a stale current-cluster file points at)."""
 from __future__ import annotations
 
 import logging
@@ -25,7 +26,10 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
         # a local cluster's raylet and workers inherit the driver's environment; a deployed
         # cluster's nodes carry the same setting in their image (deploy/Dockerfile)
         apply_to_child_processes()
-        ray.init(num_cpus=num_cpus, include_dashboard=False, **kwargs)
+        # "local" always starts a cluster of our own: with no address, ray.init joins whatever
+        # Ray's current-cluster file names, and after a crashed local cluster that is a dead GCS
+        # it waits on for minutes.
+        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
 
 
 def shutdown() -> None:

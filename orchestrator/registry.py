@@ -26,7 +26,7 @@ from probes.records import Measurement, measurements_to_frame
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 EXPERIMENT = "autotune"
-CHAMPION, CHALLENGER = "champion", "challenger"
+CHAMPION, CHALLENGER, CANDIDATE = "champion", "challenger", "candidate"
 PYFUNC_CODE = str(Path(__file__).with_name("pyfunc_model.py"))
 BUNDLE_ARTIFACT = "performance_model"
 
@@ -40,6 +40,15 @@ def configure(uri: str | None) -> str:
     """Point MLflow at `uri` and make sure our experiment exists (artifacts beside a sqlite db)."""
     uri = resolve_tracking_uri(uri)
     mlflow.set_tracking_uri(uri)
+    if uri.startswith("sqlite:///"):
+        # MLflow creates and migrates a new sqlite store on first touch; processes started
+        # together (two autotunes and a nightly) would race that migration.
+        from filelock import FileLock
+
+        db = Path(uri[len("sqlite:///"):]).resolve()
+        db.parent.mkdir(parents=True, exist_ok=True)
+        with FileLock(str(db) + ".init.lock"):
+            mlflow.get_experiment_by_name(EXPERIMENT)
     if mlflow.get_experiment_by_name(EXPERIMENT) is None:
         location = None
         if uri.startswith("sqlite:///"):
@@ -79,15 +88,56 @@ def _read_bundle(name: str, version: str) -> PerformanceModel:
         return PerformanceModel.load_dir(found[0].parent)
 
 
+class RegistryUnavailable(RuntimeError):
+    """The tracking server kept failing: nothing may be concluded (least of all "no champion")."""
+
+
+RETRY_WAITS_S = (0.5, 1.0, 2.0, 4.0)  # backoff between tries of a failing tracking-server call
+# Answers, not failures: raised at once, never retried.
+DEFINITE = {"RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS", "INVALID_PARAMETER_VALUE", "PERMISSION_DENIED",
+            "UNAUTHENTICATED", "BAD_REQUEST"}
+
+
+def is_not_found(exc: MlflowException) -> bool:
+    """A definite answer that the model or alias does not exist (not a transient failure)."""
+    code = getattr(exc, "error_code", "")
+    return code == "RESOURCE_DOES_NOT_EXIST" or (code == "INVALID_PARAMETER_VALUE" and "not found" in str(exc))
+
+
+def with_retries(call: Callable[[], Any], what: str, waits: Sequence[float] | None = None) -> Any:
+    """`call()`, retried with backoff while the tracking server fails transiently (a 503, a
+    dropped connection); a definite answer (not found, already exists, refused) is raised at
+    once; after the last try,
+    `RegistryUnavailable`: callers fail closed instead of reading an error as "nothing there"."""
+    waits = RETRY_WAITS_S if waits is None else waits
+    last: Exception | None = None
+    for attempt in range(len(waits) + 1):
+        try:
+            return call()
+        except MlflowException as exc:
+            if getattr(exc, "error_code", "") in DEFINITE:
+                raise
+            last = exc
+        except OSError as exc:  # a connection refused or reset below MLflow's own retries
+            last = exc
+        if attempt < len(waits):
+            time.sleep(waits[attempt])
+    raise RegistryUnavailable(f"{what}: the tracking server failed {len(waits) + 1} times: {last}") from last
+
+
 def get_alias(hardware_id: str, alias: str = CHAMPION) -> RegisteredBundle | None:
-    """The version under `alias` for `hardware_id`, or None when there is none."""
+    """The version under `alias` for `hardware_id`; None only when the server says there is
+    none (a transient error is retried, then raised as `RegistryUnavailable`)."""
     client = MlflowClient()
     name = model_name(hardware_id)
     try:
-        mv = client.get_model_version_by_alias(name, alias)
-    except MlflowException:
-        return None
-    return RegisteredBundle(name, str(mv.version), dict(mv.tags), int(mv.creation_timestamp), _read_bundle(name, mv.version))
+        mv = with_retries(lambda: client.get_model_version_by_alias(name, alias), f"reading {name}@{alias}")
+    except MlflowException as exc:
+        if is_not_found(exc):
+            return None
+        raise
+    bundle = with_retries(lambda: _read_bundle(name, mv.version), f"reading {name} v{mv.version}")
+    return RegisteredBundle(name, str(mv.version), dict(mv.tags), int(mv.creation_timestamp), bundle)
 
 
 def load_performance_model(tracking_uri: str | None, hardware_id: str, alias: str = CHAMPION) -> PerformanceModel:
@@ -192,12 +242,17 @@ Scorer = Callable[[PerformanceModel, Sequence[Measurement]], dict[str, Any]]
 
 
 def register_bundle(
-    model: PerformanceModel, test_rows: Sequence[Measurement], software: dict[str, str], scorer: Scorer | None = None
+    model: PerformanceModel, test_rows: Sequence[Measurement], software: dict[str, str], scorer: Scorer | None = None,
+    below_floor: Sequence[str] = (), lease: Any = None,
 ) -> Registration:
     """Log `model` to the active run, register it, and apply the champion rule.
 
     `scorer(bundle, rows) -> {op: ErrorStats}` scores a bundle on held-out rows; the default
     scores per-op models only, callers add composite checks (whole training steps).
+    `below_floor`: why the bundle cannot plan (missing ops, held-out error over the bound):
+    then it is registered as a `candidate`, never promoted. `lease` (`orchestrator.lease`): the
+    lock every promoter takes; the compare-and-set happens only while it is still held. A
+    tracking server that keeps failing raises `RegistryUnavailable`: nothing is promoted.
     """
     scorer = scorer or (lambda bundle, rows: bundle.score(rows))
     client = MlflowClient()
@@ -226,7 +281,9 @@ def register_bundle(
     client.set_registered_model_tag(name, "hardware_id", model.hardware_id)
 
     champion = get_alias(model.hardware_id, CHAMPION)
-    if champion is None:
+    if below_floor:
+        promoted, reason = False, "below the quality floor: " + "; ".join(below_floor)
+    elif champion is None:
         promoted, reason = True, "first model for this hardware"
     else:
         # Both bundles scored on the *new* held-out rows, on the ops both model: the only fair
@@ -238,7 +295,10 @@ def register_bundle(
         promoted = new_gmae <= old_gmae
         verdict = "not worse than" if promoted else "worse than"
         reason = f"held-out GMAE {new_gmae:.2%} is {verdict} champion v{champion.version}'s {old_gmae:.2%} on the same rows"
-    client.set_registered_model_alias(name, CHAMPION if promoted else CHALLENGER, version)
-    client.set_model_version_tag(name, version, "promotion", reason)
+    if promoted and lease is not None and not lease.held():
+        promoted, reason = False, f"not promoted: the promotion lock ({lease.name}) expired before the compare-and-set"
+    alias = CHAMPION if promoted else CANDIDATE if below_floor else CHALLENGER
+    with_retries(lambda: client.set_registered_model_alias(name, alias, version), f"setting {name}@{alias}")
+    with_retries(lambda: client.set_model_version_tag(name, version, "promotion", reason), f"tagging {name} v{version}")
     mlflow.set_tags({"registered_model": name, "registered_version": version, "promoted": str(promoted), "promotion_reason": reason})
     return Registration(name, version, promoted, reason)

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from probes.files import atomic_write_text
 from probes.placement import RankPlacement
 
 
@@ -83,7 +84,7 @@ class Plan:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(self.to_json())
+        atomic_write_text(path, self.to_json())
         return path
 
     @classmethod

@@ -46,7 +46,10 @@ class ContextFactorModel(OpModel):
             op = str(r.params.get("model_op"))
             if op not in isolated.models or r.median_s <= 0:
                 continue
-            predicted = isolated.predict_params(op, _kernel_params(r.params))
+            try:
+                predicted = isolated.predict_params(op, _kernel_params(r.params))
+            except KeyError:  # a group (dtype) the isolated probes never measured: nothing to relate it to
+                continue
             if predicted > 0:
                 pairs[op].append((predicted, r.median_s))
         self.factors, self.adds, self.counts = {}, {}, {}

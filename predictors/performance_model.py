@@ -10,6 +10,7 @@ from typing import Any, Sequence
 from predictors.evaluation import ErrorStats, error_stats, relative_errors, split_by_op
 from predictors.families import baseline_model_for, default_model_for
 from predictors.opmodels import OpModel
+from probes.files import atomic_write_text
 from probes.records import Measurement
 
 MODEL_FILE = "performance_model.json"
@@ -72,7 +73,7 @@ class PerformanceModel:
     def save(self, directory: str | Path) -> Path:
         path = Path(directory) / MODEL_FILE
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(self.to_dict(), indent=1, sort_keys=True))
+        atomic_write_text(path, json.dumps(self.to_dict(), indent=1, sort_keys=True))
         return path
 
     @classmethod
@@ -92,7 +93,21 @@ class PerformanceModel:
         for r in rows:
             if r.op in self.models:
                 by_op[r.op].append(r)
-        return {op: error_stats(relative_errors(self.models[op].predict, rs)) for op, rs in by_op.items()}
+        return {op: error_stats(relative_errors(self.models[op].predict, priced(self.models[op], rs)))
+                for op, rs in by_op.items()}
+
+
+def priced(model: OpModel, rows: Sequence[Measurement]) -> list[Measurement]:
+    """The rows `model` can price: a held-out row of a group (a dtype, a collective's group size
+    and scope) that no training row had is left out of the score rather than crashing it."""
+    out = []
+    for r in rows:
+        try:
+            model.predict(r.params)
+        except KeyError:
+            continue
+        out.append(r)
+    return out
 
 
 def fit_performance_model(
@@ -117,15 +132,20 @@ def fit_performance_model(
     for op, op_rows in sorted(by_op.items()):
         try:
             model = default_model_for(op, seed).fit(op_rows)
-        except ValueError as exc:  # too few or degenerate rows: report the op, keep the rest
+        except (ValueError, KeyError) as exc:  # too few or degenerate rows: report the op, keep the rest
             unfitted[op] = f"{len(op_rows)} training rows: {exc}"
             continue
         models[op] = model
-        stats = error_stats(relative_errors(model.predict, test_by_op[op])).to_dict()
+        held_out = priced(model, test_by_op[op])
+        stats = error_stats(relative_errors(model.predict, held_out)).to_dict()
+        stats["n_unpriced"] = len(test_by_op[op]) - len(held_out)  # held-out rows of a group no training row had
         baseline = baseline_model_for(op)
-        if baseline is not None and test_by_op[op]:
-            baseline.fit(op_rows)
-            stats["baseline_gmae"] = error_stats(relative_errors(baseline.predict, test_by_op[op])).gmae
+        if baseline is not None and held_out:
+            try:
+                baseline.fit(op_rows)
+                stats["baseline_gmae"] = error_stats(relative_errors(baseline.predict, priced(baseline, held_out))).gmae
+            except (ValueError, KeyError):
+                stats["baseline_gmae"] = None
         stats["n_train"] = len(op_rows)
         metrics[op] = stats
     meta = {"seed": seed, "test_fraction": test_fraction, "n_rows": len(rows), "unfitted": unfitted}

@@ -6,7 +6,6 @@ import json
 import mlflow
 import numpy as np
 import pytest
-from filelock import FileLock
 
 from orchestrator import drift, nightly, registry
 from orchestrator.drill import DRILL_ENV, apply_drill, drill_slowdown
@@ -111,13 +110,32 @@ def test_drift_report_rolls_trends_and_charts_per_version(tracking, tmp_path, ca
 
 
 def test_a_second_nightly_sees_the_lock_and_exits_cleanly(tmp_path, capsys):
-    lock_path = str(tmp_path / "nightly.lock")
-    with FileLock(lock_path):
-        (tmp_path / "nightly.lock.holder").write_text("pid 1 on elsewhere since then")
-        code = nightly.main(["--lock", lock_path, "--json", "--tracking-uri", f"sqlite:///{tmp_path}/m.db"])
+    from orchestrator import registry
+    from orchestrator.lease import Lease
+
+    lock = str(tmp_path / "nightly.lock")
+    uri = f"sqlite:///{tmp_path}/m.db"
+    registry.configure(uri)
+    held = nightly.nightly_lease(lock, 60.0)
+    held.holder = "pid 1 on elsewhere"
+    assert held.try_acquire()
+    try:
+        code = nightly.main(["--lock", lock, "--json", "--tracking-uri", uri])
+    finally:
+        held.release()
     assert code == 0
     out = capsys.readouterr()
-    assert json.loads(out.out.strip().splitlines()[-1]) == {"skipped": True, "lock": lock_path,
-                                                            "holder": "pid 1 on elsewhere since then"}
+    assert json.loads(out.out.strip().splitlines()[-1]) == {"skipped": True, "lock": lock, "holder": "pid 1 on elsewhere"}
     assert "another nightly run holds" in out.err + out.out
-    assert not (tmp_path / "m.db").exists()  # it touched nothing
+    import mlflow
+    assert not mlflow.search_runs(experiment_names=[registry.EXPERIMENT], output_format="list")  # it ran nothing
+    # a holder that stops renewing (died, hung, SIGSTOPped) loses the lock once its lease expires
+    stale = Lease(f"nightly:{lock}", ttl_s=0.5)
+    stale.holder = "a stopped nightly"
+    assert stale.try_acquire()
+    stale._stop.set()  # its heartbeat no longer runs
+    import time
+    time.sleep(1.0)
+    taker = nightly.nightly_lease(lock, 60.0)
+    assert taker.try_acquire() and taker.held() and not stale.held()
+    taker.release()
