@@ -282,7 +282,14 @@ def run_collective_probes(
     gang = Gang(pool, members)
     if len(gang.members) < 2:
         return 0, 0
-    gang.form()
+    try:
+        gang.form()
+    except (RayError, GetTimeoutError) as exc:  # degrade: record the phase's points, let the others run
+        for spec in specs:
+            store.add_failure(spec.to_dict(), f"the probe gang could not form: {_short(exc)}", 1)
+        progress and progress(0, len(specs))
+        gang.disband(timeout_s=5.0)
+        return 0, len(specs)
     done = failed = 0
     device = "cuda" if pool.device_kind == "cuda" else "cpu"
     batches = collective_batches(specs, max_bytes=collective_batch_bytes(device, pool.max_collective_bytes()))
