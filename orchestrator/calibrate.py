@@ -116,6 +116,32 @@ def node_members(gang: Gang) -> list[int]:
     return [m for m, n in zip(gang.members, gang.nodes) if n == node]
 
 
+COVERAGE_POINTS = 6  # per op the planner prices, measured before the rest of the kernel sweep
+
+
+def planner_coverage(specs: Sequence[ProbeSpec], per_op: int = COVERAGE_POINTS) -> list[ProbeSpec]:
+    """The first `per_op` float32 points of each kernel op a DLRM plan prices (GEMM, lookups,
+    relu / mul / add, copies), taken out of `specs` to run first: without them a bundle cannot
+    plan and is never promoted (`quality_problems`), however short the budget. They are moved,
+    not repeated: the rest of the sweep follows in its own order."""
+    wanted = {"gemm": "gemm", "embedding": "embedding", "memcpy": "memcpy", "relu": "elementwise",
+              "mul": "elementwise", "add": "elementwise"}
+    taken: dict[str, int] = {}
+    out = []
+    for spec in specs:
+        p = spec.params
+        op = p.get("op") if spec.family == "elementwise" else spec.family
+        if wanted.get(op) != spec.family or taken.get(op, 0) >= per_op:
+            continue
+        if p.get("dtype", "float32") != "float32" or p.get("weights_precision", "fp32") != "fp32":
+            continue
+        taken[op] = taken.get(op, 0) + 1
+        out.append(spec)
+        if len(taken) == len(wanted) and all(n >= per_op for n in taken.values()):
+            break
+    return out
+
+
 def missing(specs: Sequence[ProbeSpec], done: set[str]) -> list[ProbeSpec]:
     """The specs a resumed calibration still has to measure."""
     return [s for s in specs if spec_key(s.to_dict()) not in done] if done else list(specs)
@@ -133,6 +159,8 @@ def measure(
     device = fingerprint.device_kind
     local = interleave(gemm_specs(4000, seed, device_kind=device), embedding_specs(3000, seed, device_kind=device),
                        elementwise_specs(4000, seed, device_kind=device), memcpy_specs(1000, seed, device))
+    first = planner_coverage(local)  # a short budget still models every op a plan prices
+    local = first + [s for s in local if not any(s is f for f in first)]
     if job is not None:
         local = job_specs(job, job_table_groups(job)) + local
 
