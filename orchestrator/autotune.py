@@ -23,10 +23,14 @@ from orchestrator import registry
 from orchestrator.calibrate import (
     DEFAULT_BUDGET_S, calibrate, describe, lock_timeout_s, print_summary, promotion_lease, waiting,
 )
-from orchestrator.cli_common import EXIT_NO_MODEL, add_common, fingerprint, run_main
+from orchestrator.cli_common import (
+    EXIT_NO_MODEL, MAX_BUDGET_S, ArgumentParser, add_common, age_days, budget_s, fingerprint, int_in, number_in,
+    output_file, run_main,
+)
 from orchestrator.jobfile import load_job
-from orchestrator.planning import make_plan
+from orchestrator.planning import job_placement, make_plan
 from orchestrator.progress import say
+from probes.jobspec import MAX_ITERATIONS
 
 
 def job_hash(job_dict: dict[str, Any]) -> str:
@@ -34,16 +38,18 @@ def job_hash(job_dict: dict[str, Any]) -> str:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.autotune", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m orchestrator.autotune", description=__doc__.splitlines()[0])
     parser.add_argument("--job", required=True, help="job YAML file (see examples/)")
     parser.add_argument("--dry-run", action="store_true", help="plan and log, but do not launch the job")
     parser.add_argument("--recalibrate", choices=("auto", "always", "never"), default="auto",
                         help="auto: only when models are missing, stale or drifting (default)")
-    parser.add_argument("--plan-out", help="write the plan JSON here (default .autotune/plans/<job>-<hardware>.json)")
-    parser.add_argument("--calibration-budget-s", type=float, default=DEFAULT_BUDGET_S)
-    parser.add_argument("--max-model-age-days", type=float, default=7.0)
-    parser.add_argument("--iterations", type=int, help="timed iterations when launching (default: the job's)")
-    parser.add_argument("--lock-timeout-s", type=float, default=None,
+    parser.add_argument("--plan-out", type=output_file,
+                        help="write the plan JSON here (default .autotune/plans/<job>-<hardware>.json)")
+    parser.add_argument("--calibration-budget-s", type=budget_s, default=DEFAULT_BUDGET_S)
+    parser.add_argument("--max-model-age-days", type=age_days, default=7.0)
+    parser.add_argument("--iterations", type=int_in(1, MAX_ITERATIONS), help="timed iterations when launching (default: the job's)")
+    parser.add_argument("--lock-timeout-s", type=number_in(0.0, 4 * MAX_BUDGET_S, minimum_allowed=True, unit="seconds"),
+                        default=None,
                         help="wait this long for another calibration of this hardware (default: 3 x the budget + 300 s)")
     add_common(parser)
     return parser.parse_args(argv)
@@ -55,6 +61,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     job = load_job(args.job)
     uri = registry.configure(args.tracking_uri)
     fp = fingerprint(args.ray_address, start_ray=True)
+    job_placement(job, fp)  # a job larger than the cluster: refused (world_size named) before calibrating
     hw = fp.hardware_id
     say(f"hardware {hw}: {fp.summary()}; MLflow at {uri}")
     summary: dict[str, Any] = {"hardware_id": hw, "job": job.name, "tracking_uri": uri}

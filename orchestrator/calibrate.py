@@ -389,23 +389,24 @@ def refit_main(directory: Path, tracking_uri: str | None, seed: int, as_json: bo
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def _main(argv: Sequence[str] | None = None) -> int:
     from orchestrator import ray_runtime
+    from orchestrator.cli_common import MAX_BUDGET_S, ArgumentParser, budget_s, calibration_dir, number_in, seed
     from orchestrator.cluster import cluster_fingerprint
     from orchestrator.jobfile import load_job
 
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.calibrate", description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="probe time budget (default %(default)s)")
+    parser = ArgumentParser(prog="python -m orchestrator.calibrate", description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-s", type=budget_s, default=DEFAULT_BUDGET_S, help="probe time budget (default %(default)s)")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     parser.add_argument("--ray-address", help="Ray cluster address (default: $RAY_ADDRESS or a local cluster)")
     parser.add_argument("--job", help="also measure the shapes this job file will be predicted at")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--refit", metavar="DIR", help="measure nothing: fit and register again from a calibration "
+    parser.add_argument("--seed", type=seed, default=0)
+    parser.add_argument("--refit", metavar="DIR", type=calibration_dir, help="measure nothing: fit and register again from a calibration "
                         "directory's measurements.jsonl (e.g. after the model code improved)")
     parser.add_argument("--resume", metavar="DIR", help="continue a calibration of this cluster that was cut short: "
                         "measure only the probe points its directory lacks, then fit and register")
-    parser.add_argument("--lock-timeout-s", type=float, default=None,
-                        help="wait this long for another calibration of this hardware to finish "
+    parser.add_argument("--lock-timeout-s", type=number_in(0.0, 4 * MAX_BUDGET_S, minimum_allowed=True, unit="seconds"),
+                        default=None, help="wait this long for another calibration of this hardware to finish "
                              "(default: 3 x the budget + 300 s)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     args = parser.parse_args(argv)
@@ -429,6 +430,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.json:
         print(json.dumps(info))
     return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from orchestrator.cli_common import run_main
+
+    return run_main(_main, argv)
 
 
 if __name__ == "__main__":

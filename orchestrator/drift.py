@@ -10,7 +10,6 @@ the chart shows both over time, one line per model version, and is logged to MLf
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
@@ -21,7 +20,7 @@ import mlflow
 
 from orchestrator import registry
 from orchestrator.calibration_plots import pyplot
-from orchestrator.cli_common import emit, run_main
+from orchestrator.cli_common import ArgumentParser, emit, int_in, output_dir, run_main
 from orchestrator.progress import say
 from predictors.evaluation import geomean
 
@@ -135,10 +134,10 @@ def _human(report: dict[str, Any]) -> None:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.drift", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m orchestrator.drift", description=__doc__.splitlines()[0])
     parser.add_argument("--hardware-id", help="only this hardware (default: every one recorded)")
-    parser.add_argument("--last", type=int, default=10, help="jobs in the rolling window (default %(default)s)")
-    parser.add_argument("--out-dir", default=".autotune/drift", help="where the PNG charts go")
+    parser.add_argument("--last", type=int_in(1, 100_000), default=10, help="jobs in the rolling window (default %(default)s)")
+    parser.add_argument("--out-dir", type=output_dir, default=".autotune/drift", help="where the PNG charts go")
     parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     args = parser.parse_args(argv)

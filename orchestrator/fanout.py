@@ -118,9 +118,18 @@ def run_local_probes(
     answers no cancel) and retried once on another actor while time remains, else recorded as
     failed with the reason; a retry the deadline leaves no time for is recorded too."""
     queue = collections.deque((s, 0, None) for s in specs)  # (spec, attempt, actor that failed it)
-    idle = list(range(len(pool.actors)))
+    idle: list[int] = []
+    # Every actor takes probes once it answers: a replacement from an earlier phase may still be
+    # starting (importing torch on a loaded host takes tens of seconds), which no probe is charged.
+    booting: dict = {a.where.remote(): (i, time.monotonic()) for i, a in enumerate(pool.actors)}
     in_flight: dict = {}  # ref -> (actor index, spec, attempt, started)
     done = failed = 0
+
+    def restart(actor_index: int) -> None:
+        """Kill and replace an actor; it takes probes again once it answers (its start-up is
+        not charged to a probe)."""
+        pool.replace(actor_index)
+        booting[pool.actors[actor_index].where.remote()] = (actor_index, time.monotonic())
 
     def fail(spec: ProbeSpec, attempt: int, actor_index: int | None, why: str) -> None:
         nonlocal failed
@@ -143,33 +152,55 @@ def run_local_probes(
             ref = pool.actors[actor_index].run_local.remote(spec)
             in_flight[ref] = (actor_index, spec, attempt, time.monotonic())
 
-    submit()
-    while in_flight:
+    def admit_booted(wait_s: float = 0.0) -> None:
+        if not booting:
+            return
+        ready, _ = ray.wait(list(booting), num_returns=len(booting), timeout=wait_s)
         now = time.monotonic()
-        limit = min(min(started + probe_timeout_s for _, _, _, started in in_flight.values()), deadline + grace_s)
-        ready, _ = ray.wait(list(in_flight), num_returns=1, timeout=max(0.0, min(limit - now, 1.0)))
-        if not ready:
+        for ref in list(booting):
+            actor_index, asked = booting[ref]
+            if ref in ready or now - asked > ACTOR_CALL_TIMEOUT_S:
+                del booting[ref]
+                try:
+                    if ref not in ready:
+                        raise GetTimeoutError("no answer")
+                    ray.get(ref)
+                    idle.append(actor_index)
+                except (RayError, GetTimeoutError):
+                    restart(actor_index)  # it never came up: try a fresh one (bounded by the deadline)
+
+    admit_booted(wait_s=min(5.0, max(0.0, deadline - time.monotonic())))
+    submit()
+    while (in_flight or (booting and queue)) and (in_flight or time.monotonic() < deadline):
+        now = time.monotonic()
+        limit = min([started + probe_timeout_s for _, _, _, started in in_flight.values()] + [deadline + grace_s])
+        waiting_on = list(in_flight) + list(booting)
+        ready, _ = ray.wait(waiting_on, num_returns=1, timeout=max(0.0, min(limit - now, 1.0)))
+        admit_booted()
+        finished = [r for r in ready if r in in_flight]
+        if not finished:
             now = time.monotonic()
             for ref, (actor_index, spec, attempt, started) in list(in_flight.items()):
                 if now >= started + probe_timeout_s or now >= deadline + grace_s:
                     del in_flight[ref]
-                    pool.replace(actor_index)  # kill: a hung (or SIGSTOPped) actor answers no cancel
+                    restart(actor_index)  # kill: a hung (or SIGSTOPped) actor answers no cancel
                     fail(spec, attempt, actor_index, f"timed out after {now - started:.0f}s (actor killed and replaced)")
-                    idle.append(actor_index)
             submit()
             continue
-        ref = ready[0]
+        ref = finished[0]
         actor_index, spec, attempt, _ = in_flight.pop(ref)
         try:
             rows = ray.get(ref)
             store.add(rows, done=spec.to_dict())
             done += 1
             progress and progress(1, 0)
+            idle.append(actor_index)
         except RayError as exc:
             if isinstance(exc, RayActorError):
-                pool.replace(actor_index)
+                restart(actor_index)
+            else:
+                idle.append(actor_index)
             fail(spec, attempt, actor_index, _short(exc))
-        idle.append(actor_index)
         submit()
     # A retry still queued when the deadline passed was neither measured nor dropped silently.
     for spec, attempt, _ in queue:

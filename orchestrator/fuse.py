@@ -28,23 +28,30 @@ from probes.fusion.workloads import WORKLOADS
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.fuse", description=__doc__.splitlines()[0])
+    parser = cli_common.ArgumentParser(prog="python -m orchestrator.fuse", description=__doc__.splitlines()[0])
     parser.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
-    parser.add_argument("--max-width", type=int, default=64, help="largest width to probe and choose")
-    parser.add_argument("--memory-cap-gb", type=float, help="per-device cap (default: 60%% of a device's memory)")
-    parser.add_argument("--step-cap-s", type=float, default=2.0, help="stop widening past this step time")
-    parser.add_argument("--batch-size", type=int, help="per-model batch size (default: the workload's)")
+    parser.add_argument("--max-width", type=cli_common.int_in(1, 4096), default=64,
+                        help="largest width to probe and choose")
+    parser.add_argument("--memory-cap-gb", type=cli_common.number_in(0.0, 2.0**20, unit="GiB"),
+                        help="per-device cap (default: 60%% of a device's memory)")
+    parser.add_argument("--step-cap-s", type=cli_common.number_in(0.0, 3600.0, unit="seconds"), default=2.0,
+                        help="stop widening past this step time")
+    parser.add_argument("--batch-size", type=cli_common.int_in(1, 2**20), help="per-model batch size (default: the workload's)")
     parser.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw"])
-    parser.add_argument("--probe-seconds", type=float, default=2.0, help="timed seconds per width")
-    parser.add_argument("--trials", type=int, help="also split a sweep of this many trials into fused groups")
+    parser.add_argument("--probe-seconds", type=cli_common.number_in(0.0, 3600.0, unit="seconds"), default=2.0,
+                        help="timed seconds per width")
+    parser.add_argument("--trials", type=cli_common.int_in(1, 1_000_000),
+                        help="also split a sweep of this many trials into fused groups")
     cli_common.add_common(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    return cli_common.run_main(_main, argv)
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.max_width < 1:
-        raise SystemExit(f"--max-width: expected an integer >= 1, got {args.max_width}")
     fp = cli_common.fingerprint(args.ray_address, start_ray=True)
     import ray
 
@@ -91,4 +98,4 @@ def _human(out: dict[str, Any]) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(cli_common.run_main(main))
+    raise SystemExit(main())

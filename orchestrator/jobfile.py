@@ -8,23 +8,39 @@ import yaml
 from predictors.network import NetworkError, check_topology_size, topology_from_config
 from probes.jobspec import JobSpec, JobSpecError
 
+JOB_OPTION = "--job"
+
 
 def load_job(path: str | Path) -> JobSpec:
     path = Path(path)
+    # Problems with the file itself name the option it came from (`--job`).
     if not path.exists():
-        raise JobSpecError([f"{path}: job file not found"])
+        raise JobSpecError([f"{path}: job file not found"], fields=[JOB_OPTION])
+    if not path.is_file():
+        raise JobSpecError([f"{path}: expected a job file (YAML), got a directory or other non-file"],
+                           fields=[JOB_OPTION])
     try:
-        data = yaml.safe_load(path.read_text())
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise JobSpecError([f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); expected a YAML job "
+                            f"file in UTF-8"], fields=[JOB_OPTION]) from None
+    except OSError as exc:
+        raise JobSpecError([f"{path}: cannot read the job file: {exc.strerror or exc}"], fields=[JOB_OPTION]) from None
+    try:
+        data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        raise JobSpecError([f"{path}: not valid YAML: {exc}"]) from None
+        raise JobSpecError([f"{path}: not valid YAML: {exc}"], fields=[JOB_OPTION]) from None
+    except RecursionError:
+        raise JobSpecError([f"{path}: not valid YAML: nested too deeply"], fields=[JOB_OPTION]) from None
     try:
         job = JobSpec.from_dict(data)
     except JobSpecError as exc:
-        raise JobSpecError([f"{path}: {p}" for p in exc.problems]) from None
+        raise JobSpecError([f"{path}: {p}" for p in exc.problems], fields=exc.fields) from None
     # A named or explicit network is checked now; `calibrated` needs the cluster and its models.
     if job.network is not None and job.network.get("topology") != "calibrated":
         try:
             check_topology_size(topology_from_config(job.network), job.world_size)
         except NetworkError as exc:
-            raise JobSpecError([f"{path}: {exc}"]) from None
+            field = str(exc).split(":", 1)[0] if str(exc).startswith("network") else "network"
+            raise JobSpecError([f"{path}: {exc}"], fields=[field]) from None
     return job

@@ -32,7 +32,9 @@ from orchestrator.calibrate import (
     DEFAULT_BUDGET_S, calibrate, describe, lock_timeout_s, print_summary, promotion_lease, waiting,
 )
 from orchestrator.lease import Lease
-from orchestrator.cli_common import add_common, emit, fingerprint, run_main
+from orchestrator.cli_common import (
+    ArgumentParser, add_common, age_days, budget_s, emit, fingerprint, number_in, run_main, seed,
+)
 from orchestrator.progress import say
 from orchestrator.sentinel import DEFAULT_BOUND, DEFAULT_RATIO, run_sentinels
 
@@ -96,17 +98,17 @@ def nightly_lease(name: str, budget_s: float) -> Lease:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.nightly", description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-s", type=float, default=DEFAULT_BUDGET_S, help="calibration budget where one is needed")
+    parser = ArgumentParser(prog="python -m orchestrator.nightly", description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-s", type=budget_s, default=DEFAULT_BUDGET_S, help="calibration budget where one is needed")
     parser.add_argument("--lock", default=os.environ.get("AUTOTUNE_NIGHTLY_LOCK", DEFAULT_LOCK),
                         help="name of the nightly's lock, held in the tracking server so every scheduler of "
                              "this cluster sees it (default %(default)s)")
-    parser.add_argument("--max-model-age-days", type=float, default=7.0)
-    parser.add_argument("--sentinel-bound", type=float, default=DEFAULT_BOUND,
+    parser.add_argument("--max-model-age-days", type=age_days, default=7.0)
+    parser.add_argument("--sentinel-bound", type=number_in(0.0, 100.0), default=DEFAULT_BOUND,
                         help="sentinel GMAE that marks a champion stale, at least (default %(default)s)")
-    parser.add_argument("--sentinel-ratio", type=float, default=DEFAULT_RATIO,
+    parser.add_argument("--sentinel-ratio", type=number_in(0.0, 1000.0), default=DEFAULT_RATIO,
                         help="... or this many times its own held-out GMAE (default %(default)s)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=seed, default=0)
     add_common(parser)
     return parser
 

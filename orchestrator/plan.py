@@ -4,12 +4,11 @@
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Any, Sequence
 
 from orchestrator import registry
-from orchestrator.cli_common import add_common, champion_or_exit, emit, fingerprint, run_main
+from orchestrator.cli_common import ArgumentParser, add_common, champion_or_exit, emit, fingerprint, output_file, run_main
 from orchestrator.jobfile import load_job
 from orchestrator.planning import make_plan
 from orchestrator.progress import say
@@ -41,9 +40,9 @@ def _human(plan: dict[str, Any]) -> None:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.plan", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m orchestrator.plan", description=__doc__.splitlines()[0])
     parser.add_argument("--job", required=True)
-    parser.add_argument("--out", help="also write the plan JSON to this file")
+    parser.add_argument("--out", type=output_file, help="also write the plan JSON to this file")
     add_common(parser)
     args = parser.parse_args(argv)
     job = load_job(args.job)

@@ -4,12 +4,11 @@
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Sequence
 
 from orchestrator import registry
-from orchestrator.cli_common import add_common, champion_or_exit, emit, fingerprint, run_main
+from orchestrator.cli_common import ArgumentParser, add_common, champion_or_exit, emit, fingerprint, run_main
 from orchestrator.jobfile import load_job
 from orchestrator.planning import job_placement
 from orchestrator.progress import say
@@ -18,13 +17,14 @@ from policies.plan import Plan
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.predict", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m orchestrator.predict", description=__doc__.splitlines()[0])
     parser.add_argument("--job", required=True)
     parser.add_argument("--plan", required=True, help="a plan JSON written by autotune or plan")
     add_common(parser)
     args = parser.parse_args(argv)
     job = load_job(args.job)
     plan = Plan.load(args.plan)
+    plan.check_job(job)  # before anything starts: a plan of other tables or world size is refused
     registry.configure(args.tracking_uri)
     fp = fingerprint(args.ray_address, start_ray=False)
     if plan.hardware_id != fp.hardware_id:

@@ -5,27 +5,28 @@
 """
 from __future__ import annotations
 
-import argparse
 import sys
 from typing import Sequence
 
-from orchestrator.cli_common import add_common, emit, fingerprint, run_main
+from orchestrator.cli_common import ArgumentParser, add_common, emit, fingerprint, int_in, run_main
 from orchestrator.jobfile import load_job
 from orchestrator.launch import launch_dlrm
 from orchestrator.planning import job_placement, placement_record
 from orchestrator.progress import say
 from policies.plan import Plan
+from probes.jobspec import MAX_ITERATIONS
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m orchestrator.run", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m orchestrator.run", description=__doc__.splitlines()[0])
     parser.add_argument("--job", required=True)
     parser.add_argument("--plan", required=True)
-    parser.add_argument("--iters", type=int, help="timed iterations (default: the job's)")
+    parser.add_argument("--iters", type=int_in(1, MAX_ITERATIONS), help="timed iterations (default: the job's)")
     add_common(parser)
     args = parser.parse_args(argv)
     job = load_job(args.job)
     plan = Plan.load(args.plan)
+    plan.check_job(job)  # before anything starts: a plan of other tables or world size is refused
     fp = fingerprint(args.ray_address, start_ray=True)
     # The ranks go where the plan's placement says, on this cluster's nodes as they are now.
     placement = job_placement(job, fp)

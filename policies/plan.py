@@ -2,12 +2,73 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from probes.files import atomic_write_text
-from probes.placement import RankPlacement
+from probes.placement import PlacementError, RankPlacement
+
+
+class PlanError(ValueError):
+    """A plan file or dict that is not a plan (of this job); `field` is where, in the plan."""
+
+    def __init__(self, message: str, field: str = "--plan"):
+        self.field = field
+        super().__init__(message)
+
+
+def _expect(ok: bool, field: str, expected: str, got: Any) -> None:
+    if not ok:
+        text = repr(got)
+        raise PlanError(f"{field}: expected {expected}, got {text[:200] + '...' if len(text) > 200 else text}", field)
+
+
+def _require(data: dict, key: str, where: str) -> None:
+    if key not in data:
+        raise PlanError(f"{where}{key}: required field is missing", f"{where}{key}")
+
+
+def _is_number(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def _check_decision(name: str, data: Any) -> None:
+    """The shape of one stored decision (what the launcher and predictor read of it)."""
+    where = f"decisions.{name}"
+    _expect(isinstance(data, dict), where, "a mapping {policy, choice, predicted_ms, candidates, choice_detail}", data)
+    for key in ("policy", "choice", "predicted_ms", "candidates"):
+        _require(data, key, f"{where}.")
+    _expect(isinstance(data["policy"], str), f"{where}.policy", "a string", data["policy"])
+    _expect(isinstance(data["choice"], str), f"{where}.choice", "a string", data["choice"])
+    _expect(data["predicted_ms"] is None or _is_number(data["predicted_ms"]), f"{where}.predicted_ms",
+            "a finite number of milliseconds", data["predicted_ms"])
+    _expect(isinstance(data["candidates"], list), f"{where}.candidates", "a list of candidates", data["candidates"])
+    allowed = {"name", "predicted_ms", "feasible", "detail"}
+    for i, c in enumerate(data["candidates"]):
+        at = f"{where}.candidates[{i}]"
+        _expect(isinstance(c, dict) and {"name", "predicted_ms", "feasible"} <= set(c) and set(c) <= allowed, at,
+                f"a mapping with fields {sorted(allowed)} (detail optional)", c)
+        _expect(c["predicted_ms"] is None or _is_number(c["predicted_ms"]), f"{at}.predicted_ms",
+                "a finite number or null", c["predicted_ms"])
+        _expect(isinstance(c.get("detail", {}), dict), f"{at}.detail", "a mapping", c.get("detail"))
+    detail = data.get("choice_detail", {})
+    _expect(isinstance(detail, dict), f"{where}.choice_detail", "a mapping", detail)
+    if name == "sharding":
+        t2r = detail.get("table_to_rank")
+        _expect(isinstance(t2r, list) and bool(t2r), f"{where}.choice_detail.table_to_rank",
+                "a non-empty list with one entry per table (a rank, or {type, ranks})", t2r)
+        _expect(all((isinstance(e, int) and not isinstance(e, bool)) or isinstance(e, dict) for e in t2r),
+                f"{where}.choice_detail.table_to_rank", "entries that are a rank or a mapping {type, ranks}", t2r)
+    if name == "chunking":
+        _expect(isinstance(detail.get("chunk_schedule"), dict), f"{where}.choice_detail.chunk_schedule",
+                "a chunk schedule mapping", detail.get("chunk_schedule"))
+    if name == "substitution" and "substitutions" in detail:
+        subs = detail["substitutions"]
+        _expect(isinstance(subs, dict) and all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+                                               and v >= 0 for k, v in subs.items()),
+                f"{where}.choice_detail.substitutions", "a mapping of pair name to slice count (an integer >= 0)", subs)
 
 
 @dataclass
@@ -74,6 +135,29 @@ class Plan:
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
+        """A stored plan, its shape checked: `PlanError` names the first field that is wrong."""
+        _expect(isinstance(data, dict), "(top level)", "a plan object {job, hardware_id, predicted_iteration_ms, "
+                "decisions, ...} as written by orchestrator.plan or orchestrator.autotune", data)
+        for key in ("job", "hardware_id", "predicted_iteration_ms", "decisions"):
+            _require(data, key, "")
+        _expect(isinstance(data["job"], dict), "job", "the job mapping the plan was made for", data["job"])
+        _expect(isinstance(data["hardware_id"], str), "hardware_id", "a string", data["hardware_id"])
+        _expect(_is_number(data["predicted_iteration_ms"]) and data["predicted_iteration_ms"] >= 0,
+                "predicted_iteration_ms", "a finite number >= 0", data["predicted_iteration_ms"])
+        mv = data.get("model_version")
+        _expect(mv is None or isinstance(mv, (str, int)), "model_version", "a string or null", mv)
+        _expect(isinstance(data["decisions"], dict), "decisions", "a mapping of policy name to decision",
+                data["decisions"])
+        for name, decision in data["decisions"].items():
+            _check_decision(str(name), decision)
+        _expect(isinstance(data.get("notes", []), list), "notes", "a list", data.get("notes"))
+        _expect(isinstance(data.get("placement", {}), dict), "placement", "a mapping {nodes, ...}", data.get("placement"))
+        tables = data["job"].get("tables")
+        sharding = data["decisions"].get("sharding")
+        if isinstance(tables, list) and sharding is not None:
+            t2r = sharding.get("choice_detail", {})["table_to_rank"]
+            _expect(len(t2r) == len(tables), "decisions.sharding.choice_detail.table_to_rank",
+                    f"one entry per table of the plan's job ({len(tables)})", len(t2r))
         return cls(
             job=data["job"], hardware_id=data["hardware_id"], model_version=data.get("model_version"),
             predicted_iteration_ms=data["predicted_iteration_ms"],
@@ -89,4 +173,50 @@ class Plan:
 
     @classmethod
     def load(cls, path: str | Path) -> "Plan":
-        return cls.from_dict(json.loads(Path(path).read_text()))
+        """A plan file; problems with the file name the option it came from (`--plan`), with
+        its content the field, both prefixed with the file."""
+        path = Path(path)
+        if not path.exists():
+            raise PlanError(f"{path}: plan file not found")
+        if not path.is_file():
+            raise PlanError(f"{path}: expected a plan JSON file, got a directory or other non-file")
+        try:
+            text = path.read_bytes().decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise PlanError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); expected plan JSON") from None
+        except OSError as exc:
+            raise PlanError(f"{path}: cannot read the plan file: {exc.strerror or exc}") from None
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise PlanError(f"{path}: not valid JSON: {exc}") from None
+        try:
+            return cls.from_dict(data)
+        except PlanError as exc:
+            raise PlanError(f"{path}: {exc}", exc.field) from None
+
+    def check_job(self, job: Any) -> None:
+        """That this plan can run `job` (a `JobSpec`): made for the same tables and world
+        size, every table's entry a valid sharding of it; else `PlanError` naming the field."""
+        from probes.table_shards import ShardingPlanError, table_shards
+
+        if "sharding" not in self.decisions:
+            raise PlanError("decisions.sharding: required for a DLRM plan (the table placement) and missing",
+                            "decisions.sharding")
+        field = "decisions.sharding.choice_detail.table_to_rank"
+        names = [t.get("name") for t in self.job.get("tables", []) if isinstance(t, dict)]
+        if names and names != [t.name for t in job.tables]:
+            raise PlanError(f"job.tables: the plan was made for tables {names}, the job has "
+                            f"{[t.name for t in job.tables]}", "job.tables")
+        if self.job.get("world_size") not in (None, job.world_size):
+            raise PlanError(f"job.world_size: the plan was made for world_size {self.job['world_size']}, the job has "
+                            f"{job.world_size}", "job.world_size")
+        try:
+            table_shards(job, self.table_to_rank)
+        except ShardingPlanError as exc:
+            raise PlanError(f"{field}: {exc}", field) from None
+        if self.placement:
+            try:
+                RankPlacement.from_dict(self.placement, job.world_size)
+            except PlacementError as exc:
+                raise PlanError(str(exc), "placement") from None

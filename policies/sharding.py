@@ -113,7 +113,9 @@ def choose_sharding(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: fl
             candidates.append(Candidate(name, None, False, {"reason": str(exc)}))
     plans.update(uniform_plans(spec))
     if torchrec and W > 1:
-        plans.update(torchrec_plans(spec, model, memory_cap_bytes, placement))
+        refused: dict[str, str] = {}
+        plans.update(torchrec_plans(spec, model, memory_cap_bytes, placement, refused))
+        candidates.extend(Candidate(name, None, False, {"reason": reason}) for name, reason in refused.items())
     for name, plan in plans.items():
         candidates.append(_dedup(pricer.candidate(name, plan), seen))
 
@@ -142,15 +144,24 @@ def choose_sharding(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: fl
 
 
 def torchrec_plans(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float,
-                   placement: RankPlacement | None = None) -> dict[str, list[PlanEntry]]:
-    """TorchRec's planner's plans (its constants; our measured costs), or none without torchrec."""
+                   placement: RankPlacement | None = None,
+                   refused: dict[str, str] | None = None) -> dict[str, list[PlanEntry]]:
+    """TorchRec's planner's plans (its constants; our measured costs), or none without torchrec.
+    A planner that finds no plan (TorchRec's PlannerError, e.g. a table too large for any rank)
+    is left out, its reason put in `refused` when given."""
+    out: dict[str, list[PlanEntry]] = {}
     try:
         from policies.torchrec_bridge import torchrec_plan
 
-        return {TORCHREC: torchrec_plan(spec, memory_cap_bytes, placement=placement),
-                TORCHREC_MEASURED: torchrec_plan(spec, memory_cap_bytes, model=model, placement=placement)}
+        for name, kwargs in ((TORCHREC, {}), (TORCHREC_MEASURED, {"model": model})):
+            try:
+                out[name] = torchrec_plan(spec, memory_cap_bytes, placement=placement, **kwargs)
+            except NoFeasiblePlanError as exc:
+                if refused is not None:
+                    refused[name] = str(exc)
     except ImportError:
         return {}
+    return out
 
 
 def _dedup(candidate: Candidate, seen: dict[str, str]) -> Candidate:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
+from policies.sharders import NoFeasiblePlanError
 from probes.embedding import TableShape, expected_features
 from probes.jobspec import JobSpec
 from probes.placement import INTRA, RankPlacement
@@ -47,7 +48,8 @@ def embedding_bag_collection(job: JobSpec, device: str = "meta"):
     return EmbeddingBagCollection(tables=configs, device=torch.device(device))
 
 
-def measured_estimator(job: JobSpec, model: Any, world_size: int, scope: str = INTRA):
+def measured_estimator(job: JobSpec, model: Any, world_size: int, scope: str = INTRA,
+                       max_shard_bytes: float | None = None):
     """A TorchRec `ShardEstimator` pricing shards with our `PerformanceModel` (milliseconds).
 
     Per shard, as our workload runs it: table- and column-wise pieces look up the global batch
@@ -57,8 +59,14 @@ def measured_estimator(job: JobSpec, model: Any, world_size: int, scope: str = I
     dense gradient. TorchRec sums shard costs per rank, so a collective is priced by the time
     it adds for the shard's bytes (the measured curve at those bytes minus its latency floor),
     not a whole collective per shard.
+
+    A shard whose weights alone exceed `max_shard_bytes` (the per-rank cap) is not priced:
+    TorchRec's storage check drops it anyway, and sampling a typical batch of a table too
+    large for any rank costs memory in proportion to its rows.
     """
     from torchrec.distributed.planner.types import Perf, ShardEstimator
+
+    UNFIT_MS = 1e30  # the price of a shard that cannot fit (finite: TorchRec sums prices)
 
     tables = {t.name: t for t in job.tables}
     W = world_size
@@ -82,6 +90,9 @@ def measured_estimator(job: JobSpec, model: Any, world_size: int, scope: str = I
                 kind = str(option.sharding_type)
                 for shard in option.shards:
                     rows, cols = int(shard.size[0]), int(shard.size[1])
+                    if max_shard_bytes is not None and 4 * rows * cols > max_shard_bytes:
+                        shard.perf = Perf(fwd_compute=UNFIT_MS, fwd_comms=0.0, bwd_compute=UNFIT_MS, bwd_comms=0.0)
+                        continue
                     if kind in ("row_wise", "table_row_wise"):
                         shape = TableShape(rows, cols, max(1, round(table.pooling_factor / W)), table.distribution)
                         fwd, bwd = lookup(shape, B * W)
@@ -114,7 +125,7 @@ def torchrec_plan(job: JobSpec, memory_cap_bytes: float, compute_device: str = "
     from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
     from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
-    from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
+    from torchrec.distributed.planner.types import KernelConfig, PlannerError, TopologyFactory, TrainerConfig
 
     W = job.world_size
     placement = placement or RankPlacement.single_node(W)
@@ -133,13 +144,27 @@ def torchrec_plan(job: JobSpec, memory_cap_bytes: float, compute_device: str = "
     if model is not None:
         enumerator = EmbeddingEnumerator(
             topology=topology, batch_size=job.batch_size, constraints=constraints,
-            estimator=[measured_estimator(job, model, W, placement.scope()),
+            estimator=[measured_estimator(job, model, W, placement.scope(), max_shard_bytes=memory_cap_bytes),
                        EmbeddingStorageEstimator(topology, constraints)])
     planner = EmbeddingShardingPlanner(topology=topology, batch_size=job.batch_size, constraints=constraints,
                                        enumerator=enumerator,
                                        storage_reservation=FixedPercentageStorageReservation(0.0), debug=False)
-    plan = planner.plan(embedding_bag_collection(job), [EmbeddingBagCollectionSharder()])
+    try:
+        plan = planner.plan(embedding_bag_collection(job), [EmbeddingBagCollectionSharder()])
+    except PlannerError as exc:
+        # e.g. a table larger than any rank's memory: this candidate is infeasible, the others still compete
+        raise NoFeasiblePlanError(planner_error_reason(exc)) from None
     return from_sharding_plan(job, plan)
+
+
+def planner_error_reason(exc: Exception) -> str:
+    """TorchRec's PlannerError in one line: its last planner error when it gives one (the
+    rest of its text is generic advice), with the error type."""
+    text = str(exc)
+    last = text.split("Last planner error:", 1)[1] if "Last planner error:" in text else text
+    line = " ".join(last.split()) or type(exc).__name__
+    kind = getattr(getattr(exc, "error_type", None), "value", None)
+    return "TorchRec's planner found no plan" + (f" ({kind})" if kind else "") + f": {line[:500]}"
 
 
 def from_sharding_plan(job: JobSpec, sharding_plan: Any, module_path: str = "") -> list[PlanEntry]:
