@@ -17,6 +17,7 @@ from typing import Any, Callable, NoReturn, Sequence
 
 from orchestrator import registry
 from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint
+from orchestrator.lease import LeaseTimeout
 from orchestrator.progress import say
 from policies.plan import PlanError
 from policies.sharders import NoFeasiblePlanError
@@ -228,3 +229,8 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
         return bad_input(f"cannot price this job's collectives: {exc}", "world_size", as_json)
     except FileNotFoundError as exc:
         return bad_input(f"file not found: {exc}", str(exc.filename or "file"), as_json)
+    except registry.RegistryUnavailable as exc:  # failed closed: nothing was promoted on a guess
+        return bad_input(f"tracking server unavailable: {exc}", "--tracking-uri", as_json, code=EXIT_FAILED)
+    except LeaseTimeout as exc:
+        return bad_input(f"gave up waiting for another calibration: {exc}", "--lock-timeout-s", as_json,
+                         code=EXIT_FAILED)
