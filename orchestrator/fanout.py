@@ -357,6 +357,9 @@ def run_collective_probes(
                     except (RayError, GetTimeoutError) as exc:
                         why = "timed out (members killed and replaced)" if isinstance(exc, GetTimeoutError) else _short(exc)
                         late = time.monotonic() >= deadline
+                        if late and isinstance(exc, GetTimeoutError):
+                            for i in gang.members:  # stop what they still run: the next phase needs them
+                                pool.replace(i)
                         if not late:
                             try:
                                 gang.rebuild()  # a stuck or dead member: restart every member
