@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from probes.host_allocator import GLIBC_TUNABLES  # noqa: E402
-from probes.overlap_probe import PairPoint  # noqa: E402
+from probes.vocabulary.pairs import PairPoint  # noqa: E402
 from substitution import measure  # noqa: E402
 
 POINTS = [

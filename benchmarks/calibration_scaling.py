@@ -46,7 +46,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint  # noqa: E402
 from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes  # noqa: E402
 from orchestrator.measurement_store import MeasurementStore  # noqa: E402
-from probes.records import Measurement  # noqa: E402
+from probes.vocabulary.records import Measurement  # noqa: E402
 from probes.sweep import (  # noqa: E402
     ProbeSpec,
     collective_groups,

@@ -27,7 +27,7 @@ from benchmarks.e2e_accuracy import champion_on_ray, geomean, spread  # noqa: E4
 from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.launch import launch_transformer  # noqa: E402
 from policies.transformer_cost import estimate_transformer_iteration  # noqa: E402
-from probes.workloads.transformer import random_transformer  # noqa: E402
+from probes.vocabulary.transformer_spec import random_transformer  # noqa: E402
 
 
 def main() -> None:

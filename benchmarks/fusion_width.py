@@ -41,7 +41,7 @@ from orchestrator.fusion import fit_fusion_models, measure_width_task, probe_fus
 from orchestrator.measurement_store import MeasurementStore  # noqa: E402
 from policies.fusion_width import choose_width  # noqa: E402
 from probes.fusion.workloads import WORKLOADS  # noqa: E402
-from probes.records import Measurement  # noqa: E402
+from probes.vocabulary.records import Measurement  # noqa: E402
 
 
 def remeasure(workload: str, widths: list[int], rounds: int, parallel: int, max_seconds: float) -> dict[int, float]:

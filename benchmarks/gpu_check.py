@@ -322,7 +322,8 @@ def _cpu_model() -> str:
 
 
 def step_probe_gemm(check: Check) -> dict[str, Any]:
-    from probes.gemm import GEMM_VARIANTS, measure_gemm
+    from probes.vocabulary.ops import GEMM_VARIANTS
+    from probes.gemm import measure_gemm
 
     cuda = check.device.type == "cuda"
     secs = 0.2 if check.args.quick else 0.5
@@ -341,7 +342,7 @@ def step_probe_gemm(check: Check) -> dict[str, Any]:
             except Exception as exc:  # noqa: BLE001 - one dtype/variant failing is reported with the rest
                 errors.append(f"{variant}.{dtype}: {type(exc).__name__}: {exc}")
     # a linear layer's products, labelled as the job sweep labels them
-    from probes.gemm import PRODUCTS, linear_layer_gemms
+    from probes.vocabulary.ops import PRODUCTS, linear_layer_gemms
 
     for product, (m_, n_, k_) in zip(PRODUCTS, linear_layer_gemms(512 if cuda else 64, 1024 if cuda else 128,
                                                                     1024 if cuda else 128)):
@@ -361,7 +362,8 @@ def _with_figures(exc: Exception, figures: dict[str, Any]) -> Exception:
 
 
 def step_probe_elementwise(check: Check) -> dict[str, Any]:
-    from probes.elementwise import ELEMENTWISE_OPS, measure_elementwise
+    from probes.vocabulary.ops import ELEMENTWISE_OPS
+    from probes.elementwise import measure_elementwise
 
     cuda = check.device.type == "cuda"
     rows, cols = (8192, 1024) if cuda else (256, 256)
@@ -376,18 +378,19 @@ def step_probe_elementwise(check: Check) -> dict[str, Any]:
 
 
 def step_probe_memcpy(check: Check) -> dict[str, Any]:
-    from probes.memcpy import directions_for, measure_memcpy
+    from probes.vocabulary.ops import memcpy_directions
+    from probes.memcpy import measure_memcpy
 
     cuda = check.device.type == "cuda"
     sizes = (64 * 2**10, 64 * 2**20) if cuda else (64 * 2**10, 4 * 2**20)
     secs = 0.2 if check.args.quick else 0.5
     out = {}
-    for direction in directions_for(check.device.type):
+    for direction in memcpy_directions(check.device.type):
         for nbytes in sizes:
             m = measure_memcpy(direction, nbytes, device=check.device, max_seconds=secs)
             out[f"{direction}.{nbytes}"] = {"us": m.median_s / US, "gb_s": nbytes / m.median_s / 1e9}
-    big = {d: out[f"{d}.{sizes[-1]}"]["gb_s"] for d in directions_for(check.device.type)}
-    return {"points": out, "directions": list(directions_for(check.device.type)),
+    big = {d: out[f"{d}.{sizes[-1]}"]["gb_s"] for d in memcpy_directions(check.device.type)}
+    return {"points": out, "directions": list(memcpy_directions(check.device.type)),
             "summary": f"{sizes[-1] >> 20} MiB: " + ", ".join(f"{d} {g:.3g} GB/s" for d, g in big.items())}
 
 
@@ -395,8 +398,9 @@ def step_probe_embedding(check: Check) -> dict[str, Any]:
     ok, why = fbgemm_status()
     if not ok:
         raise StepSkipped(f"FBGEMM TBE needs fbgemm-gpu: {why}")
-    from probes.embedding import TableShape, measure_tbe
-    from probes.indices import Distribution
+    from probes.vocabulary.jobspec import TableShape
+    from probes.embedding import measure_tbe
+    from probes.vocabulary.indices import Distribution
 
     cuda = check.device.type == "cuda"
     zipf = Distribution.parse({"zipf": 1.05})
@@ -462,7 +466,8 @@ def step_collectives(check: Check, pg: ProcessGroup) -> dict[str, Any]:
         pg.error = f"{type(exc).__name__}: {exc}"
         raise
     init_s = time.perf_counter() - t0
-    from probes.collective import COLLECTIVE_OPS, CollectivePoint, measure_collectives
+    from probes.vocabulary.ops import COLLECTIVE_OPS
+    from probes.collective import CollectivePoint, measure_collectives
 
     cuda = check.device.type == "cuda"
     sizes = [4 * 2**10, 2**20, 64 * 2**20] if cuda else [4 * 2**10, 256 * 2**10, 4 * 2**20]
@@ -493,7 +498,8 @@ def _need_group(pg: ProcessGroup) -> None:
 
 def step_overlap(check: Check, pg: ProcessGroup) -> dict[str, Any]:
     _need_group(pg)
-    from probes.overlap_probe import PairPoint, measure_pair
+    from probes.vocabulary.pairs import PairPoint
+    from probes.overlap_probe import measure_pair
 
     world = dist.get_world_size()
     try:

@@ -44,7 +44,7 @@ def calibrate(budget_s: float) -> tuple[dict, list]:
 
 
 def load_rows(path: Path) -> list:
-    from probes.records import Measurement
+    from probes.vocabulary.records import Measurement
 
     from probes.collective import merge_passes
 
@@ -100,7 +100,8 @@ def _collective_noise_worker(rank: int, init_file: str, points: int, out_file: s
     import torch
     import torch.distributed as dist
 
-    from probes.collective import COLLECTIVE_OPS, forget_groups, merge_passes
+    from probes.vocabulary.ops import COLLECTIVE_OPS
+    from probes.collective import forget_groups, merge_passes
     from probes.sweep import (COLLECTIVE_PASSES, ProbeSpec, collective_batch_bytes, collective_batches,
                               collective_pass_timing, run_collective_batch)
 

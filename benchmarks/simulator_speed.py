@@ -23,9 +23,9 @@ sys.path.insert(0, str(REPO))
 from predictors.dlrm_graph import build_dlrm_graph  # noqa: E402
 from predictors.simulator import simulate  # noqa: E402
 from predictors.transformer_graph import build_transformer_graph  # noqa: E402
-from probes.jobspec import JobSpec  # noqa: E402
+from probes.vocabulary.jobspec import JobSpec  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_job  # noqa: E402
-from probes.workloads.transformer import TransformerSpec  # noqa: E402
+from probes.vocabulary.transformer_spec import TransformerSpec  # noqa: E402
 
 
 def fixed_cost(op) -> float:

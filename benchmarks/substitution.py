@@ -34,8 +34,9 @@ import torch.multiprocessing as mp  # noqa: E402
 from policies.substitution import DEFAULT_THRESHOLD, decide, fit_overlap_calibration, predict_point  # noqa: E402
 from predictors.overlap_model import OverlapCalibration, PairPrediction, group_rows_by_point  # noqa: E402
 from probes.host_allocator import apply_to_child_processes  # noqa: E402
-from probes.overlap_probe import PairPoint, measure_pair  # noqa: E402
-from probes.records import Measurement  # noqa: E402
+from probes.vocabulary.pairs import PairPoint  # noqa: E402
+from probes.overlap_probe import measure_pair
+from probes.vocabulary.records import Measurement  # noqa: E402
 from probes.sweep import overlap_points  # noqa: E402
 
 SWEEP = [

@@ -30,14 +30,14 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from predictors.simulator import simulate  # noqa: E402
 from predictors.trace_graph import compare_gemms, graph_from_traces, measured_iteration_s  # noqa: E402
-from probes.gemm import gemm_params  # noqa: E402
+from probes.vocabulary.ops import gemm_params  # noqa: E402
 from probes.trace_capture import capture_step_trace  # noqa: E402
 from probes.workloads.dlrm import ShardedDLRM  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
 
 
 def _rank(rank: int, init: str, out: str, job: dict, placement: list[int]) -> None:
-    from probes.jobspec import JobSpec
+    from probes.vocabulary.jobspec import JobSpec
 
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
     try:

@@ -30,7 +30,7 @@ from orchestrator.cli_common import (
 from orchestrator.jobfile import load_job
 from orchestrator.planning import job_placement, make_plan
 from orchestrator.progress import say
-from probes.jobspec import MAX_ITERATIONS
+from probes.vocabulary.jobspec import MAX_ITERATIONS
 
 
 def job_hash(job_dict: dict[str, Any]) -> str:

@@ -8,7 +8,6 @@ later failure.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -29,18 +28,20 @@ from orchestrator.calibration_plots import log_calibration_plots
 from orchestrator.measurement_store import MeasurementStore, spec_key
 from orchestrator.sentinel import choose_sentinels
 from orchestrator.progress import Progress, say
-from policies.dlrm_cost import STEP_OP, fit_overhead, score_steps
+from probes.vocabulary.ops import DLRM_STEP_OP
+from policies.dlrm_cost import fit_overhead, score_steps
 from policies.substitution import fit_overlap_calibration, fit_symm_mem
-from policies.transformer_cost import TRANSFORMER_STEP_OP, fit_transformer_overhead, score_transformer_steps
+from probes.vocabulary.ops import TRANSFORMER_STEP_OP
+from policies.transformer_cost import fit_transformer_overhead, score_transformer_steps
 from predictors.context_model import fit_context_factors
 from predictors.overlap_model import SYMM_MEM_KEY, OverlapCalibration
-from probes.overlap_probe import OP as OVERLAP_OP, SYMM_MEM_OP, TRANSFER_OP as OVERLAP_TRANSFER_OP
-from probes.in_context import IN_CONTEXT_OP
+from probes.vocabulary.ops import PAIR_OP as OVERLAP_OP, SYMM_MEM_OP, TRANSFER_OP as OVERLAP_TRANSFER_OP
+from probes.vocabulary.ops import IN_CONTEXT_OP
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from predictors.performance_model import PerformanceModel, fit_performance_model
-from probes.files import atomic_write_text
-from probes.jobspec import JobSpec, JobSpecError
-from probes.records import Measurement
+from probes.vocabulary.files import atomic_write_text
+from probes.vocabulary.jobspec import JobSpec, JobSpecError
+from probes.vocabulary.records import Measurement
 from probes.sweep import (
     ProbeSpec,
     collective_groups,
@@ -238,9 +239,9 @@ def fit_and_register(
     if not rows:
         raise RuntimeError(f"calibration measured nothing; failures: {failures[:3]}")
     registry.log_measurements(rows, fingerprint.hardware_id, failures)
-    kernel_rows = [r for r in rows if r.op not in (STEP_OP, TRANSFORMER_STEP_OP, IN_CONTEXT_OP, OVERLAP_OP,
+    kernel_rows = [r for r in rows if r.op not in (DLRM_STEP_OP, TRANSFORMER_STEP_OP, IN_CONTEXT_OP, OVERLAP_OP,
                                                    OVERLAP_TRANSFER_OP, SYMM_MEM_OP)]
-    step_rows = [r for r in rows if r.op == STEP_OP]
+    step_rows = [r for r in rows if r.op == DLRM_STEP_OP]
     model, test_rows = fit_performance_model(kernel_rows, fingerprint.hardware_id, seed=seed)
     context_rows = [r for r in rows if r.op == IN_CONTEXT_OP]
     if context_rows:  # its held-out rows score kernels in context, not the bundle's ops
@@ -286,9 +287,9 @@ def score_bundle(bundle: PerformanceModel, rows: Sequence[Measurement]) -> dict[
     """Per-op errors plus whole-step error, so a bundle that predicts kernels well but steps
     badly cannot keep the champion title."""
     scores: dict[str, Any] = bundle.score(rows)
-    steps = [r for r in rows if r.op == STEP_OP]
+    steps = [r for r in rows if r.op == DLRM_STEP_OP]
     if steps:
-        scores[STEP_OP] = score_steps(bundle, steps)
+        scores[DLRM_STEP_OP] = score_steps(bundle, steps)
     transformer_steps = [r for r in rows if r.op == TRANSFORMER_STEP_OP]
     if transformer_steps and "transformer_overhead" in bundle.models:
         scores[TRANSFORMER_STEP_OP] = score_transformer_steps(bundle, transformer_steps)

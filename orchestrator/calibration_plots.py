@@ -15,7 +15,7 @@ import numpy as np
 from predictors.collective_model import SigmoidCollectiveModel
 from predictors.opmodels import group_key
 from predictors.performance_model import PerformanceModel
-from probes.records import Measurement
+from probes.vocabulary.records import Measurement
 
 
 def pyplot():

@@ -22,10 +22,10 @@ from orchestrator.progress import say
 from policies.plan import PlanError
 from policies.sharders import NoFeasiblePlanError
 from predictors.network import NetworkError
-from probes.hierarchical_allreduce import ScheduleError
-from probes.table_shards import ShardingPlanError
-from probes.jobspec import JobSpecError
-from probes.placement import PlacementError
+from probes.vocabulary.chunks import ScheduleError
+from probes.vocabulary.table_shards import ShardingPlanError
+from probes.vocabulary.jobspec import JobSpecError
+from probes.vocabulary.placement import PlacementError
 from predictors.opmodels import UncalibratedGroupError
 
 EXIT_BAD_INPUT, EXIT_NO_MODEL, EXIT_FAILED = 2, 3, 1

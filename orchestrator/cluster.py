@@ -85,7 +85,7 @@ class HardwareFingerprint:
     the devices are GPUs and a node without (a KubeRay head) is not part of the hardware; on a
     CPU cluster the devices are the CPUs Ray offers for work (a head started with
     `--num-cpus=0` offers none). Device nodes are listed most devices first: the order ranks
-    are packed onto them (`probes.placement.RankPlacement.packed`)."""
+    are packed onto them (`probes.vocabulary.placement.RankPlacement.packed`)."""
 
     nodes: list[NodeFingerprint]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 
-from probes.records import Measurement
+from probes.vocabulary.records import Measurement
 
 DRILL_ENV = "AUTOTUNE_DRILL_SLOWDOWN"
 

@@ -20,7 +20,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.probe_actor import ProbeActor
-from probes.placement import RankPlacement
+from probes.vocabulary.placement import RankPlacement
 from probes.sweep import (COLLECTIVE_PASSES, ProbeSpec, collective_batch_bytes, collective_batches,
                           collective_pass_timing, default_max_collective_bytes)
 

@@ -20,8 +20,9 @@ from orchestrator.measurement_store import MeasurementStore
 from orchestrator.progress import Progress, say
 from policies.fusion_width import power_of_two_widths
 from predictors.fusion_model import FusionModel, FusionPoint
-from probes.fusion.probe import FUSION_OP, measure_fusion_width
-from probes.records import Measurement
+from probes.vocabulary.ops import FUSION_OP
+from probes.fusion.probe import measure_fusion_width
+from probes.vocabulary.records import Measurement
 
 
 @ray.remote(max_calls=1)  # a fresh worker process per width: see the module docstring

@@ -6,7 +6,7 @@ from pathlib import Path
 import yaml
 
 from predictors.network import NetworkError, check_topology_size, topology_from_config
-from probes.jobspec import JobSpec, JobSpecError
+from probes.vocabulary.jobspec import JobSpec, JobSpecError
 
 JOB_OPTION = "--job"
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from probes.hierarchical_allreduce import ChunkSchedule, ScheduleError
-from probes.table_shards import PlanEntry, table_shards
-from probes.jobspec import JobSpec
-from probes.placement import PlacementError
+from probes.vocabulary.chunks import ChunkSchedule, ScheduleError
+from probes.vocabulary.table_shards import PlanEntry, table_shards
+from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.placement import PlacementError
 
 
 @dataclass
@@ -64,7 +64,8 @@ def _train_loop(config: dict[str, Any]) -> None:
         summary = {f"plan{k}_iteration_ms": m["iteration_ms"] for k, m in enumerate(metrics["plans"])}
     else:
         if "transformer" in config:
-            from probes.workloads.transformer import ParallelTransformer, TransformerSpec
+            from probes.workloads.transformer import ParallelTransformer
+            from probes.vocabulary.transformer_spec import TransformerSpec
 
             model = ParallelTransformer(TransformerSpec.from_dict(config["transformer"]), ctx.get_world_rank(), device,
                                         overlap_slices=config.get("overlap_slices"))
@@ -111,7 +112,7 @@ def launch_dlrm(
     substitutions: dict[str, int] | None = None, placement: dict[str, Any] | None = None,
 ) -> LaunchResult:
     """Run the job for real with a sharding plan: per table a rank (table-wise) or a row-/
-    column-wise / data-parallel entry (`probes.table_shards`); with a chunk schedule (the plan's
+    column-wise / data-parallel entry (`probes.vocabulary.table_shards`); with a chunk schedule (the plan's
     chunking decision), the dense gradients are all-reduced by it (a DDP communication hook);
     `substitutions` (the plan's substitution decision, pair -> slices) runs those pairs overlapped;
     `placement` (the plan's: each rank's node index and the Ray node ids) pins every rank to

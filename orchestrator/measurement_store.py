@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from probes.collective import merge_passes
-from probes.records import Measurement
+from probes.vocabulary.records import Measurement
 
 SYNC_EVERY_S = 0.5
 

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import sys
 import time
-from pathlib import Path
 from typing import Any, Sequence
 
 import mlflow

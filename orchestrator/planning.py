@@ -13,8 +13,8 @@ from predictors.network import (
     NetworkError, NetworkTopology, check_topology_size, dimension_from_model, topology_from_config,
 )
 from predictors.performance_model import PerformanceModel
-from probes.jobspec import JobSpec, JobSpecError
-from probes.placement import PlacementError, RankPlacement
+from probes.vocabulary.jobspec import JobSpec, JobSpecError
+from probes.vocabulary.placement import PlacementError, RankPlacement
 
 # Embedding weights may use this share of a device's memory when the job sets no cap: the
 # rest holds activations, communication buffers and the framework.

@@ -9,7 +9,7 @@ from typing import Any
 import ray
 
 from orchestrator.drill import apply_drill, drill_slowdown
-from probes.records import Measurement
+from probes.vocabulary.records import Measurement
 from probes.sweep import ProbeSpec, run_collective_batch, run_local_probe
 
 

@@ -22,7 +22,7 @@ from mlflow.exceptions import MlflowException
 
 from predictors.evaluation import geomean
 from predictors.performance_model import MODEL_FILE, PerformanceModel
-from probes.records import Measurement, measurements_to_frame
+from probes.vocabulary.records import Measurement, measurements_to_frame
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 EXPERIMENT = "autotune"

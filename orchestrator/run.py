@@ -14,7 +14,7 @@ from orchestrator.launch import launch_dlrm
 from orchestrator.planning import job_placement, placement_record
 from orchestrator.progress import say
 from policies.plan import Plan
-from probes.jobspec import MAX_ITERATIONS
+from probes.vocabulary.jobspec import MAX_ITERATIONS
 
 
 def _main(argv: Sequence[str] | None = None) -> int:

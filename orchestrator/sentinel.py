@@ -20,7 +20,7 @@ from orchestrator.fanout import ActorPool, run_collective_probes, run_local_prob
 from orchestrator.measurement_store import MeasurementStore
 from predictors.evaluation import geomean
 from predictors.performance_model import PerformanceModel
-from probes.records import Measurement
+from probes.vocabulary.records import Measurement
 from probes.sweep import ProbeSpec, elementwise_specs, embedding_specs, gemm_specs, memcpy_specs
 
 SENTINEL_SEED_OFFSET = 7919  # sentinels are not the calibration's own points

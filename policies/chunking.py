@@ -15,7 +15,7 @@ from typing import Sequence
 from policies.plan import Candidate, Decision
 from predictors.chunk_sim import DEFAULT_MAX_ACTIVE, SCHEDULES, ChunkSimError, simulate_all_reduce
 from predictors.network import NetworkTopology
-from probes.hierarchical_allreduce import ChunkSchedule
+from probes.vocabulary.chunks import ChunkSchedule
 
 DEFAULT_CHUNK_COUNTS = tuple(2 ** k for k in range(10))  # 1 .. 512
 

@@ -24,12 +24,12 @@ from predictors.evaluation import ErrorStats, error_stats, split_by_op
 from predictors.opmodels import fit_linear_or_constant
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import model_cost, simulate
-from probes.table_shards import DATA_PARALLEL, PlanEntry, row_wise_width, table_shards
-from probes.embedding import expected_features
-from probes.gemm import gemm_params, linear_layer_gemms
-from probes.jobspec import JobSpec
-from probes.placement import RankPlacement, placement_of
-from probes.records import Measurement
+from probes.vocabulary.table_shards import DATA_PARALLEL, PlanEntry, row_wise_width, table_shards
+from probes.vocabulary.tbe_features import expected_features
+from probes.vocabulary.ops import gemm_params, linear_layer_gemms
+from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.placement import RankPlacement, placement_of
+from probes.vocabulary.records import Measurement
 
 OVERHEAD_OP = "dlrm_overhead"
 OVERHEAD_FEATURES = ["one", "dense_layers", "tables_total", "split_pieces", "kernels_s"]

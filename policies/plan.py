@@ -7,8 +7,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from probes.files import atomic_write_text
-from probes.placement import PlacementError, RankPlacement
+from probes.vocabulary.files import atomic_write_text
+from probes.vocabulary.placement import PlacementError, RankPlacement
 
 
 class PlanError(ValueError):
@@ -104,7 +104,7 @@ class Plan:
     decisions: dict[str, Decision]
     notes: list[str] = field(default_factory=list)
     # where the ranks run: each rank's node index, the Ray node ids behind them and the node
-    # types priced (`probes.placement`); empty in plans from before placements were recorded
+    # types priced (`probes.vocabulary.placement`); empty in plans from before placements were recorded
     placement: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -198,7 +198,7 @@ class Plan:
     def check_job(self, job: Any) -> None:
         """That this plan can run `job` (a `JobSpec`): made for the same tables and world
         size, every table's entry a valid sharding of it; else `PlanError` naming the field."""
-        from probes.table_shards import ShardingPlanError, table_shards
+        from probes.vocabulary.table_shards import ShardingPlanError, table_shards
 
         if "sharding" not in self.decisions:
             raise PlanError("decisions.sharding: required for a DLRM plan (the table placement) and missing",

@@ -10,7 +10,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from probes.jobspec import TableSpec
+from probes.vocabulary.jobspec import TableSpec
 
 
 class NoFeasiblePlanError(ValueError):

@@ -19,9 +19,9 @@ from policies.sharders import SHARDERS, NoFeasiblePlanError
 from policies.sharding_search import local_search
 from predictors.memory import dlrm_memory
 from predictors.performance_model import PerformanceModel
-from probes.jobspec import JobSpec
-from probes.placement import RankPlacement
-from probes.table_shards import COLUMN_WISE, ROW_WISE, PlanEntry, shard_bytes, split_kinds, table_shards
+from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.placement import RankPlacement
+from probes.vocabulary.table_shards import COLUMN_WISE, ROW_WISE, PlanEntry, shard_bytes, split_kinds, table_shards
 
 SEARCH = "search"
 TORCHREC, TORCHREC_MEASURED = "torchrec", "torchrec_measured"

@@ -7,7 +7,7 @@ replicated than exchanged) and on everything else in the plan, so the search pri
 plans with the simulator rather than tables one by one (the critical path, not a per-rank sum).
 
 Moves, per table: to another rank (table-wise), row-wise over every rank, column-wise over
-every rank, data-parallel (small tables only; `probes.table_shards.split_kinds`). One node has no
+every rank, data-parallel (small tables only; `probes.vocabulary.table_shards.split_kinds`). One node has no
 table-row-wise: it equals row-wise within a node. The search is first-improvement hill
 climbing: tables are visited in a seeded order, a move is kept when it lowers the predicted
 iteration time by at least `min_gain` (relative), sweeps repeat until a whole sweep keeps
@@ -21,8 +21,8 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from probes.jobspec import JobSpec
-from probes.table_shards import COLUMN_WISE, PlanEntry, split_kinds
+from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.table_shards import COLUMN_WISE, PlanEntry, split_kinds
 
 @dataclass
 class SearchResult:

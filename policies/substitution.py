@@ -26,10 +26,11 @@ from predictors.overlap_model import (
 )
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import model_cost, simulate
-from probes.gemm import gemm_params
-from probes.overlap import SYMM_MEM_SLICES
-from probes.overlap_probe import FLOAT, OP as PAIR_OP, SYMM_MEM_OP, TRANSFER_OP, PairPoint, embedding_slice_features
-from probes.records import Measurement
+from probes.vocabulary.ops import gemm_params
+from probes.vocabulary.pairs import SYMM_MEM_SLICES
+from probes.vocabulary.pairs import FLOAT, PairPoint, embedding_slice_features
+from probes.vocabulary.ops import PAIR_OP, SYMM_MEM_OP, TRANSFER_OP
+from probes.vocabulary.records import Measurement
 
 DEFAULT_THRESHOLD = 0.05  # substitute only for a predicted gain above 5% of the pair's graph time
 

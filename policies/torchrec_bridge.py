@@ -25,10 +25,11 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from policies.sharders import NoFeasiblePlanError
-from probes.embedding import TableShape, expected_features
-from probes.jobspec import JobSpec
-from probes.placement import INTRA, RankPlacement
-from probes.table_shards import COLUMN_WISE, DATA_PARALLEL, ROW_WISE, PlanEntry, table_shards
+from probes.vocabulary.jobspec import TableShape
+from probes.vocabulary.tbe_features import expected_features
+from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.placement import INTRA, RankPlacement
+from probes.vocabulary.table_shards import COLUMN_WISE, DATA_PARALLEL, ROW_WISE, PlanEntry, table_shards
 
 # Sharding types TorchRec may choose for our workload (table-row-wise: see above).
 TORCHREC_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")

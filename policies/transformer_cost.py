@@ -17,9 +17,9 @@ from predictors.opmodels import fit_linear_or_constant
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import SimResult, model_cost, model_cpu_overhead, simulate
 from predictors.transformer_graph import build_transformer_graph
-from probes.placement import RankPlacement, placement_of
-from probes.records import Measurement
-from probes.workloads.transformer import TransformerSpec
+from probes.vocabulary.placement import RankPlacement, placement_of
+from probes.vocabulary.records import Measurement
+from probes.vocabulary.transformer_spec import TransformerSpec
 
 TRANSFORMER_STEP_OP = "transformer_step"
 TRANSFORMER_OVERHEAD_OP = "transformer_overhead"

@@ -21,7 +21,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from predictors.opmodels import OpModel, UncalibratedGroupError, curve_key, group_key
-from probes.records import Measurement
+from probes.vocabulary.records import Measurement
 
 
 @dataclass

@@ -1,8 +1,8 @@
 """`ContextFactorModel`: how much slower each kernel runs inside a real training step than in
-its isolated probe, learned from captured training steps (`probes/in_context.py`).
+its isolated probe, learned from captured training steps (`probes/vocabulary/in_context.py`).
 
 Isolated probes time a kernel with warm caches and a warm allocator; a training step does not
-(see probes/in_context.py for the figures on the development VM). Per op the in-step time is
+(see probes/vocabulary/in_context.py for the figures on the development VM). Per op the in-step time is
 affine in the isolated prediction: `factor * isolated + add_s`. A pure ratio does not
 transfer across sizes: a microsecond GEMM runs several times slower in a DLRM step, a
 millisecond one about as fast as alone, because what a step adds to a small kernel is mostly a
@@ -23,8 +23,8 @@ from scipy.optimize import least_squares
 
 from predictors.evaluation import error_stats, split_by_op
 from predictors.opmodels import OpModel, Params
-from probes.in_context import IN_CONTEXT_OP
-from probes.records import Measurement
+from probes.vocabulary.ops import IN_CONTEXT_OP
+from probes.vocabulary.records import Measurement
 
 MIN_ROWS = 5
 CLIP = (0.5, 8.0)

@@ -2,7 +2,7 @@
 mirroring `probes/workloads/dlrm.py` op for op for table-wise plans (no run needed); row-wise
 tables add a reduce-scatter of partial pooled sums (an all-gather in backward), column-wise
 tables are exchanged as narrower pieces, data-parallel tables are looked up locally and their
-gradients all-reduced (`probes/table_shards.py`).
+gradients all-reduced (`probes/vocabulary/table_shards.py`).
 
 Per rank, in issue order: TBE forward of the rank's tables; the pooled-embedding all-to-all
 (uneven: the message is the largest per-rank send or receive); bottom MLP forward (addmm +
@@ -16,14 +16,19 @@ from __future__ import annotations
 from typing import Any, Callable, Sequence
 
 from predictors.graph import ExecutionGraph, GraphOp
-from probes.embedding import expected_features
-from probes.elementwise import elementwise_params
-from probes.gemm import gemm_params
-from probes.memcpy import memcpy_params
-from probes.jobspec import JobSpec
-from probes.placement import INTRA, PlacementError, RankPlacement
-from probes.table_shards import (
-    DATA_PARALLEL, PlanEntry, exchanged_widths, replicated_tables, row_wise_width, table_shards,
+from probes.vocabulary.tbe_features import expected_features
+from probes.vocabulary.ops import elementwise_params
+from probes.vocabulary.ops import gemm_params
+from probes.vocabulary.ops import memcpy_params
+from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.placement import INTRA, PlacementError, RankPlacement
+from probes.vocabulary.table_shards import (
+    DATA_PARALLEL,
+    PlanEntry,
+    exchanged_widths,
+    replicated_tables,
+    row_wise_width,
+    table_shards,
 )
 
 DDP_FIRST_BUCKET_BYTES = 1 * 2**20
@@ -86,7 +91,7 @@ def build_dlrm_graph(
     embedding_features: Callable[..., dict[str, Any]] = expected_features,
 ) -> ExecutionGraph:
     """`plan`: per table a rank (table-wise) or a row-/column-wise / data-parallel entry
-    (`probes.table_shards`). `placement`: the node of every rank (default: all on one node);
+    (`probes.vocabulary.table_shards`). `placement`: the node of every rank (default: all on one node);
     every DLRM collective spans the whole world, so it is priced on the curve of a group that
     size within one node or across nodes, as the ranks are placed."""
     W, B = spec.world_size, spec.batch_size

@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from probes.records import Measurement
+from probes.vocabulary.records import Measurement
 
 
 @dataclass

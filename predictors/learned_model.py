@@ -16,7 +16,7 @@ import numpy as np
 from predictors.features import design_row
 from predictors.opmodels import GroupedCostModel, LinearCostModel, OpModel
 from predictors.regressors import ArrayMLP, ArrayTrees, regressor_from_dict
-from probes.records import Measurement
+from probes.vocabulary.records import Measurement
 
 CANDIDATES = {"mlp": ArrayMLP, "gbt": ArrayTrees}
 # Below this many training rows a validation split leaves too little to fit or judge a

@@ -13,10 +13,10 @@ from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 from predictors.dlrm_graph import FLOAT, all_to_all_bytes
-from probes.table_shards import DATA_PARALLEL, PlanEntry, row_wise_width, shard_bytes, table_shards
+from probes.vocabulary.table_shards import DATA_PARALLEL, PlanEntry, row_wise_width, shard_bytes, table_shards
 from predictors.transformer_graph import block_param_numel
-from probes.jobspec import JobSpec
-from probes.workloads.transformer import TransformerSpec
+from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.transformer_spec import TransformerSpec
 
 OPTIMIZER_STATES = {"sgd": 0, "momentum": 1, "adam": 2}  # extra fp32 values kept per parameter
 

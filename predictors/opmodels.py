@@ -21,7 +21,7 @@ from scipy.optimize import nnls
 from sklearn.isotonic import IsotonicRegression
 
 from predictors.features import feature_vector
-from probes.records import Measurement
+from probes.vocabulary.records import Measurement
 
 Params = dict[str, Any]
 

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from predictors.opmodels import OpModel, Params
-from probes.records import Measurement
+from probes.vocabulary.records import Measurement
 
 POOLED = "*"
 QUANTILES = ("p10", "p50", "p90")

@@ -108,8 +108,8 @@ def pairs_in(graph: ExecutionGraph) -> list[SubstitutablePair]:
 def scale_gemm_rows(params: dict[str, Any], slices: int) -> dict[str, Any]:
     """A GEMM's params for 1/slices of its output rows (M), or of its columns (N) for a
     few-row product, as `probes.overlap.overlapped_gemm_all_reduce` cuts it."""
-    from probes.gemm import gemm_params
-    from probes.overlap import slices_rows
+    from probes.vocabulary.ops import gemm_params
+    from probes.vocabulary.pairs import slices_rows
 
     m, n, k = int(params["M"]), int(params["N"]), int(params["K"])
     if slices_rows(m, n, k, slices):

@@ -10,8 +10,8 @@ from typing import Any, Sequence
 from predictors.evaluation import ErrorStats, error_stats, relative_errors, split_by_op
 from predictors.families import baseline_model_for, default_model_for
 from predictors.opmodels import OpModel
-from probes.files import atomic_write_text
-from probes.records import Measurement
+from probes.vocabulary.files import atomic_write_text
+from probes.vocabulary.records import Measurement
 
 MODEL_FILE = "performance_model.json"
 FORMAT_VERSION = 1

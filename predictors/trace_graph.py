@@ -22,7 +22,7 @@ from collections import defaultdict
 from typing import Any, Callable, Sequence
 
 from predictors.graph import ExecutionGraph, GraphOp
-from probes.in_context import gemm_params_from_shapes
+from probes.vocabulary.ops import gemm_params_from_shapes
 
 LAUNCH_PREFIX = "c10d::"
 RESUME = "resume_after_wait"

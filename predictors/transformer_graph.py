@@ -22,15 +22,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import torch
-
 from predictors.dlrm_graph import DDP_BUCKET_BYTES, FLOAT, ddp_buckets
 from predictors.graph import ExecutionGraph, GraphOp
-from probes.elementwise import elementwise_params
-from probes.gemm import gemm_params
-from probes.memcpy import memcpy_params
-from probes.placement import PlacementError, RankPlacement
-from probes.workloads.transformer import TransformerSpec
+from probes.vocabulary.ops import element_bytes, elementwise_params, gemm_params, memcpy_params
+from probes.vocabulary.placement import PlacementError, RankPlacement
+from probes.vocabulary.transformer_spec import TransformerSpec
 
 
 def block_param_numel(spec: TransformerSpec) -> int:
@@ -50,7 +46,7 @@ class _Rank:
         self.prev: int | None = None
         self.dtype = spec.dtype  # of the products and of the ops on their outputs (`low`)
         self.mixed = spec.dtype != "float32"
-        self.low_size = torch.tensor([], dtype=getattr(torch, spec.dtype)).element_size()
+        self.low_size = element_bytes(spec.dtype)
 
     def add(self, name: str, kind: str, op: str, params: dict[str, Any], extra_deps: tuple[int, ...] = (),
             stream: str = "compute", group: tuple[int, ...] = (), chain: bool = True) -> int:
@@ -118,7 +114,7 @@ def build_transformer_graph(spec: TransformerSpec, placement: RankPlacement | No
     BH = B * h
     dropout = spec.dropout > 0
     bias = "addmm" if tp == 1 else "mm"  # row-parallel layers add their bias after the all-reduce
-    low = torch.tensor([], dtype=getattr(torch, spec.dtype)).element_size()  # bytes of a product's output element
+    low = element_bytes(spec.dtype)  # bytes of a product's output element
     per_block_bytes = FLOAT * block_param_numel(spec)
     ranks = []
     for r in range(spec.world_size):

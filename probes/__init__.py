@@ -3,6 +3,6 @@
 Nothing here knows about Ray or MLflow: a probe is a plain function that runs real kernels
 on the current device and returns `Measurement` rows. The orchestrator decides where it runs.
 """
-from probes.records import Measurement, measurements_to_frame, frame_to_measurements
+from probes.vocabulary.records import Measurement, measurements_to_frame, frame_to_measurements
 
 __all__ = ["Measurement", "measurements_to_frame", "frame_to_measurements"]

@@ -30,31 +30,15 @@ import torch
 import torch.distributed as dist
 
 from probes.comm import destroy_groups, on_host
-from probes.records import Measurement
+from probes.vocabulary.records import Measurement
 from probes.timing import time_callable
+from probes.vocabulary.ops import bus_bandwidth, collective_params, uneven_splits
 
 COLLECTIVE_OPS = ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "broadcast")
 _ELEMENT = 4  # float32
 # A point's timing budget in one visit: about TARGET_S of repeats, MIN..MAX_REPEATS of them.
 TARGET_S, MIN_REPEATS, MAX_REPEATS = 0.2, 11, 201
 _subgroups: dict[tuple[int, ...], object] = {}
-
-
-def bus_bandwidth(op: str, nbytes: float, seconds: float, world: int) -> tuple[float, float]:
-    """(algorithm bandwidth, bus bandwidth) in bytes/s."""
-    alg = nbytes / seconds if seconds > 0 else 0.0
-    if op == "all_reduce":
-        return alg, alg * 2 * (world - 1) / world
-    if op == "broadcast":
-        return alg, alg
-    return alg, alg * (world - 1) / world
-
-
-def collective_params(op: str, nbytes: int, world: int, scope: str = "intra", uneven: bool = False) -> dict:
-    params = {"op": op, "bytes": int(nbytes), "world": int(world), "scope": scope}
-    if uneven:
-        params["uneven"] = True
-    return params
 
 
 def group_for(ranks: Sequence[int] | None):
@@ -75,14 +59,6 @@ def forget_groups() -> None:
     communicator holds device buffers until destroyed."""
     destroy_groups(list(_subgroups.values()))
     _subgroups.clear()
-
-
-def uneven_splits(numel: int, n: int, seed: int, skew: float = 0.6) -> np.ndarray:
-    """S[i, j]: elements rank i sends to rank j; log-normal skew around numel / n per pair,
-    the same on every rank for a given seed (as a skewed embedding all-to-all is)."""
-    rng = np.random.default_rng(seed)
-    weights = rng.lognormal(0.0, skew, size=(n, n))
-    return np.maximum(1, np.round(weights / weights.mean() * numel / n)).astype(np.int64)
 
 
 def _op_call(op: str, numel: int, n: int, pos: int, group, device: torch.device, src: int,

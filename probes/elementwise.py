@@ -16,14 +16,10 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from probes.records import Measurement
 from probes.timing import time_callable
+from probes.vocabulary.ops import BACKWARD_OPS, ELEMENTWISE_OPS, elementwise_params
+from probes.vocabulary.records import Measurement
 
-UNARY = ("relu", "gelu", "tanh")
-BINARY = ("add", "mul")
-ROW_OPS = ("layer_norm", "softmax", "dropout")
-BACKWARD_OPS = ("gelu_bwd", "layer_norm_bwd", "softmax_bwd")
-ELEMENTWISE_OPS = UNARY + BINARY + ROW_OPS + BACKWARD_OPS
 # Activation dtypes probed: float32, and the reduced precisions mixed-precision training runs
 # these ops in (every op above runs in all three on CPU too, torch 2.13).
 DTYPES = ("float32", "bfloat16", "float16")
@@ -33,17 +29,6 @@ def _torch_dtype(dtype: str) -> torch.dtype:
     if dtype not in DTYPES:
         raise ValueError(f"unknown element-wise dtype {dtype!r}; expected one of {DTYPES}")
     return getattr(torch, dtype)
-
-
-def elementwise_params(op: str, rows: int, cols: int, dtype: str = "float32") -> dict:
-    """Shape, dtype and the bytes the op moves (in `dtype`'s element size): the models are
-    fitted per dtype."""
-    numel = rows * cols
-    size = torch.tensor([], dtype=_torch_dtype(dtype)).element_size()
-    # inputs read + outputs written (backward: grad_out and the saved tensor in, grad_in out)
-    tensors = 3 if op in BINARY or op in BACKWARD_OPS else 2
-    return {"op": op, "rows": int(rows), "cols": int(cols), "numel": int(numel), "dtype": dtype,
-            "bytes": float(tensors * numel * size)}
 
 
 def _kernel(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> Callable[[], object]:

@@ -1,29 +1,22 @@
-"""FBGEMM table-batched embedding (TBE) lookups, forward and backward, and their features.
+"""FBGEMM table-batched embedding (TBE) lookups, forward and backward, timed.
 
 A probe point is a *set* of tables looked up together by one `SplitTableBatchedEmbeddingBags
-Codegen` (as one rank does in a sharded DLRM). Its features are aggregated over the tables so
-that one model costs any rank's table set, however heterogeneous.
+Codegen` (as one rank does in a sharded DLRM); its features (probes/vocabulary/tbe_features.py)
+are aggregated over the tables, so one model costs any rank's table set.
 """
 from __future__ import annotations
 
-import zlib
-from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Sequence
 
 import numpy as np
 import torch
 
-from probes.indices import REUSE_BINS, Distribution, normalised_histogram, reuse_counts, sample_indices
-from probes.records import Measurement
 from probes.timing import time_callable
-
-# Weight storage precisions a TBE probe can use (FBGEMM's SparseType values); the pooled output
-# stays float32 either way. fbgemm_gpu's CPU kernels (fbgemm_gpu-cpu 1.8.0) take fp32 and fp16
-# weights but not bf16 ("split_embedding_cpu_forward" is not implemented for BFloat16).
-WEIGHTS_PRECISIONS = ("fp32", "fp16", "bf16")
-CPU_WEIGHTS_PRECISIONS = ("fp32", "fp16")
-
+from probes.vocabulary.indices import sample_indices
+from probes.vocabulary.jobspec import TableShape
+from probes.vocabulary.ops import EMBEDDING_BWD_OP, EMBEDDING_FWD_OP
+from probes.vocabulary.records import Measurement
+from probes.vocabulary.tbe_features import CPU_WEIGHTS_PRECISIONS, WEIGHTS_PRECISIONS, batch_features
 
 def check_weights_precision(weights_precision: str, device: torch.device | str) -> None:
     device = torch.device(device)
@@ -31,14 +24,6 @@ def check_weights_precision(weights_precision: str, device: torch.device | str) 
     if weights_precision not in allowed:
         raise ValueError(f"weights_precision: expected one of {list(allowed)} on {device.type}, "
                          f"got {weights_precision!r}")
-
-
-@dataclass(frozen=True)
-class TableShape:
-    num_embeddings: int
-    embedding_dim: int
-    pooling_factor: int
-    distribution: Distribution = Distribution()
 
 
 def make_tbe(tables: Sequence[TableShape], device: torch.device, learning_rate: float = 0.01,
@@ -96,55 +81,6 @@ def make_batch(
     return np.concatenate(per_table), offsets, per_table
 
 
-def batch_features(tables: Sequence[TableShape], batch_size: int, per_table: Sequence[np.ndarray],
-                   weights_precision: str = "fp32") -> dict[str, Any]:
-    """The aggregated features the embedding model is fitted on (plain numbers, and the
-    weights' storage precision, which the models are grouped by)."""
-    return _features(tables, batch_size, [reuse_counts(idx) for idx in per_table], weights_precision)
-
-
-def _features(tables: Sequence[TableShape], batch_size: int,
-              reuse: Sequence[tuple[int, Sequence[int]]], weights_precision: str = "fp32") -> dict[str, Any]:
-    """Features from each table's (distinct rows, hit-count bin counts): tables' ids are
-    disjoint, so the set's reuse histogram is the sum of theirs."""
-    hist = normalised_histogram(np.sum([np.asarray(bins, dtype=np.float64) for _, bins in reuse], axis=0)
-                                if reuse else np.zeros(REUSE_BINS))
-    return {
-        "weights_precision": weights_precision,
-        "T": len(tables),
-        "B": batch_size,
-        "D_sum": sum(t.embedding_dim for t in tables),
-        "E_sum": sum(t.num_embeddings for t in tables),
-        "L_mean": float(np.mean([t.pooling_factor for t in tables])),
-        "lookups": sum(batch_size * t.pooling_factor for t in tables),
-        "gathered_elems": sum(batch_size * t.pooling_factor * t.embedding_dim for t in tables),
-        "output_elems": batch_size * sum(t.embedding_dim for t in tables),
-        "distinct_elems": sum(distinct * t.embedding_dim for (distinct, _), t in zip(reuse, tables)),
-        "table_elems": sum(t.num_embeddings * t.embedding_dim for t in tables),
-        "reuse_hist": [round(float(x), 6) for x in hist],
-    }
-
-
-@lru_cache(maxsize=16384)
-def _typical_reuse(num_embeddings: int, pooling_factor: int, distribution: Distribution, batch_size: int,
-                   seed: int) -> tuple[int, tuple[int, ...]]:
-    """One table's (distinct rows, bin counts) in a typical batch, drawn from a generator seeded
-    by the table's shape: the same table gets the same figures in every table set and plan
-    it is priced in, and a planner pricing many plans samples each table once."""
-    label = zlib.crc32(distribution.label().encode())
-    rng = np.random.default_rng([seed, num_embeddings, pooling_factor, batch_size, label])
-    ids = sample_indices(num_embeddings, batch_size * pooling_factor, distribution, rng, unordered=True)
-    distinct, bins = reuse_counts(ids)
-    return distinct, tuple(int(b) for b in bins)
-
-
-def expected_features(tables: Sequence[TableShape], batch_size: int, seed: int = 0,
-                      weights_precision: str = "fp32") -> dict[str, Any]:
-    """Features of a typical batch, for predicting a table set that was never measured."""
-    reuse = [_typical_reuse(t.num_embeddings, t.pooling_factor, t.distribution, batch_size, seed) for t in tables]
-    return _features(tables, batch_size, reuse, weights_precision)
-
-
 def measure_tbe(
     tables: Sequence[TableShape],
     batch_size: int,
@@ -196,8 +132,8 @@ def measure_tbe(
     bwd = time_callable(backward, device=device, max_seconds=max_seconds, setup=forward_for_backward)
     common = dict(device=str(device), family="embedding")
     return [
-        Measurement("embedding_fwd", features, fwd.median_s, fwd.spread_s, fwd.repeats, **common),
-        Measurement("embedding_bwd", dict(features), bwd.median_s, bwd.spread_s, bwd.repeats, **common),
+        Measurement(EMBEDDING_FWD_OP, features, fwd.median_s, fwd.spread_s, fwd.repeats, **common),
+        Measurement(EMBEDDING_BWD_OP, dict(features), bwd.median_s, bwd.spread_s, bwd.repeats, **common),
     ]
 
 

@@ -11,40 +11,11 @@ from typing import Callable
 
 import torch
 
-from probes.records import Measurement
 from probes.timing import time_callable
+from probes.vocabulary.ops import GEMM_OP, PRODUCTS, gemm_params
+from probes.vocabulary.records import Measurement
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-GEMM_VARIANTS = ("mm", "addmm", "bmm", "baddbmm")
-PRODUCTS = ("forward", "grad_input", "grad_weight")
-
-
-def gemm_params(m: int, n: int, k: int, dtype: str = "float32", variant: str = "mm", batch: int = 1) -> dict:
-    """Shape, flops and the bytes read and written once; `addmm` adds a bias row, `baddbmm`
-    reads an (batch, M, N) input it accumulates into."""
-    if variant not in GEMM_VARIANTS:
-        raise ValueError(f"unknown GEMM variant {variant!r}; expected one of {GEMM_VARIANTS}")
-    if variant in ("mm", "addmm") and batch != 1:
-        raise ValueError(f"{variant} has no batch dimension; got batch={batch}")
-    size = torch.tensor([], dtype=DTYPES[dtype]).element_size()
-    elems = batch * (m * k + k * n + m * n)
-    flops = 2.0 * batch * m * n * k
-    if variant == "addmm":
-        elems, flops = elems + n, flops + m * n
-    elif variant == "baddbmm":
-        elems, flops = elems + batch * m * n, flops + batch * m * n
-    return {"M": int(m), "N": int(n), "K": int(k), "dtype": dtype, "variant": variant, "batch": int(batch),
-            "flops": flops, "bytes": float(size * elems)}
-
-
-def linear_layer_gemms(batch: int, in_features: int, out_features: int) -> list[tuple[int, int, int]]:
-    """(M, N, K) of the forward and the two backward products of one linear layer, in the
-    order of `PRODUCTS`."""
-    return [
-        (batch, out_features, in_features),  # y = x W^T
-        (batch, in_features, out_features),  # dx = dy W
-        (out_features, in_features, batch),  # dW = dy^T x
-    ]
 
 
 def _kernel(variant: str, m: int, n: int, k: int, batch: int, dtype: torch.dtype,
@@ -79,4 +50,4 @@ def measure_gemm(
         params["product"] = product
     fn = _kernel(variant, m, n, k, batch, DTYPES[dtype], device)
     t = time_callable(fn, device=device, max_seconds=max_seconds)
-    return Measurement("gemm", params, t.median_s, t.spread_s, t.repeats, device=str(device), family="gemm")
+    return Measurement(GEMM_OP, params, t.median_s, t.spread_s, t.repeats, device=str(device), family="gemm")

@@ -9,24 +9,15 @@ from __future__ import annotations
 
 import torch
 
-from probes.records import Measurement
 from probes.timing import time_callable
-
-DIRECTIONS = ("d2d", "h2d", "d2h")
-
-
-def directions_for(device_kind: str) -> tuple[str, ...]:
-    return DIRECTIONS if device_kind.startswith("cuda") else ("d2d",)
-
-
-def memcpy_params(direction: str, nbytes: int) -> dict:
-    return {"direction": direction, "bytes": float(nbytes)}
+from probes.vocabulary.ops import MEMCPY_OP, memcpy_directions, memcpy_params
+from probes.vocabulary.records import Measurement
 
 
 def measure_memcpy(direction: str, nbytes: int, device: torch.device | str = "cpu", max_seconds: float = 1.0) -> Measurement:
     device = torch.device(device)
-    if direction not in directions_for(device.type):
-        raise ValueError(f"memcpy direction {direction!r} needs a GPU; on {device.type} only {directions_for(device.type)}")
+    if direction not in memcpy_directions(device.type):
+        raise ValueError(f"memcpy direction {direction!r} needs a GPU; on {device.type} only {memcpy_directions(device.type)}")
     numel = max(1, int(nbytes) // 4)
     pinned = device.type == "cuda"
     host = lambda: torch.randn(numel).pin_memory() if pinned else torch.randn(numel)  # noqa: E731
@@ -37,5 +28,5 @@ def measure_memcpy(direction: str, nbytes: int, device: torch.device | str = "cp
     else:
         src, dst = torch.randn(numel, device=device), host()
     t = time_callable(lambda: dst.copy_(src, non_blocking=pinned), device=device, max_seconds=max_seconds)
-    return Measurement("memcpy", memcpy_params(direction, numel * 4), t.median_s, t.spread_s, t.repeats,
+    return Measurement(MEMCPY_OP, memcpy_params(direction, numel * 4), t.median_s, t.spread_s, t.repeats,
                        device=str(device), family="memcpy")

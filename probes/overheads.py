@@ -55,7 +55,7 @@ import torch.distributed as dist
 from torch.autograd import DeviceType
 from torch.profiler import ExecutionTraceObserver, ProfilerActivity, profile, record_function
 
-from probes.records import Measurement
+from probes.vocabulary.records import Measurement
 
 OP = "cpu_overhead"
 FAMILY = "training"
@@ -378,7 +378,7 @@ def dlrm_overhead_step(
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError("dlrm_overhead_step needs an initialised process group; "
                            "wrap it in probes.overheads.local_process_group() for a single process")
-    from probes.jobspec import JobSpec
+    from probes.vocabulary.jobspec import JobSpec
     from probes.workloads.dlrm import ShardedDLRM
 
     job = JobSpec.from_dict(job_dict)

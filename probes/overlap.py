@@ -25,105 +25,16 @@ along its columns into a transposed buffer instead.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 import torch.distributed as dist
 
 from probes.comm import comm_stream, exchange
-
-PAIRS = ("embedding_all_to_all", "gemm_all_reduce", "gemm_all_to_all")
+from probes.vocabulary.pairs import ExchangeLayout, Piece, slice_bounds, slices_rows
 
 # produce(lo, hi) -> rows lo..hi of the producer's output, [hi - lo, width]
 Producer = Callable[[int, int], torch.Tensor]
-
-
-def slice_bounds(rows: int, k: int) -> list[tuple[int, int]]:
-    """`k` contiguous, near-equal row ranges covering 0..rows (fewer when rows < k)."""
-    k = max(1, min(int(k), int(rows))) if rows > 0 else 1
-    edges = np.linspace(0, rows, k + 1).round().astype(int)
-    return [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
-
-
-@dataclass(frozen=True)
-class Piece:
-    """Rows `lo..hi` (in the source's producer rows) that go to `dest`, as rows
-    `dest_lo..dest_lo + hi - lo` of the source's block in `dest`'s output."""
-
-    dest: int
-    lo: int
-    hi: int
-    dest_lo: int
-
-
-@dataclass(frozen=True)
-class ExchangeLayout:
-    """Who sends what: `rows_to[s][d]` producer rows of source `s` go to `d`; source `s`'s
-    rows are `widths[s]` wide. A source's producer rows are grouped by destination, in rank
-    order (as `all_to_all_single` sends them)."""
-
-    rows_to: tuple[tuple[int, ...], ...]
-    widths: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        w = len(self.rows_to)
-        if any(len(row) != w for row in self.rows_to) or len(self.widths) != w:
-            raise ValueError(f"rows_to must be {w}x{w} and widths {w} long")
-        if any(r < 0 for row in self.rows_to for r in row) or any(x < 0 for x in self.widths):
-            raise ValueError("rows and widths must be non-negative")
-
-    @classmethod
-    def even(cls, world: int, rows_per_dest: int, widths: Sequence[int]) -> "ExchangeLayout":
-        return cls(tuple(tuple([rows_per_dest] * world) for _ in range(world)), tuple(int(x) for x in widths))
-
-    @property
-    def world(self) -> int:
-        return len(self.widths)
-
-    def rows(self, source: int) -> int:
-        return sum(self.rows_to[source])
-
-    def block_start(self, source: int, dest: int) -> int:
-        """First producer row of `source` that goes to `dest`."""
-        return sum(self.rows_to[source][:dest])
-
-    def send_sizes(self, source: int) -> list[int]:
-        return [n * self.widths[source] for n in self.rows_to[source]]
-
-    def recv_sizes(self, dest: int) -> list[int]:
-        return [self.rows_to[s][dest] * self.widths[s] for s in range(self.world)]
-
-    def recv_offset(self, source: int, dest: int) -> int:
-        """Where `source`'s block starts in `dest`'s flat output."""
-        return sum(self.recv_sizes(dest)[:source])
-
-    def remote_first(self, source: int) -> list[int]:
-        """Destinations in the order `source` computes their rows: the next rank first, its own last."""
-        return [(source + i) % self.world for i in range(1, self.world + 1)]
-
-    def slices(self, source: int, k: int) -> list[list[Piece]]:
-        """`source`'s rows walked in remote-first order and cut into `k` near-equal slices;
-        each slice lists its pieces (at most one per destination, since a destination's rows
-        are contiguous in the walk)."""
-        order = self.remote_first(source)
-        walk = []  # (walk start, dest)
-        pos = 0
-        for d in order:
-            walk.append((pos, d))
-            pos += self.rows_to[source][d]
-        out = []
-        for a, b in slice_bounds(pos, k):
-            pieces = []
-            for start, d in walk:
-                n = self.rows_to[source][d]
-                lo, hi = max(a, start), min(b, start + n)
-                if hi > lo:
-                    first = self.block_start(source, d)
-                    pieces.append(Piece(d, first + lo - start, first + hi - start, lo - start))
-            out.append(pieces)
-        return out
 
 
 def all_to_all_reference(produce: Producer, layout: ExchangeLayout, group=None) -> torch.Tensor:
@@ -210,15 +121,6 @@ def _produce_pieces(produce: Producer, pieces: Sequence[Piece]) -> torch.Tensor:
     return parts[0] if len(parts) == 1 else torch.cat(parts)
 
 
-def slices_rows(m: int, n: int, inner: int, k: int) -> bool:
-    """Whether an [m, inner] @ [inner, n] product in `k` slices is cut along its rows (else
-    along its columns). Row slices are contiguous but each re-reads the whole weight, so
-    `k` of them read it k - 1 extra times ((k - 1) * inner * n elements); column slices read
-    it once but land in a transposed buffer that is copied back (m * n elements). Rows win
-    for a GEMM with rows to spare, columns for a GEMV or a few-row product."""
-    return m >= n or (k - 1) * inner <= m
-
-
 def gemm_all_reduce_reference(x: torch.Tensor, weight: torch.Tensor, group=None) -> torch.Tensor:
     """Unfused row-parallel linear: x @ weight, then one all-reduce."""
     out = x @ weight
@@ -252,11 +154,6 @@ def overlapped_gemm_all_reduce(x: torch.Tensor, weight: torch.Tensor, k: int, gr
     for w in works:
         w.wait()
     return out_t.t()
-
-
-# A substitution's slice count for a pair run by PyTorch's symmetric-memory fused kernels
-# (`symm_mem_gemm_all_reduce`) instead of the sliced pipeline.
-SYMM_MEM_SLICES = 0
 
 
 def symm_mem_supported(device: torch.device | str, rows: int, world: int) -> bool:

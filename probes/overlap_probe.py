@@ -14,87 +14,31 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from probes.collective import uneven_splits, window_estimate
+from probes.collective import window_estimate
 from probes.comm import on_host
-from probes.embedding import TableShape, expected_features, make_batch, make_tbe
+from probes.embedding import make_batch, make_tbe
 from probes.overlap import (
-    PAIRS, ExchangeLayout, all_to_all_reference, gemm_all_reduce_reference, gemm_producer, overlapped_all_to_all,
-    overlapped_gemm_all_reduce, producer_ranges, sliced_all_reduce, symm_mem_gemm_all_reduce, symm_mem_supported,
-    tbe_bag_ranges, tbe_producer,
+    all_to_all_reference,
+    gemm_all_reduce_reference,
+    gemm_producer,
+    overlapped_all_to_all,
+    overlapped_gemm_all_reduce,
+    producer_ranges,
+    sliced_all_reduce,
+    symm_mem_gemm_all_reduce,
+    symm_mem_supported,
+    tbe_bag_ranges,
+    tbe_producer,
 )
-from probes.records import Measurement
-
-OP = "overlap_pair"
-TRANSFER_OP = "overlap_transfer"  # the overlapped form's communication alone, k slices
-SYMM_MEM_OP = "overlap_symm_mem"  # PyTorch's symmetric-memory fused kernels for the pair (CUDA)
-SYMM_MEM_FORM = "symm_mem"
-FLOAT = 4
-
-
-@dataclass(frozen=True)
-class PairPoint:
-    """One pair at one size, on `world` ranks.
-
-    - gemm_all_reduce: x [rows, inner] @ w [inner, cols] on every rank, all-reduced;
-    - gemm_all_to_all: each rank's x [tokens, inner] @ w [inner, cols], `rows` tokens per
-      destination on average (log-normal skew when `uneven`);
-    - embedding_all_to_all: `tables` tables per rank of `cols` total width (per rank the width
-      varies by +-50% when `uneven`), pooling `pooling`, `rows` bags per rank (global batch
-      rows x world), each table `num_embeddings` rows.
-    """
-
-    pair: str
-    rows: int
-    cols: int
-    inner: int = 0
-    world: int = 2
-    uneven: bool = False
-    tables: int = 4
-    pooling: int = 8
-    num_embeddings: int = 20_000
-    seed: int = 0
-    scope: str = "intra"  # the members on one node, or spanning nodes (set by the gang that runs it)
-
-    def __post_init__(self) -> None:
-        if self.pair not in PAIRS:
-            raise ValueError(f"unknown pair {self.pair!r}; expected one of {PAIRS}")
-        if self.rows < 1 or self.cols < 1 or self.world < 2:
-            raise ValueError(f"{self.pair}: rows and cols must be >= 1 and world >= 2")
-        if self.scope not in ("intra", "inter"):
-            raise ValueError(f"{self.pair}: scope must be 'intra' or 'inter', got {self.scope!r}")
-        if self.pair != "embedding_all_to_all" and self.inner < 1:
-            raise ValueError(f"{self.pair}: inner (the GEMM's reduction dimension) must be >= 1")
-
-    def to_params(self) -> dict[str, Any]:
-        return asdict(self)
-
-    def exchange_layout(self) -> ExchangeLayout:
-        W = self.world
-        if self.pair == "gemm_all_to_all":
-            rows = uneven_splits(self.rows * W, W, self.seed) if self.uneven else np.full((W, W), self.rows)
-            return ExchangeLayout(tuple(tuple(int(x) for x in r) for r in rows), tuple([self.cols] * W))
-        return ExchangeLayout.even(W, self.rows, self.rank_widths())
-
-    def rank_widths(self) -> list[int]:
-        """Embedding width per rank (multiples of 4 per table, as TBE needs)."""
-        per_table = max(4, self.cols // self.tables // 4 * 4)
-        if not self.uneven:
-            return [per_table * self.tables] * self.world
-        rng = np.random.default_rng(self.seed)
-        scale = rng.uniform(0.5, 1.5, size=self.world)
-        return [int(max(4, round(per_table * s / 4) * 4)) * self.tables for s in scale]
-
-    def rank_tables(self, rank: int) -> list[TableShape]:
-        dim = self.rank_widths()[rank] // self.tables
-        return [TableShape(self.num_embeddings, dim, self.pooling) for _ in range(self.tables)]
-
+from probes.vocabulary.records import Measurement
+from probes.vocabulary.ops import PAIR_OP, SYMM_MEM_OP, TRANSFER_OP
+from probes.vocabulary.pairs import SYMM_MEM_FORM, PairPoint
 
 def pair_forms(point: PairPoint, rank: int, slices: Sequence[int], group=None,
                transfer: bool = False, device: torch.device | str = "cpu") -> dict[str, Callable[[], torch.Tensor]]:
@@ -200,7 +144,7 @@ def measure_pair(point: PairPoint, slices: Sequence[int] = (2, 4, 8, 16), rounds
         q1, q3 = np.percentile(windows, [25, 75])
         k = 1 if name in ("unfused", SYMM_MEM_FORM) else int(name[1:])
         params = {**point.to_params(), "k": k}
-        op = SYMM_MEM_OP if name == SYMM_MEM_FORM else TRANSFER_OP if name.startswith("t") else OP
+        op = SYMM_MEM_OP if name == SYMM_MEM_FORM else TRANSFER_OP if name.startswith("t") else PAIR_OP
         rows.append(Measurement(op, params, window_estimate(windows), float(q3 - q1),
                                 rounds * repeats * int(inner[i]), device=str(device), world_size=point.world,
                                 family="overlap",
@@ -209,6 +153,3 @@ def measure_pair(point: PairPoint, slices: Sequence[int] = (2, 4, 8, 16), rounds
     return rows
 
 
-def embedding_slice_features(point: PairPoint, rank: int, bags: int) -> dict[str, Any]:
-    """The embedding model's features for `bags` bags of `rank`'s tables (one slice)."""
-    return expected_features(point.rank_tables(rank), bags, seed=point.seed)

@@ -16,18 +16,30 @@ from typing import Any, Callable, Iterable, Sequence
 import numpy as np
 import torch
 
-from probes.collective import (COLLECTIVE_OPS, MAX_REPEATS, MIN_REPEATS, TARGET_S, CollectivePoint, measure_collectives,
-                               message_numel)
-from probes.elementwise import ELEMENTWISE_OPS, measure_elementwise
-from probes.embedding import TableShape, measure_tbe
-from probes.gemm import PRODUCTS, linear_layer_gemms, measure_gemm
-from probes.indices import Distribution
-from probes.memcpy import directions_for, measure_memcpy
-from probes.in_context import in_context_rows
+from probes.vocabulary.ops import COLLECTIVE_OPS
+from probes.collective import (
+    MAX_REPEATS,
+    MIN_REPEATS,
+    TARGET_S,
+    CollectivePoint,
+    measure_collectives,
+    message_numel,
+)
+from probes.vocabulary.ops import ELEMENTWISE_OPS
+from probes.elementwise import measure_elementwise
+from probes.vocabulary.jobspec import TableShape
+from probes.embedding import measure_tbe
+from probes.vocabulary.ops import PRODUCTS, linear_layer_gemms
+from probes.gemm import measure_gemm
+from probes.vocabulary.indices import Distribution
+from probes.vocabulary.ops import memcpy_directions
+from probes.memcpy import measure_memcpy
+from probes.vocabulary.in_context import in_context_rows
 from probes.overheads import cycling_step, profile_overheads
 from probes.trace_capture import capture_step_trace
-from probes.records import Measurement
-from probes.table_shards import split_kinds
+from probes.vocabulary.pairs import PairPoint
+from probes.vocabulary.records import Measurement
+from probes.vocabulary.table_shards import split_kinds
 from probes.workloads.random_dlrm import random_dlrm_job
 
 LOCAL_FAMILIES = ("gemm", "embedding", "elementwise", "memcpy")
@@ -91,7 +103,8 @@ def run_collective_batch(specs: Sequence[ProbeSpec], device: str = "cpu",
         import torch.distributed as dist
 
         from probes.collective import group_for
-        from probes.overlap_probe import PairPoint, measure_pair
+        from probes.vocabulary.pairs import PairPoint
+        from probes.overlap_probe import measure_pair
 
         point = PairPoint(**specs[0].params)
         group = group_for(list(range(point.world)))  # every member of the gang takes part in this
@@ -199,7 +212,7 @@ def elementwise_specs(n: int, seed: int, max_numel: int = 4 * 2**20, device_kind
 def memcpy_specs(n: int, seed: int, device_kind: str = "cpu", max_bytes: int = 256 * 2**20) -> list[ProbeSpec]:
     """Copy sizes log-uniform from 4 B to `max_bytes`, directions in turn."""
     rng = np.random.default_rng(seed + 4)
-    directions = directions_for(device_kind)
+    directions = memcpy_directions(device_kind)
     out = []
     for i in range(n):
         direction = directions[i % len(directions)]
@@ -210,7 +223,7 @@ def memcpy_specs(n: int, seed: int, device_kind: str = "cpu", max_bytes: int = 2
 
 def _distributions() -> list[Any]:
     """Uniform, three Zipf exponents, and every table of the shipped reuse-factor profile."""
-    from probes.reuse_profile import load_profile
+    from probes.vocabulary.reuse_profile import load_profile
 
     return ["uniform", {"zipf": 0.8}, {"zipf": 1.05}, {"zipf": 1.2}] + [{"profile": n} for n in load_profile().names]
 
@@ -442,7 +455,8 @@ def run_training_probe(spec: ProbeSpec, device: str = "cpu", iterations: int = 3
     import torch.distributed as dist
 
     if "transformer" in spec.params:
-        from probes.workloads.transformer import ParallelTransformer, TransformerSpec
+        from probes.workloads.transformer import ParallelTransformer
+        from probes.vocabulary.transformer_spec import TransformerSpec
 
         model: Any = ParallelTransformer(TransformerSpec.from_dict(spec.params["transformer"]), dist.get_rank(),
                                          torch.device(device))
@@ -450,7 +464,7 @@ def run_training_probe(spec: ProbeSpec, device: str = "cpu", iterations: int = 3
         iterations = min(iterations, 10)
         params = {"transformer": spec.params["transformer"]}
     else:
-        from probes.jobspec import JobSpec
+        from probes.vocabulary.jobspec import JobSpec
         from probes.workloads.dlrm import ShardedDLRM
 
         plan = spec.params["table_to_rank"]
@@ -488,7 +502,7 @@ def float32_step(spec: ProbeSpec) -> bool:
 # Which transformer probes (by index mod 4) train under bfloat16 autocast: on a GPU half of
 # them, small and task-shaped alike. On CPU none for now: bfloat16 steps do work there (on the
 # AVX512-BF16 development host 0.5-1.4x the float32 step), but the in-context rows of a captured
-# step are labelled float32 whatever the step ran in (probes/in_context.py), so they would skew
+# step are labelled float32 whatever the step ran in (probes/vocabulary/in_context.py), so they would skew
 # the float32 context factors, and a CPU without bf16 units emulates the products (~50x
 # slower). (2,) here would probe every other small stack once those rows carry their dtype.
 # float16 (a GradScaler, CUDA only) is not probed: jobs train in bfloat16.
@@ -501,7 +515,7 @@ def transformer_training_specs(n: int, seed: int, world: int, device_kind: str =
     alternating small stacks with task-shaped ones from the random-task generator (its own
     seed stream), so the step model is not extrapolated to the sizes jobs have; some of them
     in bfloat16 mixed precision (`_TRAINING_BF16_SLOTS`)."""
-    from probes.workloads.transformer import random_transformer
+    from probes.vocabulary.transformer_spec import random_transformer
 
     bf16_slots = _TRAINING_BF16_SLOTS["cuda" if device_kind.startswith("cuda") else "cpu"]
     rng = np.random.default_rng(seed + 3)
@@ -521,13 +535,11 @@ def transformer_training_specs(n: int, seed: int, world: int, device_kind: str =
         out.append(ProbeSpec("training", {"transformer": spec}, f"train-transformer:{i}:{dtype}"))
     return out
 
-def overlap_points(world: int) -> list["PairPoint"]:
+def overlap_points(world: int) -> list[PairPoint]:
     """The measured compute + collective pairs a calibration fits overlap costs to: per pair
     eight sizes from sub-millisecond to tens of milliseconds, square, tall, wide and GEMV-like
     products, skewed splits, few and many tables, on the first two devices (about 5-15 s each
     on two CPU cores, the transfer-only forms included)."""
-    from probes.overlap_probe import PairPoint
-
     w = min(world, 2)
     gar = [(128, 128, 128), (1024, 512, 256), (4, 2048, 2048), (2048, 512, 768), (256, 1024, 1024),
            (4096, 1024, 256), (1, 4096, 4096), (1024, 4096, 256)]

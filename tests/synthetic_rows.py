@@ -2,8 +2,8 @@
 need a fitted bundle without probing."""
 import numpy as np
 
-from probes.gemm import gemm_params
-from probes.records import Measurement
+from probes.vocabulary.ops import gemm_params
+from probes.vocabulary.records import Measurement
 
 
 def gemm_rows(rng: np.random.Generator, n: int) -> list[Measurement]:

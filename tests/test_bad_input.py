@@ -12,7 +12,7 @@ from orchestrator.cli_common import EXIT_BAD_INPUT, run_main, wants_json
 from orchestrator.jobfile import load_job
 from policies.plan import Candidate, Decision, Plan, PlanError
 from policies.sharders import NoFeasiblePlanError
-from probes.jobspec import JobSpec, JobSpecError
+from probes.vocabulary.jobspec import JobSpec, JobSpecError
 
 REPO = Path(__file__).resolve().parents[1]
 

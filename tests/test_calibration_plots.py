@@ -5,8 +5,8 @@ import numpy as np
 from orchestrator import registry
 from orchestrator.calibration_plots import log_calibration_plots
 from predictors import fit_performance_model
-from probes.collective import collective_params
-from probes.records import Measurement
+from probes.vocabulary.ops import collective_params
+from probes.vocabulary.records import Measurement
 from synthetic_rows import gemm_rows
 
 

@@ -9,9 +9,9 @@ from orchestrator.jobfile import load_job
 from orchestrator.planning import chunking_decision, gradient_all_reduce_bytes, job_topology
 from predictors import fit_performance_model
 from predictors.network import NetworkError
-from probes.collective import collective_params
-from probes.jobspec import JobSpec, JobSpecError
-from probes.records import Measurement
+from probes.vocabulary.ops import collective_params
+from probes.vocabulary.jobspec import JobSpec, JobSpecError
+from probes.vocabulary.records import Measurement
 
 
 def job_dict(network, world=2) -> dict:

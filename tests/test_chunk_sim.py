@@ -10,7 +10,7 @@ from predictors.chunk_sim import SCHEDULES, ChunkSimError, chunk_orders, simulat
 from predictors.network import (
     PAPER_TOPOLOGIES, Dimension, NetworkError, NetworkTopology, dimension_from_model, preset,
 )
-from probes.hierarchical_allreduce import ChunkSchedule, ScheduleError
+from probes.vocabulary.chunks import ChunkSchedule, ScheduleError
 
 MB = 2**20
 

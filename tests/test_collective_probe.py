@@ -7,9 +7,9 @@ import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from probes.collective import (bus_bandwidth, forget_groups, measure_collective, merge_passes, message_numel, uneven_splits,
-                               window_estimate)
-from probes.records import Measurement
+from probes.vocabulary.ops import bus_bandwidth, uneven_splits
+from probes.collective import forget_groups, measure_collective, merge_passes, message_numel, window_estimate
+from probes.vocabulary.records import Measurement
 from probes.sweep import ProbeSpec, collective_batches, collective_groups, collective_specs
 from spawned import exit_worker
 

@@ -27,11 +27,13 @@ def _run_ranks(worker, world: int, *args) -> list[dict]:
 def _every_path(rank: int, world: int, job: dict, init_file: str, out_dir: str) -> None:
     """Each communication path of the project, audited against the CPU (the gloo group's device)."""
     from probes.collective import CollectivePoint, forget_groups, measure_collectives
-    from probes.hierarchical_allreduce import ChunkSchedule
-    from probes.jobspec import JobSpec
-    from probes.overlap_probe import PairPoint, measure_pair
+    from probes.vocabulary.chunks import ChunkSchedule
+    from probes.vocabulary.jobspec import JobSpec
+    from probes.vocabulary.pairs import PairPoint
+    from probes.overlap_probe import measure_pair
     from probes.workloads.dlrm import ShardedDLRM
-    from probes.workloads.transformer import ParallelTransformer, TransformerSpec
+    from probes.workloads.transformer import ParallelTransformer
+    from probes.vocabulary.transformer_spec import TransformerSpec
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)

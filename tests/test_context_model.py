@@ -6,8 +6,8 @@ from predictors.context_model import ContextFactorModel, fit_context_factors
 from predictors.graph import GraphOp
 from predictors.opmodels import OpModel
 from predictors.simulator import model_cost
-from probes.gemm import gemm_params
-from probes.records import Measurement
+from probes.vocabulary.ops import gemm_params
+from probes.vocabulary.records import Measurement
 from synthetic_rows import gemm_rows
 
 

@@ -3,7 +3,7 @@ import pytest
 
 from predictors.dlrm_graph import all_to_all_bytes, build_dlrm_graph, ddp_buckets
 from predictors.simulator import simulate
-from probes.jobspec import JobSpec
+from probes.vocabulary.jobspec import JobSpec
 
 
 def job(bottom=(16, 8), top=(16, 1), tables=3, world=2):
@@ -61,7 +61,7 @@ def test_graph_ops_are_priced_by_a_fitted_bundle(tmp_path):
     """Every op the builder emits names a modelled op with params its model accepts."""
     from predictors.performance_model import fit_performance_model
     from predictors.simulator import model_cost
-    from probes.records import Measurement
+    from probes.vocabulary.records import Measurement
 
     spec = job()
     graph = build_dlrm_graph(spec, [0, 0, 1])

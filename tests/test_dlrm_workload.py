@@ -7,7 +7,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from probes.jobspec import JobSpec
+from probes.vocabulary.jobspec import JobSpec
 from probes.workloads.dlrm import ShardedDLRM
 from probes.workloads.plan_race import drift_adjusted, race_plans
 from spawned import exit_worker
@@ -115,7 +115,7 @@ def test_sharded_dlrm_trains_on_two_ranks(tiny_job_dict, placement):
 
 
 def test_the_plans_chunk_schedule_averages_dense_gradients_like_ddp(tiny_job_dict):
-    from probes.hierarchical_allreduce import ChunkSchedule
+    from probes.vocabulary.chunks import ChunkSchedule
 
     placement = [0, 1, 0, 1, 0]
     plain = run_two_ranks(tiny_job_dict, placement)

@@ -11,8 +11,8 @@ from orchestrator import drift, nightly, registry
 from orchestrator.drill import DRILL_ENV, apply_drill, drill_slowdown
 from orchestrator.sentinel import choose_sentinels, score_sentinels
 from predictors import fit_performance_model
-from probes.gemm import gemm_params
-from probes.records import Measurement
+from probes.vocabulary.ops import gemm_params
+from probes.vocabulary.records import Measurement
 from probes.sweep import gemm_specs
 
 

@@ -12,13 +12,17 @@ from predictors.families import baseline_model_for, default_model_for
 from predictors.learned_model import ROW_OP_DESIGN, LearnedKernelModel
 from predictors.opmodels import GroupedCostModel, OpModel
 from predictors.transformer_graph import build_transformer_graph
-from probes.elementwise import elementwise_params, measure_elementwise
-from probes.embedding import TableShape, expected_features, measure_tbe
-from probes.gemm import gemm_params
-from probes.records import Measurement
+from probes.vocabulary.ops import elementwise_params
+from probes.elementwise import measure_elementwise
+from probes.vocabulary.jobspec import TableShape
+from probes.vocabulary.tbe_features import expected_features
+from probes.embedding import measure_tbe
+from probes.vocabulary.ops import gemm_params
+from probes.vocabulary.records import Measurement
 from probes.sweep import (ProbeSpec, elementwise_specs, embedding_specs, run_local_probe, run_training_probe,
                           transformer_training_specs)
-from probes.workloads.transformer import ParallelTransformer, TransformerSpec, TransformerSpecError
+from probes.workloads.transformer import ParallelTransformer
+from probes.vocabulary.transformer_spec import TransformerSpec, TransformerSpecError
 
 
 @pytest.fixture()
@@ -193,7 +197,7 @@ def test_tbe_fp16_weights_are_measured_on_cpu():
 
 
 def test_sharded_dlrm_stores_tables_in_the_weights_precision(one_rank, tiny_job_dict):
-    from probes.jobspec import JobSpec
+    from probes.vocabulary.jobspec import JobSpec
     from probes.workloads.dlrm import ShardedDLRM
 
     job = JobSpec.from_dict({**tiny_job_dict, "world_size": 1})

@@ -6,7 +6,8 @@ import ray
 
 from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes
 from orchestrator.measurement_store import MeasurementStore
-from probes.collective import COLLECTIVE_OPS, window_estimate
+from probes.vocabulary.ops import COLLECTIVE_OPS
+from probes.collective import window_estimate
 from probes.sweep import COLLECTIVE_PASSES, ProbeSpec, collective_specs, gemm_specs, training_specs, transformer_training_specs
 
 

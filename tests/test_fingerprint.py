@@ -77,7 +77,7 @@ def test_with_gpus_a_cpu_head_is_no_device_even_if_it_offers_cpus():
     if all(d.memory_bytes == 0 for w in workers for d in w.devices):
         import pytest
         from orchestrator.planning import memory_cap_bytes
-        from probes.jobspec import JobSpec, JobSpecError
+        from probes.vocabulary.jobspec import JobSpec, JobSpecError
 
         job = JobSpec.from_dict({"workload": "dlrm", "world_size": 4, "batch_size": 8,
                                  "dense": {"num_dense_features": 2, "bottom_mlp": [4], "top_mlp": [1]},

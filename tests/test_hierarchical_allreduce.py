@@ -13,10 +13,10 @@ from spawned import exit_worker
 
 from policies.chunking import choose_chunking
 from predictors.network import Dimension, NetworkTopology
-from probes.hierarchical_allreduce import (
-    ChunkSchedule, HierarchicalAllReduce, ScheduleError, dimension_lines, hierarchical_allreduce_hook, rank_coords,
-)
-from probes.workloads.transformer import ParallelTransformer, TransformerSpec
+from probes.vocabulary.chunks import ChunkSchedule, ScheduleError, dimension_lines, rank_coords
+from probes.hierarchical_allreduce import HierarchicalAllReduce, hierarchical_allreduce_hook
+from probes.workloads.transformer import ParallelTransformer
+from probes.vocabulary.transformer_spec import TransformerSpec
 
 GRID = (2, 2)
 

@@ -1,6 +1,6 @@
 import numpy as np
 
-from probes.indices import REUSE_BINS, Distribution, reuse_histogram, sample_indices
+from probes.vocabulary.indices import REUSE_BINS, Distribution, reuse_histogram, sample_indices
 
 
 def test_reuse_histogram_hand_computed():
@@ -37,7 +37,8 @@ def test_distribution_parse():
 def test_table_set_features_add_up_per_table():
     """A set's reuse histogram is that of its tables' disjoint ids together; a table's typical
     figures are the same in whatever set (and position) it is priced."""
-    from probes.embedding import TableShape, batch_features, expected_features
+    from probes.vocabulary.jobspec import TableShape
+    from probes.vocabulary.tbe_features import batch_features, expected_features
 
     rng = np.random.default_rng(3)
     tables = [TableShape(5000, 16, 4, Distribution("zipf", 1.1)), TableShape(800, 8, 2), TableShape(20000, 32, 8)]

@@ -2,7 +2,7 @@ import pytest
 import yaml
 
 from orchestrator.jobfile import load_job
-from probes.jobspec import JobSpec, JobSpecError
+from probes.vocabulary.jobspec import JobSpec, JobSpecError
 
 from conftest import EXAMPLE_JOB
 
@@ -68,7 +68,7 @@ def test_job_file_errors_name_the_file(tmp_path):
 
 
 def test_unknown_profile_table_names_the_choices():
-    from probes.jobspec import JobSpec, JobSpecError
+    from probes.vocabulary.jobspec import JobSpec, JobSpecError
 
     data = {"workload": "dlrm", "world_size": 2, "batch_size": 8,
             "dense": {"num_dense_features": 4, "bottom_mlp": [8], "top_mlp": [1]},

@@ -2,12 +2,13 @@
 import json
 
 import pytest
-import torch
 
 from predictors.opmodels import GroupedCostModel, OpModel
-from probes.elementwise import ELEMENTWISE_OPS, elementwise_params, measure_elementwise
-from probes.gemm import GEMM_VARIANTS, gemm_params, measure_gemm
-from probes.records import Measurement
+from probes.vocabulary.ops import ELEMENTWISE_OPS
+from probes.elementwise import measure_elementwise
+from probes.vocabulary.ops import GEMM_VARIANTS, gemm_params
+from probes.gemm import measure_gemm
+from probes.vocabulary.records import Measurement
 from probes.sweep import elementwise_specs, gemm_specs, run_local_probe
 
 

@@ -4,7 +4,8 @@ import torch.nn.functional as F
 
 from predictors.memory import MemoryEstimate, dlrm_memory, transformer_memory, transformer_saved_activation_bytes
 from probes.workloads.random_dlrm import random_dlrm_tasks
-from probes.workloads.transformer import BlockStack, TransformerSpec
+from probes.workloads.transformer import BlockStack
+from probes.vocabulary.transformer_spec import TransformerSpec
 
 
 def measured_saved_bytes(spec: TransformerSpec) -> int:

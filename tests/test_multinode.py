@@ -53,8 +53,8 @@ def test_autotune_cycle_on_a_cluster_whose_head_offers_no_devices(tmp_path, tiny
     from policies.dlrm_cost import estimate_iteration
     from policies.plan import Plan
     from predictors.opmodels import UncalibratedGroupError
-    from probes.jobspec import JobSpec
-    from probes.placement import RankPlacement
+    from probes.vocabulary.jobspec import JobSpec
+    from probes.vocabulary.placement import RankPlacement
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
     champion = registry.get_alias(hw, registry.CHAMPION)

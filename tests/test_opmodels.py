@@ -7,8 +7,9 @@ from predictors import OutOfRangeError, PerformanceModel, fit_performance_model
 from predictors.evaluation import split_by_op
 from predictors.opmodels import AlphaBetaModel, CurveModel, LinearCostModel, OpModel
 from predictors.collective_model import SigmoidCollectiveModel
-from probes.gemm import gemm_params, measure_gemm
-from probes.records import Measurement
+from probes.vocabulary.ops import gemm_params
+from probes.gemm import measure_gemm
+from probes.vocabulary.records import Measurement
 
 
 def gemm_row(m, n, k, seconds):

@@ -8,11 +8,16 @@ from torch import nn
 
 from predictors.opmodels import OpModel
 from predictors.overhead_model import OverheadModel, weighted_median
+from probes.vocabulary.ops import CPU_OVERHEAD_OP
 from probes.overheads import (
-    OP, POOLED, extract_overheads, local_process_group, profile_dlrm_overheads, profile_overheads,
+    POOLED,
+    extract_overheads,
+    local_process_group,
+    profile_dlrm_overheads,
+    profile_overheads,
     summarise,
 )
-from probes.records import Measurement
+from probes.vocabulary.records import Measurement
 
 ITERATIONS = 5
 
@@ -60,7 +65,7 @@ def _check_rows(rows, workload):
     assert {"gap", "dispatch"} <= kinds
     assert "launch" not in kinds, "no kernel launches on CPU"
     for r in rows:
-        assert r.op == OP and r.family == "training" and r.params["workload"] == workload
+        assert r.op == CPU_OVERHEAD_OP and r.family == "training" and r.params["workload"] == workload
         assert r.repeats == r.extra["count"] >= 1
         assert 0 < r.extra["p10"] <= r.median_s <= r.extra["p90"] <= r.extra["max"]
         assert r.spread_s >= 0
@@ -147,7 +152,7 @@ def test_overhead_model_round_trip_and_fallback(mlp_rows):
 
 
 def _row(kind, name, p10, p50, p90, count):
-    return Measurement(OP, {"kind": kind, "aten_op": name, "workload": "x"}, p50, 0.0, count,
+    return Measurement(CPU_OVERHEAD_OP, {"kind": kind, "aten_op": name, "workload": "x"}, p50, 0.0, count,
                        family="training", extra={"p10": p10, "p90": p90, "count": count})
 
 

@@ -8,10 +8,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from probes.embedding import TableShape, make_batch, make_tbe
+from probes.vocabulary.jobspec import TableShape
+from probes.embedding import make_batch, make_tbe
+from probes.vocabulary.pairs import ExchangeLayout, slice_bounds
 from probes.overlap import (
-    ExchangeLayout, all_to_all_reference, gemm_all_reduce_reference, gemm_producer, overlapped_all_to_all,
-    overlapped_gemm_all_reduce, producer_ranges, slice_bounds, sliced_all_reduce, tbe_bag_ranges, tbe_producer,
+    all_to_all_reference,
+    gemm_all_reduce_reference,
+    gemm_producer,
+    overlapped_all_to_all,
+    overlapped_gemm_all_reduce,
+    producer_ranges,
+    sliced_all_reduce,
+    tbe_bag_ranges,
+    tbe_producer,
 )
 from spawned import exit_worker
 
@@ -122,7 +131,8 @@ def test_layout_rejects_bad_shapes():
 
 
 def _transformer_worker(rank: int, init_file: str, out_dir: str) -> None:
-    from probes.workloads.transformer import ParallelTransformer, TransformerSpec
+    from probes.workloads.transformer import ParallelTransformer
+    from probes.vocabulary.transformer_spec import TransformerSpec
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     torch.set_num_threads(1)

@@ -11,14 +11,15 @@ from predictors import fit_performance_model
 from predictors.dlrm_graph import build_dlrm_graph
 from predictors.opmodels import UncalibratedGroupError
 from predictors.transformer_graph import build_transformer_graph
-from probes.collective import collective_params
-from probes.elementwise import elementwise_params
-from probes.embedding import TableShape, expected_features
-from probes.memcpy import memcpy_params
-from probes.jobspec import JobSpec, JobSpecError
-from probes.placement import PlacementError, RankPlacement
-from probes.records import Measurement
-from probes.workloads.transformer import TransformerSpec
+from probes.vocabulary.ops import collective_params
+from probes.vocabulary.ops import elementwise_params
+from probes.vocabulary.jobspec import TableShape
+from probes.vocabulary.tbe_features import expected_features
+from probes.vocabulary.ops import memcpy_params
+from probes.vocabulary.jobspec import JobSpec, JobSpecError
+from probes.vocabulary.placement import PlacementError, RankPlacement
+from probes.vocabulary.records import Measurement
+from probes.vocabulary.transformer_spec import TransformerSpec
 from synthetic_rows import gemm_rows
 
 

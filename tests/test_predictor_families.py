@@ -8,8 +8,8 @@ from predictors.collective_model import SigmoidCollectiveModel, SigmoidCurve, fi
 from predictors.learned_model import LearnedKernelModel
 from predictors.opmodels import AlphaBetaModel, OpModel
 from predictors.regressors import ArrayMLP, ArrayTrees
-from probes.gemm import gemm_params
-from probes.records import Measurement
+from probes.vocabulary.ops import gemm_params
+from probes.vocabulary.records import Measurement
 
 TRUE = SigmoidCurve(t_s=40e-6, x1=10.0, x2=20.0, L=2.5, x0=15.0, k=0.9, b=6.5, bw_max=8e9, x_min=2, x_max=28)
 

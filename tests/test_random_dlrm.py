@@ -1,4 +1,4 @@
-from probes.jobspec import JobSpec
+from probes.vocabulary.jobspec import JobSpec
 from probes.workloads.random_dlrm import TABLES_PER_RANK, random_dlrm_job, random_dlrm_tasks
 
 
@@ -22,7 +22,7 @@ def test_task_shaped_training_probes_take_the_sharders_plans() -> None:
     sharders in turn, so the step model sees the balanced plans the policies price."""
     from orchestrator.calibrate import place_by_sharder
     from policies.sharders import SHARDERS
-    from probes.jobspec import JobSpec
+    from probes.vocabulary.jobspec import JobSpec
     from probes.sweep import training_specs
 
     specs = training_specs(24, seed=0, world=2, place_task=place_by_sharder)

@@ -10,8 +10,8 @@ import pytest
 
 from orchestrator import registry
 from predictors import PerformanceModel, fit_performance_model
-from probes.gemm import gemm_params
-from probes.records import Measurement
+from probes.vocabulary.ops import gemm_params
+from probes.vocabulary.records import Measurement
 
 REPO = Path(__file__).resolve().parents[1]
 

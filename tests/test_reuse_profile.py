@@ -4,8 +4,8 @@ import json
 import numpy as np
 import pytest
 
-from probes.indices import Distribution, reuse_histogram, sample_indices
-from probes.reuse_profile import ReuseProfile, load_profile, main, sample_from_table, table_from_indices
+from probes.vocabulary.indices import Distribution, reuse_histogram, sample_indices
+from probes.vocabulary.reuse_profile import ReuseProfile, load_profile, main, sample_from_table, table_from_indices
 
 
 def test_profile_of_known_indices():

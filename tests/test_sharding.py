@@ -5,15 +5,16 @@ from policies.dlrm_cost import estimate_iteration
 from policies.sharders import SHARDERS, NoFeasiblePlanError, rank_memory
 from policies.sharding import choose_sharding
 from predictors.memory import dlrm_memory
-from predictors import fit_performance_model
-from probes.collective import collective_params
-from probes.embedding import TableShape, expected_features
-from probes.jobspec import JobSpec
-from probes.records import Measurement
+from predictors import PerformanceModel, fit_performance_model
+from probes.vocabulary.ops import collective_params
+from probes.vocabulary.jobspec import TableShape
+from probes.vocabulary.tbe_features import expected_features
+from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.records import Measurement
 from synthetic_rows import gemm_rows
 
 
-def synthetic_model() -> "PerformanceModel":
+def synthetic_model() -> PerformanceModel:
     """A bundle fitted on synthetic rows with known costs: lookups cost, so balance matters."""
     rng = np.random.default_rng(0)
     rows = gemm_rows(rng, 40)
@@ -107,7 +108,8 @@ def test_choice_is_deterministic_for_a_seed(model):
 def test_step_overhead_learns_the_in_step_slowdown_of_the_kernels(model):
     """Steps measured as 1.4 x their simulated kernels + 0.3 ms per table: the fitted overhead
     recovers both terms, so held-out steps of other sizes are predicted exactly."""
-    from policies.dlrm_cost import OVERHEAD_OP, STEP_OP, fit_overhead
+    from policies.dlrm_cost import OVERHEAD_OP, fit_overhead
+    from probes.vocabulary.ops import DLRM_STEP_OP
 
     rng = np.random.default_rng(7)
     rows = []
@@ -117,7 +119,7 @@ def test_step_overhead_learns_the_in_step_slowdown_of_the_kernels(model):
         spec = job(tables)
         placement = [t % 2 for t in range(len(tables))]
         kernels = estimate_iteration(spec, placement, model, include_overhead=False).iteration_s
-        rows.append(Measurement(STEP_OP, {"job": spec.to_dict(), "table_to_rank": placement},
+        rows.append(Measurement(DLRM_STEP_OP, {"job": spec.to_dict(), "table_to_rank": placement},
                                 1.4 * kernels + 3e-4 * len(tables), 0.0, 20))
     bundle = type(model)(model.hardware_id, dict(model.models))
     held_out = fit_overhead(bundle, rows, seed=1)
@@ -125,7 +127,7 @@ def test_step_overhead_learns_the_in_step_slowdown_of_the_kernels(model):
     coef = dict(zip(overhead.features, overhead.coef))
     assert coef["kernels_s"] == pytest.approx(0.4, rel=0.02)
     assert coef["tables_total"] == pytest.approx(3e-4, rel=0.05)
-    assert held_out and bundle.metrics[STEP_OP]["gmae"] < 0.01
+    assert held_out and bundle.metrics[DLRM_STEP_OP]["gmae"] < 0.01
     assert OVERHEAD_OP not in model.models  # the shared fixture is untouched
 
 
@@ -146,7 +148,7 @@ def test_search_splits_a_table_that_no_whole_table_placement_can_balance(model):
     row-wise collectives) and beat every sharder; the plan still covers every table."""
     from policies.sharding import PlanPricer
     from policies.sharding_search import local_search
-    from probes.table_shards import table_shards
+    from probes.vocabulary.table_shards import table_shards
 
     spec = job([(200_000, 64, 60)] + [(2000, 8, 2)] * 5)
     decision = choose_sharding(spec, model, memory_cap_bytes=float("inf"), seed=1, torchrec=False)
@@ -169,7 +171,7 @@ def test_search_splits_a_table_that_no_whole_table_placement_can_balance(model):
 def test_search_never_takes_a_move_that_breaks_the_memory_cap(model):
     """Replicating the small tables would be cheap to exchange but doubles their weights: with
     a cap just above the table-wise placement's per-rank weights, no replica fits."""
-    from probes.table_shards import shard_bytes, table_shards
+    from probes.vocabulary.table_shards import shard_bytes, table_shards
 
     spec = job([(60_000, 16, 20), (60_000, 16, 20)] + [(4000, 16, 1)] * 4)
     tw = choose_sharding(spec, model, memory_cap_bytes=float("inf"), search=False, torchrec=False)

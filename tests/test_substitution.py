@@ -203,8 +203,8 @@ def test_reference_job_graphs_mark_their_pairs_and_simulate_substituted():
     from predictors.dlrm_graph import build_dlrm_graph, dlrm_slice_params
     from predictors.overlap_model import pairs_in
     from predictors.transformer_graph import build_transformer_graph
-    from probes.jobspec import JobSpec
-    from probes.workloads.transformer import TransformerSpec
+    from probes.vocabulary.jobspec import JobSpec
+    from probes.vocabulary.transformer_spec import TransformerSpec
 
     job = JobSpec.from_dict({
         "name": "g", "workload": "dlrm", "world_size": 2, "batch_size": 32,
@@ -248,14 +248,15 @@ def test_symmetric_memory_kernels_are_a_candidate_priced_by_their_measured_ratio
     simulated iteration with the pair as one fused kernel beats both unfused and sliced."""
     from policies.substitution import SYMM_MEM_SLICES, fit_symm_mem
     from predictors.overlap_model import SYMM_MEM_KEY, fuse_as_one_kernel
-    from probes.overlap_probe import OP, SYMM_MEM_OP, PairPoint
-    from probes.records import Measurement
+    from probes.vocabulary.ops import PAIR_OP, SYMM_MEM_OP
+    from probes.vocabulary.pairs import PairPoint
+    from probes.vocabulary.records import Measurement
 
     point = PairPoint("gemm_all_reduce", 256, 256, 256).to_params()
-    rows = [Measurement(OP, {**point, "k": 1}, 2.0 * MS, 0, 5), Measurement(OP, {**point, "k": 2}, 1.9 * MS, 0, 5),
+    rows = [Measurement(PAIR_OP, {**point, "k": 1}, 2.0 * MS, 0, 5), Measurement(PAIR_OP, {**point, "k": 2}, 1.9 * MS, 0, 5),
             Measurement(SYMM_MEM_OP, {**point, "k": 1}, 1.0 * MS, 0, 5)]
     other = {**point, "rows": 512}
-    rows += [Measurement(OP, {**other, "k": 1}, 4.0 * MS, 0, 5), Measurement(SYMM_MEM_OP, {**other, "k": 1}, 1.0 * MS, 0, 5)]
+    rows += [Measurement(PAIR_OP, {**other, "k": 1}, 4.0 * MS, 0, 5), Measurement(SYMM_MEM_OP, {**other, "k": 1}, 1.0 * MS, 0, 5)]
     fitted = fit_symm_mem(rows)
     assert fitted["gemm_all_reduce"]["n"] == 2
     assert fitted["gemm_all_reduce"]["ratio"] == pytest.approx(math.sqrt(0.5 * 0.25))

@@ -4,8 +4,8 @@ import pytest
 from predictors.dlrm_graph import build_dlrm_graph
 from predictors.memory import dlrm_memory
 from predictors.simulator import simulate
-from probes.table_shards import ShardingPlanError, exchanged_widths, shard_bytes, table_shards
-from probes.jobspec import JobSpec
+from probes.vocabulary.table_shards import ShardingPlanError, exchanged_widths, shard_bytes, table_shards
+from probes.vocabulary.jobspec import JobSpec
 
 RW, DP = {"type": "row_wise"}, {"type": "data_parallel"}
 

@@ -4,8 +4,8 @@ import pytest
 pytest.importorskip("torchrec")
 
 from policies.torchrec_bridge import from_sharding_plan, to_sharding_plan, torchrec_plan  # noqa: E402
-from probes.jobspec import JobSpec  # noqa: E402
-from probes.table_shards import table_shards  # noqa: E402
+from probes.vocabulary.jobspec import JobSpec  # noqa: E402
+from probes.vocabulary.table_shards import table_shards  # noqa: E402
 
 MIXED = [1, {"type": "row_wise"}, {"type": "column_wise", "ranks": [1, 0]}, {"type": "data_parallel"}, 0]
 
@@ -50,7 +50,7 @@ def test_the_measured_estimator_prices_shards_with_our_models(job):
     from torchrec.distributed.planner.types import Shard
 
     from policies.torchrec_bridge import measured_estimator
-    from probes.embedding import expected_features
+    from probes.vocabulary.tbe_features import expected_features
     from test_sharding import synthetic_model
 
     model = synthetic_model()

@@ -2,7 +2,8 @@ import pytest
 
 from predictors.simulator import simulate
 from predictors.trace_graph import RESUME, STEP_END, graph_from_traces, measured_iteration_s
-from probes.in_context import gemm_params_from_shapes, model_op_for
+from probes.vocabulary.ops import gemm_params_from_shapes
+from probes.vocabulary.in_context import model_op_for
 
 
 def _op(name, start_ms, end_ms, shapes=()):

@@ -10,7 +10,8 @@ from spawned import exit_worker
 
 from predictors.simulator import simulate
 from predictors.transformer_graph import block_param_numel, build_transformer_graph
-from probes.workloads.transformer import BlockStack, ParallelTransformer, TransformerSpec, TransformerSpecError
+from probes.workloads.transformer import BlockStack, ParallelTransformer
+from probes.vocabulary.transformer_spec import TransformerSpec, TransformerSpecError
 
 
 def spec(**kw) -> TransformerSpec:

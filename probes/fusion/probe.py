@@ -22,7 +22,7 @@ import torch
 from probes.fusion.fused_optim import FusedHyperParams, FusedOptimizer
 from probes.fusion.hfta import FusedModels, build_members, fused_cross_entropy
 from probes.fusion.workloads import FusionWorkload, batches, workload
-from probes.records import Measurement
+from probes.vocabulary.records import Measurement
 from probes.timing import time_callable
 
 FUSION_OP = "fused_training"

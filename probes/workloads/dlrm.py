@@ -1,7 +1,7 @@
 """A real DLRM training loop, sharded per a plan, on an initialised process group.
 
 Per rank: the bottom and top MLPs are data parallel (DDP, gradient all-reduce in buckets).
-The embedding tables follow the plan (`probes.table_shards`), so every plan the predictor
+The embedding tables follow the plan (`probes.vocabulary.table_shards`), so every plan the predictor
 prices can be run and checked:
 - table-wise tables and column-wise pieces live on their rank and are looked up there by one
   FBGEMM TBE (exact SGD fused into backward) for the whole global batch; a forward all-to-all
@@ -32,13 +32,22 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from probes.hierarchical_allreduce import ChunkSchedule, HierarchicalAllReduce, hierarchical_allreduce_hook
-from probes.overlap import ExchangeLayout, overlapped_all_to_all, producer_ranges, slice_runs, tbe_bag_ranges
+from probes.vocabulary.chunks import ChunkSchedule
+from probes.hierarchical_allreduce import HierarchicalAllReduce, hierarchical_allreduce_hook
+from probes.vocabulary.pairs import ExchangeLayout
+from probes.overlap import overlapped_all_to_all, producer_ranges, slice_runs, tbe_bag_ranges
 
 from probes.embedding import check_weights_precision, make_dense_tbe, make_tbe
-from probes.indices import sample_indices
-from probes.jobspec import JobSpec
-from probes.table_shards import DATA_PARALLEL, EXCHANGED, ROW_WISE, TableShard, exchanged_widths, table_shards
+from probes.vocabulary.indices import sample_indices
+from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.table_shards import (
+    DATA_PARALLEL,
+    EXCHANGED,
+    ROW_WISE,
+    TableShard,
+    exchanged_widths,
+    table_shards,
+)
 from probes.workloads.timed_steps import RunResult, run_timed_steps
 
 
@@ -150,7 +159,7 @@ def _tbe_input(per_table: Sequence[np.ndarray], lengths: Sequence[np.ndarray]) -
 
 class ShardedDLRM:
     """One rank's share of a DLRM sharded per a plan (one entry per table: a rank for
-    table-wise, or a row-/column-wise / data-parallel object, see `probes.table_shards`)."""
+    table-wise, or a row-/column-wise / data-parallel object, see `probes.vocabulary.table_shards`)."""
 
     def __init__(self, spec: JobSpec, plan: Sequence, rank: int, world: int, device: torch.device,
                  chunk_schedule: dict | None = None, overlap_slices: int = 1, weights_precision: str = "fp32"):

@@ -18,7 +18,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from probes.jobspec import JobSpec
+from probes.vocabulary.jobspec import JobSpec
 from probes.workloads.dlrm import ShardedDLRM
 from probes.workloads.timed_steps import RunResult, run_timed_steps
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from probes.jobspec import JobSpec
-from probes.reuse_profile import load_profile
+from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.reuse_profile import load_profile
 
 TABLES_PER_RANK = 13
 BATCH_SIZES = (128, 256, 512, 1024)

@@ -6,9 +6,9 @@ over row *rank* (the hottest row first) at log-spaced rank fractions; sampling i
 a probe can draw batches whose reuse-factor histograms look like the profiled tables at any
 row count. Profiles are plain JSON.
 
-    python -m probes.reuse_profile from-indices --indices ids.npy --num-embeddings E --name t0 [--out P]
-    python -m probes.reuse_profile from-indices --dlrm-dataset fbgemm_t856_bs65536.pt [--out P]
-    python -m probes.reuse_profile synthesize [--out P]     # rebuilds the shipped default
+    python -m probes.vocabulary.reuse_profile from-indices --indices ids.npy --num-embeddings E --name t0 [--out P]
+    python -m probes.vocabulary.reuse_profile from-indices --dlrm-dataset fbgemm_t856_bs65536.pt [--out P]
+    python -m probes.vocabulary.reuse_profile synthesize [--out P]     # rebuilds the shipped default
 
 `from-indices` reads a 1-D int64 `.npy` of one table's ids, or a dataset in the layout of
 Meta's public DLRM embedding-lookup traces (`torch.save((indices, offsets, lengths))`,
@@ -28,7 +28,7 @@ from typing import Sequence
 
 import numpy as np
 
-DEFAULT_PROFILE = Path(__file__).parent / "data" / "reuse_profile.json"
+DEFAULT_PROFILE = Path(__file__).parent.parent / "data" / "reuse_profile.json"
 CDF_POINTS = 48
 
 
@@ -75,6 +75,14 @@ class ReuseProfile:
         Path(path).write_text(json.dumps(self.to_dict(), indent=1))
 
 
+_HASH_PRIME = 2_654_435_761  # spreads hot rows over the table, as real ids are
+
+
+def spread_ranks(ranks: np.ndarray, num_rows: int) -> np.ndarray:
+    """Hot-first ranks to row ids, scattered over the table as real hashed ids are."""
+    return (ranks * _HASH_PRIME) % num_rows
+
+
 @lru_cache(maxsize=4)
 def load_profile(path: str | None = None) -> ReuseProfile:
     return ReuseProfile.from_dict(json.loads(Path(path or DEFAULT_PROFILE).read_text()))
@@ -94,7 +102,6 @@ def table_from_indices(name: str, indices: np.ndarray, num_embeddings: int, pool
 
 def sample_from_table(table: ProfileTable, num_rows: int, count: int, rng: np.random.Generator) -> np.ndarray:
     """Hot-first ranks by inverting the CDF (log-linear between points), then hashed to ids."""
-    from probes.indices import spread_ranks
 
     return spread_ranks(ranks_from_draws(table, num_rows, rng.random(count)), num_rows)
 
@@ -140,12 +147,12 @@ def synthesize(seed: int = 0, rows: int = 200_000, samples: int = 400_000) -> Re
         tables.append(from_weights(f"hot{hot_share:g}in{hot_frac:g}", w, 10))
     tables.append(from_weights("near_uniform", 1 + 0.2 * rng.random(rows), 30))
     tables.append(from_weights("heavy_head", np.exp(-ranks / 50) + 1e-4 * ranks ** -0.7, 1))
-    return ReuseProfile(f"synthetic archetypes (probes.reuse_profile synthesize, seed {seed}); "
+    return ReuseProfile(f"synthetic archetypes (probes.vocabulary.reuse_profile synthesize, seed {seed}); "
                         "replace with a profile of your own traces", tuple(tables))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m probes.reuse_profile", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m probes.vocabulary.reuse_profile", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="cmd", required=True)
     syn = sub.add_parser("synthesize")
     syn.add_argument("--out", default=str(DEFAULT_PROFILE))

@@ -20,8 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from probes.embedding import TableShape
-from probes.jobspec import JobSpec
+from probes.vocabulary.jobspec import TableShape
+from probes.vocabulary.jobspec import JobSpec
 
 TABLE_WISE, ROW_WISE, COLUMN_WISE, DATA_PARALLEL = "table_wise", "row_wise", "column_wise", "data_parallel"
 SHARDING_TYPES = (TABLE_WISE, ROW_WISE, COLUMN_WISE, DATA_PARALLEL)

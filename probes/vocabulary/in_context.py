@@ -14,11 +14,8 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from probes.elementwise import elementwise_params
-from probes.gemm import gemm_params
-from probes.records import Measurement
-
-IN_CONTEXT_OP = "in_context"
+from probes.vocabulary.ops import IN_CONTEXT_OP, elementwise_params, gemm_params, gemm_params_from_shapes
+from probes.vocabulary.records import Measurement
 
 # Top-level aten ops whose first input's (rows, last dim) is the probed element-wise shape.
 ELEMENTWISE_ATEN = {
@@ -27,23 +24,6 @@ ELEMENTWISE_ATEN = {
     "aten::dropout": "dropout", "aten::gelu_backward": "gelu_bwd",
     "aten::native_layer_norm_backward": "layer_norm_bwd", "aten::_softmax_backward_data": "softmax_bwd",
 }
-
-
-def gemm_params_from_shapes(name: str, shapes: Sequence[Sequence[int]]) -> tuple[int, int, int, str, int] | None:
-    """(M, N, K, variant, batch) of a matrix product from its recorded input shapes."""
-    try:
-        if name == "aten::linear" and len(shapes[0]) == 2 and len(shapes[1]) == 2:
-            (m, k), (n, _) = shapes[0], shapes[1]
-            return m, n, k, ("addmm" if len(shapes) > 2 and shapes[2] else "mm"), 1
-        if name in ("aten::mm", "aten::addmm"):
-            a, b = (shapes[1], shapes[2]) if name == "aten::addmm" else (shapes[0], shapes[1])
-            return a[0], b[1], a[1], name.split("::")[1], 1
-        if name in ("aten::bmm", "aten::baddbmm"):
-            a, b = (shapes[1], shapes[2]) if name == "aten::baddbmm" else (shapes[0], shapes[1])
-            return a[1], b[2], a[2], name.split("::")[1], a[0]
-    except (IndexError, TypeError, ValueError):
-        return None
-    return None
 
 
 def model_op_for(name: str, shapes: Sequence[Sequence[int]]) -> tuple[str, dict[str, Any]] | None:

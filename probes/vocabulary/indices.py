@@ -12,14 +12,15 @@ from functools import lru_cache
 
 import numpy as np
 
+from probes.vocabulary.reuse_profile import load_profile, ranks_from_draws, spread_ranks
+
 REUSE_BINS = 17
-_HASH_PRIME = 2_654_435_761  # spreads hot rows over the table, as real ids are
 
 
 @dataclass(frozen=True)
 class Distribution:
     """`uniform`, Zipf with exponent `s` over the table's rows, or `profile`: the access curve
-    of table `table` of the shipped reuse-factor profile (probes/reuse_profile.py)."""
+    of table `table` of the shipped reuse-factor profile (probes/vocabulary/reuse_profile.py)."""
 
     kind: str = "uniform"
     s: float = 0.0
@@ -32,8 +33,6 @@ class Distribution:
         if isinstance(value, dict) and set(value) == {"zipf"}:
             return cls("zipf", float(value["zipf"]))
         if isinstance(value, dict) and set(value) == {"profile"}:
-            from probes.reuse_profile import load_profile
-
             load_profile().table(str(value["profile"]))  # unknown names fail here, with the choices
             return cls("profile", table=str(value["profile"]))
         if isinstance(value, Distribution):
@@ -68,16 +67,10 @@ def sample_indices(num_rows: int, count: int, dist: Distribution, rng: np.random
         return rng.integers(0, num_rows, size=count, dtype=np.int64)
     draws = np.sort(rng.random(count)) if unordered else rng.random(count)
     if dist.kind == "profile":
-        from probes.reuse_profile import load_profile, ranks_from_draws
-
         return spread_ranks(ranks_from_draws(load_profile().table(dist.table), num_rows, draws), num_rows)
     ranks = np.searchsorted(_zipf_cdf(num_rows, dist.s), draws, side="right")
     return spread_ranks(np.minimum(ranks, num_rows - 1).astype(np.int64), num_rows)
 
-
-def spread_ranks(ranks: np.ndarray, num_rows: int) -> np.ndarray:
-    """Hot-first ranks to row ids, scattered over the table as real hashed ids are."""
-    return (ranks * _HASH_PRIME) % num_rows
 
 
 def reuse_counts(indices: np.ndarray) -> tuple[int, np.ndarray]:

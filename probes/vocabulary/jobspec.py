@@ -52,8 +52,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from probes.embedding import TableShape
-from probes.indices import Distribution
+from probes.vocabulary.indices import Distribution
 
 WORKLOADS = ("dlrm",)
 
@@ -79,6 +78,17 @@ LIMITS: dict[str, tuple[int, int, str]] = {
 MAX_LOOKUPS_PER_TABLE = 2**30
 TABLES_PER_RANK = 32
 MAX_COLLECTIVE_MB = 2**20  # 1 TiB
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """One embedding table as a lookup sees it: rows, width, lookups per sample and how the
+    looked-up rows are distributed."""
+
+    num_embeddings: int
+    embedding_dim: int
+    pooling_factor: int
+    distribution: Distribution = Distribution()
 
 
 class JobSpecError(ValueError):
@@ -371,7 +381,7 @@ class _Validator:
                 if dist.kind == "zipf" and not (dist.s > 0 and math.isfinite(dist.s)):
                     raise ValueError
             except (ValueError, TypeError, KeyError):
-                from probes.reuse_profile import load_profile
+                from probes.vocabulary.reuse_profile import load_profile
 
                 self.fail(f"{path}distribution",
                           f"'uniform', {{zipf: s}} with s > 0, or {{profile: name}} with name in {load_profile().names}",

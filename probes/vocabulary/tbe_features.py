@@ -1,0 +1,73 @@
+"""The features of a set of embedding tables looked up together, which the TBE model is fitted on.
+
+A probe point is a *set* of tables looked up by one table-batched embedding (TBE) op, as one
+rank does in a sharded DLRM. Its features are aggregated over the tables, so one model costs
+any rank's table set, however heterogeneous; `expected_features` gives those of a typical
+batch, for pricing a table set that was never measured.
+"""
+from __future__ import annotations
+
+import zlib
+from functools import lru_cache
+from typing import Any, Sequence
+
+import numpy as np
+
+from probes.vocabulary.indices import REUSE_BINS, Distribution, normalised_histogram, reuse_counts, sample_indices
+from probes.vocabulary.jobspec import TableShape
+
+# Weight storage precisions a TBE probe can use (FBGEMM's SparseType values); the pooled output
+# stays float32 either way. fbgemm_gpu's CPU kernels (fbgemm_gpu-cpu 1.8.0) take fp32 and fp16
+# weights but not bf16 ("split_embedding_cpu_forward" is not implemented for BFloat16).
+WEIGHTS_PRECISIONS = ("fp32", "fp16", "bf16")
+CPU_WEIGHTS_PRECISIONS = ("fp32", "fp16")
+
+
+
+def batch_features(tables: Sequence[TableShape], batch_size: int, per_table: Sequence[np.ndarray],
+                   weights_precision: str = "fp32") -> dict[str, Any]:
+    """The aggregated features the embedding model is fitted on (plain numbers, and the
+    weights' storage precision, which the models are grouped by)."""
+    return _features(tables, batch_size, [reuse_counts(idx) for idx in per_table], weights_precision)
+
+
+def _features(tables: Sequence[TableShape], batch_size: int,
+              reuse: Sequence[tuple[int, Sequence[int]]], weights_precision: str = "fp32") -> dict[str, Any]:
+    """Features from each table's (distinct rows, hit-count bin counts): tables' ids are
+    disjoint, so the set's reuse histogram is the sum of theirs."""
+    hist = normalised_histogram(np.sum([np.asarray(bins, dtype=np.float64) for _, bins in reuse], axis=0)
+                                if reuse else np.zeros(REUSE_BINS))
+    return {
+        "weights_precision": weights_precision,
+        "T": len(tables),
+        "B": batch_size,
+        "D_sum": sum(t.embedding_dim for t in tables),
+        "E_sum": sum(t.num_embeddings for t in tables),
+        "L_mean": float(np.mean([t.pooling_factor for t in tables])),
+        "lookups": sum(batch_size * t.pooling_factor for t in tables),
+        "gathered_elems": sum(batch_size * t.pooling_factor * t.embedding_dim for t in tables),
+        "output_elems": batch_size * sum(t.embedding_dim for t in tables),
+        "distinct_elems": sum(distinct * t.embedding_dim for (distinct, _), t in zip(reuse, tables)),
+        "table_elems": sum(t.num_embeddings * t.embedding_dim for t in tables),
+        "reuse_hist": [round(float(x), 6) for x in hist],
+    }
+
+
+@lru_cache(maxsize=16384)
+def _typical_reuse(num_embeddings: int, pooling_factor: int, distribution: Distribution, batch_size: int,
+                   seed: int) -> tuple[int, tuple[int, ...]]:
+    """One table's (distinct rows, bin counts) in a typical batch, drawn from a generator seeded
+    by the table's shape: the same table gets the same figures in every table set and plan
+    it is priced in, and a planner pricing many plans samples each table once."""
+    label = zlib.crc32(distribution.label().encode())
+    rng = np.random.default_rng([seed, num_embeddings, pooling_factor, batch_size, label])
+    ids = sample_indices(num_embeddings, batch_size * pooling_factor, distribution, rng, unordered=True)
+    distinct, bins = reuse_counts(ids)
+    return distinct, tuple(int(b) for b in bins)
+
+
+def expected_features(tables: Sequence[TableShape], batch_size: int, seed: int = 0,
+                      weights_precision: str = "fp32") -> dict[str, Any]:
+    """Features of a typical batch, for predicting a table set that was never measured."""
+    reuse = [_typical_reuse(t.num_embeddings, t.pooling_factor, t.distribution, batch_size, seed) for t in tables]
+    return _features(tables, batch_size, reuse, weights_precision)
