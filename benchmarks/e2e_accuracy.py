@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 from orchestrator import ray_runtime, registry  # noqa: E402
 from orchestrator.cluster import cluster_fingerprint  # noqa: E402
 from orchestrator.launch import launch_dlrm  # noqa: E402
-from policies.dlrm_cost import estimate_iteration  # noqa: E402
+from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
 from policies.sharders import SHARDERS, rank_memory  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
 

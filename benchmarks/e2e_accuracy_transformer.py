@@ -18,7 +18,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -26,7 +25,7 @@ sys.path.insert(0, str(REPO))
 from benchmarks.e2e_accuracy import champion_on_ray, geomean, spread  # noqa: E402
 from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.launch import launch_transformer  # noqa: E402
-from policies.transformer_cost import estimate_transformer_iteration  # noqa: E402
+from predictors.transformer_estimator import estimate_transformer_iteration  # noqa: E402
 from probes.vocabulary.transformer_spec import random_transformer  # noqa: E402
 
 

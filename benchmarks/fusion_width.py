@@ -37,7 +37,8 @@ from ray import tune  # noqa: E402
 from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.cluster import cluster_fingerprint  # noqa: E402
 from orchestrator.fused_tune import run_sweep, sample_trials  # noqa: E402
-from orchestrator.fusion import fit_fusion_models, measure_width_task, probe_fusion  # noqa: E402
+from orchestrator.fusion import measure_width_task, probe_fusion  # noqa: E402
+from predictors.fusion_model import fit_fusion_models  # noqa: E402
 from orchestrator.measurement_store import MeasurementStore  # noqa: E402
 from policies.fusion_width import choose_width  # noqa: E402
 from probes.fusion.workloads import WORKLOADS  # noqa: E402

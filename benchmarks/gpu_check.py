@@ -563,7 +563,7 @@ CALIBRATION_ELEMENTWISE = ("add", "gelu", "layer_norm", "softmax")
 
 
 def step_calibration(check: Check) -> dict[str, Any]:
-    from predictors.performance_model import fit_performance_model
+    from predictors.fit import fit_performance_model
     from probes.sweep import elementwise_specs, gemm_specs, interleave, memcpy_specs, run_local_probe
 
     cuda = check.device.type == "cuda"

@@ -31,8 +31,9 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
-from policies.substitution import DEFAULT_THRESHOLD, decide, fit_overlap_calibration, predict_point  # noqa: E402
-from predictors.overlap_model import OverlapCalibration, PairPrediction, group_rows_by_point  # noqa: E402
+from policies.substitution import DEFAULT_THRESHOLD, decide  # noqa: E402
+from predictors.pair_estimator import fit_overlap_calibration, predict_point
+from predictors.overlap_model import PairPrediction, group_rows_by_point  # noqa: E402
 from probes.host_allocator import apply_to_child_processes  # noqa: E402
 from probes.vocabulary.pairs import PairPoint  # noqa: E402
 from probes.overlap_probe import measure_pair
@@ -114,13 +115,13 @@ def main() -> None:
     hardware_id, model = load_champion(args.tracking_uri)
     scratch = Path(tempfile.mkdtemp(prefix="substitution-"))
 
-    calibration = OverlapCalibration.of(model)
+    calibration = model.overlap
     source = "bundle"
     if args.refit or not calibration.pairs:
         print(f"fitting overlap costs on {len(overlap_points(2))} calibration pairs measured now", flush=True)
         cal_rows = measure(overlap_points(2), scratch / "calibration_rows.jsonl", args.rounds, transfer=True)
         calibration = fit_overlap_calibration(model, cal_rows)
-        model.meta[OverlapCalibration.META_KEY] = calibration.to_dict()
+        model.overlap = calibration
         source = "fitted in this run on probes.sweep.overlap_points (sizes not in the sweep)"
     for pair, c in calibration.pairs.items():
         print(f"  {pair}: slice overhead {c.slice_overhead_s * 1e3:.3f} ms, compute share {c.comm_compute_share:.2f}, "

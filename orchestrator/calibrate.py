@@ -29,16 +29,12 @@ from orchestrator.measurement_store import MeasurementStore, spec_key
 from orchestrator.sentinel import choose_sentinels
 from orchestrator.progress import Progress, say
 from probes.vocabulary.ops import DLRM_STEP_OP
-from policies.dlrm_cost import fit_overhead, score_steps
-from policies.substitution import fit_overlap_calibration, fit_symm_mem
 from probes.vocabulary.ops import TRANSFORMER_STEP_OP
-from policies.transformer_cost import fit_transformer_overhead, score_transformer_steps
-from predictors.context_model import fit_context_factors
-from predictors.overlap_model import SYMM_MEM_KEY, OverlapCalibration
-from probes.vocabulary.ops import PAIR_OP as OVERLAP_OP, SYMM_MEM_OP, TRANSFER_OP as OVERLAP_TRANSFER_OP
-from probes.vocabulary.ops import IN_CONTEXT_OP
 from policies.sharders import SHARDERS, NoFeasiblePlanError
-from predictors.performance_model import PerformanceModel, fit_performance_model
+from predictors.dlrm_estimator import score_steps
+from predictors.fit import fit_bundle, kernel_rows
+from predictors.performance_model import PerformanceModel
+from predictors.transformer_estimator import score_transformer_steps
 from probes.vocabulary.files import atomic_write_text
 from probes.vocabulary.jobspec import JobSpec, JobSpecError
 from probes.vocabulary.records import Measurement
@@ -239,40 +235,15 @@ def fit_and_register(
     if not rows:
         raise RuntimeError(f"calibration measured nothing; failures: {failures[:3]}")
     registry.log_measurements(rows, fingerprint.hardware_id, failures)
-    kernel_rows = [r for r in rows if r.op not in (DLRM_STEP_OP, TRANSFORMER_STEP_OP, IN_CONTEXT_OP, OVERLAP_OP,
-                                                   OVERLAP_TRANSFER_OP, SYMM_MEM_OP)]
-    step_rows = [r for r in rows if r.op == DLRM_STEP_OP]
-    model, test_rows = fit_performance_model(kernel_rows, fingerprint.hardware_id, seed=seed)
-    context_rows = [r for r in rows if r.op == IN_CONTEXT_OP]
-    if context_rows:  # its held-out rows score kernels in context, not the bundle's ops
-        fit_context_factors(model, context_rows, seed=seed)
+    sentinels = choose_sentinels(seed, fingerprint.device_kind, sum(fingerprint.devices_per_node))
+    model, test_rows = fit_bundle(rows, fingerprint.hardware_id, seed, fingerprint.device_kind, sentinels)
     for op, why in model.meta.get("unfitted", {}).items():
         say(f"WARNING: no model for {op} ({why}); raise the calibration budget to measure it")
-    model.meta.update({"software": fingerprint.software, "devices": fingerprint.summary(),
-                       "device_kind": fingerprint.device_kind,
-                       "sentinels": choose_sentinels(seed, fingerprint.device_kind, sum(fingerprint.devices_per_node))})
-    if step_rows:
-        test_rows += fit_overhead(model, step_rows, seed=seed)
-    transformer_rows = [r for r in rows if r.op == TRANSFORMER_STEP_OP]
-    if len(transformer_rows) >= 3:
-        test_rows += fit_transformer_overhead(model, transformer_rows, seed=seed)
-    symm = fit_symm_mem([r for r in rows if r.op in (OVERLAP_OP, SYMM_MEM_OP)])
-    if symm:  # PyTorch's symmetric-memory fused kernels, measured beside ours (CUDA)
-        model.meta[SYMM_MEM_KEY] = symm
-        for pair, fitted in symm.items():
-            say(f"symmetric-memory {pair}: {fitted['ratio']:.2f} x the unfused pair ({fitted['n']} points)")
-    overlap_rows = [r for r in rows if r.op in (OVERLAP_OP, OVERLAP_TRANSFER_OP)]
-    if overlap_rows:  # fitted on the bundle's own kernel and collective models, kept as JSON in its meta
-        calibration = fit_overlap_calibration(model, overlap_rows)
-        model.meta[OverlapCalibration.META_KEY] = calibration.to_dict()
-        for pair, costs in calibration.pairs.items():
-            say(f"overlap {pair}: slice overhead {costs.slice_overhead_s * 1e3:.3f} ms, communication's compute "
-                f"share {costs.comm_compute_share:.2f}, transfer line "
-                f"{'none' if costs.transfer_latency_s is None else f'{costs.transfer_latency_s * 1e6:.0f} us + {costs.transfer_s_per_byte * 1e9:.3f} ns/B'}"
-                f" ({costs.n_points} pairs, ratio error {costs.fit_gmae:.1%})")
+    model.meta.update({"software": fingerprint.software, "devices": fingerprint.summary()})
+    report_pairs(model)
     registry.log_model_metrics(model)
     try:
-        log_calibration_plots(model, kernel_rows, test_rows)
+        log_calibration_plots(model, kernel_rows(rows), test_rows)
     except Exception as exc:  # a plot must never cost the registration of a fitted model
         say(f"WARNING: calibration plots not drawn: {type(exc).__name__}: {exc}")
     floor = quality_problems(model, sum(fingerprint.devices_per_node))
@@ -283,6 +254,18 @@ def fit_and_register(
     return model, registration
 
 
+def report_pairs(model: PerformanceModel) -> None:
+    """Say what the pair fits found: symmetric-memory ratios and each pair's overlap costs."""
+    for pair, fitted in model.symm_mem.items():  # PyTorch's symmetric-memory fused kernels (CUDA)
+        say(f"symmetric-memory {pair}: {fitted['ratio']:.2f} x the unfused pair ({fitted['n']} points)")
+    for pair, costs in model.overlap.pairs.items():
+        line = ("none" if costs.transfer_latency_s is None
+                else f"{costs.transfer_latency_s * 1e6:.0f} us + {costs.transfer_s_per_byte * 1e9:.3f} ns/B")
+        say(f"overlap {pair}: slice overhead {costs.slice_overhead_s * 1e3:.3f} ms, communication's compute "
+            f"share {costs.comm_compute_share:.2f}, transfer line {line} ({costs.n_points} pairs, ratio error "
+            f"{costs.fit_gmae:.1%})")
+
+
 def score_bundle(bundle: PerformanceModel, rows: Sequence[Measurement]) -> dict[str, Any]:
     """Per-op errors plus whole-step error, so a bundle that predicts kernels well but steps
     badly cannot keep the champion title."""
@@ -291,7 +274,7 @@ def score_bundle(bundle: PerformanceModel, rows: Sequence[Measurement]) -> dict[
     if steps:
         scores[DLRM_STEP_OP] = score_steps(bundle, steps)
     transformer_steps = [r for r in rows if r.op == TRANSFORMER_STEP_OP]
-    if transformer_steps and "transformer_overhead" in bundle.models:
+    if transformer_steps and "transformer" in bundle.step_overheads:
         scores[TRANSFORMER_STEP_OP] = score_transformer_steps(bundle, transformer_steps)
     return scores
 

@@ -20,7 +20,8 @@ from typing import Any, Sequence
 import mlflow
 
 from orchestrator import cli_common, registry
-from orchestrator.fusion import fit_fusion_models, probe_fusion
+from orchestrator.fusion import probe_fusion
+from predictors.fusion_model import fit_fusion_models
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.progress import say
 from policies.fusion_width import choose_width, partition_trials

@@ -19,8 +19,6 @@ from ray.exceptions import RayError
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.progress import Progress, say
 from policies.fusion_width import power_of_two_widths
-from predictors.fusion_model import FusionModel, FusionPoint
-from probes.vocabulary.ops import FUSION_OP
 from probes.fusion.probe import measure_fusion_width
 from probes.vocabulary.records import Measurement
 
@@ -103,21 +101,3 @@ def probe_fusion(workloads: Sequence[str], store: MeasurementStore, max_width: i
     for sweep in sweeps.values():
         say(f"fusion {sweep.workload}: measured widths {[r.params['width'] for r in sweep.rows]}; {sweep.stopped}")
     return [r for s in sweeps.values() for r in s.rows]
-
-
-def fit_fusion_models(rows: Sequence[Measurement]) -> dict[str, FusionModel]:
-    """One `FusionModel` per workload in `rows` (a workload's rows must share one batch size
-    and optimizer: a model fitted on a mix would describe neither)."""
-    groups: dict[tuple, list[FusionPoint]] = {}
-    for r in rows:
-        if r.op != FUSION_OP:
-            continue
-        key = (r.params["workload"], int(r.params["batch_size"]), r.params["optimizer"])
-        groups.setdefault(key, []).append(FusionPoint(int(r.params["width"]), float(r.extra["samples_per_s"]),
-                                                      float(r.extra["peak_memory_bytes"])))
-    workloads = [key[0] for key in groups]
-    mixed = sorted({w for w in workloads if workloads.count(w) > 1})
-    if mixed:
-        raise ValueError(f"rows of {mixed} mix batch sizes or optimizers: {sorted(k for k in groups if k[0] in mixed)}")
-    return {key[0]: FusionModel.fit(key[0], key[1], key[2], points) for key, points in groups.items()}
-

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from orchestrator.cluster import HardwareFingerprint
 from policies.chunking import choose_chunking
-from policies.dlrm_cost import estimate_iteration
+from predictors.dlrm_estimator import estimate_iteration
 from policies.plan import Decision, Plan
 from policies.sharding import choose_sharding
 from policies.substitution import choose_substitutions

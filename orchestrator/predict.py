@@ -12,7 +12,7 @@ from orchestrator.cli_common import ArgumentParser, add_common, champion_or_exit
 from orchestrator.jobfile import load_job
 from orchestrator.planning import job_placement
 from orchestrator.progress import say
-from policies.dlrm_cost import estimate_iteration
+from predictors.dlrm_estimator import estimate_iteration
 from policies.plan import Plan
 
 

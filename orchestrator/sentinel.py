@@ -93,7 +93,7 @@ def run_sentinels(model: PerformanceModel, device_kind: str, hardware_id: str, d
     nodes that have them, as in calibration, not the driver) and score them. Measurements are
     stored before scoring; collective sentinels over more ranks than the cluster has now are
     left out."""
-    specs = [ProbeSpec(**s) for s in (model.meta.get("sentinels") or choose_sentinels(0, device_kind, devices))]
+    specs = [ProbeSpec(**s) for s in (model.sentinels or choose_sentinels(0, device_kind, devices))]
     collective = [s for s in specs if s.family == "collective" and len(s.params["ranks"]) <= devices]
     local = [s for s in specs if s.family != "collective"]
     t0 = time.monotonic()

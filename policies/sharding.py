@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from policies.dlrm_cost import CostBreakdown, estimate_iteration
+from predictors.dlrm_estimator import CostBreakdown, estimate_iteration
 from policies.plan import Candidate, Decision
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from policies.sharding_search import local_search

@@ -1,4 +1,5 @@
-"""Performance models fitted to measurements, and (soon) the simulator that spends them."""
-from predictors.performance_model import OutOfRangeError, PerformanceModel, fit_performance_model
+"""Performance models fitted to measurements, the estimators and the simulator that spend them."""
+from predictors.fit import fit_bundle, fit_performance_model
+from predictors.performance_model import OutOfRangeError, PerformanceModel
 
-__all__ = ["PerformanceModel", "fit_performance_model", "OutOfRangeError"]
+__all__ = ["PerformanceModel", "fit_bundle", "fit_performance_model", "OutOfRangeError"]

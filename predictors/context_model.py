@@ -121,7 +121,7 @@ def fit_context_factors(model: Any, rows: Sequence[Measurement], seed: int = 0) 
     train = [Measurement(IN_CONTEXT_OP, r.params, r.median_s, r.spread_s, r.repeats) for r in train_keyed]
     test = [Measurement(IN_CONTEXT_OP, r.params, r.median_s, r.spread_s, r.repeats) for r in test_keyed]
     factors = ContextFactorModel().fit_against(train, model)
-    model.models[IN_CONTEXT_OP] = factors
+    model.in_step = factors
 
     def errors(use_factor: bool) -> np.ndarray:
         out = []

@@ -21,6 +21,9 @@ import numpy as np
 from scipy.optimize import least_squares
 from scipy.stats import linregress
 
+from probes.vocabulary.ops import FUSION_OP
+from probes.vocabulary.records import Measurement
+
 
 class FusionModelError(ValueError):
     pass
@@ -105,3 +108,20 @@ class FusionModel:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "FusionModel":
         return cls(**data)
+
+
+def fit_fusion_models(rows: Sequence[Measurement]) -> dict[str, FusionModel]:
+    """One `FusionModel` per workload in `rows` (a workload's rows must share one batch size
+    and optimizer: a model fitted on a mix would describe neither)."""
+    groups: dict[tuple, list[FusionPoint]] = {}
+    for r in rows:
+        if r.op != FUSION_OP:
+            continue
+        key = (r.params["workload"], int(r.params["batch_size"]), r.params["optimizer"])
+        groups.setdefault(key, []).append(FusionPoint(int(r.params["width"]), float(r.extra["samples_per_s"]),
+                                                      float(r.extra["peak_memory_bytes"])))
+    workloads = [key[0] for key in groups]
+    mixed = sorted({w for w in workloads if workloads.count(w) > 1})
+    if mixed:
+        raise ValueError(f"rows of {mixed} mix batch sizes or optimizers: {sorted(k for k in groups if k[0] in mixed)}")
+    return {key[0]: FusionModel.fit(key[0], key[1], key[2], points) for key, points in groups.items()}

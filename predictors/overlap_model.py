@@ -236,7 +236,6 @@ def predict_forms(graph: ExecutionGraph, pair: SubstitutablePair, costs: Overlap
     return out
 
 
-SYMM_MEM_KEY = "symm_mem"  # bundle meta: pair kind -> measured fused-kernel / unfused time ratio
 
 
 def fuse_as_one_kernel(graph: ExecutionGraph, pair: SubstitutablePair, ratio: float, cost: CostFn) -> ExecutionGraph:
@@ -332,11 +331,9 @@ def _simplex(x0: list[float]) -> np.ndarray:
 
 @dataclass
 class OverlapCalibration:
-    """Fitted costs per pair kind, kept in a `PerformanceModel`'s meta as plain JSON."""
+    """Fitted costs per pair kind, the `overlap` field of a `PerformanceModel` (plain JSON)."""
 
     pairs: dict[str, OverlapCosts] = field(default_factory=dict)
-
-    META_KEY = "overlap"
 
     def to_dict(self) -> dict[str, Any]:
         return {pair: c.to_dict() for pair, c in sorted(self.pairs.items())}
@@ -344,10 +341,6 @@ class OverlapCalibration:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "OverlapCalibration":
         return cls({pair: OverlapCosts.from_dict(c) for pair, c in data.items()})
-
-    @classmethod
-    def of(cls, model) -> "OverlapCalibration":
-        return cls.from_dict(model.meta.get(cls.META_KEY, {}))
 
 
 def group_rows_by_point(rows: Sequence[Any]) -> dict[tuple, dict[int, Any]]:

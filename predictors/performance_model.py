@@ -1,4 +1,12 @@
-"""`PerformanceModel`: op → fitted `OpModel`, for one hardware_id, serialised as JSON."""
+"""`PerformanceModel`: the bundle of everything fitted for one hardware_id, serialised as JSON.
+
+`models` holds one `OpModel` per measured kernel or collective op. What corrects or completes
+them is a typed field, never a pseudo-op: the host dispatch cost per op (`dispatch`), the
+in-step factors of kernels inside a real training step (`in_step`), each workload's per-step
+framework overhead (`step_overheads`), the overlapped pairs' fitted costs (`overlap`), the
+symmetric-memory kernels' measured ratios (`symm_mem`) and the HFTA fusion curves (`fusion`).
+`predictors.fit.fit_bundle` fills all of them from the measured rows.
+"""
 from __future__ import annotations
 
 import json
@@ -7,14 +15,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from predictors.evaluation import ErrorStats, error_stats, relative_errors, split_by_op
-from predictors.families import baseline_model_for, default_model_for
+from predictors.context_model import ContextFactorModel
+from predictors.evaluation import ErrorStats, error_stats, relative_errors
+from predictors.fusion_model import FusionModel
 from predictors.opmodels import OpModel
+from predictors.overhead_model import OverheadModel
+from predictors.overlap_model import OverlapCalibration
 from probes.vocabulary.files import atomic_write_text
+from probes.vocabulary.ops import CPU_OVERHEAD_OP, IN_CONTEXT_OP, STEP_OVERHEAD_OPS
 from probes.vocabulary.records import Measurement
 
 MODEL_FILE = "performance_model.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 class OutOfRangeError(ValueError):
@@ -24,9 +36,17 @@ class OutOfRangeError(ValueError):
 @dataclass
 class PerformanceModel:
     hardware_id: str
-    models: dict[str, OpModel]
-    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)  # op → held-out stats
-    meta: dict[str, Any] = field(default_factory=dict)
+    models: dict[str, OpModel]  # measured op -> its model
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)  # op -> held-out stats
+    meta: dict[str, Any] = field(default_factory=dict)  # provenance: seed, rows, unfitted ops, software
+    device_kind: str = "cpu"  # "cuda": kernels run asynchronously to their host thread
+    sentinels: list[dict[str, Any]] = field(default_factory=list)  # probe points re-measured for drift
+    dispatch: OverheadModel | None = None  # host time to issue one op, from captured steps
+    in_step: ContextFactorModel | None = None  # kernel time in a real step / isolated
+    step_overheads: dict[str, OpModel] = field(default_factory=dict)  # workload -> per-step overhead
+    overlap: OverlapCalibration = field(default_factory=OverlapCalibration)
+    symm_mem: dict[str, dict[str, float]] = field(default_factory=dict)  # pair -> fused / unfused ratio
+    fusion: dict[str, FusionModel] = field(default_factory=dict)  # workload -> HFTA fusion curve
 
     def predict(self, op: str, strict: bool = False, **params: Any) -> float:
         """Seconds for one `op` with `params`; `strict` refuses far extrapolation."""
@@ -50,24 +70,63 @@ class PerformanceModel:
     def ops(self) -> list[str]:
         return sorted(self.models)
 
+    @property
+    def synchronous(self) -> bool:
+        """CPU kernels and gloo collectives hold the issuing thread; CUDA kernels do not."""
+        return self.device_kind != "cuda"
+
+    def step_overhead_s(self, workload: str, params: dict[str, Any]) -> float:
+        """The fitted per-step framework overhead of `workload` (0 when none was fitted)."""
+        model = self.step_overheads.get(workload)
+        return model.predict(params) if model is not None else 0.0
+
+    def scored_models(self) -> dict[str, OpModel]:
+        """Every model that held-out rows score, under the op its rows carry."""
+        out: dict[str, OpModel] = dict(self.models)
+        if self.dispatch is not None:
+            out[CPU_OVERHEAD_OP] = self.dispatch
+        for workload, model in self.step_overheads.items():
+            out[STEP_OVERHEAD_OPS[workload]] = model
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "format_version": FORMAT_VERSION,
             "hardware_id": self.hardware_id,
+            "device_kind": self.device_kind,
             "models": {op: m.to_dict() for op, m in sorted(self.models.items())},
+            "dispatch": self.dispatch.to_dict() if self.dispatch else None,
+            "in_step": self.in_step.to_dict() if self.in_step else None,
+            "step_overheads": {w: m.to_dict() for w, m in sorted(self.step_overheads.items())},
+            "overlap": self.overlap.to_dict(),
+            "symm_mem": self.symm_mem,
+            "fusion": {w: m.to_dict() for w, m in sorted(self.fusion.items())},
+            "sentinels": self.sentinels,
             "metrics": self.metrics,
             "meta": self.meta,
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "PerformanceModel":
-        if data.get("format_version") != FORMAT_VERSION:
-            raise ValueError(f"unsupported performance model format {data.get('format_version')!r}")
+        version = data.get("format_version")
+        if version == 1:
+            data = _upgrade_v1(data)
+        elif version != FORMAT_VERSION:
+            raise ValueError(f"unsupported performance model format {version!r}; expected 1 or {FORMAT_VERSION}")
+        dispatch, in_step = data.get("dispatch"), data.get("in_step")
         return cls(
             hardware_id=data["hardware_id"],
             models={op: OpModel.from_dict(m) for op, m in data["models"].items()},
             metrics=data.get("metrics", {}),
             meta=data.get("meta", {}),
+            device_kind=data.get("device_kind", "cpu"),
+            sentinels=list(data.get("sentinels") or []),
+            dispatch=_typed(OverheadModel, dispatch),
+            in_step=_typed(ContextFactorModel, in_step),
+            step_overheads={w: OpModel.from_dict(m) for w, m in data.get("step_overheads", {}).items()},
+            overlap=OverlapCalibration.from_dict(data.get("overlap") or {}),
+            symm_mem=data.get("symm_mem") or {},
+            fusion={w: FusionModel.from_dict(m) for w, m in data.get("fusion", {}).items()},
         )
 
     def save(self, directory: str | Path) -> Path:
@@ -80,21 +139,45 @@ class PerformanceModel:
     def load_dir(cls, directory: str | Path) -> "PerformanceModel":
         return cls.from_dict(json.loads((Path(directory) / MODEL_FILE).read_text()))
 
-    @classmethod
-    def load(cls, tracking_uri: str | None, hardware_id: str, alias: str = "champion") -> "PerformanceModel":
-        """The registered bundle for `hardware_id` under `alias`, read as JSON (no code runs)."""
-        from orchestrator.registry import load_performance_model  # the MLflow side lives there
-
-        return load_performance_model(tracking_uri, hardware_id, alias)
-
     def score(self, rows: Sequence[Measurement]) -> dict[str, ErrorStats]:
         """Held-out error of this bundle on `rows`, per op it models."""
+        models = self.scored_models()
         by_op: dict[str, list[Measurement]] = defaultdict(list)
         for r in rows:
-            if r.op in self.models:
+            if r.op in models:
                 by_op[r.op].append(r)
-        return {op: error_stats(relative_errors(self.models[op].predict, priced(self.models[op], rs)))
+        return {op: error_stats(relative_errors(models[op].predict, priced(models[op], rs)))
                 for op, rs in by_op.items()}
+
+
+def _typed(kind: type[OpModel], data: dict[str, Any] | None) -> Any:
+    """Rebuild a correction model, refusing one of another kind (no code runs either way)."""
+    if data is None:
+        return None
+    model = OpModel.from_dict(data)
+    if not isinstance(model, kind):
+        raise ValueError(f"expected a {kind.kind!r} model, got kind {data.get('kind')!r}")
+    return model
+
+
+def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
+    """A format-1 bundle (corrections stored as pseudo-ops and meta keys) in format 2's shape,
+    so bundles registered before the typed fields still load."""
+    models = dict(data["models"])
+    meta = dict(data.get("meta", {}))
+    workloads = {op: w for w, op in STEP_OVERHEAD_OPS.items()}
+    return {
+        **data,
+        "models": {op: m for op, m in models.items() if op not in (CPU_OVERHEAD_OP, IN_CONTEXT_OP, *workloads)},
+        "dispatch": models.get(CPU_OVERHEAD_OP),
+        "in_step": models.get(IN_CONTEXT_OP),
+        "step_overheads": {workloads[op]: m for op, m in models.items() if op in workloads},
+        "device_kind": meta.pop("device_kind", "cpu"),
+        "sentinels": meta.pop("sentinels", []),
+        "overlap": meta.pop("overlap", {}),
+        "symm_mem": meta.pop("symm_mem", {}),
+        "meta": meta,
+    }
 
 
 def priced(model: OpModel, rows: Sequence[Measurement]) -> list[Measurement]:
@@ -108,45 +191,3 @@ def priced(model: OpModel, rows: Sequence[Measurement]) -> list[Measurement]:
             continue
         out.append(r)
     return out
-
-
-def fit_performance_model(
-    rows: Sequence[Measurement], hardware_id: str, seed: int = 0, test_fraction: float = 0.2
-) -> tuple[PerformanceModel, list[Measurement]]:
-    """Fit every measured op on a seeded split; return the bundle and the held-out rows.
-
-    The registered bundle is the one fitted on the training split, so the metrics it carries
-    describe exactly the model that is used.
-    """
-    train, test = split_by_op(rows, seed, test_fraction)
-    by_op: dict[str, list[Measurement]] = defaultdict(list)
-    for r in train:
-        by_op[r.op].append(r)
-    test_by_op: dict[str, list[Measurement]] = defaultdict(list)
-    for r in test:
-        test_by_op[r.op].append(r)
-
-    models: dict[str, OpModel] = {}
-    metrics: dict[str, dict[str, Any]] = {}
-    unfitted: dict[str, str] = {}
-    for op, op_rows in sorted(by_op.items()):
-        try:
-            model = default_model_for(op, seed).fit(op_rows)
-        except (ValueError, KeyError) as exc:  # too few or degenerate rows: report the op, keep the rest
-            unfitted[op] = f"{len(op_rows)} training rows: {exc}"
-            continue
-        models[op] = model
-        held_out = priced(model, test_by_op[op])
-        stats = error_stats(relative_errors(model.predict, held_out)).to_dict()
-        stats["n_unpriced"] = len(test_by_op[op]) - len(held_out)  # held-out rows of a group no training row had
-        baseline = baseline_model_for(op)
-        if baseline is not None and held_out:
-            try:
-                baseline.fit(op_rows)
-                stats["baseline_gmae"] = error_stats(relative_errors(baseline.predict, priced(baseline, held_out))).gmae
-            except (ValueError, KeyError):
-                stats["baseline_gmae"] = None
-        stats["n_train"] = len(op_rows)
-        metrics[op] = stats
-    meta = {"seed": seed, "test_fraction": test_fraction, "n_rows": len(rows), "unfitted": unfitted}
-    return PerformanceModel(hardware_id, models, metrics, meta), test

@@ -220,7 +220,7 @@ def model_cost(model, unpriced: set[str] | None = None, in_context: bool = True)
     Kernels are corrected by the bundle's in-context model (`in_context`) when it has one:
     the isolated probes' warm-cache times, mapped to what a training step really sees.
     """
-    context = model.models.get("in_context") if in_context else None
+    context = model.in_step if in_context else None
 
     def cost(op: GraphOp) -> float:
         if not op.params:
@@ -239,7 +239,7 @@ def model_cost(model, unpriced: set[str] | None = None, in_context: bool = True)
 def model_cpu_overhead(model) -> CostFn:
     """CPU time to issue a graph op: the measured pooled dispatch + between-op gap medians
     (`cpu_overhead` rows from the training probes); 0 when the bundle has none."""
-    overheads = model.models.get("cpu_overhead")
+    overheads = model.dispatch
     if overheads is None:
         return lambda _op: 0.0
     per_op = sum(overheads.predict({"kind": kind, "aten_op": "*"}) for kind in ("dispatch", "gap")

@@ -27,7 +27,7 @@ def test_factor_learned_from_steps_that_run_kernels_twice_as_slow():
         rows.append(Measurement("in_context", {"model_op": "gemm", "aten_op": "aten::mm", "workload": "dlrm", **p},
                                 2.0 * isolated * float(rng.uniform(0.95, 1.05)), 0.0, 1))
     fit_context_factors(model, rows, seed=0)
-    factors = model.models["in_context"]
+    factors = model.in_step
     assert factors.factor("gemm") == pytest.approx(2.0, rel=0.05)
     assert factors.factor("gelu") == 1.0  # never seen in a step
     stats = model.metrics["in_context"]
@@ -52,7 +52,7 @@ def test_a_per_call_cost_is_learned_as_an_addition_not_a_ratio():
         rows.append(Measurement("in_context", {"model_op": "gemm", "aten_op": "aten::mm", "workload": "dlrm", **p},
                                 (model.predict_params("gemm", p) + 5e-6) * float(rng.uniform(0.97, 1.03)), 0.0, 1))
     fit_context_factors(model, rows, seed=0)
-    context = model.models["in_context"]
+    context = model.in_step
     assert context.factor("gemm") == pytest.approx(1.0, abs=0.05)
     assert context.add_s("gemm") == pytest.approx(5e-6, rel=0.2)
     big = gemm_params(1024, 1024, 1024)
@@ -69,4 +69,4 @@ def test_too_few_rows_leave_the_factor_at_one():
     rows = [Measurement("in_context", {"model_op": "gemm", "aten_op": "aten::mm", "workload": "dlrm", **p},
                         5 * model.predict_params("gemm", p), 0.0, 1)] * 3
     fit_context_factors(model, rows, seed=0)
-    assert model.models["in_context"].factor("gemm") == 1.0
+    assert model.in_step.factor("gemm") == 1.0

@@ -59,7 +59,7 @@ def test_ddp_buckets_first_small_then_capped():
 
 def test_graph_ops_are_priced_by_a_fitted_bundle(tmp_path):
     """Every op the builder emits names a modelled op with params its model accepts."""
-    from predictors.performance_model import fit_performance_model
+    from predictors.fit import fit_performance_model
     from predictors.simulator import model_cost
     from probes.vocabulary.records import Measurement
 

@@ -85,7 +85,7 @@ def test_a_stopped_probe_actor_is_cut_at_the_deadline_and_its_point_recorded(ray
 
 
 def _bundle(seed: int, noise: float):
-    from predictors.performance_model import fit_performance_model
+    from predictors.fit import fit_performance_model
     from synthetic_rows import gemm_rows
 
     rng = np.random.default_rng(seed)

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.fusion import fit_fusion_models, probe_fusion
+from orchestrator.fusion import probe_fusion
+from predictors.fusion_model import fit_fusion_models
 from orchestrator.measurement_store import MeasurementStore
 from policies.fusion_width import choose_width
 

@@ -50,7 +50,7 @@ def test_autotune_cycle_on_a_cluster_whose_head_offers_no_devices(tmp_path, tiny
     from mlflow import MlflowClient
 
     from orchestrator import registry
-    from policies.dlrm_cost import estimate_iteration
+    from predictors.dlrm_estimator import estimate_iteration
     from policies.plan import Plan
     from predictors.opmodels import UncalibratedGroupError
     from probes.vocabulary.jobspec import JobSpec

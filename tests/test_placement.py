@@ -6,7 +6,7 @@ import pytest
 from orchestrator.cli_common import EXIT_BAD_INPUT, run_main
 from orchestrator.cluster import GIB, DeviceInfo, HardwareFingerprint, NodeFingerprint
 from orchestrator.planning import job_placement, make_plan
-from policies.dlrm_cost import estimate_iteration
+from predictors.dlrm_estimator import estimate_iteration
 from predictors import fit_performance_model
 from predictors.dlrm_graph import build_dlrm_graph
 from predictors.opmodels import UncalibratedGroupError

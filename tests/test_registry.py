@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from orchestrator import registry
-from predictors import PerformanceModel, fit_performance_model
+from predictors import fit_performance_model
 from probes.vocabulary.ops import gemm_params
 from probes.vocabulary.records import Measurement
 
@@ -61,8 +61,8 @@ def test_loading_in_a_fresh_process_reproduces_predictions_and_no_pickles(tracki
     shapes = [gemm_params(64, 128, 256), gemm_params(1000, 10, 700)]
     expected = [model.predict("gemm", **p) for p in shapes]
     code = (
-        "import json, sys; from predictors import PerformanceModel; "
-        f"m = PerformanceModel.load({tracking!r}, {hw!r}); "
+        "import json, sys; from orchestrator.registry import load_performance_model; "
+        f"m = load_performance_model({tracking!r}, {hw!r}); "
         f"print(json.dumps([m.predict('gemm', **p) for p in {shapes!r}]))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, check=True)
@@ -75,7 +75,7 @@ def test_loading_in_a_fresh_process_reproduces_predictions_and_no_pickles(tracki
 
 def test_missing_champion_is_a_clear_lookup_error(tracking):
     with pytest.raises(LookupError, match="no model registered as perfmodel-nowhere@champion"):
-        PerformanceModel.load(tracking, "nowhere")
+        registry.load_performance_model(tracking, "nowhere")
 
 
 def test_freshness_reasons(tracking):

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from policies.dlrm_cost import estimate_iteration
+from predictors.dlrm_estimator import estimate_iteration
 from policies.sharders import SHARDERS, NoFeasiblePlanError, rank_memory
 from policies.sharding import choose_sharding
 from predictors.memory import dlrm_memory
@@ -108,7 +108,7 @@ def test_choice_is_deterministic_for_a_seed(model):
 def test_step_overhead_learns_the_in_step_slowdown_of_the_kernels(model):
     """Steps measured as 1.4 x their simulated kernels + 0.3 ms per table: the fitted overhead
     recovers both terms, so held-out steps of other sizes are predicted exactly."""
-    from policies.dlrm_cost import OVERHEAD_OP, fit_overhead
+    from predictors.dlrm_estimator import fit_overhead
     from probes.vocabulary.ops import DLRM_STEP_OP
 
     rng = np.random.default_rng(7)
@@ -123,12 +123,12 @@ def test_step_overhead_learns_the_in_step_slowdown_of_the_kernels(model):
                                 1.4 * kernels + 3e-4 * len(tables), 0.0, 20))
     bundle = type(model)(model.hardware_id, dict(model.models))
     held_out = fit_overhead(bundle, rows, seed=1)
-    overhead = bundle.models[OVERHEAD_OP]
+    overhead = bundle.step_overheads["dlrm"]
     coef = dict(zip(overhead.features, overhead.coef))
     assert coef["kernels_s"] == pytest.approx(0.4, rel=0.02)
     assert coef["tables_total"] == pytest.approx(3e-4, rel=0.05)
     assert held_out and bundle.metrics[DLRM_STEP_OP]["gmae"] < 0.01
-    assert OVERHEAD_OP not in model.models  # the shared fixture is untouched
+    assert "dlrm" not in model.step_overheads  # the shared fixture is untouched
 
 
 def test_a_plan_whose_predicted_peak_exceeds_the_device_is_infeasible(model):

@@ -161,10 +161,13 @@ def test_decide_substitutes_only_above_the_threshold():
 
 
 class FakeModel:
-    """What the policy reads from a bundle: meta (device kind, overlap costs) and prices."""
+    """What the policy reads from a bundle: whether kernels hold their thread, the overlap
+    costs, the symmetric-memory ratios and prices."""
 
-    def __init__(self, overlap):
-        self.meta = {"device_kind": "cpu", "overlap": overlap}
+    def __init__(self, overlap: OverlapCalibration):
+        self.synchronous = True
+        self.overlap = overlap
+        self.symm_mem = {}
         self.models = {}
 
     def predict_params(self, op, params):
@@ -175,7 +178,7 @@ class FakeModel:
 
 def test_policy_lists_every_pair_with_both_predictions_and_applies_the_winners():
     graph = two_rank_graph()
-    model = FakeModel(OverlapCalibration({"embedding_all_to_all": OverlapCosts(0.1 * MS, 0.2, 1.0)}).to_dict())
+    model = FakeModel(OverlapCalibration({"embedding_all_to_all": OverlapCosts(0.1 * MS, 0.2, 1.0)}))
     decision, applied = choose_substitutions(graph, model, slice_params, cost=cost)
     cand = decision.candidates[0]
     assert decision.choice.startswith("emb_a2a:k")
@@ -191,10 +194,10 @@ def test_policy_lists_every_pair_with_both_predictions_and_applies_the_winners()
     assert plan.substitutions == {"emb_a2a": int(decision.choice.split(":k")[1])}
     assert Plan({}, "hw", None, 1.0, {}).substitutions == {}
     # the same pair with costly slices stays unfused, and a bundle without costs says why
-    dear = FakeModel(OverlapCalibration({"embedding_all_to_all": OverlapCosts(5 * MS, 1.0, 1.0)}).to_dict())
+    dear = FakeModel(OverlapCalibration({"embedding_all_to_all": OverlapCosts(5 * MS, 1.0, 1.0)}))
     decision, applied = choose_substitutions(graph, dear, slice_params, cost=cost)
     assert decision.choice == "none" and applied is graph
-    decision, _ = choose_substitutions(graph, FakeModel({}), slice_params, cost=cost)
+    decision, _ = choose_substitutions(graph, FakeModel(OverlapCalibration()), slice_params, cost=cost)
     assert not decision.candidates[0].feasible and "no fitted overlap costs" in decision.candidates[0].detail["reason"]
     assert math.isclose(decision.predicted_ms, iteration_ms(graph))
 
@@ -246,8 +249,9 @@ def test_symmetric_memory_kernels_are_a_candidate_priced_by_their_measured_ratio
     """PyTorch's fused kernels (CUDA) beside our sliced pipeline: their measured ratio to the
     unfused pair is fitted per pair kind, and the policy picks them (slices 0) only where the
     simulated iteration with the pair as one fused kernel beats both unfused and sliced."""
-    from policies.substitution import SYMM_MEM_SLICES, fit_symm_mem
-    from predictors.overlap_model import SYMM_MEM_KEY, fuse_as_one_kernel
+    from policies.substitution import SYMM_MEM_SLICES
+    from predictors.pair_estimator import fit_symm_mem
+    from predictors.overlap_model import fuse_as_one_kernel
     from probes.vocabulary.ops import PAIR_OP, SYMM_MEM_OP
     from probes.vocabulary.pairs import PairPoint
     from probes.vocabulary.records import Measurement
@@ -266,15 +270,15 @@ def test_symmetric_memory_kernels_are_a_candidate_priced_by_their_measured_ratio
     pair = SubstitutablePair("emb_a2a", "gemm_all_reduce", "emb", "a2a", ("emb_bwd",))
     one = fuse_as_one_kernel(graph, pair, 0.5, cost)
     assert iteration_ms(one) == pytest.approx(1 + 0.5 * (10 + 10) + 1 + 4)
-    slow_slices = OverlapCalibration({"gemm_all_reduce": OverlapCosts(5 * MS, 1.0, 1.0)}).to_dict()
+    slow_slices = OverlapCalibration({"gemm_all_reduce": OverlapCosts(5 * MS, 1.0, 1.0)})
     model = FakeModel(slow_slices)
-    model.meta[SYMM_MEM_KEY] = {"gemm_all_reduce": {"ratio": 0.5, "n": 2}}
+    model.symm_mem = {"gemm_all_reduce": {"ratio": 0.5, "n": 2}}
     decision, applied = choose_substitutions(graph, model, slice_params, cost=cost)
     assert decision.choice == f"emb_a2a:k{SYMM_MEM_SLICES}"
     assert decision.choice_detail["substitutions"] == {"emb_a2a": SYMM_MEM_SLICES}
     assert decision.candidates[0].detail["predicted_symm_mem_ms"] == pytest.approx(iteration_ms(one))
     assert decision.predicted_ms == pytest.approx(iteration_ms(one))
-    model.meta[SYMM_MEM_KEY] = {"gemm_all_reduce": {"ratio": 1.1, "n": 2}}  # slower than unfused: not chosen
+    model.symm_mem = {"gemm_all_reduce": {"ratio": 1.1, "n": 2}}  # slower than unfused: not chosen
     assert choose_substitutions(graph, model, slice_params, cost=cost)[0].choice == "none"
 
     from orchestrator.launch import _checked_substitutions

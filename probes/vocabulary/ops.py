@@ -35,6 +35,11 @@ SYMM_MEM_OP = "overlap_symm_mem"  # PyTorch's symmetric-memory fused kernels for
 FUSION_OP = "fused_training"  # an HFTA-fused training step of `width` repetitive jobs
 DLRM_STEP_OP = "dlrm_step"  # a whole DLRM training step, measured
 TRANSFORMER_STEP_OP = "transformer_step"  # a whole transformer training step, measured
+# Per-step framework overhead of a workload: what its measured steps leave over the simulated
+# kernels (fitted from the step rows' residuals; the residual rows carry these ops).
+DLRM_OVERHEAD_OP = "dlrm_overhead"
+TRANSFORMER_OVERHEAD_OP = "transformer_overhead"
+STEP_OVERHEAD_OPS = {"dlrm": DLRM_OVERHEAD_OP, "transformer": TRANSFORMER_OVERHEAD_OP}
 
 GEMM_VARIANTS = ("mm", "addmm", "bmm", "baddbmm")
 PRODUCTS = ("forward", "grad_input", "grad_weight")

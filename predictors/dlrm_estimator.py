@@ -26,14 +26,12 @@ from predictors.performance_model import PerformanceModel
 from predictors.simulator import model_cost, simulate
 from probes.vocabulary.table_shards import DATA_PARALLEL, PlanEntry, row_wise_width, table_shards
 from probes.vocabulary.tbe_features import expected_features
-from probes.vocabulary.ops import gemm_params, linear_layer_gemms
+from probes.vocabulary.ops import DLRM_OVERHEAD_OP, DLRM_STEP_OP, gemm_params, linear_layer_gemms
 from probes.vocabulary.jobspec import JobSpec
 from probes.vocabulary.placement import RankPlacement, placement_of
 from probes.vocabulary.records import Measurement
 
-OVERHEAD_OP = "dlrm_overhead"
 OVERHEAD_FEATURES = ["one", "dense_layers", "tables_total", "split_pieces", "kernels_s"]
-STEP_OP = "dlrm_step"
 
 
 @dataclass
@@ -114,27 +112,26 @@ def estimate_iteration(
     if simulate_graph:
         graph = build_dlrm_graph(spec, table_to_rank, placement)
         unpriced: set[str] = set()
-        kernels = simulate(graph, model_cost(model, unpriced), synchronous=is_synchronous(model)).iteration_s
+        kernels = simulate(graph, model_cost(model, unpriced), synchronous=model.synchronous).iteration_s
         problems.extend(f"no model for {op}: priced at 0, the estimate is a lower bound" for op in unpriced)
     else:
         kernels = max(f + b for f, b in zip(emb_fwd, emb_bwd)) + dense + a2a + allreduce
     overhead = 0.0
-    if include_overhead and OVERHEAD_OP in model.models:
-        overhead = predict(OVERHEAD_OP, **overhead_params(spec, kernels, table_to_rank))
+    step_overhead = model.step_overheads.get("dlrm") if include_overhead else None
+    if step_overhead is not None:
+        params = overhead_params(spec, kernels, table_to_rank)
+        problems.extend(step_overhead.out_of_range(params))
+        overhead = step_overhead.predict(params)
     total = kernels + overhead
     return CostBreakdown(total, emb_fwd, emb_bwd, dense, a2a, allreduce, overhead, sorted(set(problems)))
 
-
-def is_synchronous(model: PerformanceModel) -> bool:
-    """CPU kernels and gloo collectives hold the issuing thread; CUDA kernels do not."""
-    return model.meta.get("device_kind", "cpu") != "cuda"
 
 
 def fit_overhead(model: PerformanceModel, step_rows: Sequence[Measurement], seed: int = 0,
                  simulate_graph: bool = True) -> list[Measurement]:
     """Fit the step overhead on a seeded split of training-probe rows; score whole steps.
 
-    Adds `dlrm_overhead` to `model.models` and held-out `dlrm_step` metrics (whole-iteration
+    Sets `model.step_overheads["dlrm"]` and held-out `dlrm_step` metrics (whole-iteration
     error, with the kernels-only sum as the baseline). Returns the held-out step rows.
     """
     train, test = split_by_op(step_rows, seed)
@@ -145,13 +142,13 @@ def fit_overhead(model: PerformanceModel, step_rows: Sequence[Measurement], seed
                                      simulate_graph=simulate_graph,
                                      placement=placement_of(row.params, job.world_size)).iteration_s
         # A step cannot cost less than its kernels; floor the residual at 2% of the step.
-        residuals.append(Measurement(OVERHEAD_OP, overhead_params(job, kernels, row.params["table_to_rank"]), max(row.median_s - kernels, 0.02 * row.median_s), 0.0, row.repeats))
-    model.models[OVERHEAD_OP] = fit_linear_or_constant(OVERHEAD_OP, OVERHEAD_FEATURES, residuals)
+        residuals.append(Measurement(DLRM_OVERHEAD_OP, overhead_params(job, kernels, row.params["table_to_rank"]), max(row.median_s - kernels, 0.02 * row.median_s), 0.0, row.repeats))
+    model.step_overheads["dlrm"] = fit_linear_or_constant(DLRM_OVERHEAD_OP, OVERHEAD_FEATURES, residuals)
 
     stats = score_steps(model, test, simulate_graph=simulate_graph).to_dict()
     stats["baseline_gmae"] = score_steps(model, test, include_overhead=False).gmae if test else None
     stats["n_train"] = len(train)
-    model.metrics[STEP_OP] = stats
+    model.metrics[DLRM_STEP_OP] = stats
     return test
 
 

@@ -18,11 +18,10 @@ from predictors.performance_model import PerformanceModel
 from predictors.simulator import SimResult, model_cost, model_cpu_overhead, simulate
 from predictors.transformer_graph import build_transformer_graph
 from probes.vocabulary.placement import RankPlacement, placement_of
+from probes.vocabulary.ops import TRANSFORMER_OVERHEAD_OP, TRANSFORMER_STEP_OP
 from probes.vocabulary.records import Measurement
 from probes.vocabulary.transformer_spec import TransformerSpec
 
-TRANSFORMER_STEP_OP = "transformer_step"
-TRANSFORMER_OVERHEAD_OP = "transformer_overhead"
 OVERHEAD_FEATURES = ["one", "layers"]
 
 
@@ -42,8 +41,8 @@ def estimate_transformer_iteration(spec: TransformerSpec, model: PerformanceMode
     """`placement`: the node of every rank (default: one node), which decides each group's scope."""
     graph = build_transformer_graph(spec, placement)
     unpriced: set[str] = set()
-    synchronous = model.meta.get("device_kind", "cpu") != "cuda"
-    result = simulate(graph, model_cost(model, unpriced), cpu_overhead=model_cpu_overhead(model), synchronous=synchronous)
+    result = simulate(graph, model_cost(model, unpriced), cpu_overhead=model_cpu_overhead(model),
+                      synchronous=model.synchronous)
     # The builder gives every rank the same ops (only collective groups differ), so one rank
     # prices the baseline and checks ranges: a 64-rank graph is not re-priced 64 times.
     isolated = model_cost(model, set(), in_context=False)
@@ -51,9 +50,7 @@ def estimate_transformer_iteration(spec: TransformerSpec, model: PerformanceMode
     problems = sorted({p for op in graph.ranks[0] if op.params and op.op in model.models
                        for p in model.models[op.op].out_of_range(op.params)})
     problems += [f"no model for {op}: priced at 0, the estimate is a lower bound" for op in sorted(unpriced)]
-    overhead = 0.0
-    if include_overhead and TRANSFORMER_OVERHEAD_OP in model.models:
-        overhead = model.predict(TRANSFORMER_OVERHEAD_OP, layers=spec.layers)
+    overhead = model.step_overhead_s("transformer", {"layers": spec.layers}) if include_overhead else 0.0
     return TransformerEstimate(result.iteration_s + overhead, kernel_sum, result, overhead, problems,
                                transformer_memory(spec))
 
@@ -69,7 +66,7 @@ def fit_transformer_overhead(model: PerformanceModel, step_rows: Sequence[Measur
                                                    placement=placement_of(row.params, spec.world_size)).iteration_s
         residuals.append(Measurement(TRANSFORMER_OVERHEAD_OP, {"layers": spec.layers},
                                      max(row.median_s - simulated, 0.02 * row.median_s), 0.0, row.repeats))
-    model.models[TRANSFORMER_OVERHEAD_OP] = fit_linear_or_constant(TRANSFORMER_OVERHEAD_OP, OVERHEAD_FEATURES, residuals)
+    model.step_overheads["transformer"] = fit_linear_or_constant(TRANSFORMER_OVERHEAD_OP, OVERHEAD_FEATURES, residuals)
     stats = score_transformer_steps(model, test).to_dict()
     stats["baseline_gmae"] = score_transformer_steps(model, test, baseline=True).gmae if test else None
     stats["n_train"] = len(train)

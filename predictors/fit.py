@@ -1,0 +1,104 @@
+"""Rows -> bundle: every fit of a calibration in one place.
+
+`fit_bundle` turns the measured rows of a calibration into a `PerformanceModel`: the per-op
+kernel and collective models first (each on a seeded train / held-out split), then what is
+fitted on top of them: the in-step factors of kernels inside captured training steps, each
+workload's per-step overhead (the residual of its measured steps over the simulated kernels),
+the overlapped pairs' costs and the symmetric-memory kernels' ratios, and the HFTA fusion
+curves. The held-out rows it returns score the bundle against a champion on the same data.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Sequence
+
+from predictors.context_model import fit_context_factors
+from predictors.dlrm_estimator import fit_overhead
+from predictors.evaluation import error_stats, relative_errors, split_by_op
+from predictors.families import baseline_model_for, default_model_for
+from predictors.fusion_model import fit_fusion_models
+from predictors.opmodels import OpModel
+from predictors.pair_estimator import fit_overlap_calibration, fit_symm_mem
+from predictors.performance_model import PerformanceModel, priced
+from predictors.transformer_estimator import fit_transformer_overhead
+from probes.vocabulary.ops import (
+    CPU_OVERHEAD_OP, DLRM_STEP_OP, FUSION_OP, IN_CONTEXT_OP, PAIR_OP, SYMM_MEM_OP, TRANSFER_OP, TRANSFORMER_STEP_OP,
+)
+from probes.vocabulary.records import Measurement
+
+# Rows that are not one kernel's time: whole steps, kernels inside steps, pairs, fused models.
+COMPOSITE_OPS = (DLRM_STEP_OP, TRANSFORMER_STEP_OP, IN_CONTEXT_OP, PAIR_OP, TRANSFER_OP, SYMM_MEM_OP, FUSION_OP)
+MIN_TRANSFORMER_STEPS = 3  # fewer leave nothing to hold out
+
+
+def kernel_rows(rows: Sequence[Measurement]) -> list[Measurement]:
+    """The rows per-op models are fitted on (one kernel, collective or dispatch each)."""
+    return [r for r in rows if r.op not in COMPOSITE_OPS]
+
+
+def fit_bundle(rows: Sequence[Measurement], hardware_id: str, seed: int = 0, device_kind: str = "cpu",
+               sentinels: Sequence[dict[str, Any]] = ()) -> tuple[PerformanceModel, list[Measurement]]:
+    """The bundle of everything `rows` can fit, and its held-out rows (kernel rows of every
+    op, and whole steps of each workload). A part without rows is left empty; an op with too
+    few rows is listed in `meta["unfitted"]` with the reason."""
+    model, held_out = fit_performance_model(kernel_rows(rows), hardware_id, seed=seed)
+    model.device_kind, model.sentinels = device_kind, list(sentinels)
+    by_op: dict[str, list[Measurement]] = defaultdict(list)
+    for r in rows:
+        by_op[r.op].append(r)
+    if by_op[IN_CONTEXT_OP]:  # its held-out rows score kernels in context, not the bundle's ops
+        fit_context_factors(model, by_op[IN_CONTEXT_OP], seed=seed)
+    if by_op[DLRM_STEP_OP]:
+        held_out += fit_overhead(model, by_op[DLRM_STEP_OP], seed=seed)
+    if len(by_op[TRANSFORMER_STEP_OP]) >= MIN_TRANSFORMER_STEPS:
+        held_out += fit_transformer_overhead(model, by_op[TRANSFORMER_STEP_OP], seed=seed)
+    model.symm_mem = fit_symm_mem(by_op[PAIR_OP] + by_op[SYMM_MEM_OP])
+    if by_op[PAIR_OP] or by_op[TRANSFER_OP]:  # fitted on the bundle's own kernel and collective models
+        model.overlap = fit_overlap_calibration(model, by_op[PAIR_OP] + by_op[TRANSFER_OP])
+    if by_op[FUSION_OP]:
+        model.fusion = fit_fusion_models(by_op[FUSION_OP])
+    return model, held_out
+
+
+def fit_performance_model(
+    rows: Sequence[Measurement], hardware_id: str, seed: int = 0, test_fraction: float = 0.2
+) -> tuple[PerformanceModel, list[Measurement]]:
+    """Fit every measured kernel and collective op (and the host dispatch cost) on a seeded
+    split; return the bundle and the held-out rows.
+
+    The registered bundle is the one fitted on the training split, so the metrics it carries
+    describe exactly the model that is used.
+    """
+    train, test = split_by_op(rows, seed, test_fraction)
+    by_op: dict[str, list[Measurement]] = defaultdict(list)
+    for r in train:
+        by_op[r.op].append(r)
+    test_by_op: dict[str, list[Measurement]] = defaultdict(list)
+    for r in test:
+        test_by_op[r.op].append(r)
+
+    models: dict[str, OpModel] = {}
+    metrics: dict[str, dict[str, Any]] = {}
+    unfitted: dict[str, str] = {}
+    for op, op_rows in sorted(by_op.items()):
+        try:
+            model = default_model_for(op, seed).fit(op_rows)
+        except (ValueError, KeyError) as exc:  # too few or degenerate rows: report the op, keep the rest
+            unfitted[op] = f"{len(op_rows)} training rows: {exc}"
+            continue
+        models[op] = model
+        held_out = priced(model, test_by_op[op])
+        stats = error_stats(relative_errors(model.predict, held_out)).to_dict()
+        stats["n_unpriced"] = len(test_by_op[op]) - len(held_out)  # held-out rows of a group no training row had
+        baseline = baseline_model_for(op)
+        if baseline is not None and held_out:
+            try:
+                baseline.fit(op_rows)
+                stats["baseline_gmae"] = error_stats(relative_errors(baseline.predict, priced(baseline, held_out))).gmae
+            except (ValueError, KeyError):
+                stats["baseline_gmae"] = None
+        stats["n_train"] = len(op_rows)
+        metrics[op] = stats
+    meta = {"seed": seed, "test_fraction": test_fraction, "n_rows": len(rows), "unfitted": unfitted}
+    dispatch = models.pop(CPU_OVERHEAD_OP, None)
+    return PerformanceModel(hardware_id, models, metrics, meta, dispatch=dispatch), test
