@@ -112,7 +112,7 @@ def make_plan(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFinger
         notes.append("extrapolating beyond measurements: " + "; ".join(out_of_range[:5]))
     decisions = {"sharding": sharding}
     table_to_rank = sharding.choice_detail["table_to_rank"]
-    substitution, _ = choose_substitutions(build_dlrm_graph(job, table_to_rank, placement), model,
+    substitution = choose_substitutions(build_dlrm_graph(job, table_to_rank, placement), model,
                                            dlrm_slice_params(job, table_to_rank))
     decisions["substitution"] = substitution
     predicted_ms = sharding.predicted_ms

@@ -26,6 +26,7 @@ import math
 from typing import Any, Iterable, Sequence
 
 from policies.plan import Candidate, Decision
+from policies.policy import Estimator, decide
 from predictors.fusion_model import FusionModel
 
 # Hyper-parameters that can differ between fused models (HFTA's fusible set).
@@ -47,48 +48,73 @@ def candidate_widths(model: FusionModel, max_width: int) -> list[int]:
     return sorted(set(power_of_two_widths(max_width)) | {w for w in model.widths if w <= max_width})
 
 
-def choose_width(model: FusionModel, memory_cap_bytes: float, max_width: int = 64,
-                 tolerance: float = DEFAULT_TOLERANCE, widths: Sequence[int] | None = None) -> Decision:
-    """Rank `widths` (default `candidate_widths`) by predicted throughput; see the module
-    docstring for the choice."""
-    if max_width < 1:
-        raise FusionPolicyError(f"max_width: expected an integer >= 1, got {max_width!r}")
-    if not 0 <= tolerance < 1:
-        raise FusionPolicyError(f"tolerance: expected 0 <= tolerance < 1, got {tolerance!r}")
+def fusion_estimator(model: FusionModel, memory_cap_bytes: float) -> Estimator[int]:
+    """Prices a width on the fitted fusion curve: one step of all `width` models (per-model
+    batch), infeasible where the predicted peak memory passes the cap."""
     memory_limit = model.max_width_within(memory_cap_bytes)
-    limit = min(int(max_width), memory_limit)
-    candidates = []
-    for width in widths or candidate_widths(model, max_width):
-        speed = model.throughput(width)
-        memory = model.memory_bytes(width)
+
+    def estimate(name: str, width: int) -> Candidate:
+        speed, memory = model.throughput(width), model.memory_bytes(width)
         feasible = width <= memory_limit
-        detail = {"width": width, "samples_per_s": speed, "peak_memory_bytes": memory,
-                  "extrapolated": model.extrapolated(width)}
+        detail: dict[str, Any] = {"width": width, "samples_per_s": speed, "peak_memory_bytes": memory,
+                                  "extrapolated": model.extrapolated(width)}
         if not feasible:
             detail["reason"] = (f"predicted peak memory {memory / 2**20:.0f} MiB exceeds the cap "
                                 f"{memory_cap_bytes / 2**20:.0f} MiB")
-        # predicted_ms: the time one step of all `width` models takes (per-model batch).
         step_ms = width * model.batch_size / speed * 1e3
-        candidates.append(Candidate(f"width={width}", step_ms if feasible else None, feasible, detail))
-    feasible = [c for c in candidates if c.feasible]
-    if not feasible:
-        raise FusionPolicyError(
-            f"{model.workload}: even one model is predicted to need {model.memory_bytes(1) / 2**20:.0f} MiB, over the "
-            f"cap of {memory_cap_bytes / 2**20:.0f} MiB")
-    best_speed = max(c.detail["samples_per_s"] for c in feasible)
-    chosen = min((c for c in feasible if c.detail["samples_per_s"] >= (1 - tolerance) * best_speed),
-                 key=lambda c: c.detail["width"])
-    candidates.sort(key=lambda c: (not c.feasible, -c.detail["samples_per_s"], c.detail["width"]))
-    detail = {
-        "workload": model.workload, "batch_size": model.batch_size, "optimizer": model.optimizer,
-        "width": chosen.detail["width"], "samples_per_s": chosen.detail["samples_per_s"],
-        "speedup_vs_one": chosen.detail["samples_per_s"] / model.throughput(1),
-        "peak_memory_bytes": chosen.detail["peak_memory_bytes"], "memory_cap_bytes": float(memory_cap_bytes),
-        "width_limit": limit, "limited_by": "memory" if memory_limit < max_width else "max_width",
-        "tolerance": tolerance, "extrapolated": chosen.detail["extrapolated"],
-    }
-    return Decision(policy="fusion_width", choice=chosen.name, predicted_ms=chosen.predicted_ms,
-                    candidates=candidates, choice_detail=detail)
+        return Candidate(f"width={width}", step_ms if feasible else None, feasible, detail)
+    return estimate
+
+
+class FusionWidthPolicy:
+    """The smallest width within `tolerance` of the best predicted throughput (module docstring)."""
+
+    name = "fusion_width"
+
+    def __init__(self, model: FusionModel, memory_cap_bytes: float, max_width: int = 64,
+                 tolerance: float = DEFAULT_TOLERANCE, widths: Sequence[int] | None = None):
+        if max_width < 1:
+            raise FusionPolicyError(f"max_width: expected an integer >= 1, got {max_width!r}")
+        if not 0 <= tolerance < 1:
+            raise FusionPolicyError(f"tolerance: expected 0 <= tolerance < 1, got {tolerance!r}")
+        self.model, self.memory_cap_bytes, self.max_width, self.tolerance = model, memory_cap_bytes, max_width, tolerance
+        self.widths = list(widths or candidate_widths(model, max_width))
+
+    def options(self) -> Iterable[tuple[str, int]]:
+        return ((f"width={w}", w) for w in self.widths)
+
+    def choose(self, priced: list[Candidate], estimate: Estimator[int]) -> Decision:
+        model, cap = self.model, self.memory_cap_bytes
+        feasible = [c for c in priced if c.feasible]
+        if not feasible:
+            raise FusionPolicyError(
+                f"{model.workload}: even one model is predicted to need {model.memory_bytes(1) / 2**20:.0f} MiB, over "
+                f"the cap of {cap / 2**20:.0f} MiB")
+        best_speed = max(c.detail["samples_per_s"] for c in feasible)
+        chosen = min((c for c in feasible if c.detail["samples_per_s"] >= (1 - self.tolerance) * best_speed),
+                     key=lambda c: c.detail["width"])
+        candidates = sorted(priced, key=lambda c: (not c.feasible, -c.detail["samples_per_s"], c.detail["width"]))
+        memory_limit = model.max_width_within(cap)
+        detail = {
+            "workload": model.workload, "batch_size": model.batch_size, "optimizer": model.optimizer,
+            "width": chosen.detail["width"], "samples_per_s": chosen.detail["samples_per_s"],
+            "speedup_vs_one": chosen.detail["samples_per_s"] / model.throughput(1),
+            "peak_memory_bytes": chosen.detail["peak_memory_bytes"], "memory_cap_bytes": float(cap),
+            "width_limit": min(int(self.max_width), memory_limit),
+            "limited_by": "memory" if memory_limit < self.max_width else "max_width",
+            "tolerance": self.tolerance, "extrapolated": chosen.detail["extrapolated"],
+        }
+        return Decision(policy=self.name, choice=chosen.name, predicted_ms=chosen.predicted_ms,
+                        candidates=candidates, choice_detail=detail)
+
+
+def choose_width(model: FusionModel, memory_cap_bytes: float, max_width: int = 64,
+                 tolerance: float = DEFAULT_TOLERANCE, widths: Sequence[int] | None = None,
+                 estimate: Estimator[int] | None = None) -> Decision:
+    """Rank `widths` (default `candidate_widths`) by predicted throughput (or by `estimate`);
+    see the module docstring for the choice."""
+    policy = FusionWidthPolicy(model, memory_cap_bytes, max_width, tolerance, widths)
+    return decide(policy, estimate or fusion_estimator(model, memory_cap_bytes))
 
 
 def infusible_key(trial: dict[str, Any], fusible: Iterable[str] = FUSIBLE_KEYS) -> str:

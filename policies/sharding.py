@@ -11,10 +11,11 @@ embedding load and memory.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 from predictors.dlrm_estimator import CostBreakdown, estimate_iteration
 from policies.plan import Candidate, Decision
+from policies.policy import Estimator, decide, ranked
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from policies.sharding_search import local_search
 from predictors.memory import dlrm_memory
@@ -79,7 +80,8 @@ class PlanPricer:
         cost, _ = self.estimate(plan)
         return cost.iteration_s if cost is not None else None
 
-    def candidate(self, name: str, plan: list[PlanEntry]) -> Candidate:
+    def __call__(self, name: str, plan: list[PlanEntry]) -> Candidate:
+        """The plan as a priced candidate: the sharding policy's default estimator."""
         detail, reason = self.memory(plan)
         detail = {"table_to_rank": plan, **detail}
         cost = None
@@ -92,55 +94,76 @@ class PlanPricer:
         return Candidate(name, cost.iteration_s * 1e3, True, detail)
 
 
+class ShardingPolicy:
+    """Every sharder's plan, the uniform plans, TorchRec's planner's, and a local search from
+    the best of them; the fastest feasible plan wins."""
+
+    name = "sharding"
+
+    def __init__(self, spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float, seed: int = 0,
+                 search: bool = True, search_seconds: float = 20.0, torchrec: bool = True,
+                 placement: RankPlacement | None = None):
+        self.spec, self.model, self.memory_cap_bytes, self.seed = spec, model, memory_cap_bytes, seed
+        self.search, self.search_seconds, self.torchrec, self.placement = search, search_seconds, torchrec, placement
+        self.refused: list[Candidate] = []  # options that produced no plan at all, with the reason
+
+    def options(self) -> Iterable[tuple[str, list[PlanEntry]]]:
+        W = self.spec.world_size
+        plans: dict[str, list[PlanEntry]] = {}
+        for name, sharder in SHARDERS.items():
+            try:
+                plans[name] = list(sharder(self.spec.tables, W, self.memory_cap_bytes, seed=self.seed))
+            except NoFeasiblePlanError as exc:
+                self.refused.append(Candidate(name, None, False, {"reason": str(exc)}))
+        plans.update(uniform_plans(self.spec))
+        if self.torchrec and W > 1:
+            refused: dict[str, str] = {}
+            plans.update(torchrec_plans(self.spec, self.model, self.memory_cap_bytes, self.placement, refused))
+            self.refused.extend(Candidate(name, None, False, {"reason": reason}) for name, reason in refused.items())
+        return plans.items()
+
+    def choose(self, priced: list[Candidate], estimate: Estimator[list[PlanEntry]]) -> Decision:
+        seen: dict[str, str] = {}
+        candidates = self.refused + [_dedup(c, seen) for c in priced]
+        feasible = [c for c in candidates if c.feasible]
+        if self.search and feasible and self.spec.world_size > 1:
+            candidates.append(self._searched(min(feasible, key=lambda c: c.predicted_ms), estimate, seen))
+        order = ranked(candidates)
+        if not order[0].feasible:
+            raise NoFeasiblePlanError(
+                f"no candidate places the {len(self.spec.tables)} tables on {self.spec.world_size} ranks within "
+                f"{self.memory_cap_bytes / 2**30:.2f} GiB per rank:\n  "
+                + "\n  ".join(f"{c.name}: {c.detail.get('reason')}" for c in candidates))
+        best = order[0]
+        return Decision(self.name, best.name, best.predicted_ms, order, {"table_to_rank": best.detail["table_to_rank"]})
+
+    def _searched(self, start: Candidate, estimate: Estimator[list[PlanEntry]], seen: dict[str, str]) -> Candidate:
+        """The local search's plan from `start`, priced; costs from the estimator's `seconds`
+        where it offers one (cheaper than a whole candidate), else from its candidates."""
+        def seconds(plan: list[PlanEntry]) -> float | None:
+            candidate = estimate(SEARCH, plan)
+            return candidate.predicted_ms / 1e3 if candidate.feasible and candidate.predicted_ms is not None else None
+
+        result = local_search(self.spec, start.detail["table_to_rank"], getattr(estimate, "seconds", seconds),
+                              seed=self.seed, max_seconds=self.search_seconds)
+        found = _dedup(estimate(SEARCH, result.plan), seen)
+        found.detail["search"] = {**result.to_dict(), "started_from": start.name}
+        found.detail["search"].pop("plan")
+        return found
+
+
 def choose_sharding(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float, seed: int = 0,
                     device_memory_bytes: float | None = None, search: bool = True,
                     search_seconds: float = 20.0, torchrec: bool = True,
-                    placement: RankPlacement | None = None) -> Decision:
+                    placement: RankPlacement | None = None,
+                    estimate: Estimator[list[PlanEntry]] | None = None) -> Decision:
     """Rank every candidate plan by predicted iteration time (infeasible ones last, with the
     reason). Raises `NoFeasiblePlanError` naming every candidate's reason when none fits.
     `torchrec=False` leaves TorchRec's planner out (it is skipped anyway when not installed).
     `placement`: the node of every rank (default: one node), so collectives are priced on the
-    curves of their scope."""
-    W = spec.world_size
-    pricer = PlanPricer(spec, model, memory_cap_bytes, device_memory_bytes, placement)
-    candidates: list[Candidate] = []
-    seen: dict[str, str] = {}
-    plans: dict[str, list[PlanEntry]] = {}
-    for name, sharder in SHARDERS.items():
-        try:
-            plans[name] = list(sharder(spec.tables, W, memory_cap_bytes, seed=seed))
-        except NoFeasiblePlanError as exc:
-            candidates.append(Candidate(name, None, False, {"reason": str(exc)}))
-    plans.update(uniform_plans(spec))
-    if torchrec and W > 1:
-        refused: dict[str, str] = {}
-        plans.update(torchrec_plans(spec, model, memory_cap_bytes, placement, refused))
-        candidates.extend(Candidate(name, None, False, {"reason": reason}) for name, reason in refused.items())
-    for name, plan in plans.items():
-        candidates.append(_dedup(pricer.candidate(name, plan), seen))
-
-    feasible = [c for c in candidates if c.feasible]
-    if search and feasible and W > 1:
-        start = min(feasible, key=lambda c: c.predicted_ms)
-        result = local_search(spec, start.detail["table_to_rank"], pricer.seconds, seed=seed,
-                              max_seconds=search_seconds)
-        found = _dedup(pricer.candidate(SEARCH, result.plan), seen)
-        found.detail["search"] = {**result.to_dict(), "started_from": start.name}
-        found.detail["search"].pop("plan")
-        candidates.append(found)
-        feasible.append(found)
-    if not feasible:
-        raise NoFeasiblePlanError(
-            f"no candidate places the {len(spec.tables)} tables on {W} ranks within "
-            f"{memory_cap_bytes / 2**30:.2f} GiB per rank:\n  "
-            + "\n  ".join(f"{c.name}: {c.detail.get('reason')}" for c in candidates)
-        )
-    # Ties (identical plans) go to the earlier candidate, so the choice is deterministic.
-    order = [c.name for c in candidates]
-    feasible.sort(key=lambda c: (round(c.predicted_ms, 9), order.index(c.name)))
-    ranked = feasible + [c for c in candidates if not c.feasible]
-    best = ranked[0]
-    return Decision("sharding", best.name, best.predicted_ms, ranked, {"table_to_rank": best.detail["table_to_rank"]})
+    curves of their scope. `estimate`: another estimator than the simulator's `PlanPricer`."""
+    policy = ShardingPolicy(spec, model, memory_cap_bytes, seed, search, search_seconds, torchrec, placement)
+    return decide(policy, estimate or PlanPricer(spec, model, memory_cap_bytes, device_memory_bytes, placement))
 
 
 def torchrec_plans(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float,

@@ -3,7 +3,7 @@ import math
 
 import pytest
 
-from policies.substitution import choose_substitutions, decide
+from policies.substitution import PairPricing, apply_substitutions, choose_substitutions, decide
 from predictors.graph import ExecutionGraph, GraphOp
 from predictors.overlap_model import (
     OverlapCalibration, OverlapCosts, PairPrediction, SubstitutablePair, fit_overlap_costs, fit_transfer_line, predict_forms,
@@ -179,7 +179,8 @@ class FakeModel:
 def test_policy_lists_every_pair_with_both_predictions_and_applies_the_winners():
     graph = two_rank_graph()
     model = FakeModel(OverlapCalibration({"embedding_all_to_all": OverlapCosts(0.1 * MS, 0.2, 1.0)}))
-    decision, applied = choose_substitutions(graph, model, slice_params, cost=cost)
+    decision = choose_substitutions(graph, model, slice_params, cost=cost)
+    applied = apply_substitutions(PairPricing(graph, model, slice_params, cost), decision.choice_detail["substitutions"])
     cand = decision.candidates[0]
     assert decision.choice.startswith("emb_a2a:k")
     assert cand.detail["substitute"] and cand.detail["predicted_unfused_ms"] == pytest.approx(iteration_ms(graph))
@@ -195,9 +196,10 @@ def test_policy_lists_every_pair_with_both_predictions_and_applies_the_winners()
     assert Plan({}, "hw", None, 1.0, {}).substitutions == {}
     # the same pair with costly slices stays unfused, and a bundle without costs says why
     dear = FakeModel(OverlapCalibration({"embedding_all_to_all": OverlapCosts(5 * MS, 1.0, 1.0)}))
-    decision, applied = choose_substitutions(graph, dear, slice_params, cost=cost)
+    decision = choose_substitutions(graph, dear, slice_params, cost=cost)
+    applied = apply_substitutions(PairPricing(graph, dear, slice_params, cost), decision.choice_detail["substitutions"])
     assert decision.choice == "none" and applied is graph
-    decision, _ = choose_substitutions(graph, FakeModel(OverlapCalibration()), slice_params, cost=cost)
+    decision = choose_substitutions(graph, FakeModel(OverlapCalibration()), slice_params, cost=cost)
     assert not decision.candidates[0].feasible and "no fitted overlap costs" in decision.candidates[0].detail["reason"]
     assert math.isclose(decision.predicted_ms, iteration_ms(graph))
 
@@ -273,13 +275,14 @@ def test_symmetric_memory_kernels_are_a_candidate_priced_by_their_measured_ratio
     slow_slices = OverlapCalibration({"gemm_all_reduce": OverlapCosts(5 * MS, 1.0, 1.0)})
     model = FakeModel(slow_slices)
     model.symm_mem = {"gemm_all_reduce": {"ratio": 0.5, "n": 2}}
-    decision, applied = choose_substitutions(graph, model, slice_params, cost=cost)
+    decision = choose_substitutions(graph, model, slice_params, cost=cost)
+    applied = apply_substitutions(PairPricing(graph, model, slice_params, cost), decision.choice_detail["substitutions"])
     assert decision.choice == f"emb_a2a:k{SYMM_MEM_SLICES}"
     assert decision.choice_detail["substitutions"] == {"emb_a2a": SYMM_MEM_SLICES}
     assert decision.candidates[0].detail["predicted_symm_mem_ms"] == pytest.approx(iteration_ms(one))
     assert decision.predicted_ms == pytest.approx(iteration_ms(one))
     model.symm_mem = {"gemm_all_reduce": {"ratio": 1.1, "n": 2}}  # slower than unfused: not chosen
-    assert choose_substitutions(graph, model, slice_params, cost=cost)[0].choice == "none"
+    assert choose_substitutions(graph, model, slice_params, cost=cost).choice == "none"
 
     from orchestrator.launch import _checked_substitutions
     assert _checked_substitutions({"b0.out": 0}, {"b0.out"}, {"b0.out"}) == {"b0.out": 0}
