@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from policies.plan import Candidate, Decision
-from policies.policy import Estimator, decide
+from policies.policy import Estimator, decide, predicted
 from predictors.chunk_sim import DEFAULT_MAX_ACTIVE, SCHEDULES, ChunkSimError, simulate_all_reduce
 from predictors.network import NetworkTopology
 from probes.vocabulary.chunks import ChunkSchedule
@@ -64,7 +64,7 @@ class ChunkingPolicy:
     def choose(self, priced: list[Candidate], estimate: Estimator[ChunkOption]) -> Decision:
         # Fastest first; among equal times the fewer chunks (less to launch), then schedule order.
         order = {s: i for i, s in enumerate(SCHEDULES)}
-        candidates = sorted(priced, key=lambda c: (round(c.predicted_ms, 9), c.detail["chunks"],
+        candidates = sorted(priced, key=lambda c: (round(predicted(c), 9), c.detail["chunks"],
                                                    order[c.detail["schedule"]]))
         first = candidates[0]
         best = simulate_all_reduce(self.topology, self.collective_bytes, first.detail["chunks"],
@@ -79,8 +79,8 @@ class ChunkingPolicy:
         baseline = [c for c in candidates if c.detail["schedule"] == "baseline"]
         if baseline:
             detail["best_baseline"] = {"name": baseline[0].name, "predicted_ms": baseline[0].predicted_ms,
-                                       "speedup": baseline[0].predicted_ms / first.predicted_ms}
-        return Decision(policy=self.name, choice=first.name, predicted_ms=first.predicted_ms,
+                                       "speedup": predicted(baseline[0]) / predicted(first)}
+        return Decision(policy=self.name, choice=first.name, predicted_ms=predicted(first),
                         candidates=candidates, choice_detail=detail)
 
 

@@ -26,7 +26,7 @@ import math
 from typing import Any, Iterable, Sequence
 
 from policies.plan import Candidate, Decision
-from policies.policy import Estimator, decide
+from policies.policy import Estimator, decide, predicted
 from predictors.fusion_model import FusionModel
 
 # Hyper-parameters that can differ between fused models (HFTA's fusible set).
@@ -104,7 +104,7 @@ class FusionWidthPolicy:
             "limited_by": "memory" if memory_limit < self.max_width else "max_width",
             "tolerance": self.tolerance, "extrapolated": chosen.detail["extrapolated"],
         }
-        return Decision(policy=self.name, choice=chosen.name, predicted_ms=chosen.predicted_ms,
+        return Decision(policy=self.name, choice=chosen.name, predicted_ms=predicted(chosen),
                         candidates=candidates, choice_detail=detail)
 
 

@@ -14,22 +14,22 @@ from typing import Callable, Iterable, Protocol, TypeVar
 from policies.plan import Candidate, Decision
 
 Option = TypeVar("Option")
-OptionContra = TypeVar("OptionContra", contravariant=True)
+OptionCo = TypeVar("OptionCo", covariant=True)
 
 # Prices one named option: its predicted time, whether it is feasible (and why not), detail.
 Estimator = Callable[[str, Option], Candidate]
 
 
-class Policy(Protocol[OptionContra]):
+class Policy(Protocol[OptionCo]):
     """One decision of a plan."""
 
     name: str
 
-    def options(self) -> Iterable[tuple[str, OptionContra]]:
+    def options(self) -> Iterable[tuple[str, OptionCo]]:
         """Every (name, option) the policy may choose, before pricing."""
         ...
 
-    def choose(self, priced: list[Candidate], estimate: Callable[[str, OptionContra], Candidate]) -> Decision:
+    def choose(self, priced: list[Candidate], estimate: Callable[[str, OptionCo], Candidate]) -> Decision:
         """The decision among the priced candidates (a policy may price more, e.g. a search
         starting from the best, through the same `estimate`)."""
         ...
@@ -45,5 +45,12 @@ def ranked(candidates: list[Candidate]) -> list[Candidate]:
     infeasible last, in their original order."""
     order = {id(c): i for i, c in enumerate(candidates)}
     feasible = sorted((c for c in candidates if c.feasible),
-                      key=lambda c: (round(c.predicted_ms or 0.0, 9), order[id(c)]))
+                      key=lambda c: (round(predicted(c), 9), order[id(c)]))
     return feasible + [c for c in candidates if not c.feasible]
+
+
+def predicted(candidate: Candidate) -> float:
+    """A priced candidate's time in milliseconds (a feasible candidate always has one)."""
+    if candidate.predicted_ms is None:
+        raise ValueError(f"candidate {candidate.name!r} has no predicted time: {candidate.detail.get('reason')}")
+    return candidate.predicted_ms

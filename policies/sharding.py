@@ -11,11 +11,11 @@ embedding load and memory.
 """
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from predictors.dlrm_estimator import CostBreakdown, estimate_iteration
 from policies.plan import Candidate, Decision
-from policies.policy import Estimator, decide, ranked
+from policies.policy import Estimator, decide, predicted, ranked
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from policies.sharding_search import local_search
 from predictors.memory import dlrm_memory
@@ -127,7 +127,7 @@ class ShardingPolicy:
         candidates = self.refused + [_dedup(c, seen) for c in priced]
         feasible = [c for c in candidates if c.feasible]
         if self.search and feasible and self.spec.world_size > 1:
-            candidates.append(self._searched(min(feasible, key=lambda c: c.predicted_ms), estimate, seen))
+            candidates.append(self._searched(min(feasible, key=predicted), estimate, seen))
         order = ranked(candidates)
         if not order[0].feasible:
             raise NoFeasiblePlanError(
@@ -135,7 +135,7 @@ class ShardingPolicy:
                 f"{self.memory_cap_bytes / 2**30:.2f} GiB per rank:\n  "
                 + "\n  ".join(f"{c.name}: {c.detail.get('reason')}" for c in candidates))
         best = order[0]
-        return Decision(self.name, best.name, best.predicted_ms, order, {"table_to_rank": best.detail["table_to_rank"]})
+        return Decision(self.name, best.name, predicted(best), order, {"table_to_rank": best.detail["table_to_rank"]})
 
     def _searched(self, start: Candidate, estimate: Estimator[list[PlanEntry]], seen: dict[str, str]) -> Candidate:
         """The local search's plan from `start`, priced; costs from the estimator's `seconds`
@@ -176,7 +176,8 @@ def torchrec_plans(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: flo
     try:
         from policies.torchrec_bridge import torchrec_plan
 
-        for name, kwargs in ((TORCHREC, {}), (TORCHREC_MEASURED, {"model": model})):
+        estimators: tuple[tuple[str, dict[str, Any]], ...] = ((TORCHREC, {}), (TORCHREC_MEASURED, {"model": model}))
+        for name, kwargs in estimators:
             try:
                 out[name] = torchrec_plan(spec, memory_cap_bytes, placement=placement, **kwargs)
             except NoFeasiblePlanError as exc:

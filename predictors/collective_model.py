@@ -114,7 +114,7 @@ def _cv_error(x: np.ndarray, t: np.ndarray, assignment: np.ndarray, folds: int, 
         train, test = assignment != f, assignment == f
         if train.sum() < 3 or not test.any():
             continue
-        curve = (_fit_alpha_beta(x[train], t[train]) if x1 is None
+        curve = (_fit_alpha_beta(x[train], t[train]) if x1 is None or x2 is None
                  else _fit_given_breaks(x[train], t[train], x1, x2))
         err += _log_error(curve, x[test], t[test]) * test.sum()
     return err

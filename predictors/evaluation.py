@@ -30,7 +30,7 @@ def relative_errors(predict: Callable[[dict], float], rows: Sequence[Measurement
 ERROR_FLOOR = 1e-6  # an exact hit must not send a geometric mean to zero
 
 
-def geomean(values: Sequence[float]) -> float:
+def geomean(values: Sequence[float] | np.ndarray) -> float:
     """Geometric mean of relative errors (each floored at ERROR_FLOOR); nan when empty."""
     if len(values) == 0:
         return float("nan")

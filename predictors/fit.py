@@ -18,6 +18,7 @@ from predictors.evaluation import error_stats, relative_errors, split_by_op
 from predictors.families import baseline_model_for, default_model_for
 from predictors.fusion_model import fit_fusion_models
 from predictors.opmodels import OpModel
+from predictors.overhead_model import OverheadModel
 from predictors.pair_estimator import fit_overlap_calibration, fit_symm_mem
 from predictors.performance_model import PerformanceModel, priced
 from predictors.transformer_estimator import fit_transformer_overhead
@@ -101,4 +102,5 @@ def fit_performance_model(
         metrics[op] = stats
     meta = {"seed": seed, "test_fraction": test_fraction, "n_rows": len(rows), "unfitted": unfitted}
     dispatch = models.pop(CPU_OVERHEAD_OP, None)
+    assert dispatch is None or isinstance(dispatch, OverheadModel)  # default_model_for's family for it
     return PerformanceModel(hardware_id, models, metrics, meta, dispatch=dispatch), test

@@ -77,6 +77,7 @@ class FusionModel:
                 fit = least_squares(residual, start, bounds=([1e-12, 0.0, 0.0], [np.inf, np.inf, np.inf]))
                 if best is None or fit.cost < best.cost:
                     best = fit
+        assert best is not None  # the loops above ran at least once
         a, b, c = (float(v) for v in best.x)
         memory = np.array([p.peak_memory_bytes for p in points], dtype=np.float64)
         line = linregress(width, memory)

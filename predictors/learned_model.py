@@ -15,10 +15,10 @@ import numpy as np
 
 from predictors.features import design_row
 from predictors.opmodels import GroupedCostModel, LinearCostModel, OpModel
-from predictors.regressors import ArrayMLP, ArrayTrees, regressor_from_dict
+from predictors.regressors import ArrayMLP, ArrayTrees, RegressorKind, regressor_from_dict
 from probes.vocabulary.records import Measurement
 
-CANDIDATES = {"mlp": ArrayMLP, "gbt": ArrayTrees}
+CANDIDATES: dict[str, RegressorKind] = {"mlp": ArrayMLP, "gbt": ArrayTrees}
 # Below this many training rows a validation split leaves too little to fit or judge a
 # regressor (the MLP's own early-stopping split needs several rows), so the base is used alone.
 MIN_ROWS_FOR_CORRECTION = 20

@@ -55,9 +55,8 @@ def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
 def pool(parts: Sequence[OverheadQuantiles]) -> OverheadQuantiles:
     """Several distributions of one key → one (count-weighted median of each quantile)."""
     counts = [max(p.count, 1) for p in parts]
-    return OverheadQuantiles(
-        *(weighted_median([getattr(p, q) for p in parts], counts) for q in QUANTILES), count=sum(counts),
-    )
+    p10, p50, p90 = (weighted_median([getattr(p, q) for p in parts], counts) for q in QUANTILES)
+    return OverheadQuantiles(p10, p50, p90, count=sum(counts))
 
 
 class OverheadModel(OpModel):

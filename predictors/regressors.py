@@ -107,10 +107,11 @@ class ArrayTrees:
                    np.asarray(d["feature"], dtype=np.int64), np.asarray(d["threshold"]), np.asarray(d["value"]), d["depth"])
 
 
-REGRESSORS = {ArrayMLP.kind: ArrayMLP, ArrayTrees.kind: ArrayTrees}
+RegressorKind = type[ArrayMLP] | type[ArrayTrees]
+REGRESSORS: dict[str, RegressorKind] = {ArrayMLP.kind: ArrayMLP, ArrayTrees.kind: ArrayTrees}
 
 
-def regressor_from_dict(d: dict[str, Any]):
+def regressor_from_dict(d: dict[str, Any]) -> ArrayMLP | ArrayTrees:
     if d.get("kind") not in REGRESSORS:
         raise ValueError(f"unknown regressor kind {d.get('kind')!r}; known: {sorted(REGRESSORS)}")
     return REGRESSORS[d["kind"]].from_dict(d)

@@ -91,8 +91,8 @@ def start_offsets(steps: Sequence[dict[str, Any]], hosts: Sequence[str] | None) 
     clocks = [s.get("start_clock_s") for s in steps]
     if hosts is None or len(set(hosts)) != 1 or any(c is None for c in clocks):
         return [0.0] * len(steps)
-    first = min(clocks)
-    return [float(c - first) for c in clocks]
+    known = [float(c) for c in clocks if c is not None]
+    return [c - min(known) for c in known]
 
 
 def measured_iteration_s(steps: Sequence[dict[str, Any]], hosts: Sequence[str] | None = None) -> float:

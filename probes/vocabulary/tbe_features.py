@@ -32,7 +32,7 @@ def batch_features(tables: Sequence[TableShape], batch_size: int, per_table: Seq
 
 
 def _features(tables: Sequence[TableShape], batch_size: int,
-              reuse: Sequence[tuple[int, Sequence[int]]], weights_precision: str = "fp32") -> dict[str, Any]:
+              reuse: Sequence[tuple[int, Sequence[int] | np.ndarray]], weights_precision: str = "fp32") -> dict[str, Any]:
     """Features from each table's (distinct rows, hit-count bin counts): tables' ids are
     disjoint, so the set's reuse histogram is the sum of theirs."""
     hist = normalised_histogram(np.sum([np.asarray(bins, dtype=np.float64) for _, bins in reuse], axis=0)
