@@ -41,7 +41,7 @@ from orchestrator.fusion import measure_width_task, probe_fusion  # noqa: E402
 from predictors.fusion_model import fit_fusion_models  # noqa: E402
 from orchestrator.measurement_store import MeasurementStore  # noqa: E402
 from policies.fusion_width import choose_width  # noqa: E402
-from probes.fusion.workloads import WORKLOADS  # noqa: E402
+from probes.workloads.fusion.models import WORKLOADS  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
 
 

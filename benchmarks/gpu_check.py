@@ -86,7 +86,7 @@ def fbgemm_status() -> tuple[bool, str]:
 
 
 def ensure_psutil() -> bool:
-    """probes/fusion/probe.py imports psutil (its CPU memory watch); a bare python3 may lack it.
+    """probes/fusion.py imports psutil (its CPU memory watch); a bare python3 may lack it.
     Install a /proc-based stand-in for `psutil.Process().memory_info().rss` in that case (the
     CUDA path never calls it). Returns whether the stand-in was installed."""
     try:
@@ -499,7 +499,7 @@ def _need_group(pg: ProcessGroup) -> None:
 def step_overlap(check: Check, pg: ProcessGroup) -> dict[str, Any]:
     _need_group(pg)
     from probes.vocabulary.pairs import PairPoint
-    from probes.overlap_probe import measure_pair
+    from probes.overlap import measure_pair
 
     world = dist.get_world_size()
     try:
@@ -757,7 +757,7 @@ def step_timing(check: Check) -> dict[str, Any]:
 def step_fusion(check: Check) -> dict[str, Any]:
     shim = ensure_psutil()
     from predictors.fusion_model import FusionModel, FusionPoint
-    from probes.fusion.probe import measure_fusion_width
+    from probes.fusion import measure_fusion_width
 
     workload, widths = "pointnet", (1, 2, 4)
     secs = 0.5 if check.args.quick else 2.0

@@ -36,7 +36,7 @@ from predictors.pair_estimator import fit_overlap_calibration, predict_point
 from predictors.overlap_model import PairPrediction, group_rows_by_point  # noqa: E402
 from probes.host_allocator import apply_to_child_processes  # noqa: E402
 from probes.vocabulary.pairs import PairPoint  # noqa: E402
-from probes.overlap_probe import measure_pair
+from probes.overlap import measure_pair
 from probes.vocabulary.records import Measurement  # noqa: E402
 from probes.sweep import overlap_points  # noqa: E402
 

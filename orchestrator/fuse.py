@@ -25,7 +25,7 @@ from predictors.fusion_model import fit_fusion_models
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.progress import say
 from policies.fusion_width import choose_width, partition_trials
-from probes.fusion.workloads import WORKLOADS
+from probes.workloads.fusion.models import WORKLOADS
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -29,10 +29,10 @@ from ray import tune
 from ray.tune.search.variant_generator import generate_variants
 
 from policies.fusion_width import FUSIBLE_KEYS, partition_trials
-from probes.fusion.fused_optim import FusedHyperParams
-from probes.fusion.hfta import fused_cross_entropy
-from probes.fusion.probe import FusedTrainer
-from probes.fusion.workloads import FusionWorkload, batches, workload
+from probes.workloads.fusion.fused_optim import FusedHyperParams
+from probes.workloads.fusion.hfta import fused_cross_entropy
+from probes.workloads.fusion.trainer import FusedTrainer
+from probes.workloads.fusion.models import FusionWorkload, batches, workload
 
 VALIDATION_SAMPLES = 256
 

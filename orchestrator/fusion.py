@@ -19,7 +19,7 @@ from ray.exceptions import RayError
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.progress import Progress, say
 from policies.fusion_width import power_of_two_widths
-from probes.fusion.probe import measure_fusion_width
+from probes.fusion import measure_fusion_width
 from probes.vocabulary.records import Measurement
 
 

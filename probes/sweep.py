@@ -104,7 +104,7 @@ def run_collective_batch(specs: Sequence[ProbeSpec], device: str = "cpu",
 
         from probes.collective import group_for
         from probes.vocabulary.pairs import PairPoint
-        from probes.overlap_probe import measure_pair
+        from probes.overlap import measure_pair
 
         point = PairPoint(**specs[0].params)
         group = group_for(list(range(point.world)))  # every member of the gang takes part in this

@@ -30,7 +30,7 @@ def _every_path(rank: int, world: int, job: dict, init_file: str, out_dir: str) 
     from probes.vocabulary.chunks import ChunkSchedule
     from probes.vocabulary.jobspec import JobSpec
     from probes.vocabulary.pairs import PairPoint
-    from probes.overlap_probe import measure_pair
+    from probes.overlap import measure_pair
     from probes.workloads.dlrm import ShardedDLRM
     from probes.workloads.transformer import ParallelTransformer
     from probes.vocabulary.transformer_spec import TransformerSpec

@@ -84,8 +84,8 @@ def test_tune_sweep_runs_the_users_own_model(ray_local, tmp_path) -> None:
     from torch import nn
 
     from orchestrator.fused_tune import run_sweep
-    from probes.fusion.hfta import RateDropout
-    from probes.fusion.workloads import FusionWorkload
+    from probes.workloads.fusion.hfta import RateDropout
+    from probes.workloads.fusion.models import FusionWorkload
 
     # Defined here, not at module level, so Tune's workers receive them by value (as a
     # user's own functions in a driver script are).

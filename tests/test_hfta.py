@@ -8,10 +8,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from probes.fusion.fused_optim import FusedHyperParams, FusedOptimizer, FusedOptimizerError
-from probes.fusion.hfta import FusedModels, FusionError, RateDropout, build_members, fused_cross_entropy
-from probes.fusion.probe import FusedTrainer, measure_fusion_width
-from probes.fusion.workloads import WORKLOADS, batches
+from probes.workloads.fusion.fused_optim import FusedHyperParams, FusedOptimizer, FusedOptimizerError
+from probes.workloads.fusion.hfta import FusedModels, FusionError, RateDropout, build_members, fused_cross_entropy
+from probes.fusion import measure_fusion_width
+from probes.workloads.fusion.trainer import FusedTrainer
+from probes.workloads.fusion.models import WORKLOADS, batches
 
 SEEDS = [11, 12, 13]
 LRS = [3e-3, 1e-3, 3e-4]

@@ -14,7 +14,7 @@ from spawned import exit_worker
 from policies.chunking import choose_chunking
 from predictors.network import Dimension, NetworkTopology
 from probes.vocabulary.chunks import ChunkSchedule, ScheduleError, dimension_lines, rank_coords
-from probes.hierarchical_allreduce import HierarchicalAllReduce, hierarchical_allreduce_hook
+from probes.workloads.hierarchical_allreduce import HierarchicalAllReduce, hierarchical_allreduce_hook
 from probes.workloads.transformer import ParallelTransformer
 from probes.vocabulary.transformer_spec import TransformerSpec
 

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 from probes.vocabulary.jobspec import TableShape
 from probes.embedding import make_batch, make_tbe
 from probes.vocabulary.pairs import ExchangeLayout, slice_bounds
-from probes.overlap import (
+from probes.workloads.overlap import (
     all_to_all_reference,
     gemm_all_reduce_reference,
     gemm_producer,

@@ -291,6 +291,6 @@ def test_symmetric_memory_kernels_are_a_candidate_priced_by_their_measured_ratio
 
 
 def test_symmetric_memory_kernels_run_only_on_cuda():
-    from probes.overlap import symm_mem_supported
+    from probes.workloads.overlap import symm_mem_supported
 
     assert not symm_mem_supported("cpu", 256, 2)

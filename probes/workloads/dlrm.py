@@ -14,7 +14,7 @@ prices can be run and checked:
   TBE, and the gradients are all-reduced (averaged) before the optimizer step.
 With `overlap_slices` = k > 1 (the plan's substitution decision for the embedding + all-to-all
 pair), the table-wise lookup and its forward all-to-all run overlapped
-(`probes.overlap.overlapped_all_to_all`): the lookup in k bag slices, remote ranks' bags first,
+(`probes.workloads.overlap.overlapped_all_to_all`): the lookup in k bag slices, remote ranks' bags first,
 each slice's rows sent as soon as they are pooled; backward is one reverse all-to-all whose
 gradient rows are handed back to each slice's lookup (k TBE backwards).
 The synthetic loader yields every table's global-batch indices from a per-table seed, so the
@@ -33,9 +33,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from probes.vocabulary.chunks import ChunkSchedule
-from probes.hierarchical_allreduce import HierarchicalAllReduce, hierarchical_allreduce_hook
+from probes.workloads.hierarchical_allreduce import HierarchicalAllReduce, hierarchical_allreduce_hook
 from probes.vocabulary.pairs import ExchangeLayout
-from probes.overlap import overlapped_all_to_all, producer_ranges, slice_runs, tbe_bag_ranges
+from probes.workloads.overlap import overlapped_all_to_all, producer_ranges, slice_runs, tbe_bag_ranges
 
 from probes.embedding import check_weights_precision, make_dense_tbe, make_tbe
 from probes.vocabulary.indices import sample_indices

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from probes.vocabulary.pairs import SYMM_MEM_SLICES
-from probes.overlap import overlapped_gemm_all_reduce, symm_mem_gemm_all_reduce
+from probes.workloads.overlap import overlapped_gemm_all_reduce, symm_mem_gemm_all_reduce
 from probes.comm import destroy_groups
 from probes.workloads.timed_steps import RunResult, run_timed_steps
 from probes.vocabulary.transformer_spec import CPU_DTYPES, TransformerSpec
@@ -60,7 +60,7 @@ class _ReduceFromTensorParallel(torch.autograd.Function):
 
 class _OverlappedRowParallel(torch.autograd.Function):
     """A row-parallel linear's product and the all-reduce of its partial sums, overlapped in
-    `slices` slices (`probes.overlap.overlapped_gemm_all_reduce`); backward as the unfused
+    `slices` slices (`probes.workloads.overlap.overlapped_gemm_all_reduce`); backward as the unfused
     pair's: the all-reduce passes the gradient through, the product's two GEMMs follow."""
 
     @staticmethod
@@ -154,7 +154,7 @@ class ParallelTransformer:
                  comm_hook: tuple[Any, Callable[..., Any]] | None = None,
                  overlap_slices: dict[str, int] | None = None):
         """`comm_hook`: (state, hook) registered on the DDP module, e.g. the hierarchical
-        all-reduce of probes/hierarchical_allreduce.py; None keeps DDP's own all-reduce.
+        all-reduce of probes/workloads/hierarchical_allreduce.py; None keeps DDP's own all-reduce.
         `overlap_slices`: the substitution decision's {"b0.out": k, ...}: those row-parallel
         products run overlapped with their all-reduce."""
         if dist.get_world_size() != spec.world_size:

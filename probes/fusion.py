@@ -1,5 +1,5 @@
-"""Fused training: the training loop of B fused models, and the probe that measures one
-fusion width (throughput summed over models, peak memory).
+"""The fusion-width probe: throughput (summed over models) and peak memory of B fused models
+trained as one (`probes.workloads.fusion.trainer.FusedTrainer`).
 
 Peak memory on a GPU is the allocator's high-water mark. On CPU it is the process's resident
 high-water mark above its resident size before the models were built (see `MemoryWatch`);
@@ -13,50 +13,20 @@ import resource
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import psutil
 import torch
 
-from probes.fusion.fused_optim import FusedHyperParams, FusedOptimizer
-from probes.fusion.hfta import FusedModels, build_members, fused_cross_entropy
-from probes.fusion.workloads import FusionWorkload, batches, workload
-from probes.vocabulary.records import Measurement
 from probes.timing import time_callable
+from probes.vocabulary.ops import FUSION_OP
+from probes.vocabulary.records import Measurement
+from probes.workloads.fusion.fused_optim import FusedHyperParams
+from probes.workloads.fusion.models import batches, workload
+from probes.workloads.fusion.trainer import FusedTrainer
 
-FUSION_OP = "fused_training"
 DATA_BATCHES = 4  # distinct batches cycled through while timing (drawing data is not timed)
-
-
-@dataclass
-class FusedTrainer:
-    """B models of one workload trained as one, each with its own hyper-parameters. The data
-    are the caller's: every step takes a batch that all B models see."""
-
-    fused: FusedModels
-    optimizer: FusedOptimizer
-
-    @classmethod
-    def build(cls, work: FusionWorkload, seeds: Sequence[int], hyper: FusedHyperParams, optimizer: str = "adam",
-              dropouts: Sequence[float] | None = None, device: torch.device | str = "cpu") -> "FusedTrainer":
-        members = build_members(work.build, seeds, dropouts, device)
-        fused = FusedModels(members).train()
-        return cls(fused, FusedOptimizer(optimizer, fused.params, hyper))
-
-    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        """One training step of every model on the batch (x, y); returns each model's loss."""
-        self.optimizer.zero_grad()
-        loss, per_model = fused_cross_entropy(self.fused(x), y)
-        loss.backward()
-        self.optimizer.step()
-        return per_model
-
-    def keep(self, indices: Sequence[int]) -> None:
-        """Go on with only the models at `indices` (the others were stopped early): the fused
-        job shrinks, so stopped models no longer cost compute or memory."""
-        self.fused.keep(indices)
-        self.optimizer.keep(indices, self.fused.params)
 
 
 def _status_kib(field: str) -> int | None:

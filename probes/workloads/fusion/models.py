@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from probes.fusion.hfta import RateDropout
+from probes.workloads.fusion.hfta import RateDropout
 
 NUM_CLASSES = 10
 

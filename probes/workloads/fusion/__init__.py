@@ -5,7 +5,9 @@ in fusible hyper-parameters trained as one job, every operator batched over the 
   fused loss;
 - `fused_optim`: SGD with momentum, Adam and AdamW over stacked parameters with a
   hyper-parameter vector per model;
-- `workloads`: the reference workloads (PointNet-style classifier, small CNN, small
+- `models`: the reference workloads (PointNet-style classifier, small CNN, small
   transformer encoder) on synthetic data generated locally;
-- `probe`: throughput and peak memory of one fusion width.
+- `trainer`: the training loop of B fused models (`FusedTrainer`).
+
+The probe that measures one fusion width is `probes.fusion`.
 """
