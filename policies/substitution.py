@@ -1,5 +1,5 @@
-"""Fused compute + collective substitution: replace a pair by its overlapped form only where
-the simulator predicts it pays.
+"""Overlap substitution: run a compute + collective pair in its overlapped form only where the
+simulator predicts it pays.
 
 For each substitutable pair of a job's execution graph (or a standalone measured pair), the
 graph is simulated unfused and with the pair as a k-slice pipeline for k in 2, 4, 8, 16

@@ -1,6 +1,8 @@
-"""Per-op performance models, fitted to measurements and serialised as plain data.
+"""The `OpModel` interface, and the simple per-op models, serialised as plain data.
 
-Two families for now (the richer ones arrive with the predictors issue):
+An `OpModel` kind registers itself on definition, so a stored bundle rebuilds any registered
+kind and refuses every other. The simple kinds here are the baselines and building blocks of
+the richer ones (`learned_model`, `collective_model`, `context_model`, `overhead_model`):
 - `LinearCostModel`: time = sum_i c_i * feature_i with c >= 0, fitted by non-negative least
   squares on *relative* error (each row divided by its own time), so small ops count as much
   as large ones. With features such as (1, flops, bytes) it is a roofline-shaped additive model
