@@ -35,7 +35,8 @@ from probes.vocabulary.indices import Distribution
 from probes.vocabulary.ops import memcpy_directions
 from probes.memcpy import measure_memcpy
 from probes.vocabulary.in_context import in_context_rows
-from probes.overheads import cycling_step, profile_overheads
+from probes.overheads import profile_overheads
+from probes.workloads.dlrm import cycling_step
 from probes.trace_capture import capture_step_trace
 from probes.vocabulary.pairs import PairPoint
 from probes.vocabulary.records import Measurement

@@ -32,7 +32,7 @@ import torch
 from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from probes.overheads import STEP_MARK, is_dispatcher_op, _has_op_ancestor
+from probes.overhead_trace import STEP_MARK, has_op_ancestor, is_dispatcher_op
 
 COLLECTIVE_PREFIXES = ("gloo:", "nccl:", "ncclDevKernel", "ncclKernel")
 DEVICE_COLLECTIVE_PREFIXES = ("ncclDevKernel", "ncclKernel")
@@ -184,7 +184,7 @@ def _one_step(events: Any, window: Any, device: tuple[dict, list] | None = None)
             comm.append({"name": e.name, "start_s": (e.time_range.start - lo) * 1e-6,
                          "end_s": (e.time_range.end - lo) * 1e-6, "thread": int(e.thread)})
         elif ((e.thread == main or (device is not None and _in_backward_engine(e)))
-              and is_dispatcher_op(e) and not _has_op_ancestor(e)):
+              and is_dispatcher_op(e) and not has_op_ancestor(e)):
             op = {"name": e.name, "start_s": (e.time_range.start - lo) * 1e-6,
                   "end_s": (e.time_range.end - lo) * 1e-6,
                   "shapes": [list(s) if isinstance(s, (list, tuple)) else [] for s in (e.input_shapes or [])]}

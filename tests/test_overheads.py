@@ -9,15 +9,10 @@ from torch import nn
 from predictors.opmodels import OpModel
 from predictors.overhead_model import OverheadModel, weighted_median
 from probes.vocabulary.ops import CPU_OVERHEAD_OP
-from probes.overheads import (
-    POOLED,
-    extract_overheads,
-    local_process_group,
-    profile_dlrm_overheads,
-    profile_overheads,
-    summarise,
-)
+from probes.overhead_trace import extract_overheads
+from probes.overheads import POOLED, profile_overheads, summarise
 from probes.vocabulary.records import Measurement
+from dlrm_overheads import local_process_group, profile_dlrm_overheads
 
 ITERATIONS = 5
 

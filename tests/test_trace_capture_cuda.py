@@ -9,7 +9,7 @@ import torch
 from torch.autograd import DeviceType
 
 from probes.vocabulary.in_context import in_context_rows, op_duration_s
-from probes.overheads import STEP_MARK
+from probes.overhead_trace import STEP_MARK
 from probes.trace_capture import _one_step, capture_step_trace, device_collectives, device_time_by_op
 
 MAIN, AUTOGRAD = 1, 2

@@ -23,8 +23,9 @@ its pieces need (as with a sharded data pipeline): no input all-to-all is run.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
-from typing import Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -311,3 +312,9 @@ class ShardedDLRM:
     def run(self, iterations: int, warmup: int) -> RunResult:
         return run_timed_steps(lambda i: self.step(self.batches[i % len(self.batches)]), iterations, warmup,
                                self.device)
+
+
+def cycling_step(model: Any) -> Callable[[], float]:
+    """A zero-argument training step of a `ShardedDLRM` that cycles through its batches."""
+    batches = itertools.cycle(model.batches)
+    return lambda: model.step(next(batches))
