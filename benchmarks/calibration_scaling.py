@@ -47,17 +47,14 @@ from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint  # 
 from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes  # noqa: E402
 from orchestrator.measurement_store import MeasurementStore  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
-from probes.sweep import (  # noqa: E402
-    ProbeSpec,
-    collective_groups,
-    collective_specs,
-    embedding_specs,
-    gemm_specs,
-    interleave,
-)
+from probes.collective_sweep import collective_groups, collective_specs  # noqa: E402
+from probes.embedding import embedding_specs  # noqa: E402
+from probes.gemm import gemm_specs  # noqa: E402
+from probes.probe import ProbeSpec  # noqa: E402
+from probes.sweep import interleave  # noqa: E402
 
 try:  # element-wise points join the sweep where the probe family exists
-    from probes.sweep import elementwise_specs
+    from probes.elementwise import elementwise_specs
 except ImportError:  # pragma: no cover - older trees
     elementwise_specs = None
 

@@ -513,7 +513,8 @@ def step_overlap(check: Check, pg: ProcessGroup) -> dict[str, Any]:
 
 def step_training_transformer(check: Check, pg: ProcessGroup) -> dict[str, Any]:
     _need_group(pg)
-    from probes.sweep import ProbeSpec, run_training_probe
+    from probes.probe import ProbeSpec
+    from probes.training import run_training_probe
 
     cuda = check.device.type == "cuda"
     spec = {"layers": 2, "hidden": 512 if cuda else 64, "heads": 8 if cuda else 4, "seq_len": 256 if cuda else 32,
@@ -530,7 +531,8 @@ def step_training_dlrm(check: Check, pg: ProcessGroup) -> dict[str, Any]:
     if not ok:
         raise StepSkipped(f"the DLRM workload's TBEs need fbgemm-gpu: {why}")
     _need_group(pg)
-    from probes.sweep import ProbeSpec, run_training_probe, training_specs
+    from probes.probe import ProbeSpec
+    from probes.training import run_training_probe, training_specs
 
     world = dist.get_world_size()
     spec = training_specs(1, seed=0, world=world)[0]  # the small random DLRM the calibration starts with
@@ -564,7 +566,10 @@ CALIBRATION_ELEMENTWISE = ("add", "gelu", "layer_norm", "softmax")
 
 def step_calibration(check: Check) -> dict[str, Any]:
     from predictors.fit import fit_performance_model
-    from probes.sweep import elementwise_specs, gemm_specs, interleave, memcpy_specs, run_local_probe
+    from probes.elementwise import elementwise_specs
+    from probes.gemm import gemm_specs
+    from probes.memcpy import memcpy_specs
+    from probes.sweep import interleave, run_local_probe
 
     cuda = check.device.type == "cuda"
     kind = check.device.type

@@ -81,7 +81,11 @@ def noise_floor(points: int, seed: int = 11) -> dict[str, float]:
     training and test rows)."""
     import torch
 
-    from probes.sweep import elementwise_specs, embedding_specs, gemm_specs, memcpy_specs, run_local_probe
+    from probes.elementwise import elementwise_specs
+    from probes.embedding import embedding_specs
+    from probes.gemm import gemm_specs
+    from probes.memcpy import memcpy_specs
+    from probes.sweep import run_local_probe
 
     torch.set_num_threads(1)
     specs = gemm_specs(points, seed) + embedding_specs(points, seed) + elementwise_specs(points, seed) + memcpy_specs(points, seed)
@@ -102,8 +106,9 @@ def _collective_noise_worker(rank: int, init_file: str, points: int, out_file: s
 
     from probes.vocabulary.ops import COLLECTIVE_OPS
     from probes.collective import forget_groups, merge_passes
-    from probes.sweep import (COLLECTIVE_PASSES, ProbeSpec, collective_batch_bytes, collective_batches,
-                              collective_pass_timing, run_collective_batch)
+    from probes.collective_sweep import COLLECTIVE_PASSES, collective_batch_bytes, collective_pass_timing
+    from probes.probe import ProbeSpec
+    from probes.sweep import collective_batches, run_collective_batch
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)

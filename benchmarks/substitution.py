@@ -38,7 +38,7 @@ from probes.host_allocator import apply_to_child_processes  # noqa: E402
 from probes.vocabulary.pairs import PairPoint  # noqa: E402
 from probes.overlap import measure_pair
 from probes.vocabulary.records import Measurement  # noqa: E402
-from probes.sweep import overlap_points  # noqa: E402
+from probes.overlap import overlap_points  # noqa: E402
 
 SWEEP = [
     PairPoint("gemm_all_reduce", 64, 64, 64), PairPoint("gemm_all_reduce", 512, 256, 256),

@@ -38,20 +38,15 @@ from predictors.transformer_estimator import score_transformer_steps
 from probes.vocabulary.files import atomic_write_text
 from probes.vocabulary.jobspec import JobSpec, JobSpecError
 from probes.vocabulary.records import Measurement
-from probes.sweep import (
-    ProbeSpec,
-    collective_groups,
-    collective_specs,
-    elementwise_specs,
-    embedding_specs,
-    gemm_specs,
-    interleave,
-    job_specs,
-    memcpy_specs,
-    overlap_specs,
-    training_specs,
-    transformer_training_specs,
-)
+from probes.collective_sweep import collective_groups, collective_specs
+from probes.elementwise import elementwise_specs
+from probes.embedding import embedding_specs
+from probes.gemm import gemm_specs
+from probes.memcpy import memcpy_specs
+from probes.overlap import overlap_specs
+from probes.probe import ProbeSpec
+from probes.sweep import interleave, job_specs
+from probes.training import training_specs, transformer_training_specs
 
 COLLECTIVE_SHARE = 0.35  # of the budget: six collective variants per group need ~50 sizes each
 TRAINING_SHARE = 0.2

@@ -21,8 +21,11 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.probe_actor import ProbeActor
 from probes.vocabulary.placement import RankPlacement
-from probes.sweep import (COLLECTIVE_PASSES, ProbeSpec, collective_batch_bytes, collective_batches,
-                          collective_pass_timing, default_max_collective_bytes)
+from probes.collective_sweep import (COLLECTIVE_PASSES, collective_batch_bytes, collective_pass_timing,
+                                     default_max_collective_bytes)
+from probes.probe import ProbeSpec
+from probes.registry import probe_for
+from probes.sweep import collective_batches
 
 ProgressFn = Callable[[int, int], None]  # (done, failed) increments
 ACTOR_CALL_TIMEOUT_S = 60.0  # a bookkeeping call (where, free_port) on a live actor answers in well under this
@@ -279,16 +282,10 @@ class Gang:
         return [row for rows in results for row in rows]
 
     def placed(self, spec: ProbeSpec) -> ProbeSpec:
-        """The spec with where its ranks run: a collective's or pair's scope, a training
-        probe's placement (so its step is priced on the curves of the scopes it ran at)."""
-        p = spec.params
-        if spec.family == "collective":
-            return ProbeSpec(spec.family, {**p, "scope": self.scope(p.get("ranks"))}, spec.key)
-        if spec.family == "overlap":
-            return ProbeSpec(spec.family, {**p, "scope": self.scope(range(int(p.get("world", 2))))}, spec.key)
-        if spec.family == "training":
-            return ProbeSpec(spec.family, {**p, "placement": self.placement().to_dict()}, spec.key)
-        return spec
+        """The spec with where its ranks run, as its probe records it (`Probe.placed`): a
+        collective's or pair's scope, a training probe's placement (so its step is priced on
+        the curves of the scopes it ran at)."""
+        return probe_for(spec.family).placed(spec, self.placement())
 
 
 def run_collective_probes(
@@ -332,7 +329,8 @@ def run_collective_probes(
             for index, batch in enumerate(batches):
                 if time.monotonic() >= deadline:
                     break
-                if visit > 0 and (batch[0].family != "collective" or index not in measured):
+                multi_pass = probe_for(batch[0].family).multi_pass
+                if visit > 0 and (not multi_pass or index not in measured):
                     continue  # training points run once; a failed batch is not retried per pass
                 fit = (deadline - time.monotonic()) / visit_s if visit_s > 0 else float("inf")
                 if fit < len(batch):  # a batch is several points: run only what fits before the deadline
@@ -342,12 +340,11 @@ def run_collective_probes(
                 for attempt in (0, 1):
                     try:
                         t0 = time.monotonic()
-                        rows = gang.run(batch, timing if batch[0].family == "collective" else None,
-                                        until=deadline + grace_s)
+                        rows = gang.run(batch, timing if multi_pass else None, until=deadline + grace_s)
                         store.add(rows)
                         if visit == 0:
                             store.mark_done([s.to_dict() for s in plain])
-                        if batch[0].family == "collective":
+                        if multi_pass:
                             visit_s = max(visit_s, (time.monotonic() - t0) / len(batch))
                         if visit == 0:
                             measured.add(index)
@@ -384,5 +381,5 @@ def run_collective_probes(
 
 def collective_visits(specs: Sequence[ProbeSpec], passes: int = COLLECTIVE_PASSES) -> int:
     """Batch-point visits `run_collective_probes` makes on `specs` when time allows (for a progress bar)."""
-    points = sum(1 for s in specs if s.family == "collective")
+    points = sum(1 for s in specs if probe_for(s.family).multi_pass)
     return points * max(1, passes) + (len(specs) - points)

@@ -10,7 +10,8 @@ import ray
 
 from orchestrator.drill import apply_drill, drill_slowdown
 from probes.vocabulary.records import Measurement
-from probes.sweep import ProbeSpec, run_collective_batch, run_local_probe
+from probes.probe import ProbeSpec
+from probes.sweep import run_collective_batch, run_local_probe
 
 
 @ray.remote

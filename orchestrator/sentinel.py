@@ -21,7 +21,11 @@ from orchestrator.measurement_store import MeasurementStore
 from predictors.evaluation import geomean
 from predictors.performance_model import PerformanceModel
 from probes.vocabulary.records import Measurement
-from probes.sweep import ProbeSpec, elementwise_specs, embedding_specs, gemm_specs, memcpy_specs
+from probes.elementwise import elementwise_specs
+from probes.embedding import embedding_specs
+from probes.gemm import gemm_specs
+from probes.memcpy import memcpy_specs
+from probes.probe import ProbeSpec
 
 SENTINEL_SEED_OFFSET = 7919  # sentinels are not the calibration's own points
 SENTINEL_COUNTS = {"gemm": 4, "embedding": 3, "elementwise": 4, "memcpy": 2}

@@ -11,11 +11,13 @@ bfloat16 or float16).
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
+from probes.probe import LocalProbe, ProbeSpec, log_uniform
 from probes.timing import time_callable
 from probes.vocabulary.ops import BACKWARD_OPS, ELEMENTWISE_OPS, elementwise_params
 from probes.vocabulary.records import Measurement
@@ -75,3 +77,41 @@ def measure_elementwise(op: str, rows: int, cols: int, device: torch.device | st
     t = time_callable(_kernel(op, x, y, out), device=device, max_seconds=max_seconds)
     return Measurement(op, elementwise_params(op, rows, cols, dtype), t.median_s, t.spread_s, t.repeats,
                        device=str(device), family="elementwise")
+
+
+def _measure(p: dict[str, Any], device: str) -> list[Measurement]:
+    return [measure_elementwise(p["op"], p["rows"], p["cols"], device=device, dtype=p.get("dtype", "float32"))]
+
+
+PROBE = LocalProbe("elementwise", _measure)
+
+
+# Share of element-wise points per activation dtype on each device kind. Every op runs in
+# bfloat16 and float16 on CPU too (torch 2.13; at 0.3-2x the float32 time, memory-bound either
+# way), but CPUs train in bfloat16 if in reduced precision at all: float16 is sampled rarely.
+_ELEMENTWISE_DTYPE_SHARE = {"cpu": {"float32": 0.7, "bfloat16": 0.2, "float16": 0.1},
+                            "cuda": {"float32": 0.4, "bfloat16": 0.4, "float16": 0.2}}
+# The first passes over the ops are float32, so a sweep cut short has every op's float32
+# model (what it had before reduced precision was probed) instead of a few points per dtype.
+_FLOAT32_PASSES = 3
+
+
+def elementwise_specs(n: int, seed: int, max_numel: int = 4 * 2**20, device_kind: str = "cpu") -> list[ProbeSpec]:
+    """Each element-wise / normalisation op over log-uniform (rows, cols), ops in turn; the
+    dtype drawn by the device kind's share (its own random stream: the shapes are those the
+    sweep always drew), after `_FLOAT32_PASSES` float32 passes over the ops."""
+    kind = "cuda" if device_kind.startswith("cuda") else "cpu"
+    rng = np.random.default_rng(seed + 3)
+    dtype_rng = np.random.default_rng([seed, 3, 16])
+    dtypes, d_p = zip(*_ELEMENTWISE_DTYPE_SHARE[kind].items())
+    out = []
+    for i in range(n):
+        op = ELEMENTWISE_OPS[i % len(ELEMENTWISE_OPS)]
+        cols = log_uniform(rng, 16, 4096)
+        rows = max(1, min(log_uniform(rng, 1, 8192), max_numel // cols))
+        dtype = str(dtype_rng.choice(dtypes, p=d_p))
+        if i < _FLOAT32_PASSES * len(ELEMENTWISE_OPS):
+            dtype = "float32"
+        out.append(ProbeSpec("elementwise", {"op": op, "rows": rows, "cols": cols, "dtype": dtype},
+                             f"{op}:{rows}x{cols}:{dtype}"))
+    return out

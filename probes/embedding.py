@@ -11,8 +11,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from probes.probe import LocalProbe, ProbeSpec, log_uniform
 from probes.timing import time_callable
-from probes.vocabulary.indices import sample_indices
+from probes.vocabulary.indices import Distribution, sample_indices
 from probes.vocabulary.jobspec import TableShape
 from probes.vocabulary.ops import EMBEDDING_BWD_OP, EMBEDDING_FWD_OP
 from probes.vocabulary.records import Measurement
@@ -147,4 +148,66 @@ def _mean_features(feature_sets: list[dict[str, Any]]) -> dict[str, Any]:
             out[key] = value
         else:
             out[key] = float(np.mean([f[key] for f in feature_sets]))
+    return out
+
+
+def _measure(p: dict[str, Any], device: str) -> list[Measurement]:
+    tables = [TableShape(e, d, l, Distribution.parse(dist)) for e, d, l, dist in p["tables"]]
+    return measure_tbe(tables, p["B"], device=device, seed=p.get("seed", 0),
+                       weights_precision=p.get("weights_precision", "fp32"))
+
+
+PROBE = LocalProbe("embedding", _measure)
+
+
+def _distributions() -> list[Any]:
+    """Uniform, three Zipf exponents, and every table of the shipped reuse-factor profile."""
+    from probes.vocabulary.reuse_profile import load_profile
+
+    return ["uniform", {"zipf": 0.8}, {"zipf": 1.05}, {"zipf": 1.2}] + [{"profile": n} for n in load_profile().names]
+
+
+# Share of embedding points per TBE weights precision on each device kind: fbgemm_gpu's CPU
+# kernels (fbgemm_gpu-cpu 1.8.0) take fp16 weights (fp32 pooled output, backward ~3x fp32's)
+# but not bf16; its CUDA kernels take both.
+_TBE_PRECISION_SHARE = {"cpu": {"fp32": 0.8, "fp16": 0.2},
+                        "cuda": {"fp32": 0.5, "fp16": 0.3, "bf16": 0.2}}
+_FLOAT32_TABLE_SETS = 32  # the first table sets are fp32 (as long as the element-wise float32 passes)
+
+
+def embedding_specs(
+    n: int, seed: int, max_rows: int = 500_000, max_batch: int = 4096, max_table_bytes: int = 256 * 2**20,
+    device_kind: str = "cpu",
+) -> list[ProbeSpec]:
+    """Random table sets: T tables each with its own rows, dim, pooling and distribution; the
+    weights precision drawn by the device kind's share (its own random stream, so the sets are
+    those the sweep always drew), after `_FLOAT32_TABLE_SETS` fp32 sets.
+
+    A set whose weights exceed `max_table_bytes` (at 4 bytes an element, whatever the precision)
+    is drawn again, so probes stay inside memory.
+    """
+    kind = "cuda" if device_kind.startswith("cuda") else "cpu"
+    rng = np.random.default_rng(seed + 1)
+    precision_rng = np.random.default_rng([seed, 1, 16])
+    precisions, p_p = zip(*_TBE_PRECISION_SHARE[kind].items())
+    dists = _distributions()
+    out = []
+    for i in range(n):
+        precision = str(precision_rng.choice(precisions, p=p_p)) if i >= _FLOAT32_TABLE_SETS else "fp32"
+        T = int(rng.integers(1, 9))
+        while True:
+            tables = [
+                [
+                    log_uniform(rng, 1_000, max_rows),
+                    int(rng.choice([8, 16, 32, 64, 128])),
+                    log_uniform(rng, 1, 64),
+                    dists[int(rng.integers(0, len(dists)))],
+                ]
+                for _ in range(T)
+            ]
+            if sum(e * d * 4 for e, d, _, _ in tables) <= max_table_bytes:
+                break
+        B = log_uniform(rng, 64, max_batch)
+        out.append(ProbeSpec("embedding", {"tables": tables, "B": B, "seed": i, "weights_precision": precision},
+                             f"emb:{i}:{precision}"))
     return out

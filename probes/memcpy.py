@@ -7,7 +7,12 @@ loaders and offload do.
 """
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
+
+from probes.probe import LocalProbe, ProbeSpec, log_uniform
 
 from probes.timing import time_callable
 from probes.vocabulary.ops import MEMCPY_OP, memcpy_directions, memcpy_params
@@ -30,3 +35,22 @@ def measure_memcpy(direction: str, nbytes: int, device: torch.device | str = "cp
     t = time_callable(lambda: dst.copy_(src, non_blocking=pinned), device=device, max_seconds=max_seconds)
     return Measurement(MEMCPY_OP, memcpy_params(direction, numel * 4), t.median_s, t.spread_s, t.repeats,
                        device=str(device), family="memcpy")
+
+
+def _measure(p: dict[str, Any], device: str) -> list[Measurement]:
+    return [measure_memcpy(p["direction"], p["bytes"], device=device)]
+
+
+PROBE = LocalProbe("memcpy", _measure)
+
+
+def memcpy_specs(n: int, seed: int, device_kind: str = "cpu", max_bytes: int = 256 * 2**20) -> list[ProbeSpec]:
+    """Copy sizes log-uniform from 4 B to `max_bytes`, directions in turn."""
+    rng = np.random.default_rng(seed + 4)
+    directions = memcpy_directions(device_kind)
+    out = []
+    for i in range(n):
+        direction = directions[i % len(directions)]
+        nbytes = log_uniform(rng, 4, max_bytes) // 4 * 4 or 4
+        out.append(ProbeSpec("memcpy", {"direction": direction, "bytes": nbytes}, f"memcpy-{direction}:{nbytes}"))
+    return out

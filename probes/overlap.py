@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Sequence
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from probes.collective import window_estimate
+from probes.collective import group_for, window_estimate
 from probes.comm import on_host
 from probes.embedding import make_batch, make_tbe
 from probes.workloads.overlap import (
@@ -36,6 +37,8 @@ from probes.workloads.overlap import (
     tbe_bag_ranges,
     tbe_producer,
 )
+from probes.probe import ProbeSpec
+from probes.vocabulary.placement import RankPlacement
 from probes.vocabulary.records import Measurement
 from probes.vocabulary.ops import PAIR_OP, SYMM_MEM_OP, TRANSFER_OP
 from probes.vocabulary.pairs import SYMM_MEM_FORM, PairPoint
@@ -153,3 +156,53 @@ def measure_pair(point: PairPoint, slices: Sequence[int] = (2, 4, 8, 16), rounds
     return rows
 
 
+def overlap_points(world: int) -> list[PairPoint]:
+    """The measured compute + collective pairs a calibration fits overlap costs to: per pair
+    eight sizes from sub-millisecond to tens of milliseconds, square, tall, wide and GEMV-like
+    products, skewed splits, few and many tables, on the first two devices (about 5-15 s each
+    on two CPU cores, the transfer-only forms included)."""
+    w = min(world, 2)
+    gar = [(128, 128, 128), (1024, 512, 256), (4, 2048, 2048), (2048, 512, 768), (256, 1024, 1024),
+           (4096, 1024, 256), (1, 4096, 4096), (1024, 4096, 256)]
+    ga2a = [(256, 256, 256, False), (2048, 512, 256, False), (1024, 512, 512, True), (4096, 768, 128, False),
+            (512, 512, 1024, False), (8192, 512, 64, False), (1024, 1024, 128, False), (64, 256, 256, False)]
+    emb = [(512, 64, 4, 8, False), (2048, 128, 8, 16, False), (1024, 128, 4, 8, True), (4096, 192, 6, 12, False),
+           (8192, 128, 4, 8, False), (4096, 512, 8, 4, False), (16384, 64, 2, 8, False), (1024, 256, 8, 32, False)]
+    return ([PairPoint("gemm_all_reduce", m, n, k, world=w) for m, n, k in gar]
+            + [PairPoint("gemm_all_to_all", m, n, k, world=w, uneven=u) for m, n, k, u in ga2a]
+            + [PairPoint("embedding_all_to_all", rows, cols, world=w, tables=t, pooling=p, uneven=u)
+               for rows, cols, t, p, u in emb])
+
+
+def overlap_specs(world: int) -> list[ProbeSpec]:
+    """`overlap_points` as gang specs; a pair runs on ranks 0..1 of the gang (world 2)."""
+    return [ProbeSpec("overlap", p.to_params(), f"overlap:{i}") for i, p in enumerate(overlap_points(world))]
+
+
+@dataclass(frozen=True)
+class OverlapProbe:
+    """A compute + collective pair on a gang: a batch of one point, run once, on ranks
+    0..world-1 (the other members wait); a point records the scope of those ranks."""
+
+    family: str = "overlap"
+    gang: bool = True
+    multi_pass: bool = False
+
+    def batch_key(self, spec: ProbeSpec) -> Hashable | None:
+        return None
+
+    def placed(self, spec: ProbeSpec, placement: RankPlacement) -> ProbeSpec:
+        world = int(spec.params.get("world", 2))
+        return ProbeSpec(spec.family, {**spec.params, "scope": placement.scope(range(world))}, spec.key)
+
+    def run(self, specs: Sequence[ProbeSpec], device: str, timing: dict[str, Any] | None = None) -> list[Measurement]:
+        rows = []
+        for spec in specs:
+            point = PairPoint(**spec.params)
+            group = group_for(list(range(point.world)))  # every member of the gang takes part in this
+            if dist.get_rank() < point.world:
+                rows += measure_pair(point, group=group, transfer=True, device=device)
+        return rows
+
+
+PROBE = OverlapProbe()

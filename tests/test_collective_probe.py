@@ -10,7 +10,9 @@ import torch.multiprocessing as mp
 from probes.vocabulary.ops import bus_bandwidth, uneven_splits
 from probes.collective import forget_groups, measure_collective, merge_passes, message_numel, window_estimate
 from probes.vocabulary.records import Measurement
-from probes.sweep import ProbeSpec, collective_batches, collective_groups, collective_specs
+from probes.collective_sweep import collective_groups, collective_specs
+from probes.probe import ProbeSpec
+from probes.sweep import collective_batches
 from spawned import exit_worker
 
 

@@ -13,7 +13,7 @@ from orchestrator.sentinel import choose_sentinels, score_sentinels
 from predictors import fit_performance_model
 from probes.vocabulary.ops import gemm_params
 from probes.vocabulary.records import Measurement
-from probes.sweep import gemm_specs
+from probes.gemm import gemm_specs
 
 
 def gemm_rows(n: int, seed: int, slowdown: float = 1.0) -> list[Measurement]:

@@ -13,14 +13,15 @@ from predictors.learned_model import ROW_OP_DESIGN, LearnedKernelModel
 from predictors.opmodels import GroupedCostModel, OpModel
 from predictors.transformer_graph import build_transformer_graph
 from probes.vocabulary.ops import elementwise_params
-from probes.elementwise import measure_elementwise
+from probes.elementwise import elementwise_specs, measure_elementwise
 from probes.vocabulary.jobspec import TableShape
 from probes.vocabulary.tbe_features import expected_features
-from probes.embedding import measure_tbe
+from probes.embedding import embedding_specs, measure_tbe
 from probes.vocabulary.ops import gemm_params
 from probes.vocabulary.records import Measurement
-from probes.sweep import (ProbeSpec, elementwise_specs, embedding_specs, run_local_probe, run_training_probe,
-                          transformer_training_specs)
+from probes.probe import ProbeSpec
+from probes.sweep import run_local_probe
+from probes.training import run_training_probe, transformer_training_specs
 from probes.workloads.transformer import ParallelTransformer
 from probes.vocabulary.transformer_spec import TransformerSpec, TransformerSpecError
 

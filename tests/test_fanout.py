@@ -8,7 +8,10 @@ from orchestrator.fanout import ActorPool, run_collective_probes, run_local_prob
 from orchestrator.measurement_store import MeasurementStore
 from probes.vocabulary.ops import COLLECTIVE_OPS
 from probes.collective import window_estimate
-from probes.sweep import COLLECTIVE_PASSES, ProbeSpec, collective_specs, gemm_specs, training_specs, transformer_training_specs
+from probes.collective_sweep import COLLECTIVE_PASSES, collective_specs
+from probes.gemm import gemm_specs
+from probes.probe import ProbeSpec
+from probes.training import training_specs, transformer_training_specs
 
 
 def test_two_actor_gloo_collective_probe(ray_local, tmp_path):

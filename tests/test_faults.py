@@ -25,7 +25,8 @@ import yaml
 
 from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes
 from orchestrator.measurement_store import MeasurementStore
-from probes.sweep import collective_specs, gemm_specs
+from probes.collective_sweep import collective_specs
+from probes.gemm import gemm_specs
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -5,11 +5,11 @@ import pytest
 
 from predictors.opmodels import GroupedCostModel, OpModel
 from probes.vocabulary.ops import ELEMENTWISE_OPS
-from probes.elementwise import measure_elementwise
+from probes.elementwise import elementwise_specs, measure_elementwise
 from probes.vocabulary.ops import GEMM_VARIANTS, gemm_params
-from probes.gemm import measure_gemm
+from probes.gemm import gemm_specs, measure_gemm
 from probes.vocabulary.records import Measurement
-from probes.sweep import elementwise_specs, gemm_specs, run_local_probe
+from probes.sweep import run_local_probe
 
 
 @pytest.mark.parametrize("op", ELEMENTWISE_OPS)
@@ -69,8 +69,7 @@ def test_grouped_cost_model_fits_per_dtype_and_flags_unmeasured_groups():
 
 
 def test_memcpy_probe_on_cpu_and_gpu_only_directions():
-    from probes.memcpy import measure_memcpy
-    from probes.sweep import memcpy_specs
+    from probes.memcpy import measure_memcpy, memcpy_specs
 
     small, large = measure_memcpy("d2d", 4096), measure_memcpy("d2d", 64 * 2**20)
     assert small.op == "memcpy" and small.params == {"direction": "d2d", "bytes": 4096.0}

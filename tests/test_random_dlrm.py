@@ -23,7 +23,7 @@ def test_task_shaped_training_probes_take_the_sharders_plans() -> None:
     from orchestrator.calibrate import place_by_sharder
     from policies.sharders import SHARDERS
     from probes.vocabulary.jobspec import JobSpec
-    from probes.sweep import training_specs
+    from probes.training import training_specs
 
     specs = training_specs(24, seed=0, world=2, place_task=place_by_sharder)
     placed = [s for i, s in enumerate(specs) if i % 4 == 1]

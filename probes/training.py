@@ -1,0 +1,209 @@
+"""The training probe: a few real training steps of a DLRM (any plan) or a transformer block
+stack on a gang's process group, giving the step time, the per-op CPU overheads
+(`probes.overheads`) and the in-context kernel times of a captured step; the points it is
+swept over (small random models for the framework overhead, production-shaped random tasks
+for the kernels' slowdown beside each other)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Hashable, Sequence
+
+import numpy as np
+import torch
+
+from probes.overheads import profile_overheads
+from probes.probe import ProbeSpec
+from probes.trace_capture import capture_step_trace
+from probes.vocabulary.in_context import in_context_rows
+from probes.vocabulary.placement import RankPlacement
+from probes.vocabulary.records import Measurement
+from probes.vocabulary.table_shards import split_kinds
+from probes.workloads.dlrm import cycling_step
+from probes.workloads.random_dlrm import random_dlrm_job
+
+
+# The random-task generator's seed stream for calibration probes: disjoint from the streams
+# the evaluation benchmarks draw their tasks from (their seeds are small integers).
+CALIBRATION_TASK_STREAM = 1_000_003
+CALIBRATION_TASK_SCALE = 0.05  # the CPU-rank scale of the shipped random tasks
+
+
+def random_plan(job: dict, world: int, rng: np.random.Generator, mixed: bool) -> list:
+    """A random plan of a job dict: every table on a random rank, or (`mixed`) a third of the
+    tables row-wise, column-wise or replicated (where the table allows it) and the rest on
+    random ranks."""
+    plan: list = [int(r) for r in rng.integers(0, world, size=len(job["tables"]))]
+    if not mixed or world < 2:
+        return plan
+    for j, t in enumerate(job["tables"]):
+        kinds = split_kinds(t["num_embeddings"], t["embedding_dim"], world)
+        if rng.random() < 1 / 3 and kinds:
+            plan[j] = {"type": str(rng.choice(kinds))}
+    return plan
+
+
+TaskPlacer = Callable[[dict, int, int], list]  # (job dict, world, k) -> a table-wise plan
+
+
+def training_specs(n: int, seed: int, world: int, place_task: TaskPlacer | None = None) -> list[ProbeSpec]:
+    """Real DLRM training steps, alternating two kinds so the step model sees both ends:
+
+    - small random DLRMs whose kernels are tiny, so the gap between a measured step and the
+      sum of its predicted kernels is the per-iteration, per-layer and per-table framework
+      overhead;
+    - production-shaped tasks from the random-task generator (`random_dlrm_job`, its own
+      seed stream), whose steps are dominated by kernels and collectives, so the slowdown
+      they suffer beside each other in a real step is measured, not extrapolated; every
+      other one with a mixed plan (`random_plan`), the rest table-wise, placed by
+      `place_task` (the orchestrator passes the classic sharders, in turn: balanced plans
+      like those the policies price, where both ranks compute at once and slow each other
+      on a small host) or, without one, on random ranks.
+    """
+    rng = np.random.default_rng(seed + 2)
+    out = []
+    for i in range(n):
+        if i % 2:
+            job = random_dlrm_job(i, world, seed=seed + CALIBRATION_TASK_STREAM, scale=CALIBRATION_TASK_SCALE)
+            job["name"] = f"task{i}"
+            # every other task-shaped probe mixes in row-/column-wise and replicated tables, so the
+            # step model has seen the collectives and TBEs of the plans the sharding search tries
+            placement = random_plan(job, world, rng, mixed=i % 4 == 3)
+            if place_task is not None and i % 4 == 1:
+                placement = [int(r) for r in place_task(job, world, i // 4)]
+            out.append(ProbeSpec("training", {"job": job, "table_to_rank": placement}, f"train:{i}"))
+            continue
+        n_tables = int(rng.integers(1, 13))
+        job = {
+            "name": f"overhead{i}",
+            "workload": "dlrm",
+            "world_size": world,
+            "batch_size": int(rng.choice([16, 32, 64, 128])),
+            "seed": i,
+            "dense": {
+                "num_dense_features": int(rng.integers(4, 17)),
+                "bottom_mlp": [int(rng.choice([16, 32, 64])) for _ in range(int(rng.integers(1, 5)))],
+                "top_mlp": [int(rng.choice([16, 32, 64])) for _ in range(int(rng.integers(0, 4)))] + [1],
+            },
+            "tables": [
+                {
+                    "name": f"t{j}",
+                    "num_embeddings": int(rng.integers(100, 2000)),
+                    "embedding_dim": int(rng.choice([4, 8, 16])),
+                    "pooling_factor": int(rng.integers(1, 5)),
+                    "distribution": "uniform",
+                }
+                for j in range(n_tables)
+            ],
+        }
+        placement = [int(r) for r in rng.integers(0, world, size=n_tables)]
+        out.append(ProbeSpec("training", {"job": job, "table_to_rank": placement}, f"train:{i}"))
+    return out
+
+
+# Which transformer probes (by index mod 4) train under bfloat16 autocast: on a GPU half of
+# them, small and task-shaped alike. On CPU none for now: bfloat16 steps do work there (on the
+# AVX512-BF16 development host 0.5-1.4x the float32 step), but the in-context rows of a captured
+# step are labelled float32 whatever the step ran in (probes/vocabulary/in_context.py), so they would skew
+# the float32 context factors, and a CPU without bf16 units emulates the products (~50x
+# slower). (2,) here would probe every other small stack once those rows carry their dtype.
+# float16 (a GradScaler, CUDA only) is not probed: jobs train in bfloat16.
+_TRAINING_BF16_SLOTS: dict[str, tuple[int, ...]] = {"cpu": (), "cuda": (2, 3)}
+
+
+def transformer_training_specs(n: int, seed: int, world: int, device_kind: str = "cpu") -> list[ProbeSpec]:
+    """Data-parallel block stacks whose captured steps give the in-context times of the
+    transformer kernels (gelu, softmax, layer_norm and their backward, batched GEMMs),
+    alternating small stacks with task-shaped ones from the random-task generator (its own
+    seed stream), so the step model is not extrapolated to the sizes jobs have; some of them
+    in bfloat16 mixed precision (`_TRAINING_BF16_SLOTS`)."""
+    from probes.vocabulary.transformer_spec import random_transformer
+
+    bf16_slots = _TRAINING_BF16_SLOTS["cuda" if device_kind.startswith("cuda") else "cpu"]
+    rng = np.random.default_rng(seed + 3)
+    out = []
+    for i in range(n):
+        dtype = "bfloat16" if i % 4 in bf16_slots else "float32"
+        if i % 2:
+            spec = random_transformer(i, world, 1, seed + CALIBRATION_TASK_STREAM).to_dict()
+            spec["name"] = f"probe{i}"
+            spec["dtype"] = dtype
+        else:
+            hidden = int(rng.choice([64, 128, 256]))
+            spec = {"layers": int(rng.integers(1, 3)), "hidden": hidden, "heads": int(rng.choice([2, 4])),
+                    "seq_len": int(rng.choice([32, 64, 128])), "batch_size": int(rng.choice([2, 4])),
+                    "world_size": world, "tensor_parallel": 1, "dropout": 0.1, "seed": i, "name": f"probe{i}",
+                    "dtype": dtype}
+        out.append(ProbeSpec("training", {"transformer": spec}, f"train-transformer:{i}:{dtype}"))
+    return out
+
+
+def run_training_probe(spec: ProbeSpec, device: str = "cpu", iterations: int = 30, warmup: int = 5) -> list[Measurement]:
+    """A few real training steps on the current process group; rank 0 returns the step time,
+    the per-op CPU overheads and the in-context kernel times of a captured step."""
+    import torch.distributed as dist
+
+    if "transformer" in spec.params:
+        from probes.workloads.transformer import ParallelTransformer
+        from probes.vocabulary.transformer_spec import TransformerSpec
+
+        model: Any = ParallelTransformer(TransformerSpec.from_dict(spec.params["transformer"]), dist.get_rank(),
+                                         torch.device(device))
+        step_op, workload, step = "transformer_step", "transformer", model.step
+        iterations = min(iterations, 10)
+        params = {"transformer": spec.params["transformer"]}
+    else:
+        from probes.vocabulary.jobspec import JobSpec
+        from probes.workloads.dlrm import ShardedDLRM
+
+        plan = spec.params["table_to_rank"]
+        model = ShardedDLRM(JobSpec.from_dict(spec.params["job"]), plan, dist.get_rank(),
+                            dist.get_world_size(), torch.device(device))
+        step_op, workload, step = "dlrm_step", "dlrm", cycling_step(model)
+        params = {"job": spec.params["job"], "table_to_rank": plan}
+    if "placement" in spec.params:  # the node of each rank, set by the gang that ran it
+        params["placement"] = spec.params["placement"]
+    try:
+        result = model.run(iterations, warmup)
+        # Every rank profiles (the steps hold collectives); rank 0 reports.
+        overheads = profile_overheads(step, iterations=5, warmup=0, device=device, workload=workload)
+        trace = capture_step_trace(step, iterations=3, warmup=0, barrier=dist.barrier)
+    finally:
+        if hasattr(model, "close"):
+            model.close()  # its subgroups: a calibration builds many models on one process group
+    if dist.get_rank() != 0:
+        return []
+    times = np.asarray(result.iteration_s)
+    q1, q3 = np.percentile(times, [25, 75])
+    world = dist.get_world_size()
+    return [
+        Measurement(step_op, params, float(np.median(times)), float(q3 - q1), len(times), device=device,
+                    world_size=world, family="training")
+    ] + overheads + (in_context_rows(trace["steps"], device, world, workload) if float32_step(spec) else [])
+
+
+def float32_step(spec: ProbeSpec) -> bool:
+    """Whether a training probe's captured kernels run in float32: the in-context rows price
+    them with the float32 probe models (a bfloat16 step's kernels would skew those factors)."""
+    return spec.params.get("transformer", {}).get("dtype", "float32") == "float32"
+
+
+@dataclass(frozen=True)
+class TrainingProbe:
+    """Training steps on a gang: a batch of one point, run once (not per pass); a point records
+    the node of every rank, so its step is priced on the curves of the scopes it ran at."""
+
+    family: str = "training"
+    gang: bool = True
+    multi_pass: bool = False
+
+    def batch_key(self, spec: ProbeSpec) -> Hashable | None:
+        return None
+
+    def placed(self, spec: ProbeSpec, placement: RankPlacement) -> ProbeSpec:
+        return ProbeSpec(spec.family, {**spec.params, "placement": placement.to_dict()}, spec.key)
+
+    def run(self, specs: Sequence[ProbeSpec], device: str, timing: dict[str, Any] | None = None) -> list[Measurement]:
+        return [row for spec in specs for row in run_training_probe(spec, device)]
+
+
+PROBE = TrainingProbe()
