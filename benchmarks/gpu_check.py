@@ -18,7 +18,7 @@ rest still run):
   3. collectives      a world-1 process group (NCCL on cuda, gloo on cpu; FileStore): all five
                       collectives at a few sizes; overlap pairs (they need world >= 2: skipped)
   4. training_*       the transformer and DLRM training probes at world 1, as calibration runs
-                      them (`probes.sweep.run_training_probe`)
+                      them (`probes.training.run_training_probe`)
   5. calibration      a short GEMM / element-wise / memcpy sweep in a time budget, fitted with
                       `fit_performance_model`; held-out GMAE per op
   6. timing           `time_callable` vs torch.profiler on a ~5 us and a ~5 ms kernel (CUDA:

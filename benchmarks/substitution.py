@@ -5,7 +5,7 @@
 Loads the champion bundle for this machine from `--tracking-uri` (its kernel and collective
 models price the slices). Its overlap costs (slice overhead, communication's compute share) are
 the ones its calibration fitted when it has them; otherwise the calibration's own overlap points
-(`probes.sweep.overlap_points`, sizes the sweep below does not use) are measured here first and
+(`probes.overlap.overlap_points`, sizes the sweep below does not use) are measured here first and
 fitted, and the JSON says which. Then every sweep point, per pair a range of sizes on 2 gloo
 ranks, is measured for real unfused and fused with 2/4/8/16 slices (interleaved rounds), and
 the policy's decision (substitute iff the predicted best fused form is faster by more than the
@@ -122,7 +122,7 @@ def main() -> None:
         cal_rows = measure(overlap_points(2), scratch / "calibration_rows.jsonl", args.rounds, transfer=True)
         calibration = fit_overlap_calibration(model, cal_rows)
         model.overlap = calibration
-        source = "fitted in this run on probes.sweep.overlap_points (sizes not in the sweep)"
+        source = "fitted in this run on probes.overlap.overlap_points (sizes not in the sweep)"
     for pair, c in calibration.pairs.items():
         print(f"  {pair}: slice overhead {c.slice_overhead_s * 1e3:.3f} ms, compute share {c.comm_compute_share:.2f}, "
               f"ratio error {c.fit_gmae:.1%} on {c.n_points} pairs", flush=True)

@@ -6,7 +6,7 @@ never fills); too many and every chunk pays each stage's step latency. The polic
 chunk counts (powers of two, 1..512 by default) under every schedule with the chunk simulator
 and keeps the fastest; the whole sweep is the decision's table. The chosen option comes with
 its per-chunk dimension orders and issue order as a `ChunkSchedule`, which
-`probes.hierarchical_allreduce` executes as is.
+`probes.workloads.hierarchical_allreduce` executes as is.
 """
 from __future__ import annotations
 

@@ -53,7 +53,7 @@ class ChunkSimError(ValueError):
 class Phase:
     """One chunk's work on one dimension: a reduce-scatter, an all-gather, or on the chunk's
     last dimension both back to back ("ar"). `stages` are the real-execution stage indices
-    (0..2D-1, see probes.hierarchical_allreduce.ChunkSchedule) the phase covers."""
+    (0..2D-1, see probes.vocabulary.chunks.ChunkSchedule) the phase covers."""
 
     dim: int
     kind: str  # "rs" | "ag" | "ar"

@@ -9,7 +9,7 @@
   the slope what each model adds (weights, gradients, optimizer state, activations).
 
 Both are fitted per (workload, batch size, optimizer) from the rows of
-`probes.fusion.probe.measure_fusion_width` and serialise as plain JSON.
+`probes.fusion.measure_fusion_width` and serialise as plain JSON.
 """
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ the issuing thread, whatever the device), plus two costs that are measured, not 
 Ops that read the producer's output read its last slice; ops that read the collective's output
 wait for every collective slice (the join). The simulator then times both forms.
 
-The two costs are fitted per pair from measured pairs (`probes/overlap_probe.py`) on the
+The two costs are fitted per pair from measured pairs (`probes/overlap.py`) on the
 ratio fused / unfused, so the base models' own error at a size cancels out of the fit.
 """
 from __future__ import annotations
@@ -107,7 +107,7 @@ def pairs_in(graph: ExecutionGraph) -> list[SubstitutablePair]:
 
 def scale_gemm_rows(params: dict[str, Any], slices: int) -> dict[str, Any]:
     """A GEMM's params for 1/slices of its output rows (M), or of its columns (N) for a
-    few-row product, as `probes.overlap.overlapped_gemm_all_reduce` cuts it."""
+    few-row product, as `probes.workloads.overlap.overlapped_gemm_all_reduce` cuts it."""
     from probes.vocabulary.ops import gemm_params
     from probes.vocabulary.pairs import slices_rows
 
