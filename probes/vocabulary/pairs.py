@@ -2,7 +2,7 @@
 
 A `PairPoint` names one pair at one size; an `ExchangeLayout` says which producer rows go to
 which rank, and how a source's rows are cut into slices for the overlapped form. The
-substitution policy prices pairs from these records, and `probes.overlap` runs them.
+substitution policy prices pairs from these records, and `probes.workloads.overlap` runs them.
 """
 from __future__ import annotations
 
