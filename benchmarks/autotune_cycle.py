@@ -44,7 +44,7 @@ def main() -> None:
         first = cli("orchestrator.autotune", "--job", job, "--calibration-budget-s", str(args.budget_s), cwd=scratch)
         cycle_s = time.time() - t0
         plan = str(Path(scratch) / first["plan"])
-        reruns = [cli("orchestrator.run", "--job", job, "--plan", plan, cwd=scratch)["iteration_ms"] for _ in range(args.repeats)]
+        reruns = [cli("orchestrator.cli.run", "--job", job, "--plan", plan, cwd=scratch)["iteration_ms"] for _ in range(args.repeats)]
         t1 = time.time()
         second = cli("orchestrator.autotune", "--job", job, "--dry-run", cwd=scratch)
         reuse_s = time.time() - t1

@@ -46,11 +46,11 @@ def main() -> None:
     steps = []
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.monotonic()
-        calibration = cli("orchestrator.calibrate", budget, tmp)
+        calibration = cli("orchestrator.cli.calibrate", budget, tmp)
         print(f"calibrated {calibration['model']} in {calibration['wall_s']} s")
         for label, drill in (("unchanged machine", None), (f"drill x{args.slowdown:g}", args.slowdown),
                              (f"drill x{args.slowdown:g} again", args.slowdown)):
-            summary = cli("orchestrator.nightly", budget, tmp, drill)
+            summary = cli("orchestrator.cli.nightly", budget, tmp, drill)
             (checked,) = summary["checked"]
             sentinel = checked["sentinel"]
             step = {"step": label, "checked": checked["champion"], "sentinel_gmae": sentinel["gmae"],
@@ -62,7 +62,7 @@ def main() -> None:
                    if step["recalibrated"] else "nothing recalibrated")
             print(f"{label:22s} champion {step['checked']}: sentinel GMAE {step['sentinel_gmae']:.1%} "
                   f"(stale above {step['bound']:.1%}) -> {did} [{step['wall_s']} s]")
-        drift = cli("orchestrator.drift", [], tmp)
+        drift = cli("orchestrator.cli.drift", [], tmp)
         wall = time.monotonic() - t0
     out = {"command": "benchmarks/drift_drill.py" + (f" --budget-s {args.budget_s:g}" if args.budget_s != 25 else "")
            + (f" --slowdown {args.slowdown:g}" if args.slowdown != 3 else ""),

@@ -6,7 +6,7 @@ Calibrates this machine (generic sweep, no knowledge of the tasks) into a scratc
 or uses the champion already registered under `--tracking-uri`. Then draws random DLRM tasks
 the anchor's way (probes/workloads/random_dlrm.py), places each task's tables with one of the
 sharders (cycling through all of them, so plans vary), runs each for real through the same Ray
-Train launcher as `orchestrator.run` (2 ranks, gloo on CPU) and predicts it three ways:
+Train launcher as `orchestrator.cli.run` (2 ranks, gloo on CPU) and predicts it three ways:
 - `predicted`: the simulator over the task's execution graph plus the fitted step overhead
   (what the policies use);
 - `sum+overhead`: kernels summed without synchronisation, plus the same overhead;
@@ -42,7 +42,7 @@ def calibrate_into(scratch: Path, budget_s: float, seed: int) -> str:
     """Run the calibration CLI (its own Ray) into a sqlite store in `scratch`; return the URI."""
     uri = f"sqlite:///{scratch / 'mlflow.db'}"
     env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1"}
-    cmd = [sys.executable, "-m", "orchestrator.calibrate", "--budget-s", str(budget_s), "--seed", str(seed),
+    cmd = [sys.executable, "-m", "orchestrator.cli.calibrate", "--budget-s", str(budget_s), "--seed", str(seed),
            "--tracking-uri", uri]
     print(f"calibrating ({budget_s:g}s budget): {' '.join(cmd[1:])}", flush=True)
     subprocess.run(cmd, cwd=scratch, env=env, check=True)

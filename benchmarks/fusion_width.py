@@ -36,7 +36,7 @@ from ray import tune  # noqa: E402
 
 from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.cluster import cluster_fingerprint  # noqa: E402
-from orchestrator.fused_tune import run_sweep, sample_trials  # noqa: E402
+from orchestrator.fusion_tune import run_sweep, sample_trials  # noqa: E402
 from orchestrator.fusion import measure_width_task, probe_fusion  # noqa: E402
 from predictors.fusion_model import fit_fusion_models  # noqa: E402
 from orchestrator.measurement_store import MeasurementStore  # noqa: E402
@@ -81,7 +81,7 @@ def main() -> None:
     fingerprint = cluster_fingerprint()
     devices = max(1, int(ray.cluster_resources().get("CPU", 1)))
     parallel = max(1, min(args.parallel, devices))
-    memory_cap = 0.6 * fingerprint.min_device_memory_bytes  # as orchestrator.fuse does by default
+    memory_cap = 0.6 * fingerprint.min_device_memory_bytes  # as orchestrator.cli.fuse does by default
     print(f"hardware {fingerprint.hardware_id}: {devices} CPU device(s), {parallel} measured at once, memory cap "
           f"{memory_cap / 2**30:.1f} GiB per fused job", flush=True)
     results: dict = {"hardware_id": fingerprint.hardware_id, "command": "python benchmarks/fusion_width.py " +

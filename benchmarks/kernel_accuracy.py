@@ -3,7 +3,7 @@
     .venv/bin/python benchmarks/kernel_accuracy.py [--budget-s 300] [--noise-points 80]
         [--calibration-json FILE]   # the saved `calibrate --json` line of an earlier run
 
-1. `python -m orchestrator.calibrate --budget-s B` in a scratch directory (its own MLflow);
+1. `python -m orchestrator.cli.calibrate --budget-s B` in a scratch directory (its own MLflow);
    per op: held-out GMAE / MAPE of our model and of the baseline, on the same 20% of rows.
 2. The measurement noise floor: `--noise-points` points of every local family measured twice
    in this process, a full pass apart, and `--collective-noise-points` sizes of every
@@ -34,7 +34,7 @@ def calibrate(budget_s: float) -> tuple[dict, list]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     with tempfile.TemporaryDirectory() as scratch:
-        proc = subprocess.run([sys.executable, "-m", "orchestrator.calibrate", "--budget-s", str(budget_s), "--json"],
+        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli.calibrate", "--budget-s", str(budget_s), "--json"],
                               cwd=scratch, env=env, capture_output=True, text=True)
         if proc.returncode != 0:
             sys.stderr.write(proc.stderr[-3000:])
@@ -152,7 +152,7 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=300)
     parser.add_argument("--noise-points", type=int, default=80)
     parser.add_argument("--collective-noise-points", type=int, default=16)
-    parser.add_argument("--calibration-json", help="score a saved `orchestrator.calibrate --json` output instead of calibrating")
+    parser.add_argument("--calibration-json", help="score a saved `orchestrator.cli.calibrate --json` output instead of calibrating")
     args = parser.parse_args()
     if args.calibration_json:
         info = json.loads(Path(args.calibration_json).read_text().strip().splitlines()[-1])

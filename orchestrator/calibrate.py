@@ -1,6 +1,5 @@
-"""Calibration: measure this cluster through Ray, fit the per-op models, register them.
-
-    python -m orchestrator.calibrate [--budget-s S] [--tracking-uri U] [--ray-address A] [--job J] [--json]
+"""Calibration: measure this cluster through Ray, fit the per-op models, register them (the
+command is `python -m orchestrator.cli.calibrate`).
 
 Measurements are appended to `.autotune/calibrations/<stamp>/measurements.jsonl` as each
 probe returns and logged to MLflow before the fit runs, so nothing measured is lost to a
@@ -10,7 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -342,20 +340,30 @@ def print_summary(info: dict[str, Any]) -> None:
     say(f"registered {info['model']}: {'champion' if info['promoted'] else 'challenger'} ({info['promotion_reason']})")
 
 
-def refit_main(directory: Path, tracking_uri: str | None, seed: int, as_json: bool) -> int:
+def calibrate_cluster(
+    fingerprint: HardwareFingerprint, budget_s: float = DEFAULT_BUDGET_S, job: JobSpec | None = None, seed: int = 0,
+    resume: Path | None = None, lock_wait_s: float | None = None,
+) -> dict[str, Any]:
+    """A calibration on its own (not inside an autotune run): under the hardware's promotion
+    lease (waiting at most `lock_wait_s`, default `lock_timeout_s(budget_s)`), in an MLflow run
+    of kind=calibration; returns `describe`'s summary."""
+    timeout = lock_wait_s if lock_wait_s is not None else lock_timeout_s(budget_s)
+    with promotion_lease(fingerprint.hardware_id).hold(timeout, on_wait=waiting) as lease, \
+            mlflow.start_run(run_name=f"calibrate-{fingerprint.hardware_id}"):
+        mlflow.set_tags({"kind": "calibration", "hardware_id": fingerprint.hardware_id})
+        return describe(calibrate(fingerprint, budget_s, job, seed, resume, lease))
+
+
+def refit(directory: Path, seed: int = 0) -> dict[str, Any]:
     """Fit and register from stored measurements, for the hardware that took them (its
-    fingerprint is stored beside them: a multi-node calibration refits from any machine)."""
-    if not (directory / "measurements.jsonl").exists():
-        raise SystemExit(f"--refit {directory}: no measurements.jsonl there")
-    if not (directory / "fingerprint.json").exists():
-        raise SystemExit(f"--refit {directory}: no fingerprint.json there (the hardware the measurements came from)")
+    fingerprint is stored beside them: a multi-node calibration refits from any machine), in an
+    MLflow run of kind=calibration; returns `describe`'s summary."""
     stored = json.loads((directory / "fingerprint.json").read_text())
     fingerprint = HardwareFingerprint.from_dict(stored)
     if stored.get("hardware_id") not in (None, fingerprint.hardware_id):
         # an id stored by an older rule (which counted device-less nodes too)
         say(f"note: {directory} was stored as {stored['hardware_id']}; its device nodes give "
             f"{fingerprint.hardware_id}, which the refit registers under")
-    uri = registry.configure(tracking_uri)
     t0 = time.monotonic()
     store = MeasurementStore(directory)
     with mlflow.start_run(run_name=f"refit-{fingerprint.hardware_id}"):
@@ -363,62 +371,4 @@ def refit_main(directory: Path, tracking_uri: str | None, seed: int, as_json: bo
         model, registration = fit_and_register(store, fingerprint, seed)
         result = CalibrationResult(fingerprint.hardware_id, store.rows(), store.failures(), model, registration,
                                    directory, time.monotonic() - t0)
-        info = describe(result)
-    info["tracking_uri"] = uri
-    print_summary(info)
-    if as_json:
-        print(json.dumps(info))
-    return 0
-
-
-def _main(argv: Sequence[str] | None = None) -> int:
-    from orchestrator import ray_runtime
-    from orchestrator.cli_common import MAX_BUDGET_S, ArgumentParser, budget_s, calibration_dir, number_in, seed
-    from orchestrator.cluster import cluster_fingerprint
-    from orchestrator.jobfile import load_job
-
-    parser = ArgumentParser(prog="python -m orchestrator.calibrate", description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-s", type=budget_s, default=DEFAULT_BUDGET_S, help="probe time budget (default %(default)s)")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    parser.add_argument("--ray-address", help="Ray cluster address (default: $RAY_ADDRESS or a local cluster)")
-    parser.add_argument("--job", help="also measure the shapes this job file will be predicted at")
-    parser.add_argument("--seed", type=seed, default=0)
-    parser.add_argument("--refit", metavar="DIR", type=calibration_dir, help="measure nothing: fit and register again from a calibration "
-                        "directory's measurements.jsonl (e.g. after the model code improved)")
-    parser.add_argument("--resume", metavar="DIR", help="continue a calibration of this cluster that was cut short: "
-                        "measure only the probe points its directory lacks, then fit and register")
-    parser.add_argument("--lock-timeout-s", type=number_in(0.0, 4 * MAX_BUDGET_S, minimum_allowed=True, unit="seconds"),
-                        default=None, help="wait this long for another calibration of this hardware to finish "
-                             "(default: 3 x the budget + 300 s)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    args = parser.parse_args(argv)
-    if args.refit:
-        return refit_main(Path(args.refit), args.tracking_uri, args.seed, args.json)
-
-    job = load_job(args.job) if args.job else None
-    resume = Path(args.resume) if args.resume else None
-    if resume is not None and not (resume / "fingerprint.json").exists():
-        raise JobSpecError([f"--resume {resume}: not a calibration directory (no fingerprint.json there)"])
-    uri = registry.configure(args.tracking_uri)
-    ray_runtime.connect(args.ray_address)
-    fingerprint = cluster_fingerprint()
-    timeout = args.lock_timeout_s if args.lock_timeout_s is not None else lock_timeout_s(args.budget_s)
-    with promotion_lease(fingerprint.hardware_id).hold(timeout, on_wait=waiting) as lease, \
-            mlflow.start_run(run_name=f"calibrate-{fingerprint.hardware_id}"):
-        mlflow.set_tags({"kind": "calibration", "hardware_id": fingerprint.hardware_id})
-        info = describe(calibrate(fingerprint, args.budget_s, job, args.seed, resume, lease))
-    info["tracking_uri"] = uri
-    print_summary(info)
-    if args.json:
-        print(json.dumps(info))
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    from orchestrator.cli_common import run_main
-
-    return run_main(_main, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        return describe(result)

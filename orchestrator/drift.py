@@ -1,6 +1,5 @@
-"""Report prediction drift and model drift per hardware and model version, with a chart.
-
-    python -m orchestrator.drift [--hardware-id H] [--last N] [--out-dir D] [--tracking-uri U] [--json]
+"""Prediction drift and model drift per hardware and model version, with a chart (the command
+is `python -m orchestrator.cli.drift`).
 
 Prediction drift: every launched job (an autotune run) logged its predicted and measured
 iteration time and the model version it planned with; per (hardware_id, version) this reports
@@ -10,18 +9,15 @@ the chart shows both over time, one line per model version, and is logged to MLf
 """
 from __future__ import annotations
 
-import sys
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import mlflow
 
 from orchestrator import registry
 from orchestrator.calibration_plots import pyplot
-from orchestrator.cli_common import ArgumentParser, emit, int_in, output_dir, run_main
-from orchestrator.progress import say
 from predictors.evaluation import geomean
 
 RISING, FALLING = 1.25, 0.8  # newer-half / older-half geomean ratios that count as a trend
@@ -118,48 +114,16 @@ def chart(hardware_id: str, data: dict[str, Any], path: Path) -> Path:
     return path
 
 
-def _human(report: dict[str, Any]) -> None:
-    if not report["hardware"]:
-        say("no launched jobs or nightly checks recorded yet")
-    for hw, data in report["hardware"].items():
-        say(f"{hw}:")
-        for v in data["versions"]:
-            ratio = f" (x{v['trend_ratio']:.2f})" if v["trend_ratio"] else ""
-            say(f"  model v{v['version']}: {v['jobs']} job(s), rolling geomean error {v['rolling_geomean_error']:.1%}, "
-                f"trend {v['trend']}{ratio}")
-        for s in data["sentinel"][-5:]:
-            say(f"  nightly sentinel on v{s['version']}: GMAE {s['gmae']:.1%}"
-                + (f" (stale above {s['bound']:.1%})" if s["bound"] else ""))
-        say(f"  chart: {report['charts'][hw]}")
-
-
-def _main(argv: Sequence[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m orchestrator.drift", description=__doc__.splitlines()[0])
-    parser.add_argument("--hardware-id", help="only this hardware (default: every one recorded)")
-    parser.add_argument("--last", type=int_in(1, 100_000), default=10, help="jobs in the rolling window (default %(default)s)")
-    parser.add_argument("--out-dir", type=output_dir, default=".autotune/drift", help="where the PNG charts go")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    args = parser.parse_args(argv)
-    if args.last < 1:
-        parser.error("--last must be >= 1")
-    uri = registry.configure(args.tracking_uri)
-    hardware = collect(args.hardware_id, args.last)
-    charts = {hw: str(chart(hw, data, Path(args.out_dir) / f"drift-{hw}.png")) for hw, data in hardware.items()}
+def report(hardware_id: str | None, last: int, out_dir: Path) -> dict[str, Any]:
+    """Collect the drift of every hardware (or one), chart each, and log charts and numbers to an
+    MLflow run (kind=drift): {"hardware": per hardware its versions and sentinels, "charts": paths}."""
+    hardware = collect(hardware_id, last)
+    charts = {hw: str(chart(hw, data, out_dir / f"drift-{hw}.png")) for hw, data in hardware.items()}
     with mlflow.start_run(run_name="drift"):
-        mlflow.set_tags({"kind": "drift", **({"hardware_id": args.hardware_id} if args.hardware_id else {})})
+        mlflow.set_tags({"kind": "drift", **({"hardware_id": hardware_id} if hardware_id else {})})
         for hw, path in charts.items():
             mlflow.log_artifact(path, artifact_path="charts")
             for v in hardware[hw]["versions"]:
                 mlflow.log_metric(f"rolling_error.{hw}.v{v['version']}", v["rolling_geomean_error"])
         mlflow.log_dict(hardware, "drift.json")
-    emit({"tracking_uri": uri, "hardware": hardware, "charts": charts}, args.json, _human)
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(_main, argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    return {"hardware": hardware, "charts": charts}

@@ -7,18 +7,26 @@ run in the same process would mask. The workloads' sweeps run side by side, one 
 device at a time. A task that fails is retried once; a second failure, or running out of
 memory, ends that workload's sweep there and is recorded, never dropped. Rows go to the
 `MeasurementStore` as they arrive.
+
+`plan_fusion_width` is what `python -m orchestrator.cli.fuse` runs: one workload's widths
+probed, its model fitted, the width chosen, all logged to an MLflow run (kind=fusion).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
-from typing import Sequence
+from pathlib import Path
+from typing import Any, Sequence
 
+import mlflow
 import ray
 from ray.exceptions import RayError
 
+from orchestrator.cluster import HardwareFingerprint
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.progress import Progress, say
-from policies.fusion_width import power_of_two_widths
+from policies.fusion_width import choose_width, partition_trials, power_of_two_widths
+from predictors.fusion_model import fit_fusion_models
 from probes.fusion import measure_fusion_width
 from probes.vocabulary.records import Measurement
 
@@ -101,3 +109,40 @@ def probe_fusion(workloads: Sequence[str], store: MeasurementStore, max_width: i
     for sweep in sweeps.values():
         say(f"fusion {sweep.workload}: measured widths {[r.params['width'] for r in sweep.rows]}; {sweep.stopped}")
     return [r for s in sweeps.values() for r in s.rows]
+
+
+def plan_fusion_width(workload: str, fp: HardwareFingerprint, max_width: int = 64, memory_cap_bytes: float | None = None,
+                      step_cap_s: float = 2.0, batch_size: int | None = None, optimizer: str = "adam",
+                      probe_seconds: float = 2.0, trials: int | None = None) -> dict[str, Any]:
+    """Probe `workload`'s widths on this cluster (rows under .autotune/fusion/<stamp>/), fit its
+    FusionModel, choose the width under the memory cap (default 60% of a device's memory) and
+    log rows, model and decision to an MLflow run (kind=fusion); with `trials`, also how a
+    sweep of that many trials of one setting splits into fused groups."""
+    cap = memory_cap_bytes or 0.6 * fp.min_device_memory_bytes
+    # GPUs are measured side by side; the CPU "devices" of a host share caches and memory
+    # bandwidth, and a wide fused job beside a narrow one distorts both, so one at a time.
+    devices = int(ray.cluster_resources().get("GPU", 1)) if fp.device_kind == "cuda" else 1
+    store = MeasurementStore(Path(".autotune/fusion") / time.strftime("%Y%m%d-%H%M%S"))
+    say(f"fusion widths of {workload} on {fp.summary()}: up to {max_width}, cap {cap / 2**30:.1f} GiB; "
+        f"rows in {store.rows_path}")
+    with mlflow.start_run(run_name=f"fusion-{workload}") as run:
+        mlflow.set_tags({"kind": "fusion", "hardware_id": fp.hardware_id, "workload": workload})
+        rows = probe_fusion([workload], store, max_width, cap, step_cap_s, batch_size,
+                            optimizer, fp.device_kind, parallel=devices, max_seconds=probe_seconds)
+        mlflow.log_artifact(str(store.rows_path))
+        model = fit_fusion_models(rows)[workload]
+        mlflow.log_dict(model.to_dict(), "fusion_model.json")
+        decision = choose_width(model, cap, max_width)
+        mlflow.log_dict({"policy": decision.policy, "choice": decision.choice, "detail": decision.choice_detail,
+                         "candidates": [c.__dict__ for c in decision.candidates]}, "fusion_decision.json")
+        mlflow.log_metrics({"chosen_width": decision.choice_detail["width"],
+                            "predicted_samples_per_s": decision.choice_detail["samples_per_s"],
+                            "speedup_vs_one": decision.choice_detail["speedup_vs_one"],
+                            "fit_gmae": model.fit_gmae})
+        out: dict[str, Any] = {"hardware_id": fp.hardware_id, "run_id": run.info.run_id,
+                               "measured": {int(r.params["width"]): r.extra["samples_per_s"] for r in rows},
+                               **decision.choice_detail}
+        if trials:
+            out["groups"] = [len(g) for g in partition_trials([{} for _ in range(trials)],
+                                                              decision.choice_detail["width"])]
+    return out

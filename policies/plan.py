@@ -137,7 +137,7 @@ class Plan:
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
         """A stored plan, its shape checked: `PlanError` names the first field that is wrong."""
         _expect(isinstance(data, dict), "(top level)", "a plan object {job, hardware_id, predicted_iteration_ms, "
-                "decisions, ...} as written by orchestrator.plan or orchestrator.autotune", data)
+                "decisions, ...} as written by orchestrator.cli.plan or orchestrator.autotune", data)
         for key in ("job", "hardware_id", "predicted_iteration_ms", "decisions"):
             _require(data, key, "")
         _expect(isinstance(data["job"], dict), "job", "the job mapping the plan was made for", data["job"])

@@ -217,7 +217,7 @@ class UncalibratedGroupError(KeyError):
         super().__init__(
             f"{op + ': ' if op else ''}no measurements for group {key} ({world} ranks {where}); measured groups: "
             f"{', '.join(self.measured) or 'none'}. Calibrate on a cluster that holds a group of {world} ranks "
-            f"{where} (python -m orchestrator.calibrate --ray-address <cluster>), or choose a world_size whose "
+            f"{where} (python -m orchestrator.cli.calibrate --ray-address <cluster>), or choose a world_size whose "
             f"groups were measured")
 
     def __str__(self) -> str:  # KeyError's own quotes its message

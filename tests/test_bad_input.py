@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.cli_common import EXIT_BAD_INPUT, run_main, wants_json
+from orchestrator.cli.common import EXIT_BAD_INPUT, run_main, wants_json
 from orchestrator.jobfile import load_job
 from policies.plan import Candidate, Decision, Plan, PlanError
 from policies.sharders import NoFeasiblePlanError
@@ -41,7 +41,7 @@ def write_job(path: Path, data: dict) -> str:
 def cli_main(module: str):
     import importlib
 
-    return importlib.import_module(f"orchestrator.{module}").main
+    return importlib.import_module(f"orchestrator.cli.{module}").main
 
 
 def check_refused(capsys, code: int, field: str, *in_stderr: str) -> dict:
@@ -321,7 +321,7 @@ def test_without_json_an_option_error_prints_no_json_and_still_exits_2(scratch, 
 
 
 def test_a_parser_outside_run_main_still_exits_2_as_argparse_does(capsys):
-    from orchestrator.nightly import build_parser
+    from orchestrator.cli.nightly import build_parser
 
     with pytest.raises(SystemExit) as info:
         build_parser().parse_args(["--budget-s", "nan"])
@@ -385,7 +385,7 @@ def test_python_dash_m_entry_points_exit_2_with_one_json_object(tmp_path):
     (tmp_path / "latin.yaml").write_bytes(b"\xff\xfe")
     env = {k: v for k, v in __import__("os").environ.items() if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS")}
     env["PYTHONPATH"] = str(REPO)
-    for module in ("orchestrator.calibrate", "orchestrator.plan"):
+    for module in ("orchestrator.autotune", "orchestrator.cli.calibrate", "orchestrator.cli.plan"):
         proc = subprocess.run([sys.executable, "-m", module, "--job", "latin.yaml", "--json"], cwd=tmp_path, env=env,
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == EXIT_BAD_INPUT, proc.stderr[-2000:]
@@ -398,6 +398,6 @@ def test_python_dash_m_entry_points_exit_2_with_one_json_object(tmp_path):
 def test_no_champion_is_exit_3_with_json(tracking, capsys):
     code = cli_main("plan")(["--job", str(REPO / "examples/dlrm_small.yaml"), "--json", "--tracking-uri", tracking])
     out, err = capsys.readouterr()
-    assert code == 3 and "orchestrator.calibrate" in err
+    assert code == 3 and "orchestrator.cli.calibrate" in err
     obj = json.loads(out.strip().splitlines()[-1])
     assert obj["exit_code"] == 3 and "no champion model" in obj["error"]

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.autotune import parse_args as autotune_args
-from orchestrator.nightly import build_parser as nightly_parser
+from orchestrator.cli.autotune import parse_args as autotune_args
+from orchestrator.cli.nightly import build_parser as nightly_parser
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 IMAGE = "ghcr.io/OWNER/cluster-autotune:0.1.0"
@@ -78,7 +78,7 @@ def test_nightly_schedules_run_the_nightly_cli_with_valid_arguments(path):
     else:
         assert doc["kind"] == "RayCronJob" and doc["apiVersion"] == "ray.io/v1"
         command = doc["spec"]["jobTemplate"]["entrypoint"]
-    args = nightly_parser().parse_args(cli_args(command, "orchestrator.nightly"))
+    args = nightly_parser().parse_args(cli_args(command, "orchestrator.cli.nightly"))
     assert args.budget_s > 0 and args.lock.startswith("/home/ray/work/.autotune/")
 
 

@@ -7,7 +7,8 @@ import mlflow
 import numpy as np
 import pytest
 
-from orchestrator import drift, nightly, registry
+from orchestrator import nightly, registry
+from orchestrator.cli import drift as drift_cli, nightly as nightly_cli
 from orchestrator.drill import DRILL_ENV, apply_drill, drill_slowdown
 from orchestrator.sentinel import choose_sentinels, score_sentinels
 from predictors import fit_performance_model
@@ -93,7 +94,7 @@ def test_drift_report_rolls_trends_and_charts_per_version(tracking, tmp_path, ca
     with mlflow.start_run():
         mlflow.set_tags({"kind": "nightly", "hardware_id": "hw-a", "checked_version": "1"})
         mlflow.log_metrics({"sentinel_gmae": 0.6, "sentinel_bound": 0.35})
-    assert drift.main(["--tracking-uri", tracking, "--json", "--last", "8", "--out-dir", str(tmp_path / "c")]) == 0
+    assert drift_cli.main(["--tracking-uri", tracking, "--json", "--last", "8", "--out-dir", str(tmp_path / "c")]) == 0
     report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     versions = {v["version"]: v for v in report["hardware"]["hw-a"]["versions"]}
     assert versions["1"]["trend"] == "rising" and versions["1"]["trend_ratio"] > 3
@@ -120,7 +121,7 @@ def test_a_second_nightly_sees_the_lock_and_exits_cleanly(tmp_path, capsys):
     held.holder = "pid 1 on elsewhere"
     assert held.try_acquire()
     try:
-        code = nightly.main(["--lock", lock, "--json", "--tracking-uri", uri])
+        code = nightly_cli.main(["--lock", lock, "--json", "--tracking-uri", uri])
     finally:
         held.release()
     assert code == 0

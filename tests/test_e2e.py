@@ -41,8 +41,8 @@ def test_invalid_job_exits_2_naming_the_field(tmp_path, tiny_job_dict):
 
 
 def test_plan_without_models_exits_3_with_a_hint(tmp_path):
-    proc = cli("orchestrator.plan", "--job", str(REPO / "examples/dlrm_small.yaml"), "--json", cwd=tmp_path, check=False)
-    assert proc.returncode == 3 and "orchestrator.calibrate" in proc.stderr
+    proc = cli("orchestrator.cli.plan", "--job", str(REPO / "examples/dlrm_small.yaml"), "--json", cwd=tmp_path, check=False)
+    assert proc.returncode == 3 and "orchestrator.cli.calibrate" in proc.stderr
 
 
 @pytest.mark.slow
@@ -77,50 +77,50 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     champion = client.get_model_version_by_alias(name, "champion")
     assert champion.tags["hardware_id"] == first["hardware_id"]
 
-    plan = last_json(cli("orchestrator.plan", "--job", "tiny.yaml", "--json", cwd=tmp_path).stdout)
+    plan = last_json(cli("orchestrator.cli.plan", "--job", "tiny.yaml", "--json", cwd=tmp_path).stdout)
     names = {c["name"] for c in plan["decisions"]["sharding"]["candidates"]}
     assert names >= {"naive", "random", "size_greedy", "lookup_greedy", "norm_lookup_greedy", "size_lookup_greedy",
                      "all_row_wise", "all_column_wise", "search"}
     # With a network section the plan also chooses the gradient all-reduce's chunks.
     net = {**tiny_job_dict, "network": {"dims": [{"peers": 2, "bandwidth_gbps": 1, "latency_us": 20}]}}
     (tmp_path / "net.yaml").write_text(yaml.safe_dump(net))
-    net_plan = last_json(cli("orchestrator.plan", "--job", "net.yaml", "--out", "net_plan.json", "--json",
+    net_plan = last_json(cli("orchestrator.cli.plan", "--job", "net.yaml", "--out", "net_plan.json", "--json",
                              cwd=tmp_path).stdout)
     assert net_plan["decisions"]["chunking"]["choice_detail"]["chunk_schedule"]["dims"] == [2]
     # ... and the real job runs its dense all-reduce with that schedule.
-    ran = last_json(cli("orchestrator.run", "--job", "net.yaml", "--plan", "net_plan.json", "--iters", "3", "--json",
+    ran = last_json(cli("orchestrator.cli.run", "--job", "net.yaml", "--plan", "net_plan.json", "--iters", "3", "--json",
                         cwd=tmp_path).stdout)
     assert ran["iterations"] == 3 and ran["loss_last"] > 0
     plan_path = Path(tmp_path) / second["plan"]
-    predicted = last_json(cli("orchestrator.predict", "--job", "tiny.yaml", "--plan", str(plan_path), "--json", cwd=tmp_path).stdout)
+    predicted = last_json(cli("orchestrator.cli.predict", "--job", "tiny.yaml", "--plan", str(plan_path), "--json", cwd=tmp_path).stdout)
     assert predicted["iteration_ms"] == pytest.approx(second["predicted_iteration_ms"])
-    ran = last_json(cli("orchestrator.run", "--job", "tiny.yaml", "--plan", str(plan_path), "--iters", "3", "--json", cwd=tmp_path).stdout)
+    ran = last_json(cli("orchestrator.cli.run", "--job", "tiny.yaml", "--plan", str(plan_path), "--iters", "3", "--json", cwd=tmp_path).stdout)
     assert ran["iterations"] == 3 and ran["iteration_ms"] > 0
 
     # Refit from the stored measurements: nothing is probed, a new version is registered.
     measurements = Path(tmp_path) / first["calibration"]["measurements"]
-    refit = last_json(cli("orchestrator.calibrate", "--refit", str(measurements.parent), "--json", cwd=tmp_path).stdout)
+    refit = last_json(cli("orchestrator.cli.calibrate", "--refit", str(measurements.parent), "--json", cwd=tmp_path).stdout)
     assert refit["model"] == f"{name}/2" and refit["rows_per_op"] == first["calibration"]["rows_per_op"]
 
     # Nightly: the champion's sentinel points, re-measured, still agree with it: nothing to do.
     hw = first["hardware_id"]
-    quiet = last_json(cli("orchestrator.nightly", "--budget-s", "25", "--json", cwd=tmp_path).stdout)
+    quiet = last_json(cli("orchestrator.cli.nightly", "--budget-s", "25", "--json", cwd=tmp_path).stdout)
     assert quiet["recalibrated"] == 0, quiet["checked"]
     # A drill makes every probe on this machine read 3x slower: the sentinels drift, the nightly
     # recalibrates, and the new model (fitted on the slower machine) is promoted over the old.
     drill = {"AUTOTUNE_DRILL_SLOWDOWN": "3"}
-    drilled = last_json(cli("orchestrator.nightly", "--budget-s", "25", "--json", cwd=tmp_path, env=drill).stdout)
+    drilled = last_json(cli("orchestrator.cli.nightly", "--budget-s", "25", "--json", cwd=tmp_path, env=drill).stdout)
     (checked,) = drilled["checked"]
     assert checked["recalibrated"] and checked["promoted"], checked
     assert any(r.startswith("sentinel drift") for r in checked["reasons"])
     assert str(client.get_model_version_by_alias(name, "champion").version) == checked["model"].split("/")[1]
     # The drift report shows the jump.
-    report = last_json(cli("orchestrator.drift", "--json", cwd=tmp_path).stdout)
+    report = last_json(cli("orchestrator.cli.drift", "--json", cwd=tmp_path).stdout)
     series = report["hardware"][hw]["sentinel"]
     assert series[-1]["gmae"] > series[-1]["bound"] > series[-2]["gmae"]
     assert Path(tmp_path / report["charts"][hw]).exists()
     # Two nightlies started together: one works, the other sees the lock and exits cleanly.
-    procs = [subprocess.Popen([sys.executable, "-m", "orchestrator.nightly", "--budget-s", "25", "--json"], cwd=tmp_path,
+    procs = [subprocess.Popen([sys.executable, "-m", "orchestrator.cli.nightly", "--budget-s", "25", "--json"], cwd=tmp_path,
                               env=cli_env(drill), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
              for _ in range(2)]
     outs = [(p.wait(timeout=900), p.stdout.read(), p.stderr.read()) for p in procs]

@@ -134,7 +134,7 @@ def test_a_503_during_registration_promotes_nothing(tracking, monkeypatch):
 
 
 def test_a_torn_measurement_store_still_refits(tmp_path, monkeypatch):
-    from orchestrator import calibrate
+    from orchestrator.cli import calibrate
     from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint
     from synthetic_rows import gemm_rows
 
@@ -166,7 +166,7 @@ def test_two_autotunes_and_a_nightly_started_together_calibrate_once(tmp_path, t
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny_job_dict))
     procs = [_cli(["orchestrator.autotune", "--job", "tiny.yaml", "--calibration-budget-s", "20", "--dry-run", "--json"],
                   tmp_path) for _ in range(2)]
-    procs.append(_cli(["orchestrator.nightly", "--budget-s", "20", "--json"], tmp_path))
+    procs.append(_cli(["orchestrator.cli.nightly", "--budget-s", "20", "--json"], tmp_path))
     outs = [p.communicate(timeout=900) for p in procs]
     for p, (out, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]

@@ -37,7 +37,7 @@ def test_probe_stops_at_the_memory_cap_and_records_why(ray_local, tmp_path) -> N
 def test_tune_sweep_runs_fused_and_keeps_each_trial(ray_local, tmp_path) -> None:
     from ray import tune
 
-    from orchestrator.fused_tune import run_sweep, sample_trials
+    from orchestrator.fusion_tune import run_sweep, sample_trials
 
     space = {"lr": tune.loguniform(1e-4, 1e-2), "dropout": tune.uniform(0.0, 0.2), "seed": tune.randint(0, 100),
              "batch_size": tune.grid_search([8, 16])}
@@ -63,7 +63,7 @@ def test_fuse_cli_logs_the_decision(ray_local, tracking, capsys) -> None:
 
     import mlflow
 
-    from orchestrator import fuse
+    from orchestrator.cli import fuse
 
     code = fuse.main(["--workload", "cnn", "--max-width", "4", "--memory-cap-gb", "4", "--probe-seconds", "0.3",
                       "--trials", "10", "--tracking-uri", tracking, "--json"])
@@ -83,7 +83,7 @@ def test_tune_sweep_runs_the_users_own_model(ray_local, tmp_path) -> None:
     import torch
     from torch import nn
 
-    from orchestrator.fused_tune import run_sweep
+    from orchestrator.fusion_tune import run_sweep
     from probes.workloads.fusion.hfta import RateDropout
     from probes.workloads.fusion.models import FusionWorkload
 
@@ -104,7 +104,7 @@ def test_tune_sweep_runs_the_users_own_model(ray_local, tmp_path) -> None:
 
 
 def test_successive_halving_stops_single_trials_inside_fused_groups(ray_local, tmp_path) -> None:
-    from orchestrator.fused_tune import MemberHalving, RungBoard, run_sweep
+    from orchestrator.fusion_tune import MemberHalving, RungBoard, run_sweep
 
     rule = MemberHalving(grace_period=1, reduction_factor=2, max_t=4)
     assert rule.rungs() == [1, 2]

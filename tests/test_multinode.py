@@ -83,5 +83,5 @@ def test_autotune_cycle_on_a_cluster_whose_head_offers_no_devices(tmp_path, tiny
     assert logged["rank_nodes"] == [big, big, small]
 
     # the stored multi-node calibration refits from this (single-node) machine, under its own hardware
-    refit = last_json(cli("orchestrator.calibrate", "--refit", str(stored.parent), "--json", cwd=tmp_path).stdout)
+    refit = last_json(cli("orchestrator.cli.calibrate", "--refit", str(stored.parent), "--json", cwd=tmp_path).stdout)
     assert refit["hardware_id"] == hw and refit["model"].endswith("/2")

@@ -3,7 +3,7 @@ across nodes), in the graphs, the costs and the plan; an uncalibrated scope is a
 import numpy as np
 import pytest
 
-from orchestrator.cli_common import EXIT_BAD_INPUT, run_main
+from orchestrator.cli.common import EXIT_BAD_INPUT, run_main
 from orchestrator.cluster import GIB, DeviceInfo, HardwareFingerprint, NodeFingerprint
 from orchestrator.planning import job_placement, make_plan
 from predictors.dlrm_estimator import estimate_iteration
@@ -133,7 +133,7 @@ def test_a_bundle_with_only_intra_node_curves_says_what_to_calibrate():
     message = str(err.value)
     assert "16:inter (16 ranks spanning nodes)" in message
     assert "measured groups: 16:intra, 8:intra" in message
-    assert "python -m orchestrator.calibrate" in message
+    assert "python -m orchestrator.cli.calibrate" in message
 
     def plan_cli(argv):
         make_plan(job(16), model, gpu_cluster(2, 8), "1")

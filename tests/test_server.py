@@ -118,17 +118,17 @@ def test_calibrate_autotune_drift_nightly_against_a_real_server(mlflow_server, t
     # Authentication is on: no credentials, no data.
     assert requests.get(f"{url}/api/2.0/mlflow/experiments/search?max_results=1", timeout=30).status_code == 401
 
-    calibration = cli("orchestrator.calibrate", "--budget-s", "20", cwd=tmp_path, url=url)
+    calibration = cli("orchestrator.cli.calibrate", "--budget-s", "20", cwd=tmp_path, url=url)
     assert calibration["promoted"] and calibration["model"].endswith("/1")
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny_job_dict))
     tuned = cli("orchestrator.autotune", "--job", "tiny.yaml", "--iterations", "3", cwd=tmp_path, url=url)
     assert tuned["recalibrated"] is False and tuned["model"] == calibration["model"]
     assert tuned["measured_iteration_ms"] > 0
-    report = cli("orchestrator.drift", cwd=tmp_path, url=url)
+    report = cli("orchestrator.cli.drift", cwd=tmp_path, url=url)
     (version,) = report["hardware"][calibration["hardware_id"]]["versions"]
     assert version["version"] == "1" and version["jobs"] == 1
     assert version["rolling_geomean_error"] == pytest.approx(tuned["prediction_error"])
-    nightly = cli("orchestrator.nightly", "--budget-s", "20", cwd=tmp_path, url=url)
+    nightly = cli("orchestrator.cli.nightly", "--budget-s", "20", cwd=tmp_path, url=url)
     (checked,) = nightly["checked"]
     assert checked["hardware_id"] == calibration["hardware_id"] and checked["sentinel"]["gmae"] is not None
 

@@ -166,7 +166,7 @@ def fingerprint(ray_address: str | None, start_ray: bool) -> HardwareFingerprint
 def champion_or_exit(hardware_id: str) -> registry.RegisteredBundle:
     found = registry.get_alias(hardware_id, registry.CHAMPION)
     if found is None:
-        message = (f"no champion model for hardware {hardware_id}; run `python -m orchestrator.calibrate` "
+        message = (f"no champion model for hardware {hardware_id}; run `python -m orchestrator.cli.calibrate` "
                    f"or `python -m orchestrator.autotune --job J` first")
         say(message)
         raise NoModelError(message)

@@ -1,6 +1,6 @@
 """Run a job for real with a given plan on the Ray cluster and report its iteration time.
 
-    python -m orchestrator.run --job J --plan P --iters N [--ray-address A] [--json]
+    python -m orchestrator.cli.run --job J --plan P --iters N [--ray-address A] [--json]
         → {"iteration_ms": ..., "iterations": N}
 """
 from __future__ import annotations
@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from orchestrator.cli_common import ArgumentParser, add_common, emit, fingerprint, int_in, run_main
+from orchestrator.cli.common import ArgumentParser, add_common, emit, fingerprint, int_in, run_main
 from orchestrator.jobfile import load_job
 from orchestrator.launch import launch_dlrm
 from orchestrator.planning import job_placement, placement_record
@@ -18,7 +18,7 @@ from probes.vocabulary.jobspec import MAX_ITERATIONS
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m orchestrator.run", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m orchestrator.cli.run", description=__doc__.splitlines()[0])
     parser.add_argument("--job", required=True)
     parser.add_argument("--plan", required=True)
     parser.add_argument("--iters", type=int_in(1, MAX_ITERATIONS), help="timed iterations (default: the job's)")

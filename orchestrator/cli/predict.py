@@ -1,6 +1,6 @@
 """Predict a job's iteration time under a given plan with the registered champion.
 
-    python -m orchestrator.predict --job J --plan P [--tracking-uri U] [--json]   → {"iteration_ms": ...}
+    python -m orchestrator.cli.predict --job J --plan P [--tracking-uri U] [--json]   → {"iteration_ms": ...}
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from typing import Sequence
 
 from orchestrator import registry
-from orchestrator.cli_common import ArgumentParser, add_common, champion_or_exit, emit, fingerprint, run_main
+from orchestrator.cli.common import ArgumentParser, add_common, champion_or_exit, emit, fingerprint, run_main
 from orchestrator.jobfile import load_job
 from orchestrator.planning import job_placement
 from orchestrator.progress import say
@@ -17,7 +17,7 @@ from policies.plan import Plan
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m orchestrator.predict", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m orchestrator.cli.predict", description=__doc__.splitlines()[0])
     parser.add_argument("--job", required=True)
     parser.add_argument("--plan", required=True, help="a plan JSON written by autotune or plan")
     add_common(parser)

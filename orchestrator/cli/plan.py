@@ -1,6 +1,6 @@
 """Plan a job with the registered champion, without launching it.
 
-    python -m orchestrator.plan --job J [--out P] [--tracking-uri U] [--ray-address A] [--json]
+    python -m orchestrator.cli.plan --job J [--out P] [--tracking-uri U] [--ray-address A] [--json]
 """
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 from typing import Any, Sequence
 
 from orchestrator import registry
-from orchestrator.cli_common import ArgumentParser, add_common, champion_or_exit, emit, fingerprint, output_file, run_main
+from orchestrator.cli.common import ArgumentParser, add_common, champion_or_exit, emit, fingerprint, output_file, run_main
 from orchestrator.jobfile import load_job
 from orchestrator.planning import make_plan
 from orchestrator.progress import say
@@ -40,7 +40,7 @@ def _human(plan: dict[str, Any]) -> None:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m orchestrator.plan", description=__doc__.splitlines()[0])
+    parser = ArgumentParser(prog="python -m orchestrator.cli.plan", description=__doc__.splitlines()[0])
     parser.add_argument("--job", required=True)
     parser.add_argument("--out", type=output_file, help="also write the plan JSON to this file")
     add_common(parser)

@@ -1,0 +1,80 @@
+"""Calibration: measure this cluster through Ray, fit the per-op models, register them.
+
+    python -m orchestrator.cli.calibrate [--budget-s S] [--tracking-uri U] [--ray-address A] [--job J] [--json]
+    python -m orchestrator.cli.calibrate --refit DIR | --resume DIR ...
+
+Measurements are appended to `.autotune/calibrations/<stamp>/measurements.jsonl` as each
+probe returns and logged to MLflow before the fit runs, so nothing measured is lost to a
+later failure.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Sequence
+
+from orchestrator import registry
+from orchestrator.calibrate import DEFAULT_BUDGET_S, calibrate_cluster, print_summary, refit
+from orchestrator.cli.common import (
+    MAX_BUDGET_S, ArgumentParser, budget_s, calibration_dir, fingerprint, number_in, run_main, seed,
+)
+from orchestrator.jobfile import load_job
+from probes.vocabulary.jobspec import JobSpecError
+
+
+def refit_main(directory: Path, tracking_uri: str | None, seed: int, as_json: bool) -> int:
+    """Fit and register from stored measurements, for the hardware that took them (its
+    fingerprint is stored beside them: a multi-node calibration refits from any machine)."""
+    if not (directory / "measurements.jsonl").exists():
+        raise SystemExit(f"--refit {directory}: no measurements.jsonl there")
+    if not (directory / "fingerprint.json").exists():
+        raise SystemExit(f"--refit {directory}: no fingerprint.json there (the hardware the measurements came from)")
+    uri = registry.configure(tracking_uri)
+    info = refit(directory, seed)
+    info["tracking_uri"] = uri
+    print_summary(info)
+    if as_json:
+        print(json.dumps(info))
+    return 0
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    parser = ArgumentParser(prog="python -m orchestrator.cli.calibrate", description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-s", type=budget_s, default=DEFAULT_BUDGET_S, help="probe time budget (default %(default)s)")
+    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    parser.add_argument("--ray-address", help="Ray cluster address (default: $RAY_ADDRESS or a local cluster)")
+    parser.add_argument("--job", help="also measure the shapes this job file will be predicted at")
+    parser.add_argument("--seed", type=seed, default=0)
+    parser.add_argument("--refit", metavar="DIR", type=calibration_dir, help="measure nothing: fit and register again from a calibration "
+                        "directory's measurements.jsonl (e.g. after the model code improved)")
+    parser.add_argument("--resume", metavar="DIR", help="continue a calibration of this cluster that was cut short: "
+                        "measure only the probe points its directory lacks, then fit and register")
+    parser.add_argument("--lock-timeout-s", type=number_in(0.0, 4 * MAX_BUDGET_S, minimum_allowed=True, unit="seconds"),
+                        default=None, help="wait this long for another calibration of this hardware to finish "
+                             "(default: 3 x the budget + 300 s)")
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    args = parser.parse_args(argv)
+    if args.refit:
+        return refit_main(Path(args.refit), args.tracking_uri, args.seed, args.json)
+
+    job = load_job(args.job) if args.job else None
+    resume = Path(args.resume) if args.resume else None
+    if resume is not None and not (resume / "fingerprint.json").exists():
+        raise JobSpecError([f"--resume {resume}: not a calibration directory (no fingerprint.json there)"])
+    uri = registry.configure(args.tracking_uri)
+    info = calibrate_cluster(fingerprint(args.ray_address, start_ray=True), args.budget_s, job, args.seed, resume,
+                             args.lock_timeout_s)
+    info["tracking_uri"] = uri
+    print_summary(info)
+    if args.json:
+        print(json.dumps(info))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""Nightly recalibration: check this cluster's champion, recalibrate only what is missing,
+stale or drifting, and apply the promotion rule.
+
+    python -m orchestrator.cli.nightly [--budget-s S] [--lock PATH] [--ray-address A] [--tracking-uri U] [--json]
+
+Per hardware of the Ray cluster: no champion, software (driver / CUDA / NCCL / torch / fbgemm)
+changed, older than the age limit, launched jobs' prediction error drifting, or the sentinel
+points re-measured off by more than their bound → a full calibration, registered as a
+challenger and promoted only if not worse on the new held-out rows. Hardware ids that MLflow
+has seen jobs for but holds no fresh champion of, and that are not in this cluster, are
+listed: they need a nightly on their own hardware. Everything is printed and logged to an
+MLflow run (kind=nightly).
+
+Safe to start twice, on any pods: the first holds a lock kept in the tracking server
+(`orchestrator.lease`, renewed while it runs, expiring when its holder stops); the second says
+who holds it and exits 0 without touching anything.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any, Sequence
+
+from orchestrator import registry
+from orchestrator.calibrate import DEFAULT_BUDGET_S
+from orchestrator.cli.common import (
+    ArgumentParser, add_common, age_days, budget_s, emit, fingerprint, number_in, run_main, seed,
+)
+from orchestrator.nightly import DEFAULT_LOCK, NightlySettings, nightly_lease, run_nightly
+from orchestrator.progress import say
+from orchestrator.sentinel import DEFAULT_BOUND, DEFAULT_RATIO
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = ArgumentParser(prog="python -m orchestrator.cli.nightly", description=__doc__.splitlines()[0])
+    parser.add_argument("--budget-s", type=budget_s, default=DEFAULT_BUDGET_S, help="calibration budget where one is needed")
+    parser.add_argument("--lock", default=os.environ.get("AUTOTUNE_NIGHTLY_LOCK", DEFAULT_LOCK),
+                        help="name of the nightly's lock, held in the tracking server so every scheduler of "
+                             "this cluster sees it (default %(default)s)")
+    parser.add_argument("--max-model-age-days", type=age_days, default=7.0)
+    parser.add_argument("--sentinel-bound", type=number_in(0.0, 100.0), default=DEFAULT_BOUND,
+                        help="sentinel GMAE that marks a champion stale, at least (default %(default)s)")
+    parser.add_argument("--sentinel-ratio", type=number_in(0.0, 1000.0), default=DEFAULT_RATIO,
+                        help="... or this many times its own held-out GMAE (default %(default)s)")
+    parser.add_argument("--seed", type=seed, default=0)
+    add_common(parser)
+    return parser
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+
+    uri = registry.configure(args.tracking_uri)
+    # The nightly's lock lives in the tracking server (every scheduler pod sees it) and expires
+    # when its holder stops renewing it: a nightly that died or hangs cannot hold it past its run.
+    lock = nightly_lease(args.lock, args.budget_s)
+    if not lock.try_acquire():
+        current = lock.current()
+        who = current[0] if current else "unknown"
+        say(f"another nightly run holds {args.lock} ({who}); exiting without doing anything")
+        emit({"skipped": True, "lock": args.lock, "holder": who}, args.json, lambda _: None)
+        return 0
+    try:
+        summary = run_nightly(lambda: fingerprint(args.ray_address, start_ray=True), uri,
+                              NightlySettings(args.budget_s, args.max_model_age_days, args.sentinel_bound,
+                                              args.sentinel_ratio, args.seed))
+    finally:
+        lock.release()
+
+    def human(s: dict[str, Any]) -> None:
+        for c in s["checked"]:
+            what = (f"recalibrated → {c['model']} ({'promoted' if c['promoted'] else 'challenger'}: {c['promotion_reason']})"
+                    if c["recalibrated"] else "fresh, nothing recalibrated")
+            say(f"summary {c['hardware_id']}: {what}")
+        for e in s["needs_nightly_on_its_own_hardware"]:
+            say(f"summary {e['hardware_id']}: not in this cluster and " + "; ".join(e["reasons"]))
+        say(f"nightly done in {s['wall_s']}s: {s['recalibrated']} recalibrated, {s['promoted']} promoted")
+
+    emit(summary, args.json, human)
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    return run_main(_main, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
