@@ -60,6 +60,10 @@ class DeadlockError(RuntimeError):
     """Ranks wait on collectives that can never meet (mismatched order or groups)."""
 
 
+Blame = tuple[int, int] | None  # the (rank, op index) an op waited for last: the critical path's edge
+Arrival = tuple[float, int, Blame]  # a group member's (ready time, op index, blame) at a collective
+
+
 def simulate(graph: ExecutionGraph, cost: CostFn, cpu_overhead: CostFn | None = None,
              synchronous: bool = False, share_links: bool = True) -> SimResult:
     """Simulate one iteration. `cost(op)` is the op's device time, `cpu_overhead(op)` the
@@ -71,96 +75,131 @@ def simulate(graph: ExecutionGraph, cost: CostFn, cpu_overhead: CostFn | None = 
 
     def overhead(o: GraphOp) -> float:
         return o.issue_s if o.issue_s is not None else model_overhead(o)
-    n = graph.world_size
-    cpu = [0.0] * n
-    fronts = [defaultdict(float) for _ in range(n)]
-    spans: list[list[tuple[float, float]]] = [[(0.0, 0.0)] * len(ops) for ops in graph.ranks]
-    # Who each op waited for last (for the critical path): (rank, op index) or None.
-    blamed: list[list[tuple[int, int] | None]] = [[None] * len(ops) for ops in graph.ranks]
-    last_on_stream: list[dict[str, int]] = [dict() for _ in range(n)]
-    last_issued = [-1] * n
-    timelines = [RankTimeline() for _ in range(n)]
-    position = [0] * n
-    # Collectives are matched per group in issue order: the k-th on a group meets the k-th.
-    arrivals: dict[tuple[tuple[int, ...], int], dict[int, tuple[float, int, tuple[int, int] | None]]] = defaultdict(dict)
-    seen_on_group: list[dict[tuple[int, ...], int]] = [defaultdict(int) for _ in range(n)]
-    link_free: list[dict[str, float]] = [defaultdict(float) for _ in range(n)]  # per rank, per scope
-    link_holder: list[dict[str, tuple[int, int]]] = [dict() for _ in range(n)]
-    ready = deque(range(n))
 
-    def ready_time(r: int, i: int, o: GraphOp) -> tuple[float, tuple[int, int] | None]:
-        t, who = cpu[r], ((r, last_issued[r]) if last_issued[r] >= 0 else None)
-        if fronts[r][o.stream] > t:
-            t, who = fronts[r][o.stream], (r, last_on_stream[r][o.stream])
-        for d in o.deps:
-            if spans[r][d][1] > t:
-                t, who = spans[r][d][1], (r, d)
-        return t, who
+    sim = _Simulation(graph, cost, overhead, synchronous, share_links)
+    sim.run()
+    return sim.result()
 
-    def finish(r: int, i: int, o: GraphOp, start: float, end: float, who) -> None:
-        spans[r][i] = (start, end)
-        blamed[r][i] = who
-        fronts[r][o.stream] = end
-        last_on_stream[r][o.stream] = i
-        last_issued[r] = i
-        if o.blocking if o.blocking is not None else synchronous:
-            cpu[r] = end
-        timelines[r].busy_s[o.stream] += end - start
 
-    while ready:
-        r = ready.popleft()
-        ops = graph.ranks[r]
-        while position[r] < len(ops):
-            i = position[r]
+class _Simulation:
+    """What one `simulate` call advances: per rank a CPU front, one front per stream, the
+    collectives it waits at and its links' fronts; per op its span and what it waited for."""
+
+    def __init__(self, graph: ExecutionGraph, cost: CostFn, overhead: CostFn, synchronous: bool,
+                 share_links: bool) -> None:
+        n = graph.world_size
+        self.graph, self.cost, self.overhead = graph, cost, overhead
+        self.synchronous, self.share_links = synchronous, share_links
+        self.cpu = [0.0] * n
+        self.fronts: list[dict[str, float]] = [defaultdict(float) for _ in range(n)]
+        self.spans: list[list[tuple[float, float]]] = [[(0.0, 0.0)] * len(ops) for ops in graph.ranks]
+        self.blamed: list[list[Blame]] = [[None] * len(ops) for ops in graph.ranks]
+        self.last_on_stream: list[dict[str, int]] = [dict() for _ in range(n)]
+        self.last_issued = [-1] * n
+        self.timelines = [RankTimeline() for _ in range(n)]
+        self.position = [0] * n
+        # Collectives are matched per group in issue order: the k-th on a group meets the k-th.
+        self.arrivals: dict[tuple[tuple[int, ...], int], dict[int, Arrival]] = defaultdict(dict)
+        self.seen_on_group: list[dict[tuple[int, ...], int]] = [defaultdict(int) for _ in range(n)]
+        self.link_free: list[dict[str, float]] = [defaultdict(float) for _ in range(n)]  # per rank, per scope
+        self.link_holder: list[dict[str, tuple[int, int]]] = [dict() for _ in range(n)]
+        self.ready = deque(range(n))
+
+    def run(self) -> None:
+        """Advance ranks until none can go on; a rank that stopped at an unmet collective is
+        re-queued by the last member to arrive."""
+        while self.ready:
+            self.advance(self.ready.popleft())
+        ranks, position = self.graph.ranks, self.position
+        stuck = [r for r in range(len(ranks)) if position[r] < len(ranks[r])]
+        if stuck:
+            raise DeadlockError(f"ranks {stuck} wait at {[ranks[r][position[r]].name for r in stuck]}")
+
+    def advance(self, r: int) -> None:
+        """Issue rank `r`'s ops in order until it ends or waits at a collective."""
+        ops = self.graph.ranks[r]
+        while self.position[r] < len(ops):
+            i = self.position[r]
             o = ops[i]
             if o.kind != "collective":
-                cpu[r] += overhead(o)
-                start, who = ready_time(r, i, o)
-                dur = o.duration_s if o.duration_s is not None else cost(o)
-                finish(r, i, o, start, start + dur, who)
-                position[r] += 1
+                self.issue(r, i, o)
+                self.position[r] += 1
                 continue
-            key = (o.group, seen_on_group[r][o.group])
-            if r not in arrivals[key]:
-                cpu[r] += overhead(o)
-                t, who = ready_time(r, i, o)
-                arrivals[key][r] = (t, i, who)
-            if len(arrivals[key]) < len(o.group):
+            key = (o.group, self.seen_on_group[r][o.group])
+            arrived = self.arrivals[key]
+            if r not in arrived:
+                self.cpu[r] += self.overhead(o)
+                t, who = self.ready_time(r, o)
+                arrived[r] = (t, i, who)
+            if len(arrived) < len(o.group):
                 break  # wait for the others; they will re-queue this rank
-            start = max(a[0] for a in arrivals[key].values())
-            late_rank, (_, late_i, _) = max(arrivals[key].items(), key=lambda kv: kv[1][0])
-            scope = str(o.params.get("scope", "intra")) if o.params else "intra"
-            held_by = None
-            if share_links:
-                busy, holder = max((link_free[m][scope], m) for m in arrivals[key])
-                if busy > start:  # the link is still carrying another stream's collective
-                    start, held_by = busy, link_holder[holder][scope]
-            dur = o.duration_s if o.duration_s is not None else cost(o)
-            for member, (t_arrive, idx, who) in arrivals[key].items():
-                m_op = graph.ranks[member][idx]
-                # The late arriver waited on its own predecessor; everyone else waited on it.
-                blame = held_by or (who if member == late_rank else (late_rank, late_i))
-                timelines[member].waiting_s += start - t_arrive
-                finish(member, idx, m_op, start, start + dur, blame)
-                link_free[member][scope] = start + dur
-                link_holder[member][scope] = (member, idx)
-                seen_on_group[member][o.group] += 1
-                position[member] += 1
-                if member != r:
-                    ready.append(member)
-            del arrivals[key]
-        # a rank that stopped on an unmet collective is re-queued by the last to arrive
-    stuck = [r for r in range(n) if position[r] < len(graph.ranks[r])]
-    if stuck:
-        raise DeadlockError(f"ranks {stuck} wait at {[graph.ranks[r][position[r]].name for r in stuck]}")
+            self.retire(r, o, arrived)
+            del self.arrivals[key]
 
-    for r in range(n):
-        tl = timelines[r]
-        tl.cpu_s = cpu[r]
-        tl.end_s = max([cpu[r]] + list(fronts[r].values()))
-        tl.exposed_comm_s = _exposed(spans[r], graph.ranks[r])
-    iteration = max((tl.end_s for tl in timelines), default=0.0)
-    return SimResult(iteration, timelines, _critical_path(graph, spans, blamed), spans)
+    def issue(self, r: int, i: int, o: GraphOp) -> None:
+        """Run a compute or memory op: the CPU pays its overhead, it starts once ready."""
+        self.cpu[r] += self.overhead(o)
+        start, who = self.ready_time(r, o)
+        dur = o.duration_s if o.duration_s is not None else self.cost(o)
+        self.finish(r, i, o, start, start + dur, who)
+
+    def ready_time(self, r: int, o: GraphOp) -> tuple[float, Blame]:
+        """When `o` can start on rank `r`, and the op it waited for last."""
+        t, who = self.cpu[r], ((r, self.last_issued[r]) if self.last_issued[r] >= 0 else None)
+        if self.fronts[r][o.stream] > t:
+            t, who = self.fronts[r][o.stream], (r, self.last_on_stream[r][o.stream])
+        spans = self.spans[r]
+        for d in o.deps:
+            if spans[d][1] > t:
+                t, who = spans[d][1], (r, d)
+        return t, who
+
+    def finish(self, r: int, i: int, o: GraphOp, start: float, end: float, who: Blame) -> None:
+        """Record op `i` of rank `r` as running from `start` to `end` and move the fronts."""
+        self.spans[r][i] = (start, end)
+        self.blamed[r][i] = who
+        self.fronts[r][o.stream] = end
+        self.last_on_stream[r][o.stream] = i
+        self.last_issued[r] = i
+        if o.blocking if o.blocking is not None else self.synchronous:
+            self.cpu[r] = end
+        self.timelines[r].busy_s[o.stream] += end - start
+
+    def retire(self, r: int, o: GraphOp, arrived: dict[int, Arrival]) -> None:
+        """Run a collective every member of whose group has arrived: it starts when the last
+        arrives (or its link frees) and ends for all members together."""
+        start = max(a[0] for a in arrived.values())
+        late_rank, (_, late_i, _) = max(arrived.items(), key=lambda kv: kv[1][0])
+        scope = str(o.params.get("scope", "intra")) if o.params else "intra"
+        held_by = None
+        if self.share_links:
+            busy, holder = max((self.link_free[m][scope], m) for m in arrived)
+            if busy > start:  # the link is still carrying another stream's collective
+                start, held_by = busy, self.link_holder[holder][scope]
+        dur = o.duration_s if o.duration_s is not None else self.cost(o)
+        for member, (t_arrive, idx, who) in arrived.items():
+            m_op = self.graph.ranks[member][idx]
+            # The late arriver waited on its own predecessor; everyone else waited on it.
+            blame = held_by or (who if member == late_rank else (late_rank, late_i))
+            self.timelines[member].waiting_s += start - t_arrive
+            self.finish(member, idx, m_op, start, start + dur, blame)
+            self.link_free[member][scope] = start + dur
+            self.link_holder[member][scope] = (member, idx)
+            self.seen_on_group[member][o.group] += 1
+            self.position[member] += 1
+            if member != r:
+                self.ready.append(member)
+
+    def result(self) -> SimResult:
+        """Each rank's ends, CPU time and exposed communication; the iteration ends with the last."""
+        graph, cpu, timelines = self.graph, self.cpu, self.timelines
+        for r in range(graph.world_size):
+            tl = timelines[r]
+            tl.cpu_s = cpu[r]
+            tl.end_s = max([cpu[r]] + list(self.fronts[r].values()))
+            tl.exposed_comm_s = _exposed(self.spans[r], graph.ranks[r])
+        iteration = max((tl.end_s for tl in timelines), default=0.0)
+        return SimResult(iteration, timelines, _critical_path(graph, self.spans, self.blamed), self.spans)
 
 
 def _exposed(spans: list[tuple[float, float]], ops: list[GraphOp]) -> float:
