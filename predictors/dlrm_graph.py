@@ -13,6 +13,7 @@ buckets fill (a small first bucket, then `bucket_bytes`); the optimizer step.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from predictors.graph import ExecutionGraph, GraphOp
@@ -20,11 +21,12 @@ from probes.vocabulary.tbe_features import expected_features
 from probes.vocabulary.ops import elementwise_params
 from probes.vocabulary.ops import gemm_params
 from probes.vocabulary.ops import memcpy_params
-from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.jobspec import JobSpec, TableShape
 from probes.vocabulary.placement import INTRA, PlacementError, RankPlacement
 from probes.vocabulary.table_shards import (
     DATA_PARALLEL,
     PlanEntry,
+    TableShard,
     exchanged_widths,
     replicated_tables,
     row_wise_width,
@@ -52,6 +54,23 @@ def ddp_buckets(param_bytes: int, bucket_bytes: int = DDP_BUCKET_BYTES) -> list[
         buckets.append(min(left, bucket_bytes))
         left -= buckets[-1]
     return buckets
+
+
+class BucketFill:
+    """DDP's buckets as gradients fill them, last layer first: a bucket's all-reduce is
+    launched once its last gradient is written."""
+
+    def __init__(self, sizes: Sequence[int], filled: float = 0.0) -> None:
+        self.left, self.filled = list(sizes), filled
+
+    def add(self, nbytes: float) -> list[int]:
+        """The sizes of the buckets that `nbytes` more gradient bytes complete, in order."""
+        self.filled += nbytes
+        done = []
+        while self.left and self.filled >= self.left[0] - 1e-9:
+            self.filled -= self.left[0]
+            done.append(int(self.left.pop(0)))
+        return done
 
 
 def _all_to_all(spec: JobSpec, widths: Sequence[int], scope: str) -> dict[str, Any]:
@@ -83,6 +102,26 @@ class _RankBuilder:
         return len(self.ops) - 1
 
 
+@dataclass
+class _Layout:
+    """What every rank's ops of one DLRM iteration share: the plan's shards, the collectives'
+    params, the dense layers and DDP's buckets."""
+
+    spec: JobSpec
+    scope: str
+    shards: list[TableShard]
+    group: tuple[int, ...]
+    a2a: dict[str, Any] | None  # the pooled-embedding all-to-all (None: no table- or column-wise piece)
+    rw_width: int
+    rw_bytes: int  # the partial pooled sums of the global batch
+    dp_tables: list[TableShape]
+    dp_grad_bytes: int
+    layers: list[tuple[int, int]]
+    n_bottom: int
+    bucket_sizes: list[int]
+    embedding_features: Callable[..., dict[str, Any]]
+
+
 def build_dlrm_graph(
     spec: JobSpec,
     plan: Sequence[PlanEntry],
@@ -100,82 +139,98 @@ def build_dlrm_graph(
         raise PlacementError(f"placement: {placement.world} ranks placed, the job has world_size={W}")
     scope = placement.scope()
     shards = table_shards(spec, plan)
-    group = tuple(range(W))
     widths = exchanged_widths(spec, shards)
-    a2a = _all_to_all(spec, widths, scope) if sum(widths) else None
     rw_width = row_wise_width(shards)
-    rw_bytes = FLOAT * B * W * rw_width  # the partial pooled sums of the global batch
     dp_tables = replicated_tables(shards)
-    dp_grad_bytes = FLOAT * sum(t.num_embeddings * t.embedding_dim for t in dp_tables)
-    layers = spec.dense_layers()
-    n_bottom = len(spec.dense.bottom_mlp)
-    bucket_sizes = ddp_buckets(dense_parameter_bytes(spec), bucket_bytes)
-    graph = []
-    for r in range(W):
-        g = _RankBuilder()
-        local = [s.shape for s in shards if s.rank == r and s.kind != DATA_PARALLEL]
-        feats = embedding_features(local, B * W, seed=spec.seed) if local else None
-        emb_fwd = g.add(GraphOp("embedding_fwd", "compute", "embedding_fwd", feats or {})) if local else None
-        sent = [emb_fwd] if emb_fwd is not None else []
-        exchanged = []
-        if a2a is not None:
-            exchanged.append(g.add(GraphOp("all_to_all_fwd", "collective", "all_to_all", a2a, "comm", sent, group)))
-        if rw_width:
-            rs = {"bytes": rw_bytes, "world": W, "scope": scope}
-            exchanged.append(g.add(GraphOp("reduce_scatter_fwd", "collective", "reduce_scatter", rs, "comm", sent, group)))
-        dp_feats = embedding_features(dp_tables, B, seed=spec.seed) if dp_tables else None
-        if dp_feats is not None:  # replicas: the local batch only, nothing to exchange
-            exchanged.append(g.add(GraphOp("embedding_dp_fwd", "compute", "embedding_fwd", dp_feats)))
-        prev = None
-        for li, (fan_in, fan_out) in enumerate(layers):
-            if li == n_bottom:  # interaction: concatenate bottom output with the exchanged embeddings
-                cat = memcpy_params("d2d", FLOAT * B * fan_in)
-                prev = g.add(GraphOp("interaction_cat", "memory", "memcpy", cat, deps=exchanged + ([prev] if prev is not None else [])))
-            prev = g.add(GraphOp(f"fc{li}_fwd", "compute", "gemm", gemm_params(B, fan_out, fan_in, variant="addmm"),
-                                 deps=[prev] if prev is not None else []))
-            if li != len(layers) - 1:
-                prev = g.add(GraphOp(f"relu{li}_fwd", "compute", "relu", elementwise_params("relu", B, fan_out), deps=[prev]))
-        # Backward, last layer first; gradients fill DDP buckets in that order.
-        buckets = list(bucket_sizes)
-        filled, reduces, returned = 0.0, [], []
-        for li in range(len(layers) - 1, -1, -1):
-            fan_in, fan_out = layers[li]
-            if li != len(layers) - 1:
-                prev = g.add(GraphOp(f"relu{li}_bwd", "compute", "mul", elementwise_params("mul", B, fan_out), deps=[prev]))
-            weight_grad = g.add(GraphOp(f"fc{li}_grad_weight", "compute", "gemm", gemm_params(fan_out, fan_in, B), deps=[prev]))
-            if li > 0:
-                prev = g.add(GraphOp(f"fc{li}_grad_input", "compute", "gemm", gemm_params(B, fan_in, fan_out), deps=[prev]))
-            filled += FLOAT * (fan_in * fan_out + fan_out)
-            while buckets and filled >= buckets[0] - 1e-9:
-                filled -= buckets[0]
-                ar = {"bytes": int(buckets.pop(0)), "world": W, "scope": scope}
-                reduces.append(g.add(GraphOp(f"ddp_all_reduce{len(reduces)}", "collective", "all_reduce", ar, "comm",
-                                             [weight_grad], group)))
-            if li == n_bottom:  # the embeddings' gradient goes back the way the lookups came
-                if a2a is not None:
-                    returned.append(g.add(GraphOp("all_to_all_bwd", "collective", "all_to_all", a2a, "comm", [prev], group)))
-                if rw_width:
-                    ag = {"bytes": rw_bytes, "world": W, "scope": scope}
-                    returned.append(g.add(GraphOp("all_gather_bwd", "collective", "all_gather", ag, "comm", [prev], group)))
-                concat_grad = prev
-        if local:
-            g.add(GraphOp("embedding_bwd", "compute", "embedding_bwd", feats or {}, deps=returned))
-        if dp_feats is not None:
-            dp_bwd = g.add(GraphOp("embedding_dp_bwd", "compute", "embedding_bwd", dp_feats, deps=[concat_grad]))
-            ar = {"bytes": dp_grad_bytes, "world": W, "scope": scope}
-            reduces.append(g.add(GraphOp("dp_table_all_reduce", "collective", "all_reduce", ar, "comm", [dp_bwd], group)))
-        params_numel = sum(i * o + o for i, o in layers)
-        cols = 1024
-        g.add(GraphOp("optimizer_step", "compute", "add", elementwise_params("add", -(-params_numel // cols), cols), deps=reduces))
-        graph.append(g.ops)
+    x = _Layout(spec, scope, shards, tuple(range(W)), _all_to_all(spec, widths, scope) if sum(widths) else None,
+                rw_width, FLOAT * B * W * rw_width, dp_tables,
+                FLOAT * sum(t.num_embeddings * t.embedding_dim for t in dp_tables), spec.dense_layers(),
+                len(spec.dense.bottom_mlp), ddp_buckets(dense_parameter_bytes(spec), bucket_bytes), embedding_features)
+    graph = [_rank_ops(x, r) for r in range(W)]
     meta_plan = [p if isinstance(p, dict) else int(p) for p in plan]
     meta: dict[str, Any] = {"job": spec.name, "workload": "dlrm", "table_to_rank": meta_plan,
                             "placement": placement.to_dict()}
-    if a2a is not None:  # the lookup and the all-to-all that ships its pooled rows (predictors/overlap_model.py)
+    if x.a2a is not None:  # the lookup and the all-to-all that ships its pooled rows (predictors/overlap_model.py)
         meta["substitutable"] = [{"name": "embedding_all_to_all", "pair": "embedding_all_to_all",
                                   "producer": "embedding_fwd", "collective": "all_to_all_fwd",
                                   "sliced_with": ["embedding_bwd"]}]
     return ExecutionGraph(graph, meta=meta)
+
+
+def _rank_ops(x: _Layout, r: int) -> list[GraphOp]:
+    """Rank `r`'s iteration in issue order."""
+    spec, W, B = x.spec, x.spec.world_size, x.spec.batch_size
+    g = _RankBuilder()
+    local = [s.shape for s in x.shards if s.rank == r and s.kind != DATA_PARALLEL]
+    feats = x.embedding_features(local, B * W, seed=spec.seed) if local else None
+    emb_fwd = g.add(GraphOp("embedding_fwd", "compute", "embedding_fwd", feats or {})) if local else None
+    sent = [emb_fwd] if emb_fwd is not None else []
+    exchanged = []
+    if x.a2a is not None:
+        exchanged.append(g.add(GraphOp("all_to_all_fwd", "collective", "all_to_all", x.a2a, "comm", sent, x.group)))
+    if x.rw_width:
+        rs = {"bytes": x.rw_bytes, "world": W, "scope": x.scope}
+        exchanged.append(g.add(GraphOp("reduce_scatter_fwd", "collective", "reduce_scatter", rs, "comm", sent, x.group)))
+    dp_feats = x.embedding_features(x.dp_tables, B, seed=spec.seed) if x.dp_tables else None
+    if dp_feats is not None:  # replicas: the local batch only, nothing to exchange
+        exchanged.append(g.add(GraphOp("embedding_dp_fwd", "compute", "embedding_fwd", dp_feats)))
+    prev = _dense_forward(g, x, exchanged)
+    reduces, returned, concat_grad = _dense_backward(g, x, prev)
+    if local:
+        g.add(GraphOp("embedding_bwd", "compute", "embedding_bwd", feats or {}, deps=returned))
+    if dp_feats is not None:
+        dp_bwd = g.add(GraphOp("embedding_dp_bwd", "compute", "embedding_bwd", dp_feats, deps=[concat_grad]))
+        ar = {"bytes": x.dp_grad_bytes, "world": W, "scope": x.scope}
+        reduces.append(g.add(GraphOp("dp_table_all_reduce", "collective", "all_reduce", ar, "comm", [dp_bwd], x.group)))
+    params_numel = sum(i * o + o for i, o in x.layers)
+    cols = 1024
+    g.add(GraphOp("optimizer_step", "compute", "add", elementwise_params("add", -(-params_numel // cols), cols), deps=reduces))
+    return g.ops
+
+
+def _dense_forward(g: _RankBuilder, x: _Layout, exchanged: list[int]) -> int | None:
+    """The bottom MLP, the interaction (a concatenation with the exchanged embeddings), the top
+    MLP; returns the last op."""
+    B, layers = x.spec.batch_size, x.layers
+    prev = None
+    for li, (fan_in, fan_out) in enumerate(layers):
+        if li == x.n_bottom:  # interaction: concatenate bottom output with the exchanged embeddings
+            cat = memcpy_params("d2d", FLOAT * B * fan_in)
+            prev = g.add(GraphOp("interaction_cat", "memory", "memcpy", cat, deps=exchanged + ([prev] if prev is not None else [])))
+        prev = g.add(GraphOp(f"fc{li}_fwd", "compute", "gemm", gemm_params(B, fan_out, fan_in, variant="addmm"),
+                             deps=[prev] if prev is not None else []))
+        if li != len(layers) - 1:
+            prev = g.add(GraphOp(f"relu{li}_fwd", "compute", "relu", elementwise_params("relu", B, fan_out), deps=[prev]))
+    return prev
+
+
+def _dense_backward(g: _RankBuilder, x: _Layout, prev: int | None) -> tuple[list[int], list[int], int | None]:
+    """Backward, last layer first; gradients fill DDP buckets in that order. Returns the DDP
+    all-reduces, the collectives returning the embeddings' gradient, and the concatenation's gradient."""
+    W, B, layers = x.spec.world_size, x.spec.batch_size, x.layers
+    buckets = BucketFill(x.bucket_sizes)
+    reduces: list[int] = []
+    returned: list[int] = []
+    concat_grad = None
+    for li in range(len(layers) - 1, -1, -1):
+        fan_in, fan_out = layers[li]
+        if li != len(layers) - 1:
+            prev = g.add(GraphOp(f"relu{li}_bwd", "compute", "mul", elementwise_params("mul", B, fan_out), deps=[prev]))
+        weight_grad = g.add(GraphOp(f"fc{li}_grad_weight", "compute", "gemm", gemm_params(fan_out, fan_in, B), deps=[prev]))
+        if li > 0:
+            prev = g.add(GraphOp(f"fc{li}_grad_input", "compute", "gemm", gemm_params(B, fan_in, fan_out), deps=[prev]))
+        for size in buckets.add(FLOAT * (fan_in * fan_out + fan_out)):
+            ar = {"bytes": size, "world": W, "scope": x.scope}
+            reduces.append(g.add(GraphOp(f"ddp_all_reduce{len(reduces)}", "collective", "all_reduce", ar, "comm",
+                                         [weight_grad], x.group)))
+        if li == x.n_bottom:  # the embeddings' gradient goes back the way the lookups came
+            if x.a2a is not None:
+                returned.append(g.add(GraphOp("all_to_all_bwd", "collective", "all_to_all", x.a2a, "comm", [prev], x.group)))
+            if x.rw_width:
+                ag = {"bytes": x.rw_bytes, "world": W, "scope": x.scope}
+                returned.append(g.add(GraphOp("all_gather_bwd", "collective", "all_gather", ag, "comm", [prev], x.group)))
+            concat_grad = prev
+    return reduces, returned, concat_grad
 
 
 def dlrm_slice_params(spec: JobSpec, plan: Sequence[PlanEntry],

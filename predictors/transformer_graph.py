@@ -20,9 +20,10 @@ float32), and the permutes and the row-parallel all-reduces move reduced-precisi
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from predictors.dlrm_graph import DDP_BUCKET_BYTES, FLOAT, ddp_buckets
+from predictors.dlrm_graph import DDP_BUCKET_BYTES, FLOAT, BucketFill, ddp_buckets
 from predictors.graph import ExecutionGraph, GraphOp
 from probes.vocabulary.ops import element_bytes, elementwise_params, gemm_params, memcpy_params
 from probes.vocabulary.placement import PlacementError, RankPlacement
@@ -102,6 +103,28 @@ class _Rank:
             self.add(name, "collective", "all_reduce", params, stream="comm", group=self.tp_group)
 
 
+@dataclass(frozen=True)
+class _Sizes:
+    """One rank's sizes of a block's ops (TP splits the heads and the MLP's hidden units)."""
+
+    T: int  # tokens of the local batch
+    S: int
+    H: int
+    tp: int
+    local: int  # hidden units of the TP shard
+    d: int  # head dim
+    BH: int  # batch x local heads: the batched attention products
+    low: int  # bytes of a product's output element
+    dropout: bool
+    bias: str  # the row-parallel products' variant: they add their bias after the all-reduce under TP
+
+    @classmethod
+    def of(cls, spec: TransformerSpec) -> "_Sizes":
+        B, S, H, tp = spec.batch_size, spec.seq_len, spec.hidden, spec.tensor_parallel
+        return cls(T=B * S, S=S, H=H, tp=tp, local=H // tp, d=spec.head_dim, BH=B * (spec.heads // tp),
+                   low=element_bytes(spec.dtype), dropout=spec.dropout > 0, bias="addmm" if tp == 1 else "mm")
+
+
 def build_transformer_graph(spec: TransformerSpec, placement: RankPlacement | None = None,
                             bucket_bytes: int = DDP_BUCKET_BYTES) -> ExecutionGraph:
     """`placement`: the node of every rank (default: one node); each TP and DP group's
@@ -109,111 +132,125 @@ def build_transformer_graph(spec: TransformerSpec, placement: RankPlacement | No
     placement = placement or RankPlacement.single_node(spec.world_size)
     if placement.world != spec.world_size:
         raise PlacementError(f"placement: {placement.world} ranks placed, the job has world_size={spec.world_size}")
-    B, S, H, tp = spec.batch_size, spec.seq_len, spec.hidden, spec.tensor_parallel
-    T, local, h, d = B * S, H // tp, spec.heads // tp, spec.head_dim
-    BH = B * h
-    dropout = spec.dropout > 0
-    bias = "addmm" if tp == 1 else "mm"  # row-parallel layers add their bias after the all-reduce
-    low = element_bytes(spec.dtype)  # bytes of a product's output element
-    per_block_bytes = FLOAT * block_param_numel(spec)
-    ranks = []
-    for r in range(spec.world_size):
-        g = _Rank(spec, r, placement)
-        for layer in range(spec.layers):
-            p = f"b{layer}."
-            residual = g.prev
-            g.elementwise(p + "ln1", "layer_norm", T, H)
-            g.linear_forward(p + "qkv", T, 3 * local, H, "addmm", bias=True, float32_input=True)
-            g.add(p + "qkv_permute", "memory", "memcpy", memcpy_params("d2d", low * T * 3 * local))
-            g.elementwise(p + "q_scale", "mul", T, local, low=True)
-            g.gemm(p + "scores", S, S, d, "bmm", BH)
-            g.elementwise(p + "softmax", "softmax", BH * S, S, low=True)
-            if dropout:
-                g.elementwise(p + "attn_dropout", "dropout", BH * S, S, low=True)
-            g.gemm(p + "context", S, d, S, "bmm", BH)
-            g.add(p + "context_permute", "memory", "memcpy", memcpy_params("d2d", low * T * local))
-            g.row_parallel_output(p + "out", local, bias, dropout, residual)
-            residual = g.prev
-            g.elementwise(p + "ln2", "layer_norm", T, H)
-            g.linear_forward(p + "fc1", T, 4 * local, H, "addmm", bias=True, float32_input=True)
-            g.elementwise(p + "gelu", "gelu", T, 4 * local, low=True)
-            g.row_parallel_output(p + "fc2", 4 * local, bias, dropout, residual)
-        g.elementwise("ln_f", "layer_norm", T, H)
-        g.elementwise("mse_loss", "mul", T, H)
-        g.elementwise("mse_loss_bwd", "mul", T, H)
-        g.elementwise("ln_f_bwd", "layer_norm_bwd", T, H)
-
-        buckets = ddp_buckets(per_block_bytes * spec.layers + FLOAT * 2 * H, bucket_bytes) \
-            if spec.data_parallel > 1 else []
-        filled, reduces = FLOAT * 2 * H, []
-
-        def gradients_ready(nbytes: int, after: int) -> None:
-            """DDP launches a bucket's all-reduce once its last gradient is written."""
-            nonlocal filled
-            filled += nbytes
-            while buckets and filled >= buckets[0] - 1e-9:
-                filled -= buckets[0]
-                params = {"bytes": int(buckets.pop(0)), "world": spec.data_parallel, "scope": g.dp_scope}
-                reduces.append(g.add(f"ddp_all_reduce{len(reduces)}", "collective", "all_reduce", params,
-                                     (after,), stream="comm", group=g.dp_group, chain=False))
-
-        def output_grad_backward(name: str, dropout_name: str) -> None:
-            """The residual branch's gradient back to a row-parallel output: dropout's masked
-            multiply, and under autocast the cast of the float32 gradient to the product's dtype
-            (before the multiply when the dropout saw the product's output, after it when a TP
-            bias had promoted that to float32)."""
-            if tp == 1:
-                g.cast(name + "_grad_output_cast", T * H)
-            if dropout:
-                g.elementwise(dropout_name, "mul", T, H, low=tp == 1)
-            if tp > 1:
-                g.cast(name + "_grad_output_cast", T * H)
-
-        def linear_backward(name: str, fan_in: int, fan_out: int, float32_input: bool = False) -> None:
-            """Under autocast the weight's gradient is cast back to float32 before DDP sees it,
-            and so is the input's where the forward cast a float32 input."""
-            grad_weight = g.gemm(name + "_grad_weight", fan_out, fan_in, T, chain=False)
-            g.gemm(name + "_grad_input", T, fan_in, fan_out)
-            weight_cast = g.cast(name + "_grad_weight_cast", fan_in * fan_out + fan_out, (grad_weight,), chain=False)
-            if float32_input:
-                g.cast(name + "_grad_input_cast", T * fan_in)
-            gradients_ready(FLOAT * (fan_in * fan_out + fan_out), grad_weight if weight_cast is None else weight_cast)
-
-        for layer in range(spec.layers - 1, -1, -1):
-            p = f"b{layer}."
-            output_grad_backward(p + "fc2", p + "mlp_dropout_bwd")
-            linear_backward(p + "fc2", 4 * local, H)
-            g.elementwise(p + "gelu_bwd", "gelu_bwd", T, 4 * local, low=True)
-            linear_backward(p + "fc1", H, 4 * local, float32_input=True)
-            g.tp_all_reduce(p + "fc1_input_grad_all_reduce", FLOAT * T * H)
-            g.elementwise(p + "ln2_bwd", "layer_norm_bwd", T, H)
-            gradients_ready(FLOAT * 2 * H, g.prev)
-            g.elementwise(p + "residual2_grad", "add", T, H)
-            output_grad_backward(p + "out", p + "out_dropout_bwd")
-            linear_backward(p + "out", local, H)
-            g.add(p + "context_permute_bwd", "memory", "memcpy", memcpy_params("d2d", low * T * local))
-            g.gemm(p + "context_grad_attn", S, S, d, "bmm", BH)
-            g.gemm(p + "context_grad_v", S, d, S, "bmm", BH)
-            if dropout:
-                g.elementwise(p + "attn_dropout_bwd", "mul", BH * S, S, low=True)
-            g.elementwise(p + "softmax_bwd", "softmax_bwd", BH * S, S, low=True)
-            g.gemm(p + "scores_grad_q", S, d, S, "bmm", BH)
-            g.gemm(p + "scores_grad_k", S, d, S, "bmm", BH)
-            g.elementwise(p + "q_scale_bwd", "mul", T, local, low=True)
-            g.add(p + "qkv_permute_bwd", "memory", "memcpy", memcpy_params("d2d", low * T * 3 * local))
-            linear_backward(p + "qkv", H, 3 * local, float32_input=True)
-            g.tp_all_reduce(p + "qkv_input_grad_all_reduce", FLOAT * T * H)
-            g.elementwise(p + "ln1_bwd", "layer_norm_bwd", T, H)
-            gradients_ready(FLOAT * 2 * H, g.prev)
-            g.elementwise(p + "residual1_grad", "add", T, H)
-        params_numel = per_block_bytes * spec.layers // FLOAT + 2 * H
-        cols = 1024
-        g.add("optimizer_step", "compute", "add", elementwise_params("add", -(-params_numel // cols), cols), tuple(reduces))
-        ranks.append(g.ops)
-    meta = {"job": spec.name, "workload": "transformer", "tensor_parallel": tp, "data_parallel": spec.data_parallel,
-            "placement": placement.to_dict()}
-    if tp > 1:  # each row-parallel product and the all-reduce of its partial sums (predictors/overlap_model.py)
+    ranks = [_rank_ops(spec, r, placement, bucket_bytes) for r in range(spec.world_size)]
+    meta = {"job": spec.name, "workload": "transformer", "tensor_parallel": spec.tensor_parallel,
+            "data_parallel": spec.data_parallel, "placement": placement.to_dict()}
+    if spec.tensor_parallel > 1:  # each row-parallel product and the all-reduce of its partial sums (predictors/overlap_model.py)
         meta["substitutable"] = [{"name": f"b{layer}.{linear}", "pair": "gemm_all_reduce", "producer": f"b{layer}.{linear}",
                                   "collective": f"b{layer}.{linear}_all_reduce"}
                                  for layer in range(spec.layers) for linear in ("out", "fc2")]
     return ExecutionGraph(ranks, meta=meta)
+
+
+def _rank_ops(spec: TransformerSpec, r: int, placement: RankPlacement, bucket_bytes: int) -> list[GraphOp]:
+    """Rank `r`'s iteration: the blocks forward, the loss, the blocks backward, then SGD."""
+    g, x = _Rank(spec, r, placement), _Sizes.of(spec)
+    for layer in range(spec.layers):
+        _block_forward(g, x, f"b{layer}.")
+    g.elementwise("ln_f", "layer_norm", x.T, x.H)
+    g.elementwise("mse_loss", "mul", x.T, x.H)
+    g.elementwise("mse_loss_bwd", "mul", x.T, x.H)
+    g.elementwise("ln_f_bwd", "layer_norm_bwd", x.T, x.H)
+    per_block_bytes = FLOAT * block_param_numel(spec)
+    buckets = ddp_buckets(per_block_bytes * spec.layers + FLOAT * 2 * x.H, bucket_bytes) \
+        if spec.data_parallel > 1 else []
+    ddp = _Ddp(g, BucketFill(buckets, FLOAT * 2 * x.H))
+    for layer in range(spec.layers - 1, -1, -1):
+        _block_backward(g, x, ddp, f"b{layer}.")
+    params_numel = per_block_bytes * spec.layers // FLOAT + 2 * x.H
+    cols = 1024
+    g.add("optimizer_step", "compute", "add", elementwise_params("add", -(-params_numel // cols), cols),
+          tuple(ddp.reduces))
+    return g.ops
+
+
+def _block_forward(g: _Rank, x: _Sizes, p: str) -> None:
+    """One block forward: attention, then the MLP, each a residual branch."""
+    T, S, H, local, d, BH, low = x.T, x.S, x.H, x.local, x.d, x.BH, x.low
+    residual = g.prev
+    g.elementwise(p + "ln1", "layer_norm", T, H)
+    g.linear_forward(p + "qkv", T, 3 * local, H, "addmm", bias=True, float32_input=True)
+    g.add(p + "qkv_permute", "memory", "memcpy", memcpy_params("d2d", low * T * 3 * local))
+    g.elementwise(p + "q_scale", "mul", T, local, low=True)
+    g.gemm(p + "scores", S, S, d, "bmm", BH)
+    g.elementwise(p + "softmax", "softmax", BH * S, S, low=True)
+    if x.dropout:
+        g.elementwise(p + "attn_dropout", "dropout", BH * S, S, low=True)
+    g.gemm(p + "context", S, d, S, "bmm", BH)
+    g.add(p + "context_permute", "memory", "memcpy", memcpy_params("d2d", low * T * local))
+    g.row_parallel_output(p + "out", local, x.bias, x.dropout, residual)
+    residual = g.prev
+    g.elementwise(p + "ln2", "layer_norm", T, H)
+    g.linear_forward(p + "fc1", T, 4 * local, H, "addmm", bias=True, float32_input=True)
+    g.elementwise(p + "gelu", "gelu", T, 4 * local, low=True)
+    g.row_parallel_output(p + "fc2", 4 * local, x.bias, x.dropout, residual)
+
+
+class _Ddp:
+    """DDP's gradient all-reduces of one rank: a bucket's is launched once its last gradient is written."""
+
+    def __init__(self, g: _Rank, buckets: BucketFill) -> None:
+        self.g, self.buckets = g, buckets
+        self.reduces: list[int] = []
+
+    def gradients_ready(self, nbytes: int, after: int | None) -> None:
+        g = self.g
+        for size in self.buckets.add(nbytes):
+            params = {"bytes": size, "world": g.spec.data_parallel, "scope": g.dp_scope}
+            self.reduces.append(g.add(f"ddp_all_reduce{len(self.reduces)}", "collective", "all_reduce", params,
+                                      (after,), stream="comm", group=g.dp_group, chain=False))
+
+
+def _block_backward(g: _Rank, x: _Sizes, ddp: _Ddp, p: str) -> None:
+    """One block backward, the MLP first; its weights' gradients fill DDP's buckets."""
+    T, S, H, local, d, BH, low = x.T, x.S, x.H, x.local, x.d, x.BH, x.low
+    _output_grad_backward(g, x, p + "fc2", p + "mlp_dropout_bwd")
+    _linear_backward(g, x, ddp, p + "fc2", 4 * local, H)
+    g.elementwise(p + "gelu_bwd", "gelu_bwd", T, 4 * local, low=True)
+    _linear_backward(g, x, ddp, p + "fc1", H, 4 * local, float32_input=True)
+    g.tp_all_reduce(p + "fc1_input_grad_all_reduce", FLOAT * T * H)
+    g.elementwise(p + "ln2_bwd", "layer_norm_bwd", T, H)
+    ddp.gradients_ready(FLOAT * 2 * H, g.prev)
+    g.elementwise(p + "residual2_grad", "add", T, H)
+    _output_grad_backward(g, x, p + "out", p + "out_dropout_bwd")
+    _linear_backward(g, x, ddp, p + "out", local, H)
+    g.add(p + "context_permute_bwd", "memory", "memcpy", memcpy_params("d2d", low * T * local))
+    g.gemm(p + "context_grad_attn", S, S, d, "bmm", BH)
+    g.gemm(p + "context_grad_v", S, d, S, "bmm", BH)
+    if x.dropout:
+        g.elementwise(p + "attn_dropout_bwd", "mul", BH * S, S, low=True)
+    g.elementwise(p + "softmax_bwd", "softmax_bwd", BH * S, S, low=True)
+    g.gemm(p + "scores_grad_q", S, d, S, "bmm", BH)
+    g.gemm(p + "scores_grad_k", S, d, S, "bmm", BH)
+    g.elementwise(p + "q_scale_bwd", "mul", T, local, low=True)
+    g.add(p + "qkv_permute_bwd", "memory", "memcpy", memcpy_params("d2d", low * T * 3 * local))
+    _linear_backward(g, x, ddp, p + "qkv", H, 3 * local, float32_input=True)
+    g.tp_all_reduce(p + "qkv_input_grad_all_reduce", FLOAT * T * H)
+    g.elementwise(p + "ln1_bwd", "layer_norm_bwd", T, H)
+    ddp.gradients_ready(FLOAT * 2 * H, g.prev)
+    g.elementwise(p + "residual1_grad", "add", T, H)
+
+
+def _output_grad_backward(g: _Rank, x: _Sizes, name: str, dropout_name: str) -> None:
+    """The residual branch's gradient back to a row-parallel output: dropout's masked
+    multiply, and under autocast the cast of the float32 gradient to the product's dtype
+    (before the multiply when the dropout saw the product's output, after it when a TP
+    bias had promoted that to float32)."""
+    if x.tp == 1:
+        g.cast(name + "_grad_output_cast", x.T * x.H)
+    if x.dropout:
+        g.elementwise(dropout_name, "mul", x.T, x.H, low=x.tp == 1)
+    if x.tp > 1:
+        g.cast(name + "_grad_output_cast", x.T * x.H)
+
+
+def _linear_backward(g: _Rank, x: _Sizes, ddp: _Ddp, name: str, fan_in: int, fan_out: int,
+                     float32_input: bool = False) -> None:
+    """Under autocast the weight's gradient is cast back to float32 before DDP sees it,
+    and so is the input's where the forward cast a float32 input."""
+    grad_weight = g.gemm(name + "_grad_weight", fan_out, fan_in, x.T, chain=False)
+    g.gemm(name + "_grad_input", x.T, fan_in, fan_out)
+    weight_cast = g.cast(name + "_grad_weight_cast", fan_in * fan_out + fan_out, (grad_weight,), chain=False)
+    if float32_input:
+        g.cast(name + "_grad_input_cast", x.T * fan_in)
+    ddp.gradients_ready(FLOAT * (fan_in * fan_out + fan_out), grad_weight if weight_cast is None else weight_cast)
