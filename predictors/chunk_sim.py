@@ -137,6 +137,28 @@ def chunk_orders(topology: NetworkTopology, chunks: int, chunk_bytes: float, sch
 def simulate_all_reduce(topology: NetworkTopology, collective_bytes: float, chunks: int,
                         schedule: str = "themis_scf", max_active: int | None = DEFAULT_MAX_ACTIVE,
                         keep_phases: bool = False) -> ChunkSimResult:
+    _check_arguments(collective_bytes, chunks, schedule, max_active)
+    chunks = int(chunks)
+    chunk_bytes = collective_bytes / chunks
+    orders = chunk_orders(topology, chunks, chunk_bytes, schedule)
+    run = _ChunkRun(topology, [chunk_phases(topology, chunk_bytes, o) for o in orders], scf=schedule == "themis_scf",
+                    cap=math.inf if max_active is None else int(max_active))
+    run.run()
+    now, timings, dim_bytes, bandwidth = run.now, run.timings, run.dim_bytes, run.bandwidth
+    n_dims = len(topology.dims)
+    timings.sort(key=lambda t: (t.start_s, t.chunk, t.index))
+    issue = [(t.chunk, stage) for t in timings for stage in run.plans[t.chunk][t.index].stages]
+    used = [d for d in range(n_dims) if topology.dims[d].peers > 1]
+    return ChunkSimResult(
+        schedule=schedule, chunks=chunks, collective_bytes=float(collective_bytes), time_s=now,
+        dim_bytes=dim_bytes, dim_busy_s=run.dim_busy,
+        dim_utilization=[dim_bytes[d] / (bandwidth[d] * now) for d in range(n_dims)],
+        utilization=sum(dim_bytes[d] for d in used) / (sum(bandwidth[d] for d in used) * now),
+        orders=orders, issue=issue, phases=timings if keep_phases else [],
+    )
+
+
+def _check_arguments(collective_bytes: float, chunks: int, schedule: str, max_active: int | None) -> None:
     if schedule not in SCHEDULES:
         raise ChunkSimError(f"schedule must be one of {', '.join(SCHEDULES)}; got {schedule!r}")
     if int(chunks) != chunks or chunks < 1:
@@ -145,87 +167,98 @@ def simulate_all_reduce(topology: NetworkTopology, collective_bytes: float, chun
         raise ChunkSimError(f"collective_bytes must be > 0, got {collective_bytes!r}")
     if max_active is not None and (int(max_active) != max_active or max_active < 1):
         raise ChunkSimError(f"max_active must be a positive integer or None, got {max_active!r}")
-    cap = math.inf if max_active is None else int(max_active)
-    chunks = int(chunks)
-    chunk_bytes = collective_bytes / chunks
-    orders = chunk_orders(topology, chunks, chunk_bytes, schedule)
-    plans = [chunk_phases(topology, chunk_bytes, o) for o in orders]
-    scf = schedule == "themis_scf"
-    n_dims = len(topology.dims)
-    bandwidth = [d.bandwidth_bps for d in topology.dims]
 
-    waiting: list[list[tuple[tuple, int]]] = [[] for _ in range(n_dims)]  # (priority, chunk)
-    active: list[list[list]] = [[] for _ in range(n_dims)]  # [chunk, latency left, bytes left], admission order
-    current = [0] * chunks  # index of each chunk's phase in progress or waiting
-    started = [0.0] * chunks
-    timings: list[PhaseTiming] = []
-    dim_bytes = [0.0] * n_dims
-    dim_busy = [0.0] * n_dims
-    seq = 0
 
-    def make_ready(chunk: int, now: float) -> None:
-        nonlocal seq
-        phase = plans[chunk][current[chunk]]
-        waiting[phase.dim].append(((phase.data_bytes, now, seq) if scf else (now, seq), chunk))
-        seq += 1
+class _ChunkRun:
+    """The event loop over every chunk's phases: per dimension the phases waiting for it and
+    those it admitted (`[chunk, latency left, bytes left]`, in admission order)."""
 
-    for c in range(chunks):
-        make_ready(c, 0.0)
-    now = 0.0
-    remaining = sum(len(p) for p in plans)
-    while remaining:
-        for d in range(n_dims):
-            # Another phase is admitted only while every admitted one is still paying its
-            # latency (the bandwidth would idle): several chunks at once only when one cannot
-            # saturate the dimension.
-            while waiting[d] and len(active[d]) < cap and all(a[1] > 0.0 for a in active[d]):
-                i = min(range(len(waiting[d])), key=lambda j: waiting[d][j][0])
-                _, c = waiting[d].pop(i)
-                phase = plans[c][current[c]]
-                active[d].append([c, phase.latency_s, phase.bytes_sent])
-                started[c] = now
-        # Per dimension, the bandwidth serves the earliest admitted phase past its latency.
-        dt, senders = math.inf, [None] * n_dims
-        for d in range(n_dims):
-            for a in active[d]:
+    def __init__(self, topology: NetworkTopology, plans: list[list[Phase]], scf: bool, cap: float) -> None:
+        n_dims = len(topology.dims)
+        self.plans, self.scf, self.cap = plans, scf, cap
+        self.bandwidth = [d.bandwidth_bps for d in topology.dims]
+        self.waiting: list[list[tuple[tuple, int]]] = [[] for _ in range(n_dims)]  # (priority, chunk)
+        self.active: list[list[list]] = [[] for _ in range(n_dims)]
+        self.current = [0] * len(plans)  # index of each chunk's phase in progress or waiting
+        self.started = [0.0] * len(plans)
+        self.timings: list[PhaseTiming] = []
+        self.dim_bytes = [0.0] * n_dims
+        self.dim_busy = [0.0] * n_dims
+        self.seq = 0
+        self.now = 0.0
+        for c in range(len(plans)):
+            self.make_ready(c, 0.0)
+
+    def make_ready(self, chunk: int, now: float) -> None:
+        """Queue the chunk's next phase on its dimension, ranked by the intra-dimension policy."""
+        phase = self.plans[chunk][self.current[chunk]]
+        self.waiting[phase.dim].append(((phase.data_bytes, now, self.seq) if self.scf else (now, self.seq), chunk))
+        self.seq += 1
+
+    def run(self) -> None:
+        remaining = sum(len(p) for p in self.plans)
+        while remaining:
+            self.admit()
+            dt, senders = self.next_step()
+            self.now += dt
+            remaining -= self.advance(dt, senders)
+
+    def admit(self) -> None:
+        """Another phase is admitted only while every admitted one is still paying its latency
+        (the bandwidth would idle): several chunks at once only when one cannot saturate the
+        dimension."""
+        for d, (waiting, active) in enumerate(zip(self.waiting, self.active)):
+            while waiting and len(active) < self.cap and all(a[1] > 0.0 for a in active):
+                i = min(range(len(waiting)), key=lambda j: waiting[j][0])
+                _, c = waiting.pop(i)
+                phase = self.plans[c][self.current[c]]
+                active.append([c, phase.latency_s, phase.bytes_sent])
+                self.started[c] = self.now
+
+    def next_step(self) -> tuple[float, list[list | None]]:
+        """Time to the next event, and per dimension the phase its bandwidth serves: the
+        earliest admitted one past its latency."""
+        dt = math.inf
+        senders: list[list | None] = [None] * len(self.active)
+        for d, active in enumerate(self.active):
+            for a in active:
                 if a[1] > 0.0:
                     dt = min(dt, a[1])
                 elif senders[d] is None:
                     senders[d] = a
-                    dt = min(dt, a[2] / bandwidth[d])
+                    dt = min(dt, a[2] / self.bandwidth[d])
         if dt is math.inf:  # pragma: no cover - every admitted phase either waits out latency or sends
             raise ChunkSimError("no phase can progress (internal error)")
-        now += dt
-        for d in range(n_dims):
-            if not active[d]:
+        return dt, senders
+
+    def advance(self, dt: float, senders: list[list | None]) -> int:
+        """Move every dimension on by `dt`; returns how many phases ended."""
+        ended = 0
+        for d, active in enumerate(self.active):
+            if not active:
                 continue
-            dim_busy[d] += dt
-            for a in active[d]:
+            self.dim_busy[d] += dt
+            for a in active:
                 if a[1] > 0.0:
                     a[1] = a[1] - dt if a[1] - dt > 1e-15 else 0.0
             sender = senders[d]
             if sender is not None:
-                sent = min(sender[2], bandwidth[d] * dt)
+                sent = min(sender[2], self.bandwidth[d] * dt)
                 if sender[2] - sent <= 1e-9 * max(sent, 1.0):
                     sent = sender[2]
                 sender[2] -= sent
-                dim_bytes[d] += sent
-            for a in [a for a in active[d] if a[1] == 0.0 and a[2] == 0.0]:
-                active[d].remove(a)
-                c = a[0]
-                phase = plans[c][current[c]]
-                timings.append(PhaseTiming(c, current[c], phase.dim, phase.kind, phase.data_bytes, started[c], now))
-                remaining -= 1
-                current[c] += 1
-                if current[c] < len(plans[c]):
-                    make_ready(c, now)
-    timings.sort(key=lambda t: (t.start_s, t.chunk, t.index))
-    issue = [(t.chunk, stage) for t in timings for stage in plans[t.chunk][t.index].stages]
-    used = [d for d in range(n_dims) if topology.dims[d].peers > 1]
-    return ChunkSimResult(
-        schedule=schedule, chunks=chunks, collective_bytes=float(collective_bytes), time_s=now,
-        dim_bytes=dim_bytes, dim_busy_s=dim_busy,
-        dim_utilization=[dim_bytes[d] / (bandwidth[d] * now) for d in range(n_dims)],
-        utilization=sum(dim_bytes[d] for d in used) / (sum(bandwidth[d] for d in used) * now),
-        orders=orders, issue=issue, phases=timings if keep_phases else [],
-    )
+                self.dim_bytes[d] += sent
+            for a in [a for a in active if a[1] == 0.0 and a[2] == 0.0]:
+                active.remove(a)
+                self.retire(a[0])
+                ended += 1
+        return ended
+
+    def retire(self, c: int) -> None:
+        """Record chunk `c`'s phase as ended now and queue its next one."""
+        phase = self.plans[c][self.current[c]]
+        self.timings.append(PhaseTiming(c, self.current[c], phase.dim, phase.kind, phase.data_bytes, self.started[c],
+                                        self.now))
+        self.current[c] += 1
+        if self.current[c] < len(self.plans[c]):
+            self.make_ready(c, self.now)
