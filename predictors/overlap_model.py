@@ -11,9 +11,9 @@ the issuing thread, whatever the device), plus two costs that are measured, not 
   sends or asynchronous all-reduces, not the probed collective call; how their cost splits into
   k slices (a latency per slice, the bytes shared) is a line `transfer_latency_s +
   transfer_s_per_byte * bytes` fitted to the pair probe's transfer-only forms
-  (`fit_transfer_line`), applied to the collective model's price of the whole; without a line,
-  the collective model's price of a slice. `comm_factor` (at least 1) scales either: the
-  transfer runs beside compute, not alone;
+  (`predictors.overlap_fit.fit_transfer_line`), applied to the collective model's price of the
+  whole; without a line, the collective model's price of a slice. `comm_factor` (at least 1)
+  scales either: the transfer runs beside compute, not alone;
 - `comm_compute_share`: the share of a communication slice's time it takes from the compute
   stream while both run (on a CPU the backend's thread competes for the cores the kernels run
   on; on a GPU a fused kernel gives SMs to communication). 0 is perfect overlap, 1 none.
@@ -21,18 +21,15 @@ Ops that read the producer's output read its last slice; ops that read the colle
 wait for every collective slice (the join). The simulator then times both forms.
 
 The two costs are fitted per pair from measured pairs (`probes/overlap.py`) on the
-ratio fused / unfused, so the base models' own error at a size cancels out of the fit.
+ratio fused / unfused, so the base models' own error at a size cancels out of the fit
+(`predictors/overlap_fit.py`).
 """
 from __future__ import annotations
 
-import itertools
 import math
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Callable, Sequence
-
-import numpy as np
-from scipy.optimize import minimize
 
 from predictors.graph import ExecutionGraph, GraphOp
 from predictors.simulator import simulate
@@ -43,11 +40,6 @@ PAIR_OPS = {
     "gemm_all_to_all": ("gemm", "all_to_all"),
 }
 SLICE_COUNTS = (2, 4, 8, 16)
-# A transfer that runs beside compute is never faster than the same transfer alone, which the
-# collective model prices: a factor below 1 would let the fit explain a fused form's measured
-# time by cheaper communication and predict a gain no overlap produces (fitted freely, GEMM +
-# all-reduce took 0.66 and was substituted where it measured 4-6% slower).
-MIN_COMM_FACTOR = 1.0
 
 # slice_params(rank, producer op, slices) -> the producer's params for one of `slices` slices
 SliceParams = Callable[[int, GraphOp, int], dict[str, Any]]
@@ -141,63 +133,98 @@ def substitute(graph: ExecutionGraph, pair: SubstitutablePair, slices: int, cost
         if pair.collective not in names:
             ranks.append(list(ops))
             continue
-        c_i = names.index(pair.collective)
-        p_i = names.index(pair.producer) if pair.producer in names else None
-        if p_i is not None and (c_i < p_i or p_i not in ops[c_i].deps):
-            raise ValueError(f"rank {r}: {pair.collective} does not consume {pair.producer}")
-        if p_i is not None and any(p_i in ops[j].deps for j in range(p_i + 1, c_i)):
-            raise ValueError(f"rank {r}: ops between {pair.producer} and {pair.collective} read the producer")
+        c_i, p_i = _pair_indices(r, ops, names, pair)
         coll = ops[c_i]
         piece = dict(coll.params, bytes=max(1, int(math.ceil(coll.params["bytes"] / slices))))
         comm_s = costs.slice_comm_s(slices, coll.params["bytes"], collective_cost(coll),
                                     collective_cost(replace(coll, params=piece)))
+        pipeline = _RankPipeline(r, ops, pair, slices, costs, slice_params, compute_cost, c_i, p_i, piece, comm_s)
+        ranks.append(pipeline.rewrite())
+    return ExecutionGraph(ranks, dict(graph.meta))
 
-        def sliced(op: GraphOp, s: int, name: str, deps: list[int]) -> GraphOp:
-            out = replace(op, name=name, params=slice_params(r, op, slices), deps=deps)
-            if compute_cost is not None:
-                out = replace(out, duration_s=max(compute_cost(out), compute_cost(op) / slices))
-            return out
 
+def _pair_indices(r: int, ops: list[GraphOp], names: list[str], pair: SubstitutablePair) -> tuple[int, int | None]:
+    """Where rank `r` runs the pair's collective and its producer (None: not on this rank);
+    refuses a producer the collective does not consume, or whose output other ops read first."""
+    c_i = names.index(pair.collective)
+    p_i = names.index(pair.producer) if pair.producer in names else None
+    if p_i is not None and (c_i < p_i or p_i not in ops[c_i].deps):
+        raise ValueError(f"rank {r}: {pair.collective} does not consume {pair.producer}")
+    if p_i is not None and any(p_i in ops[j].deps for j in range(p_i + 1, c_i)):
+        raise ValueError(f"rank {r}: ops between {pair.producer} and {pair.collective} read the producer")
+    return c_i, p_i
+
+
+@dataclass
+class _RankPipeline:
+    """One rank's ops rewritten with the pair as a pipeline of `slices` stages."""
+
+    rank: int
+    ops: list[GraphOp]
+    pair: SubstitutablePair
+    slices: int
+    costs: OverlapCosts
+    slice_params: SliceParams
+    compute_cost: CostFn | None
+    c_i: int  # the collective's index
+    p_i: int | None  # the producer's index (None: this rank produces nothing for it)
+    piece: dict[str, Any]  # a collective slice's params
+    comm_s: float  # a collective slice's time
+
+    def sliced(self, op: GraphOp, name: str, deps: list[int]) -> GraphOp:
+        out = replace(op, name=name, params=self.slice_params(self.rank, op, self.slices), deps=deps)
+        if self.compute_cost is not None:
+            out = replace(out, duration_s=max(self.compute_cost(out), self.compute_cost(op) / self.slices))
+        return out
+
+    def rewrite(self) -> list[GraphOp]:
+        """The rank's ops with the stages where the collective was and no producer of its own;
+        deps renumbered, readers of the collective reading the join."""
         new: list[GraphOp] = []
         index: dict[int, int] = {}
         join = -1
-        for i, o in enumerate(ops):
-            deps = sorted({join if d == c_i else index[d] for d in o.deps if d in index or d == c_i})
-            if i == c_i:
-                comm_slices, last_slice = [], None
-                for s in range(slices):
-                    compute = None
-                    if p_i is not None:
-                        producer = ops[p_i]
-                        if s:
-                            new.append(GraphOp(f"{producer.name}.slice_overhead", "compute", "overlap_overhead", {},
-                                               duration_s=costs.slice_overhead_s))
-                        new.append(sliced(producer, s, f"{producer.name}.slice{s}",
-                                          [index[d] for d in producer.deps] if s == 0 else []))
-                        compute = last_slice = len(new) - 1
-                    new.append(GraphOp(f"{coll.name}.slice{s}", "collective", coll.op, piece, coll.stream,
-                                       [compute] if compute is not None else [], coll.group, duration_s=comm_s,
-                                       blocking=False))
-                    comm_slices.append(len(new) - 1)
-                    if p_i is not None and costs.comm_compute_share > 0:  # what the transfer takes from compute
-                        new.append(GraphOp(f"{coll.name}.slice{s}.contention", "compute", "overlap_contention", {},
-                                           duration_s=costs.comm_compute_share * comm_s))
-                new.append(GraphOp(f"{coll.name}.join", "compute", "overlap_join", {}, deps=comm_slices,
-                                   duration_s=0.0))
-                join = len(new) - 1
-                if p_i is not None:
-                    index[p_i] = last_slice
+        for i, o in enumerate(self.ops):
+            deps = sorted({join if d == self.c_i else index[d] for d in o.deps if d in index or d == self.c_i})
+            if i == self.c_i:
+                join = self.stages(new, index)
                 continue
-            if i == p_i:
+            if i == self.p_i:
                 continue  # produced slice by slice where the collective was
-            if o.name in pair.sliced_with:
-                for s in range(slices):
-                    new.append(sliced(o, s, f"{o.name}.slice{s}", deps if s == 0 else []))
+            if o.name in self.pair.sliced_with:
+                for s in range(self.slices):
+                    new.append(self.sliced(o, f"{o.name}.slice{s}", deps if s == 0 else []))
             else:
                 new.append(replace(o, deps=deps))
             index[i] = len(new) - 1
-        ranks.append(new)
-    return ExecutionGraph(ranks, dict(graph.meta))
+        return new
+
+    def stages(self, new: list[GraphOp], index: dict[int, int]) -> int:
+        """Append per slice its compute slice (after the slice overhead), its collective slice and
+        its contention, then the join; returns the join's index. Readers of the producer read its
+        last slice."""
+        coll, costs = self.ops[self.c_i], self.costs
+        comm_slices, last_slice = [], None
+        for s in range(self.slices):
+            compute = None
+            if self.p_i is not None:
+                producer = self.ops[self.p_i]
+                if s:
+                    new.append(GraphOp(f"{producer.name}.slice_overhead", "compute", "overlap_overhead", {},
+                                       duration_s=costs.slice_overhead_s))
+                new.append(self.sliced(producer, f"{producer.name}.slice{s}",
+                                       [index[d] for d in producer.deps] if s == 0 else []))
+                compute = last_slice = len(new) - 1
+            new.append(GraphOp(f"{coll.name}.slice{s}", "collective", coll.op, self.piece, coll.stream,
+                               [compute] if compute is not None else [], coll.group, duration_s=self.comm_s,
+                               blocking=False))
+            comm_slices.append(len(new) - 1)
+            if self.p_i is not None and costs.comm_compute_share > 0:  # what the transfer takes from compute
+                new.append(GraphOp(f"{coll.name}.slice{s}.contention", "compute", "overlap_contention", {},
+                                   duration_s=costs.comm_compute_share * self.comm_s))
+        new.append(GraphOp(f"{coll.name}.join", "compute", "overlap_join", {}, deps=comm_slices, duration_s=0.0))
+        if self.p_i is not None:
+            index[self.p_i] = last_slice
+        return len(new) - 1
 
 
 def pair_graph(producers: Sequence[GraphOp], collective: GraphOp, pair: str) -> ExecutionGraph:
@@ -256,77 +283,6 @@ def fuse_as_one_kernel(graph: ExecutionGraph, pair: SubstitutablePair, ratio: fl
         new[c_i] = replace(ops[c_i], duration_s=0.0)
         ranks.append(new)
     return ExecutionGraph(ranks, meta=graph.meta)
-
-
-def fit_transfer_line(samples: Sequence[tuple[float, int, float]]) -> tuple[float, float, float]:
-    """(latency per slice, seconds per byte, geometric mean relative error) of
-    `k * latency + bytes * per_byte` fitted to measured transfer-only forms
-    `(bytes, k, seconds)`: non-negative least squares on relative error, so a 50 us form
-    counts as much as a 50 ms one."""
-    from scipy.optimize import nnls
-
-    if len(samples) < 2:
-        raise ValueError("a transfer line needs at least two measured transfer forms")
-    a = np.array([[k, b] for b, k, _ in samples], dtype=float)
-    t = np.array([s for _, _, s in samples], dtype=float)
-    (latency, per_byte), _ = nnls(a / t[:, None], np.ones_like(t))
-    errors = np.abs(a @ [latency, per_byte] - t) / t
-    return float(latency), float(per_byte), float(np.exp(np.mean(np.log(np.maximum(errors, 1e-9)))))
-
-
-def fit_overlap_costs(points: Sequence[tuple[Callable[[OverlapCosts], PairPrediction], dict[int, float]]],
-                      transfer_line: tuple[float, float] | None = None) -> OverlapCosts:
-    """Fit (slice overhead, communication's compute share, communication factor) to measured pairs.
-
-    `points`: per measured pair, a function predicting its forms under given costs, and the
-    measured time per slice count (1 = unfused). Minimises the squared log error of the
-    fused / unfused ratio over every measured slice count: a grid over the three, then a
-    local refinement around the best cell. `transfer_line` (latency, seconds per byte), when
-    given, prices the communication slices (see `OverlapCosts.slice_comm_s`)."""
-    line = dict(zip(("transfer_latency_s", "transfer_s_per_byte"), transfer_line)) if transfer_line else {}
-    if not points:
-        raise ValueError("no measured pairs to fit overlap costs to")
-    measured = [(predict, times) for predict, times in points if 1 in times and len(times) > 1]
-    if not measured:
-        raise ValueError("measured pairs need the unfused form and at least one fused form")
-    scale = float(np.median([t[1] for _, t in measured]))
-
-    def loss(o: float, s: float, f: float) -> float:
-        total = 0.0
-        for predict, times in measured:
-            pred = predict(OverlapCosts(o, s, f, **line))
-            for k, t in times.items():
-                if k == 1 or k not in pred.fused_s:
-                    continue
-                total += (math.log(pred.fused_s[k] / pred.unfused_s) - math.log(t / times[1])) ** 2
-        return total
-
-    # A coarse grid (each evaluation simulates every measured pair at every slice count), then
-    # Nelder-Mead from its best cell.
-    overheads = [0.0] + list(scale * np.logspace(-4, 0, 7))
-    shares = list(np.linspace(0.0, 1.0, 6))
-    factors = [MIN_COMM_FACTOR + 0.2 * i for i in range(4)]
-    start = min(itertools.product(overheads, shares, factors), key=lambda p: loss(*p))
-    # Refine from the best cell (Nelder-Mead; the bounds are kept by clipping inside the loss).
-    clip = lambda p: (max(0.0, p[0] * scale), min(1.0, max(0.0, p[1])), max(MIN_COMM_FACTOR, p[2]))  # noqa: E731
-    res = minimize(lambda p: loss(*clip(p)), [start[0] / scale, start[1], start[2]], method="Nelder-Mead",
-                   options={"xatol": 1e-4, "fatol": 1e-10, "maxiter": 400,
-                            "initial_simplex": _simplex([start[0] / scale, start[1], start[2]])})
-    o, s, f = clip(res.x) if res.fun < loss(*start) else start
-    errors = []
-    for predict, times in measured:
-        pred = predict(OverlapCosts(o, s, f, **line))
-        for k, t in times.items():
-            if k != 1 and k in pred.fused_s:
-                errors.append(abs(pred.fused_s[k] / pred.unfused_s - t / times[1]) / (t / times[1]))
-    gmae = float(np.exp(np.mean(np.log(np.maximum(errors, 1e-9))))) if errors else None
-    return OverlapCosts(float(o), float(s), float(f), len(measured), gmae, **line)
-
-
-def _simplex(x0: list[float]) -> np.ndarray:
-    """A starting simplex around `x0` with steps the size of the search grid's cells."""
-    steps = [max(abs(x0[0]), 1e-4), 0.1, 0.1]
-    return np.array([x0] + [[x + (steps[i] if j == i else 0.0) for j, x in enumerate(x0)] for i in range(3)])
 
 
 @dataclass

@@ -14,9 +14,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from predictors.graph import ExecutionGraph, GraphOp
+from predictors.overlap_fit import fit_overlap_costs, fit_transfer_line
 from predictors.overlap_model import (
-    PAIR_OPS, SLICE_COUNTS, OverlapCalibration, OverlapCosts, PairPrediction, SliceParams, fit_overlap_costs,
-    fit_transfer_line, group_rows_by_point, pair_graph, pairs_in, predict_forms, scale_gemm_rows,
+    PAIR_OPS, SLICE_COUNTS, OverlapCalibration, OverlapCosts, PairPrediction, SliceParams, group_rows_by_point,
+    pair_graph, pairs_in, predict_forms, scale_gemm_rows,
 )
 from predictors.performance_model import PerformanceModel
 from probes.vocabulary.ops import PAIR_OP, SYMM_MEM_OP, TRANSFER_OP, gemm_params

@@ -5,9 +5,9 @@ import pytest
 
 from policies.substitution import PairPricing, apply_substitutions, choose_substitutions, decide
 from predictors.graph import ExecutionGraph, GraphOp
+from predictors.overlap_fit import fit_overlap_costs, fit_transfer_line
 from predictors.overlap_model import (
-    OverlapCalibration, OverlapCosts, PairPrediction, SubstitutablePair, fit_overlap_costs, fit_transfer_line, predict_forms,
-    substitute,
+    OverlapCalibration, OverlapCosts, PairPrediction, SubstitutablePair, predict_forms, substitute,
 )
 from predictors.simulator import simulate
 
