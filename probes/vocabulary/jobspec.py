@@ -1,4 +1,5 @@
-"""The job spec: what the user wants to train, validated with errors that name the field.
+"""The job spec: what the user wants to train, validated (`probes.vocabulary.jobspec_validation`)
+with errors that name the field.
 
 Schema (YAML or an equivalent dict), DLRM:
 
@@ -48,7 +49,6 @@ of running the planner, the simulator or a calibration until it is killed:
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -145,7 +145,9 @@ class JobSpec:
 
     @classmethod
     def from_dict(cls, data: Any) -> "JobSpec":
-        return _Validator().job(data)
+        from probes.vocabulary.jobspec_validation import JobSpecValidator
+
+        return JobSpecValidator().job(data)
 
     def dense_layers(self) -> list[tuple[int, int]]:
         """(in_features, out_features) of every dense linear layer, bottom then top MLP."""
@@ -186,214 +188,3 @@ class JobSpec:
                 for t in self.tables
             ],
         }
-
-
-class _Validator:
-    """Collects every problem instead of stopping at the first, so one edit fixes a file."""
-
-    def __init__(self) -> None:
-        self.problems: list[str] = []
-        self.world_size = 1
-
-    def fail(self, path: str, expected: str, got: Any, allowed: str = "") -> None:
-        self.problems.append(f"{path}: expected {expected}, got {got!r}" + (f"; allowed: {allowed}" if allowed else ""))
-
-    def bounded_int(self, value: Any, path: str, limit: str) -> int | None:
-        """`value` if an integer within LIMITS[limit], else None with the problem recorded."""
-        minimum, maximum, why = LIMITS[limit]
-        allowed = f"{minimum}..{maximum}"
-        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-            self.fail(path, f"an integer >= {minimum}", value, allowed)
-            return None
-        if value > maximum:
-            self.fail(path, f"an integer <= {maximum} ({why})", value, allowed)
-            return None
-        return value
-
-    def int_field(self, data: dict, key: str, path: str, limit: str | None = None, default: Any = ...) -> int:
-        minimum, maximum, _ = LIMITS[limit or key]
-        if key not in data:
-            if default is ...:
-                self.problems.append(f"{path}{key}: required field is missing (an integer >= {minimum}; "
-                                     f"allowed: {minimum}..{maximum})")
-                return minimum
-            return default
-        value = self.bounded_int(data[key], f"{path}{key}", limit or key)
-        return minimum if value is None else value
-
-    def number(self, value: Any, path: str, what: str, minimum: float = 0.0, allow_minimum: bool = False,
-               maximum: float = math.inf) -> bool:
-        """Whether `value` is a finite number above `minimum` (or equal, if allowed) and at most
-        `maximum`; records the problem otherwise (YAML's .nan and .inf included)."""
-        ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-              and (value >= minimum if allow_minimum else value > minimum) and value <= maximum)
-        if not ok:
-            allowed = f"a finite number {'>=' if allow_minimum else '>'} {minimum:g}"
-            self.fail(path, what, value, allowed + (f" and <= {maximum:.0f}" if math.isfinite(maximum) else ""))
-        return ok
-
-    def int_list(self, data: dict, key: str, path: str) -> tuple[int, ...]:
-        value = data.get(key)
-        minimum, maximum, _ = LIMITS["mlp_layers"]
-        if not isinstance(value, list) or not value:
-            self.fail(f"{path}{key}", "a non-empty list of positive integers", value)
-            return (1,)
-        if len(value) > maximum:
-            self.fail(f"{path}{key}", f"at most {maximum} layers", len(value),
-                      f"{minimum}..{maximum} layers")
-            return (1,)
-        out = []
-        for i, v in enumerate(value):
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
-                self.fail(f"{path}{key}[{i}]", "a positive integer", v, "{}..{}".format(*LIMITS["mlp_width"][:2]))
-                v = 1
-            elif self.bounded_int(v, f"{path}{key}[{i}]", "mlp_width") is None:
-                v = 1
-            out.append(v)
-        return tuple(out)
-
-    def job(self, data: Any) -> JobSpec:
-        if not isinstance(data, dict):
-            raise JobSpecError([f"(top level): expected a mapping of fields, got {type(data).__name__}"])
-        known = {
-            "workload", "world_size", "batch_size", "iterations", "warmup_iterations",
-            "seed", "dense", "tables", "memory_cap_gb", "name", "network",
-        }
-        for key in data:
-            if key not in known:
-                self.problems.append(f"{key}: unknown field; allowed fields are {sorted(known)}")
-        workload = data.get("workload")
-        if workload not in WORKLOADS:
-            self.fail("workload", f"one of {list(WORKLOADS)}", workload)
-        world = self.world_size = self.int_field(data, "world_size", "")
-        batch = self.int_field(data, "batch_size", "")
-        iterations = self.int_field(data, "iterations", "", default=20)
-        warmup = self.int_field(data, "warmup_iterations", "", default=5)
-        seed = self.int_field(data, "seed", "", default=0)
-        name = data.get("name", "job")
-        if (not isinstance(name, str) or not name or len(name) > 128 or any(c in name for c in "/\\")
-                or not name.isprintable()):
-            # it names files (.autotune/plans/<name>-<hardware>.json) and MLflow runs
-            self.fail("name", "a non-empty string usable in a file name", name,
-                      "up to 128 printable characters, no / or \\")
-            name = "job"
-        cap = data.get("memory_cap_gb")
-        if cap is not None and not self.number(cap, "memory_cap_gb", "a positive number of GiB"):
-            cap = None
-        dense = self.dense(data.get("dense"))
-        tables = self.tables(data.get("tables"))
-        if not self.problems:
-            for i, t in enumerate(tables):
-                lookups = batch * world * t.pooling_factor
-                if lookups > MAX_LOOKUPS_PER_TABLE:
-                    self.fail(f"tables[{i}].pooling_factor",
-                              f"batch_size x world_size x pooling_factor <= {MAX_LOOKUPS_PER_TABLE} (2^30) ids of "
-                              f"one table per iteration, which the planner samples; {batch} x {world} x "
-                              f"{t.pooling_factor} = {lookups}", t.pooling_factor,
-                              f"pooling_factor <= {MAX_LOOKUPS_PER_TABLE // (batch * world)} at this batch_size and "
-                              f"world_size" if batch * world <= MAX_LOOKUPS_PER_TABLE else
-                              f"batch_size x world_size <= {MAX_LOOKUPS_PER_TABLE // t.pooling_factor}")
-        network = self.network(data["network"]) if data.get("network") is not None else None
-        if self.problems:
-            raise JobSpecError(self.problems)
-        return JobSpec(
-            workload=workload, world_size=world, batch_size=batch, dense=dense, tables=tables,
-            iterations=iterations, warmup_iterations=warmup, seed=seed,
-            memory_cap_gb=float(cap) if cap is not None else None, name=name, network=network, raw=dict(data),
-        )
-
-    def network(self, data: Any) -> dict[str, Any] | None:
-        allowed = ("topology", "dims", "collective_mb")
-        if not isinstance(data, dict):
-            self.fail("network", "a mapping with topology (a preset name or 'calibrated') or dims", data)
-            return None
-        for key in data:
-            if key not in allowed:
-                self.problems.append(f"network.{key}: unknown field; allowed: {', '.join(allowed)}")
-        if ("topology" in data) == ("dims" in data):
-            self.problems.append("network: give exactly one of topology (a preset name or 'calibrated') and dims")
-        if "topology" in data and (not isinstance(data["topology"], str) or not data["topology"]):
-            self.fail("network.topology", "a preset name or 'calibrated'", data["topology"])
-        if "dims" in data and (not isinstance(data["dims"], list) or not data["dims"]
-                               or not all(isinstance(d, dict) for d in data["dims"])):
-            self.fail("network.dims", "a non-empty list of {peers, bandwidth_gbps, latency_us, algorithm}", data["dims"])
-        elif "dims" in data:
-            # the numbers here; unknown or missing keys and the algorithm: predictors.network
-            for i, d in enumerate(data["dims"]):
-                path = f"network.dims[{i}]."
-                if "peers" in d:
-                    self.bounded_int(d["peers"], f"{path}peers", "world_size")
-                if "bandwidth_gbps" in d:
-                    self.number(d["bandwidth_gbps"], f"{path}bandwidth_gbps", "a positive number of GB/s per NPU")
-                if "latency_us" in d:
-                    self.number(d["latency_us"], f"{path}latency_us", "a number of microseconds per step",
-                                allow_minimum=True)
-        mb = data.get("collective_mb")
-        if mb is not None:
-            self.number(mb, "network.collective_mb", "a positive number of MiB", maximum=MAX_COLLECTIVE_MB)
-        return dict(data)
-
-    def dense(self, data: Any) -> DenseSpec:
-        if not isinstance(data, dict):
-            self.fail("dense", "a mapping with num_dense_features, bottom_mlp, top_mlp", data)
-            return DenseSpec(1, (1,), (1,))
-        for key in data:
-            if key not in ("num_dense_features", "bottom_mlp", "top_mlp"):
-                self.problems.append(f"dense.{key}: unknown field; allowed: num_dense_features, bottom_mlp, top_mlp")
-        spec = DenseSpec(
-            self.int_field(data, "num_dense_features", "dense."),
-            self.int_list(data, "bottom_mlp", "dense."),
-            self.int_list(data, "top_mlp", "dense."),
-        )
-        if spec.top_mlp[-1] != 1:
-            self.fail("dense.top_mlp[-1]", "1 (the click logit)", spec.top_mlp[-1])
-        return spec
-
-    def tables(self, data: Any) -> tuple[TableSpec, ...]:
-        if not isinstance(data, list) or not data:
-            self.fail("tables", "a non-empty list of tables", data)
-            return ()
-        if len(data) > max(LIMITS["tables"][1], TABLES_PER_RANK * self.world_size):
-            most = max(LIMITS["tables"][1], TABLES_PER_RANK * self.world_size)
-            self.fail("tables", f"at most max({LIMITS['tables'][1]}, {TABLES_PER_RANK} x world_size) = {most} tables",
-                      len(data), f"1..{most} tables")
-            return ()
-        out, names = [], set()
-        for i, t in enumerate(data):
-            path = f"tables[{i}]."
-            if not isinstance(t, dict):
-                self.fail(f"tables[{i}]", "a mapping {name, num_embeddings, embedding_dim, pooling_factor, distribution}", t)
-                continue
-            allowed = {"name", "num_embeddings", "embedding_dim", "pooling_factor", "distribution"}
-            for key in t:
-                if key not in allowed:
-                    self.problems.append(f"{path}{key}: unknown field; allowed: {sorted(allowed)}")
-            name = t.get("name")
-            if not isinstance(name, str) or not name:
-                self.fail(f"{path}name", "a non-empty string", name)
-                name = f"table{i}"
-            elif name in names:
-                self.fail(f"{path}name", "a name not used by another table", name)
-            names.add(name)
-            dist_value = t.get("distribution", "uniform")
-            try:
-                dist = Distribution.parse(dist_value)
-                if dist.kind == "zipf" and not (dist.s > 0 and math.isfinite(dist.s)):
-                    raise ValueError
-            except (ValueError, TypeError, KeyError):
-                from probes.vocabulary.reuse_profile import load_profile
-
-                self.fail(f"{path}distribution",
-                          f"'uniform', {{zipf: s}} with s > 0, or {{profile: name}} with name in {load_profile().names}",
-                          dist_value)
-                dist = Distribution()
-            out.append(
-                TableSpec(
-                    name,
-                    self.int_field(t, "num_embeddings", path),
-                    self.int_field(t, "embedding_dim", path),
-                    self.int_field(t, "pooling_factor", path),
-                    dist,
-                )
-            )
-        return tuple(out)
