@@ -179,7 +179,7 @@ def _rank_ops(x: _Layout, r: int) -> list[GraphOp]:
     if local:
         g.add(GraphOp("embedding_bwd", "compute", "embedding_bwd", feats or {}, deps=returned))
     if dp_feats is not None:
-        dp_bwd = g.add(GraphOp("embedding_dp_bwd", "compute", "embedding_bwd", dp_feats, deps=[concat_grad]))
+        dp_bwd = g.add(GraphOp("embedding_dp_bwd", "compute", "embedding_bwd", dp_feats, deps=[concat_grad] if concat_grad is not None else []))
         ar = {"bytes": x.dp_grad_bytes, "world": W, "scope": x.scope}
         reduces.append(g.add(GraphOp("dp_table_all_reduce", "collective", "all_reduce", ar, "comm", [dp_bwd], x.group)))
     params_numel = sum(i * o + o for i, o in x.layers)
@@ -188,11 +188,11 @@ def _rank_ops(x: _Layout, r: int) -> list[GraphOp]:
     return g.ops
 
 
-def _dense_forward(g: _RankBuilder, x: _Layout, exchanged: list[int]) -> int | None:
+def _dense_forward(g: _RankBuilder, x: _Layout, exchanged: list[int]) -> int:
     """The bottom MLP, the interaction (a concatenation with the exchanged embeddings), the top
     MLP; returns the last op."""
     B, layers = x.spec.batch_size, x.layers
-    prev = None
+    prev: int | None = None
     for li, (fan_in, fan_out) in enumerate(layers):
         if li == x.n_bottom:  # interaction: concatenate bottom output with the exchanged embeddings
             cat = memcpy_params("d2d", FLOAT * B * fan_in)
@@ -201,10 +201,12 @@ def _dense_forward(g: _RankBuilder, x: _Layout, exchanged: list[int]) -> int | N
                              deps=[prev] if prev is not None else []))
         if li != len(layers) - 1:
             prev = g.add(GraphOp(f"relu{li}_fwd", "compute", "relu", elementwise_params("relu", B, fan_out), deps=[prev]))
+    if prev is None:
+        raise ValueError("a DLRM has at least one dense layer")  # the job spec refuses one without
     return prev
 
 
-def _dense_backward(g: _RankBuilder, x: _Layout, prev: int | None) -> tuple[list[int], list[int], int | None]:
+def _dense_backward(g: _RankBuilder, x: _Layout, prev: int) -> tuple[list[int], list[int], int | None]:
     """Backward, last layer first; gradients fill DDP buckets in that order. Returns the DDP
     all-reduces, the collectives returning the embeddings' gradient, and the concatenation's gradient."""
     W, B, layers = x.spec.world_size, x.spec.batch_size, x.layers

@@ -45,7 +45,7 @@ def fit_overlap_costs(points: Sequence[tuple[Callable[[OverlapCosts], PairPredic
     fused / unfused ratio over every measured slice count: a grid over the three, then a
     local refinement around the best cell. `transfer_line` (latency, seconds per byte), when
     given, prices the communication slices (see `OverlapCosts.slice_comm_s`)."""
-    line = dict(zip(("transfer_latency_s", "transfer_s_per_byte"), transfer_line)) if transfer_line else {}
+    latency, per_byte = transfer_line if transfer_line else (None, None)
     if not points:
         raise ValueError("no measured pairs to fit overlap costs to")
     measured = [(predict, times) for predict, times in points if 1 in times and len(times) > 1]
@@ -56,7 +56,7 @@ def fit_overlap_costs(points: Sequence[tuple[Callable[[OverlapCosts], PairPredic
     def loss(o: float, s: float, f: float) -> float:
         total = 0.0
         for predict, times in measured:
-            pred = predict(OverlapCosts(o, s, f, **line))
+            pred = predict(OverlapCosts(o, s, f, transfer_latency_s=latency, transfer_s_per_byte=per_byte))
             for k, t in times.items():
                 if k == 1 or k not in pred.fused_s:
                     continue
@@ -77,12 +77,12 @@ def fit_overlap_costs(points: Sequence[tuple[Callable[[OverlapCosts], PairPredic
     o, s, f = clip(res.x) if res.fun < loss(*start) else start
     errors = []
     for predict, times in measured:
-        pred = predict(OverlapCosts(o, s, f, **line))
+        pred = predict(OverlapCosts(o, s, f, transfer_latency_s=latency, transfer_s_per_byte=per_byte))
         for k, t in times.items():
             if k != 1 and k in pred.fused_s:
                 errors.append(abs(pred.fused_s[k] / pred.unfused_s - t / times[1]) / (t / times[1]))
     gmae = float(np.exp(np.mean(np.log(np.maximum(errors, 1e-9))))) if errors else None
-    return OverlapCosts(float(o), float(s), float(f), len(measured), gmae, **line)
+    return OverlapCosts(float(o), float(s), float(f), len(measured), gmae, latency, per_byte)
 
 
 def _simplex(x0: list[float]) -> np.ndarray:

@@ -222,7 +222,7 @@ class _RankPipeline:
                 new.append(GraphOp(f"{coll.name}.slice{s}.contention", "compute", "overlap_contention", {},
                                    duration_s=costs.comm_compute_share * self.comm_s))
         new.append(GraphOp(f"{coll.name}.join", "compute", "overlap_join", {}, deps=comm_slices, duration_s=0.0))
-        if self.p_i is not None:
+        if self.p_i is not None and last_slice is not None:  # a producer always has a last slice
             index[self.p_i] = last_slice
         return len(new) - 1
 
@@ -242,7 +242,7 @@ class PairPrediction:
     fused_s: dict[int, float] = field(default_factory=dict)  # slices -> seconds
 
     def best(self) -> tuple[int, float]:
-        k = min(self.fused_s, key=self.fused_s.get)
+        k = min(self.fused_s, key=lambda slices: self.fused_s[slices])
         return k, self.fused_s[k]
 
     def gain(self) -> float:

@@ -49,7 +49,7 @@ class _Rank:
         self.mixed = spec.dtype != "float32"
         self.low_size = element_bytes(spec.dtype)
 
-    def add(self, name: str, kind: str, op: str, params: dict[str, Any], extra_deps: tuple[int, ...] = (),
+    def add(self, name: str, kind: str, op: str, params: dict[str, Any], extra_deps: tuple[int | None, ...] = (),
             stream: str = "compute", group: tuple[int, ...] = (), chain: bool = True) -> int:
         deps = ([self.prev] if self.prev is not None else []) + [d for d in extra_deps if d is not None]
         self.ops.append(GraphOp(name, kind, op, params, stream, sorted(set(deps)), group))

@@ -129,7 +129,7 @@ class JobSpecValidator:
         if self.problems:
             raise JobSpecError(self.problems)
         return JobSpec(
-            workload=workload, world_size=world, batch_size=batch, dense=dense, tables=tables,
+            workload=str(workload), world_size=world, batch_size=batch, dense=dense, tables=tables,
             iterations=iterations, warmup_iterations=warmup, seed=seed,
             memory_cap_gb=float(cap) if cap is not None else None, name=name, network=network, raw=dict(data),
         )
