@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 from e2e_accuracy import champion_on_ray  # noqa: E402
 from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.launch import race_dlrm_plans  # noqa: E402
-from orchestrator.planning import memory_cap_bytes  # noqa: E402
+from policies.planning import memory_cap_bytes  # noqa: E402
 from policies.sharders import SHARDERS  # noqa: E402
 from policies.sharding import TORCHREC, choose_sharding  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402

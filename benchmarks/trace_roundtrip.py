@@ -32,7 +32,7 @@ from predictors.simulator import simulate  # noqa: E402
 from predictors.trace_graph import compare_gemms, graph_from_traces, measured_iteration_s  # noqa: E402
 from probes.vocabulary.ops import gemm_params  # noqa: E402
 from probes.trace_capture import capture_step_trace  # noqa: E402
-from probes.workloads.dlrm import ShardedDLRM  # noqa: E402
+from probes.workloads.dlrm import ShardedDLRM, cycling_step  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
 
 
@@ -43,15 +43,8 @@ def _rank(rank: int, init: str, out: str, job: dict, placement: list[int]) -> No
     try:
         torch.set_num_threads(1)
         model = ShardedDLRM(JobSpec.from_dict(job), placement, rank, 2, torch.device("cpu"))
-        state = {"i": 0}
-
-        def step() -> None:
-            model.step(model.batches[state["i"] % len(model.batches)])
-            state["i"] += 1
-
-        trace = capture_step_trace(step, iterations=5, warmup=3, barrier=dist.barrier)
+        trace = capture_step_trace(cycling_step(model), iterations=5, warmup=3, barrier=dist.barrier)
         Path(f"{out}/{rank}.json").write_text(json.dumps(trace))
-        del model
         dist.barrier()
     finally:
         dist.destroy_process_group()

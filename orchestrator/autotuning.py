@@ -22,7 +22,7 @@ from orchestrator.calibrate import (
     DEFAULT_BUDGET_S, calibrate, describe, lock_timeout_s, print_summary, promotion_lease, waiting,
 )
 from orchestrator.cluster import HardwareFingerprint
-from orchestrator.planning import make_plan
+from policies.planning import make_plan
 from orchestrator.progress import say
 from probes.vocabulary.jobspec import JobSpec
 

@@ -139,7 +139,7 @@ def torchrec_plan(job: JobSpec, memory_cap_bytes: float, compute_device: str = "
         types = [t for t in types if "row_wise" not in t]  # row-wise pieces could not be priced
     constraints = {t.name: ParameterConstraints(sharding_types=types,
                                                 pooling_factors=[float(t.pooling_factor)]) for t in job.tables}
-    # The cap already is the embeddings' share of a device (orchestrator.planning), so nothing
+    # The cap already is the embeddings' share of a device (policies.planning), so nothing
     # more is reserved; debug=False skips the planner's printed stats table.
     enumerator = None
     if model is not None:

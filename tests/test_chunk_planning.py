@@ -6,7 +6,7 @@ import yaml
 
 from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint
 from orchestrator.jobfile import load_job
-from orchestrator.planning import chunking_decision, gradient_all_reduce_bytes, job_topology
+from policies.planning import chunking_decision, gradient_all_reduce_bytes, job_topology
 from predictors import fit_performance_model
 from predictors.network import NetworkError
 from probes.vocabulary.ops import collective_params

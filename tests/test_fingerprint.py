@@ -76,7 +76,7 @@ def test_with_gpus_a_cpu_head_is_no_device_even_if_it_offers_cpus():
     # GPUs Ray declares but NVML cannot see: counted, memory unknown, and a plan must be given a cap
     if all(d.memory_bytes == 0 for w in workers for d in w.devices):
         import pytest
-        from orchestrator.planning import memory_cap_bytes
+        from policies.planning import memory_cap_bytes
         from probes.vocabulary.jobspec import JobSpec, JobSpecError
 
         job = JobSpec.from_dict({"workload": "dlrm", "world_size": 4, "batch_size": 8,

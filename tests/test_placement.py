@@ -5,7 +5,7 @@ import pytest
 
 from orchestrator.cli.common import EXIT_BAD_INPUT, run_main
 from orchestrator.cluster import GIB, DeviceInfo, HardwareFingerprint, NodeFingerprint
-from orchestrator.planning import job_placement, make_plan
+from policies.planning import job_placement, make_plan
 from predictors.dlrm_estimator import estimate_iteration
 from predictors import fit_performance_model
 from predictors.dlrm_graph import build_dlrm_graph

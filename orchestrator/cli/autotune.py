@@ -24,7 +24,7 @@ from orchestrator.cli.common import (
     output_file, run_main,
 )
 from orchestrator.jobfile import load_job
-from orchestrator.planning import job_placement
+from policies.planning import job_placement
 from orchestrator.progress import say
 from probes.vocabulary.jobspec import MAX_ITERATIONS
 

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 from orchestrator import registry
 from orchestrator.cli.common import ArgumentParser, add_common, champion_or_exit, emit, fingerprint, output_file, run_main
 from orchestrator.jobfile import load_job
-from orchestrator.planning import make_plan
+from policies.planning import make_plan
 from orchestrator.progress import say
 
 

@@ -10,7 +10,7 @@ from typing import Sequence
 from orchestrator import registry
 from orchestrator.cli.common import ArgumentParser, add_common, champion_or_exit, emit, fingerprint, run_main
 from orchestrator.jobfile import load_job
-from orchestrator.planning import job_placement
+from policies.planning import job_placement
 from orchestrator.progress import say
 from predictors.dlrm_estimator import estimate_iteration
 from policies.plan import Plan

@@ -11,7 +11,7 @@ from typing import Sequence
 from orchestrator.cli.common import ArgumentParser, add_common, emit, fingerprint, int_in, run_main
 from orchestrator.jobfile import load_job
 from orchestrator.launch import launch_dlrm
-from orchestrator.planning import job_placement, placement_record
+from policies.planning import job_placement, placement_record
 from orchestrator.progress import say
 from policies.plan import Plan
 from probes.vocabulary.jobspec import MAX_ITERATIONS

@@ -1,7 +1,13 @@
-"""Choosing a plan for a job on a hardware with its registered models (no launch)."""
+"""Plan assembly: every decision for a job on a hardware with its registered models (no launch).
+
+The hardware is whatever describes the cluster's device nodes (`orchestrator.cluster`'s
+`Hardware` in the product); only the few facts below are read, so the modelling
+core plans without Ray.
+"""
 from __future__ import annotations
 
-from orchestrator.cluster import HardwareFingerprint
+from typing import Protocol, Sequence
+
 from policies.chunking import choose_chunking
 from predictors.dlrm_estimator import estimate_iteration
 from policies.plan import Decision, Plan
@@ -16,12 +22,36 @@ from predictors.performance_model import PerformanceModel
 from probes.vocabulary.jobspec import JobSpec, JobSpecError
 from probes.vocabulary.placement import PlacementError, RankPlacement
 
+class DeviceNode(Protocol):
+    @property
+    def node_id(self) -> str: ...
+
+    def label(self) -> str: ...
+
+
+class Hardware(Protocol):
+    """What planning reads of a cluster: its id, its device nodes (most devices first) and the
+    smallest device's memory (0 when unknown)."""
+
+    @property
+    def hardware_id(self) -> str: ...
+
+    @property
+    def devices_per_node(self) -> list[int]: ...
+
+    @property
+    def device_nodes(self) -> Sequence[DeviceNode]: ...
+
+    @property
+    def min_device_memory_bytes(self) -> int: ...
+
+
 # Embedding weights may use this share of a device's memory when the job sets no cap: the
 # rest holds activations, communication buffers and the framework.
 DEFAULT_MEMORY_SHARE = 0.6
 
 
-def memory_cap_bytes(job: JobSpec, fingerprint: HardwareFingerprint) -> float:
+def memory_cap_bytes(job: JobSpec, fingerprint: Hardware) -> float:
     """The job's cap, else a share of the smallest device's memory (the device nodes', never
     the driver's or a device-less head's)."""
     if job.memory_cap_gb is not None:
@@ -32,7 +62,7 @@ def memory_cap_bytes(job: JobSpec, fingerprint: HardwareFingerprint) -> float:
     return DEFAULT_MEMORY_SHARE * fingerprint.min_device_memory_bytes
 
 
-def job_placement(job: JobSpec, fingerprint: HardwareFingerprint) -> RankPlacement:
+def job_placement(job: JobSpec, fingerprint: Hardware) -> RankPlacement:
     """The job's ranks packed onto the device nodes, most devices first (as the launcher
     places them); a job larger than the cluster is refused, naming `world_size`."""
     try:
@@ -41,7 +71,7 @@ def job_placement(job: JobSpec, fingerprint: HardwareFingerprint) -> RankPlaceme
         raise JobSpecError([str(exc)]) from None
 
 
-def placement_record(placement: RankPlacement, fingerprint: HardwareFingerprint) -> dict:
+def placement_record(placement: RankPlacement, fingerprint: Hardware) -> dict:
     """What the plan says of where it runs: each rank's node, the Ray node ids to pin them to,
     and the node types priced (the hardware classes of the nodes the ranks occupy)."""
     device_nodes = fingerprint.device_nodes
@@ -60,7 +90,7 @@ def require_collectives(model: PerformanceModel, job: JobSpec, placement: RankPl
             model.predict(op, bytes=4096, world=job.world_size, scope=placement.scope())
 
 
-def job_topology(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFingerprint) -> NetworkTopology:
+def job_topology(job: JobSpec, model: PerformanceModel, fingerprint: Hardware) -> NetworkTopology:
     """The network the job's `network` section names: a preset, explicit dims, or `calibrated`:
     this cluster's devices per node over its nodes, each dimension fitted from the measured
     reduce-scatter of a group that size (intra-node, then inter-node)."""
@@ -91,11 +121,11 @@ def gradient_all_reduce_bytes(job: JobSpec) -> float:
     return float(max(ddp_buckets(dense_parameter_bytes(job))))
 
 
-def chunking_decision(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFingerprint) -> Decision:
+def chunking_decision(job: JobSpec, model: PerformanceModel, fingerprint: Hardware) -> Decision:
     return choose_chunking(job_topology(job, model, fingerprint), gradient_all_reduce_bytes(job))
 
 
-def make_plan(job: JobSpec, model: PerformanceModel, fingerprint: HardwareFingerprint, model_version: str | None) -> Plan:
+def make_plan(job: JobSpec, model: PerformanceModel, fingerprint: Hardware, model_version: str | None) -> Plan:
     placement = job_placement(job, fingerprint)
     require_collectives(model, job, placement)
     sharding = choose_sharding(job, model, memory_cap_bytes(job, fingerprint), seed=job.seed,
