@@ -9,6 +9,7 @@ tens of MB are page-faulted back in on every call of the large unfused pairs, wh
 dodges; that reads as a fusion gain no overlap produced. Writes
 benchmarks/results/allocator_effect.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,9 +22,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+from substitution import measure  # noqa: E402
+
 from probes.host_allocator import GLIBC_TUNABLES  # noqa: E402
 from probes.vocabulary.pairs import PairPoint  # noqa: E402
-from substitution import measure  # noqa: E402
 
 POINTS = [
     PairPoint("gemm_all_to_all", 8192, 512, 64),  # 33 MB exchanged
@@ -49,25 +51,49 @@ def main() -> None:
     results = {}
     for label, tuned in (("glibc defaults", False), ("tuned", True)):
         print(f"-- {label}", flush=True)
-        results[label] = forms_ms(measure(POINTS, scratch / f"{'tuned' if tuned else 'default'}.jsonl",
-                                          args.rounds, transfer=True, tuned_allocator=tuned))
+        results[label] = forms_ms(
+            measure(
+                POINTS,
+                scratch / f"{'tuned' if tuned else 'default'}.jsonl",
+                args.rounds,
+                transfer=True,
+                tuned_allocator=tuned,
+            )
+        )
     rows = []
     for name, default in results["glibc defaults"].items():
         tuned = results["tuned"][name]
         best = lambda f: min(v for k, v in f.items() if k.startswith("k"))  # noqa: E731
-        rows.append({"point": name, "default_ms": default, "tuned_ms": tuned,
-                     "unfused_speedup": default["unfused"] / tuned["unfused"],
-                     "best_fused_gain_default": 1 - best(default) / default["unfused"],
-                     "best_fused_gain_tuned": 1 - best(tuned) / tuned["unfused"]})
+        rows.append(
+            {
+                "point": name,
+                "default_ms": default,
+                "tuned_ms": tuned,
+                "unfused_speedup": default["unfused"] / tuned["unfused"],
+                "best_fused_gain_default": 1 - best(default) / default["unfused"],
+                "best_fused_gain_tuned": 1 - best(tuned) / tuned["unfused"],
+            }
+        )
         r = rows[-1]
-        print(f"{name:38s} unfused {default['unfused']:6.2f} -> {tuned['unfused']:6.2f} ms "
-              f"({r['unfused_speedup']:.2f}x); best fused gain {r['best_fused_gain_default']:+.1%} -> "
-              f"{r['best_fused_gain_tuned']:+.1%}", flush=True)
+        print(
+            f"{name:38s} unfused {default['unfused']:6.2f} -> {tuned['unfused']:6.2f} ms "
+            f"({r['unfused_speedup']:.2f}x); best fused gain {r['best_fused_gain_default']:+.1%} -> "
+            f"{r['best_fused_gain_tuned']:+.1%}",
+            flush=True,
+        )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"command": f"python benchmarks/allocator_effect.py --rounds {args.rounds}",
-                               "device": "cpu (2 gloo ranks, 1 thread each)", "tuned": GLIBC_TUNABLES,
-                               "points": rows}, indent=1))
+    out.write_text(
+        json.dumps(
+            {
+                "command": f"python benchmarks/allocator_effect.py --rounds {args.rounds}",
+                "device": "cpu (2 gloo ranks, 1 thread each)",
+                "tuned": GLIBC_TUNABLES,
+                "points": rows,
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ much that sharing moves the measurements themselves.
 
 Prints a table and writes benchmarks/results/calibration_scaling_<hardware_id>.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,12 +47,12 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint  # noqa: E402
 from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes  # noqa: E402
 from orchestrator.measurement_store import MeasurementStore  # noqa: E402
-from probes.vocabulary.records import Measurement  # noqa: E402
 from probes.collective_sweep import collective_groups, collective_specs  # noqa: E402
 from probes.embedding import embedding_specs  # noqa: E402
 from probes.gemm import gemm_specs  # noqa: E402
 from probes.probe import ProbeSpec  # noqa: E402
 from probes.sweep import interleave  # noqa: E402
+from probes.vocabulary.records import Measurement  # noqa: E402
 
 try:  # element-wise points join the sweep where the probe family exists
     from probes.elementwise import elementwise_specs
@@ -113,8 +114,9 @@ def timed_sweep(run: Any, pool: ActorPool, specs: Sequence[ProbeSpec], directory
     }
 
 
-def run_config(num_nodes: int, specs: Sequence[ProbeSpec], hardware_id: str, collective_points: int,
-               scratch: Path) -> dict[str, Any]:
+def run_config(
+    num_nodes: int, specs: Sequence[ProbeSpec], hardware_id: str, collective_points: int, scratch: Path
+) -> dict[str, Any]:
     """One configuration: fresh cluster, pool of one actor per node, the local sweep (and collectives)."""
     t0 = time.perf_counter()
     cluster = start_cluster(num_nodes)
@@ -136,7 +138,9 @@ def run_config(num_nodes: int, specs: Sequence[ProbeSpec], hardware_id: str, col
             if num_nodes > 1 and collective_points > 0:
                 coll = collective_sweep(actor_nodes, collective_points)
                 result["collective"] = timed_sweep(run_collective_probes, pool, coll, scratch / f"{num_nodes}n-coll")
-                result["collective"]["scopes"] = sorted({r.params.get("scope", "") for r in result["collective"]["_rows"]})
+                result["collective"]["scopes"] = sorted(
+                    {r.params.get("scope", "") for r in result["collective"]["_rows"]}
+                )
             result["replaced_actors"] = pool.replaced
         finally:
             pool.stop()
@@ -147,6 +151,7 @@ def run_config(num_nodes: int, specs: Sequence[ProbeSpec], hardware_id: str, col
 
 def median_ratio(a: list[Measurement], b: list[Measurement]) -> dict[str, Any]:
     """Geometric mean of b's median / a's median over the rows both runs measured."""
+
     def index(rows: list[Measurement]) -> dict[tuple[str, str], float]:
         return {(r.op, json.dumps(r.params, sort_keys=True)): r.median_s for r in rows if r.median_s > 0}
 
@@ -177,20 +182,28 @@ def strip_rows(value: Any) -> Any:
 
 def print_table(result: dict[str, Any]) -> None:
     print(f"hardware {result['hardware_id']}  local points {result['local_points']}  seed {result['seed']}")
-    print(f"{'config':8s} {'actors@nodes':>12s} {'startup s':>10s} {'done':>6s} {'failed':>6s} {'rows':>6s} "
-          f"{'wall s':>8s} {'s/meas':>8s}")
+    print(
+        f"{'config':8s} {'actors@nodes':>12s} {'startup s':>10s} {'done':>6s} {'failed':>6s} {'rows':>6s} "
+        f"{'wall s':>8s} {'s/meas':>8s}"
+    )
     for name, c in result["configs"].items():
         loc = c["local"]
         startup = c["startup_s"]["cluster"] + c["startup_s"]["actor_pool"]
-        print(f"{name:8s} {len(c['actor_nodes']):>5d}@{c['distinct_actor_nodes']:<6d} {startup:10.1f} {loc['done']:6d} "
-              f"{loc['failed']:6d} {loc['rows']:6d} {loc['wall_s']:8.1f} {loc['s_per_measurement']:8.4f}")
+        print(
+            f"{name:8s} {len(c['actor_nodes']):>5d}@{c['distinct_actor_nodes']:<6d} {startup:10.1f} {loc['done']:6d} "
+            f"{loc['failed']:6d} {loc['rows']:6d} {loc['wall_s']:8.1f} {loc['s_per_measurement']:8.4f}"
+        )
     coll = result["configs"]["2_nodes"].get("collective")
     if coll:
-        print(f"2-node collectives ({', '.join(coll['scopes'])}): {coll['done']} done, {coll['failed']} failed, "
-              f"{coll['wall_s']:.1f}s, {coll['s_per_measurement']}s per measurement")
+        print(
+            f"2-node collectives ({', '.join(coll['scopes'])}): {coll['done']} done, {coll['failed']} failed, "
+            f"{coll['wall_s']:.1f}s, {coll['s_per_measurement']}s per measurement"
+        )
     ratio = result["median_ratio_2_vs_1"]
-    print(f"speedup per measurement (1 node / 2 nodes): {result['speedup_per_measurement']}  "
-          f"not slower: {result['not_slower']}  measured-median ratio 2/1: {ratio['geomean']} over {ratio['n']} rows")
+    print(
+        f"speedup per measurement (1 node / 2 nodes): {result['speedup_per_measurement']}  "
+        f"not slower: {result['not_slower']}  measured-median ratio 2/1: {ratio['geomean']} over {ratio['n']} rows"
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
@@ -204,12 +217,14 @@ def main(argv: Sequence[str] | None = None) -> dict[str, Any]:
     hardware_id = HardwareFingerprint([local_node_fingerprint()]).hardware_id
     specs = local_specs(args.local_points, args.seed)
     with tempfile.TemporaryDirectory() as tmp:
-        configs = {name: run_config(n, specs, hardware_id, args.collective_points, Path(tmp))
-                   for name, n in NODE_CONFIGS.items()}
+        configs = {
+            name: run_config(n, specs, hardware_id, args.collective_points, Path(tmp))
+            for name, n in NODE_CONFIGS.items()
+        }
     result = {
         "hardware_id": hardware_id,
-        "command": "python benchmarks/calibration_scaling.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out_dir"),
+        "command": "python benchmarks/calibration_scaling.py "
+        + " ".join(f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out_dir"),
         "local_points": len(specs),
         "local_families": dict(sorted(Counter(s.family for s in specs).items())),
         "seed": args.seed,

@@ -9,6 +9,7 @@ back to back; two async all_reduces overlapped with GEMM work, against the GEMM 
 This is the effect the simulator does not model yet (issue #5: bandwidth sharing and the
 compute/communication overlap factor). Writes benchmarks/results/collective_interference.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,8 +48,12 @@ def _rank(rank: int, init: str, out: str, repeats: int) -> None:
     for nbytes in SIZES:
         x, y = torch.randn(nbytes // 4), torch.randn(nbytes // 4)
         for n in GEMMS:
-            samples: dict[str, list[float]] = {"one_alone": [], "two_back_to_back": [], "gemms_alone": [],
-                                               "two_async_with_gemms": []}
+            samples: dict[str, list[float]] = {
+                "one_alone": [],
+                "two_back_to_back": [],
+                "gemms_alone": [],
+                "two_async_with_gemms": [],
+            }
             for _ in range(repeats):
                 samples["one_alone"].append(_timed(lambda: dist.all_reduce(x)))
                 samples["two_back_to_back"].append(_timed(lambda: (dist.all_reduce(x), dist.all_reduce(y))))
@@ -78,17 +83,25 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_rank, args=(f"{tmp}/init", tmp, args.repeats), nprocs=2)
         rows = json.loads(Path(f"{tmp}/rows.json").read_text())
-    print(f"{'bytes':>8s} {'gemms':>5s} {'one alone':>10s} {'two b2b':>9s} {'2x alone':>9s} {'gemms':>8s} "
-          f"{'2 async+gemms':>13s} {'vs sum':>7s}  (ms)")
+    print(
+        f"{'bytes':>8s} {'gemms':>5s} {'one alone':>10s} {'two b2b':>9s} {'2x alone':>9s} {'gemms':>8s} "
+        f"{'2 async+gemms':>13s} {'vs sum':>7s}  (ms)"
+    )
     for r in rows:
         serial = 2 * r["one_alone"] + r["gemms_alone"]
         r["two_back_to_back_over_twice_one"] = r["two_back_to_back"] / (2 * r["one_alone"])
         r["overlapped_over_serial_sum"] = r["two_async_with_gemms"] / serial
-        print(f"{r['bytes']:8d} {r['gemms']:5d} {r['one_alone'] * 1e3:10.3f} {r['two_back_to_back'] * 1e3:9.3f} "
-              f"{2 * r['one_alone'] * 1e3:9.3f} {r['gemms_alone'] * 1e3:8.3f} {r['two_async_with_gemms'] * 1e3:13.3f} "
-              f"{r['overlapped_over_serial_sum']:7.2f}")
-    Path(args.out).write_text(json.dumps({"command": f"python benchmarks/collective_interference.py --repeats {args.repeats}",
-                                          "rows": rows}, indent=1))
+        print(
+            f"{r['bytes']:8d} {r['gemms']:5d} {r['one_alone'] * 1e3:10.3f} {r['two_back_to_back'] * 1e3:9.3f} "
+            f"{2 * r['one_alone'] * 1e3:9.3f} {r['gemms_alone'] * 1e3:8.3f} {r['two_async_with_gemms'] * 1e3:13.3f} "
+            f"{r['overlapped_over_serial_sum']:7.2f}"
+        )
+    Path(args.out).write_text(
+        json.dumps(
+            {"command": f"python benchmarks/collective_interference.py --repeats {args.repeats}", "rows": rows},
+            indent=1,
+        )
+    )
     print(f"wrote {args.out}")
 
 

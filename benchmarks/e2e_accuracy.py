@@ -13,6 +13,7 @@ Train launcher as `orchestrator.cli.run` (2 ranks, gloo on CPU) and predicts it 
 - `baseline`: the plain sum of kernel times (the anchor's baseline).
 Prints a row per task and writes benchmarks/results/e2e_accuracy_dlrm.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,8 +32,8 @@ sys.path.insert(0, str(REPO))
 from orchestrator import ray_runtime, registry  # noqa: E402
 from orchestrator.cluster import cluster_fingerprint  # noqa: E402
 from orchestrator.launch import launch_dlrm  # noqa: E402
-from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
 from policies.sharders import SHARDERS, rank_memory  # noqa: E402
+from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
 
 MEMORY_CAP_BYTES = 4 * 2**30
@@ -42,8 +43,17 @@ def calibrate_into(scratch: Path, budget_s: float, seed: int) -> str:
     """Run the calibration CLI (its own Ray) into a sqlite store in `scratch`; return the URI."""
     uri = f"sqlite:///{scratch / 'mlflow.db'}"
     env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1"}
-    cmd = [sys.executable, "-m", "orchestrator.cli.calibrate", "--budget-s", str(budget_s), "--seed", str(seed),
-           "--tracking-uri", uri]
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator.cli.calibrate",
+        "--budget-s",
+        str(budget_s),
+        "--seed",
+        str(seed),
+        "--tracking-uri",
+        uri,
+    ]
     print(f"calibrating ({budget_s:g}s budget): {' '.join(cmd[1:])}", flush=True)
     subprocess.run(cmd, cwd=scratch, env=env, check=True)
     return uri
@@ -98,29 +108,42 @@ def main() -> None:
             predicted = estimate_iteration(spec, placement, model).iteration_s * 1e3
             predict_ms = (time.perf_counter() - t0) * 1e3
             summed = estimate_iteration(spec, placement, model, simulate_graph=False).iteration_s * 1e3
-            baseline = estimate_iteration(spec, placement, model, include_overhead=False,
-                                          simulate_graph=False).iteration_s * 1e3
-            measured = launch_dlrm(spec, placement, iterations=args.iterations,
-                                   storage=scratch / "ray_results").iteration_ms
+            baseline = (
+                estimate_iteration(spec, placement, model, include_overhead=False, simulate_graph=False).iteration_s
+                * 1e3
+            )
+            measured = launch_dlrm(
+                spec, placement, iterations=args.iterations, storage=scratch / "ray_results"
+            ).iteration_ms
             row = {
-                "name": spec.name, "sharder": sharder, "tables": len(spec.tables), "batch_size": spec.batch_size,
+                "name": spec.name,
+                "sharder": sharder,
+                "tables": len(spec.tables),
+                "batch_size": spec.batch_size,
                 "rank_memory_mb": [round(b / 2**20, 1) for b in rank_memory(spec.tables, placement, spec.world_size)],
-                "measured_ms": measured, "predicted_ms": predicted, "error": abs(predicted - measured) / measured,
-                "sum_overhead_ms": summed, "sum_overhead_error": abs(summed - measured) / measured,
-                "baseline_ms": baseline, "baseline_error": abs(baseline - measured) / measured,
+                "measured_ms": measured,
+                "predicted_ms": predicted,
+                "error": abs(predicted - measured) / measured,
+                "sum_overhead_ms": summed,
+                "sum_overhead_error": abs(summed - measured) / measured,
+                "baseline_ms": baseline,
+                "baseline_error": abs(baseline - measured) / measured,
                 "predict_wall_ms": predict_ms,
             }
             rows.append(row)
-            print(f"{row['name']:9s} {sharder:18s} T={row['tables']:2d} B={spec.batch_size:4d}  "
-                  f"measured {measured:8.2f} ms  predicted {predicted:8.2f} ({row['error']:6.1%})  "
-                  f"sum+overhead {summed:8.2f} ({row['sum_overhead_error']:6.1%})  "
-                  f"kernel sum {baseline:8.2f} ({row['baseline_error']:6.1%})", flush=True)
+            print(
+                f"{row['name']:9s} {sharder:18s} T={row['tables']:2d} B={spec.batch_size:4d}  "
+                f"measured {measured:8.2f} ms  predicted {predicted:8.2f} ({row['error']:6.1%})  "
+                f"sum+overhead {summed:8.2f} ({row['sum_overhead_error']:6.1%})  "
+                f"kernel sum {baseline:8.2f} ({row['baseline_error']:6.1%})",
+                flush=True,
+            )
         ray_runtime.shutdown()
 
     result = {
         "hardware_id": fingerprint.hardware_id,
         "command": f"python benchmarks/e2e_accuracy.py --tasks {args.tasks} --budget-s {args.budget_s:g} "
-                   f"--scale {args.scale:g} --seed {args.seed}" + (" --tracking-uri URI" if args.tracking_uri else ""),
+        f"--scale {args.scale:g} --seed {args.seed}" + (" --tracking-uri URI" if args.tracking_uri else ""),
         "world_size": args.world_size,
         "model_ops": sorted(model.models),
         "tasks": rows,
@@ -133,11 +156,15 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    print(f"simulator error: geomean {result['geomean_error']:.1%}, median {result['median_error']:.1%}, mean "
-          f"{result['mean_error']:.1%}, max {result['max_error']:.1%}, mean signed {result['mean_signed_error']:+.1%}")
-    print(f"geomean error: simulator {result['geomean_error']:.1%}, sum+overhead "
-          f"{result['sum_overhead_geomean_error']:.1%}, kernel-sum baseline {result['baseline_geomean_error']:.1%} "
-          f"over {len(rows)} tasks")
+    print(
+        f"simulator error: geomean {result['geomean_error']:.1%}, median {result['median_error']:.1%}, mean "
+        f"{result['mean_error']:.1%}, max {result['max_error']:.1%}, mean signed {result['mean_signed_error']:+.1%}"
+    )
+    print(
+        f"geomean error: simulator {result['geomean_error']:.1%}, sum+overhead "
+        f"{result['sum_overhead_geomean_error']:.1%}, kernel-sum baseline {result['baseline_geomean_error']:.1%} "
+        f"over {len(rows)} tasks"
+    )
     print(f"wrote {out}")
 
 

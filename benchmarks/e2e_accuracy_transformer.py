@@ -9,6 +9,7 @@ length, batch), runs each through the Ray Train launcher and predicts it with th
 over `predictors/transformer_graph.py`'s graph; the baseline is the plain sum of the slowest
 rank's kernels. Writes benchmarks/results/e2e_accuracy_transformer.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,7 +18,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -51,18 +51,31 @@ def main() -> None:
             t0 = time.perf_counter()
             estimate = estimate_transformer_iteration(spec, model)
             predict_ms = (time.perf_counter() - t0) * 1e3
-            measured = launch_transformer(spec, iterations=args.iterations, storage=scratch / "ray_results").iteration_ms
+            measured = launch_transformer(
+                spec, iterations=args.iterations, storage=scratch / "ray_results"
+            ).iteration_ms
             predicted, baseline = estimate.iteration_s * 1e3, estimate.kernel_sum_s * 1e3
-            row = {"name": spec.name, "spec": spec.to_dict(), "tensor_parallel": spec.tensor_parallel,
-                   "measured_ms": measured, "predicted_ms": predicted, "error": abs(predicted - measured) / measured,
-                   "baseline_ms": baseline, "baseline_error": abs(baseline - measured) / measured,
-                   "exposed_comm_ms": max(t.exposed_comm_s for t in estimate.simulation.ranks) * 1e3,
-                   "predict_wall_ms": predict_ms, "problems": estimate.problems[:5],
-                   "predicted_peak_memory_mb": estimate.memory.peak / 2**20 if estimate.memory else None}
+            row = {
+                "name": spec.name,
+                "spec": spec.to_dict(),
+                "tensor_parallel": spec.tensor_parallel,
+                "measured_ms": measured,
+                "predicted_ms": predicted,
+                "error": abs(predicted - measured) / measured,
+                "baseline_ms": baseline,
+                "baseline_error": abs(baseline - measured) / measured,
+                "exposed_comm_ms": max(t.exposed_comm_s for t in estimate.simulation.ranks) * 1e3,
+                "predict_wall_ms": predict_ms,
+                "problems": estimate.problems[:5],
+                "predicted_peak_memory_mb": estimate.memory.peak / 2**20 if estimate.memory else None,
+            }
             rows.append(row)
-            print(f"{spec.name:10s} L={spec.layers} H={spec.hidden:3d} heads={spec.heads} S={spec.seq_len:3d} "
-                  f"B={spec.batch_size}  measured {measured:8.2f} ms  predicted {predicted:8.2f} ({row['error']:6.1%})  "
-                  f"kernel sum {baseline:8.2f} ({row['baseline_error']:6.1%})", flush=True)
+            print(
+                f"{spec.name:10s} L={spec.layers} H={spec.hidden:3d} heads={spec.heads} S={spec.seq_len:3d} "
+                f"B={spec.batch_size}  measured {measured:8.2f} ms  predicted {predicted:8.2f} ({row['error']:6.1%})  "
+                f"kernel sum {baseline:8.2f} ({row['baseline_error']:6.1%})",
+                flush=True,
+            )
         ray_runtime.shutdown()
 
     dp = [r for r in rows if r["tensor_parallel"] == 1]
@@ -70,7 +83,7 @@ def main() -> None:
     result = {
         "hardware_id": fingerprint.hardware_id,
         "command": f"python benchmarks/e2e_accuracy_transformer.py --tasks {args.tasks} --tp-tasks {args.tp_tasks} "
-                   f"--budget-s {args.budget_s:g} --seed {args.seed}" + (" --tracking-uri URI" if args.tracking_uri else ""),
+        f"--budget-s {args.budget_s:g} --seed {args.seed}" + (" --tracking-uri URI" if args.tracking_uri else ""),
         "tasks": dp,
         "geomean_error": geomean([r["error"] for r in dp]),
         **spread([r["error"] for r in dp]),
@@ -83,12 +96,16 @@ def main() -> None:
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
-    print(f"data parallel: geomean error {result['geomean_error']:.1%} (median {result['median_error']:.1%}, "
-          f"mean {result['mean_error']:.1%}, max {result['max_error']:.1%}; kernel-sum baseline "
-          f"{result['baseline_geomean_error']:.1%}) over {len(dp)} tasks")
+    print(
+        f"data parallel: geomean error {result['geomean_error']:.1%} (median {result['median_error']:.1%}, "
+        f"mean {result['mean_error']:.1%}, max {result['max_error']:.1%}; kernel-sum baseline "
+        f"{result['baseline_geomean_error']:.1%}) over {len(dp)} tasks"
+    )
     if tp:
-        print(f"tensor parallel: geomean error {result['tensor_parallel_geomean_error']:.1%} (baseline "
-              f"{result['tensor_parallel_baseline_geomean_error']:.1%}) over {len(tp)} tasks")
+        print(
+            f"tensor parallel: geomean error {result['tensor_parallel_geomean_error']:.1%} (baseline "
+            f"{result['tensor_parallel_baseline_geomean_error']:.1%}) over {len(tp)} tasks"
+        )
     print(f"wrote {out}")
 
 

@@ -17,6 +17,7 @@ width against the measured best, and a Tune sweep run fused vs unfused.
    width and one model per trial, both timed end to end.
 Writes benchmarks/results/fusion_width.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,24 +37,30 @@ from ray import tune  # noqa: E402
 
 from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.cluster import cluster_fingerprint  # noqa: E402
-from orchestrator.fusion_tune import run_sweep, sample_trials  # noqa: E402
 from orchestrator.fusion import measure_width_task, probe_fusion  # noqa: E402
-from predictors.fusion_model import fit_fusion_models  # noqa: E402
+from orchestrator.fusion_tune import run_sweep, sample_trials  # noqa: E402
 from orchestrator.measurement_store import MeasurementStore  # noqa: E402
 from policies.fusion_width import choose_width  # noqa: E402
-from probes.workloads.fusion.models import WORKLOADS  # noqa: E402
+from predictors.fusion_model import fit_fusion_models  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
+from probes.workloads.fusion.models import WORKLOADS  # noqa: E402
 
 
 def remeasure(workload: str, widths: list[int], rounds: int, parallel: int, max_seconds: float) -> dict[int, float]:
     """Median samples/s per width over `rounds` rounds, each round's widths in rotated order."""
     speeds: dict[int, list[float]] = {w: [] for w in widths}
     for r in range(rounds):
-        order = widths[r % len(widths):] + widths[: r % len(widths)]
+        order = widths[r % len(widths) :] + widths[: r % len(widths)]
         pending: list = []
         for w in order:
-            pending.append((w, measure_width_task.options(num_cpus=1).remote(workload, w, None, "adam", "cpu",
-                                                                         max_seconds, 100 + r)))
+            pending.append(
+                (
+                    w,
+                    measure_width_task.options(num_cpus=1).remote(
+                        workload, w, None, "adam", "cpu", max_seconds, 100 + r
+                    ),
+                )
+            )
             if len(pending) >= parallel:
                 w0, ref = pending.pop(0)
                 speeds[w0].append(Measurement.from_row(ray.get(ref)).extra["samples_per_s"])
@@ -69,8 +76,12 @@ def main() -> None:
     parser.add_argument("--step-cap-s", type=float, default=1.5, help="stop widening past this step time")
     parser.add_argument("--probe-seconds", type=float, default=1.5, help="timed seconds per width")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--parallel", type=int, default=1,
-                        help="widths measured at once (CPU devices share caches and memory bandwidth: 1)")
+    parser.add_argument(
+        "--parallel",
+        type=int,
+        default=1,
+        help="widths measured at once (CPU devices share caches and memory bandwidth: 1)",
+    )
     parser.add_argument("--trials", type=int, default=16)
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--steps-per-epoch", type=int, default=40)
@@ -82,15 +93,29 @@ def main() -> None:
     devices = max(1, int(ray.cluster_resources().get("CPU", 1)))
     parallel = max(1, min(args.parallel, devices))
     memory_cap = 0.6 * fingerprint.min_device_memory_bytes  # as orchestrator.cli.fuse does by default
-    print(f"hardware {fingerprint.hardware_id}: {devices} CPU device(s), {parallel} measured at once, memory cap "
-          f"{memory_cap / 2**30:.1f} GiB per fused job", flush=True)
-    results: dict = {"hardware_id": fingerprint.hardware_id, "command": "python benchmarks/fusion_width.py " +
-                     " ".join(sys.argv[1:]), "memory_cap_bytes": memory_cap, "workloads": {}}
+    print(
+        f"hardware {fingerprint.hardware_id}: {devices} CPU device(s), {parallel} measured at once, memory cap "
+        f"{memory_cap / 2**30:.1f} GiB per fused job",
+        flush=True,
+    )
+    results: dict = {
+        "hardware_id": fingerprint.hardware_id,
+        "command": "python benchmarks/fusion_width.py " + " ".join(sys.argv[1:]),
+        "memory_cap_bytes": memory_cap,
+        "workloads": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         store = MeasurementStore(Path(tmp) / "fusion")
         t0 = time.perf_counter()
-        rows = probe_fusion(args.workloads, store, args.max_width, memory_cap, args.step_cap_s,
-                            parallel=parallel, max_seconds=args.probe_seconds)
+        rows = probe_fusion(
+            args.workloads,
+            store,
+            args.max_width,
+            memory_cap,
+            args.step_cap_s,
+            parallel=parallel,
+            max_seconds=args.probe_seconds,
+        )
         probe_s = time.perf_counter() - t0
         models = fit_fusion_models(rows)
         for name in args.workloads:
@@ -102,12 +127,19 @@ def main() -> None:
             measured = remeasure(name, widths, args.rounds, parallel, args.probe_seconds)
             best = max(measured, key=measured.get)
             entry = {
-                "probed": {int(r.params["width"]): {"samples_per_s": r.extra["samples_per_s"],
-                                                    "peak_memory_mb": r.extra["peak_memory_bytes"] / 2**20}
-                           for r in rows if r.params["workload"] == name},
+                "probed": {
+                    int(r.params["width"]): {
+                        "samples_per_s": r.extra["samples_per_s"],
+                        "peak_memory_mb": r.extra["peak_memory_bytes"] / 2**20,
+                    }
+                    for r in rows
+                    if r.params["workload"] == name
+                },
                 "model": model.to_dict(),
-                "chosen_width": chosen, "predicted_samples_per_s": decision.choice_detail["samples_per_s"],
-                "measured_samples_per_s": measured, "best_width": best,
+                "chosen_width": chosen,
+                "predicted_samples_per_s": decision.choice_detail["samples_per_s"],
+                "measured_samples_per_s": measured,
+                "best_width": best,
                 "chosen_vs_best": measured[chosen] / measured[best],
                 "speedup_vs_serial": measured[chosen] / measured[1],
                 "prediction_error": abs(decision.choice_detail["samples_per_s"] - measured[chosen]) / measured[chosen],
@@ -115,35 +147,59 @@ def main() -> None:
             results["workloads"][name] = entry
             row = "  ".join(f"B={w}:{measured[w]:.0f}" for w in widths)
             print(f"{name:12s} {row}", flush=True)
-            print(f"{'':12s} chosen B={chosen} predicted {entry['predicted_samples_per_s']:.0f}/s measured "
-                  f"{measured[chosen]:.0f}/s ({entry['prediction_error']:.1%} off); best measured B={best}; "
-                  f"chosen/best {entry['chosen_vs_best']:.3f}; vs serial {entry['speedup_vs_serial']:.2f}x",
-                  flush=True)
+            print(
+                f"{'':12s} chosen B={chosen} predicted {entry['predicted_samples_per_s']:.0f}/s measured "
+                f"{measured[chosen]:.0f}/s ({entry['prediction_error']:.1%} off); best measured B={best}; "
+                f"chosen/best {entry['chosen_vs_best']:.3f}; vs serial {entry['speedup_vs_serial']:.2f}x",
+                flush=True,
+            )
         results["probe_wall_s"] = probe_s
 
-        space = {"lr": tune.loguniform(1e-4, 1e-2), "weight_decay": tune.loguniform(1e-6, 1e-3),
-                 "dropout": tune.uniform(0.0, 0.3), "beta1": tune.uniform(0.85, 0.95), "seed": tune.randint(0, 10000),
-                 "batch_size": 32, "optimizer": "adam"}
+        space = {
+            "lr": tune.loguniform(1e-4, 1e-2),
+            "weight_decay": tune.loguniform(1e-6, 1e-3),
+            "dropout": tune.uniform(0.0, 0.3),
+            "beta1": tune.uniform(0.85, 0.95),
+            "seed": tune.randint(0, 10000),
+            "batch_size": 32,
+            "optimizer": "adam",
+        }
         trials = sample_trials(space, args.trials, seed=0)
         width = min(results["workloads"].get("pointnet", {}).get("chosen_width", 8), args.trials)
         sweeps = {}
         for fused in (True, False):
-            outcome = run_sweep("pointnet", trials, width, args.epochs, args.steps_per_epoch, Path(tmp) / "tune",
-                                f"{'fused' if fused else 'unfused'}", fused=fused)
+            outcome = run_sweep(
+                "pointnet",
+                trials,
+                width,
+                args.epochs,
+                args.steps_per_epoch,
+                Path(tmp) / "tune",
+                f"{'fused' if fused else 'unfused'}",
+                fused=fused,
+            )
             best = outcome.best()
             sweeps["fused" if fused else "unfused"] = {
-                "wall_s": outcome.wall_s, "tune_trials": len(outcome.groups), "trials": len(outcome.trials),
-                "best_trial": best.trial_id, "best_val_loss": best.final["val_loss"],
+                "wall_s": outcome.wall_s,
+                "tune_trials": len(outcome.groups),
+                "trials": len(outcome.trials),
+                "best_trial": best.trial_id,
+                "best_val_loss": best.final["val_loss"],
                 "best_val_accuracy": best.final["val_accuracy"],
             }
-            print(f"tune sweep {'fused' if fused else 'unfused'}: {len(outcome.trials)} trials in "
-                  f"{len(outcome.groups)} Tune trial(s), {outcome.wall_s:.1f}s; best {best.trial_id} "
-                  f"val_loss {best.final['val_loss']:.3f} acc {best.final['val_accuracy']:.2f}", flush=True)
+            print(
+                f"tune sweep {'fused' if fused else 'unfused'}: {len(outcome.trials)} trials in "
+                f"{len(outcome.groups)} Tune trial(s), {outcome.wall_s:.1f}s; best {best.trial_id} "
+                f"val_loss {best.final['val_loss']:.3f} acc {best.final['val_accuracy']:.2f}",
+                flush=True,
+            )
         sweeps["fusion_width"] = width
         sweeps["speedup"] = sweeps["unfused"]["wall_s"] / sweeps["fused"]["wall_s"]
         results["tune_sweep"] = sweeps
-        print(f"tune sweep of {args.trials} PointNet trials: fused (B<={width}) {sweeps['fused']['wall_s']:.1f}s vs "
-              f"unfused {sweeps['unfused']['wall_s']:.1f}s ({sweeps['speedup']:.2f}x)")
+        print(
+            f"tune sweep of {args.trials} PointNet trials: fused (B<={width}) {sweeps['fused']['wall_s']:.1f}s vs "
+            f"unfused {sweeps['unfused']['wall_s']:.1f}s ({sweeps['speedup']:.2f}x)"
+        )
     ray_runtime.shutdown()
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

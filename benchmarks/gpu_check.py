@@ -30,6 +30,7 @@ Writes benchmarks/results/gpu_check_<device-slug>.json (after every step, so a r
 still leaves what it did; the step under way is marked "running"). Exit code 0 when no step
 failed, 1 otherwise (skipped is not failed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -91,6 +92,7 @@ def ensure_psutil() -> bool:
     CUDA path never calls it). Returns whether the stand-in was installed."""
     try:
         import psutil  # noqa: F401
+
         return False
     except ImportError:
         pass
@@ -191,8 +193,11 @@ class Check:
             # a None entry is a blocked import (a test does that), not a loaded module
             "imported_ray": sys.modules.get("ray") is not None,
             "imported_mlflow": sys.modules.get("mlflow") is not None,
-            "imported_orchestrator": sorted(m for m, mod in sys.modules.items() if mod is not None
-                                            and (m == "orchestrator" or m.startswith("orchestrator."))),
+            "imported_orchestrator": sorted(
+                m
+                for m, mod in sys.modules.items()
+                if mod is not None and (m == "orchestrator" or m.startswith("orchestrator."))
+            ),
         }
 
     def write(self) -> None:
@@ -254,23 +259,32 @@ def step_device_info(check: Check) -> dict[str, Any]:
         torch.cuda.set_device(device)
         props = torch.cuda.get_device_properties(device)
         free, total = torch.cuda.mem_get_info(device)
-        info.update({
-            "name": props.name,
-            "slug": device_slug(props.name),
-            "memory_bytes": int(props.total_memory),
-            "memory_free_bytes": int(free),
-            "capability": f"{props.major}.{props.minor}",
-            "multiprocessors": int(props.multi_processor_count),
-            "device_count": torch.cuda.device_count(),
-            "cudnn": torch.backends.cudnn.version(),
-        })
+        info.update(
+            {
+                "name": props.name,
+                "slug": device_slug(props.name),
+                "memory_bytes": int(props.total_memory),
+                "memory_free_bytes": int(free),
+                "capability": f"{props.major}.{props.minor}",
+                "multiprocessors": int(props.multi_processor_count),
+                "device_count": torch.cuda.device_count(),
+                "cudnn": torch.backends.cudnn.version(),
+            }
+        )
         try:
             info["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
         except Exception as exc:  # noqa: BLE001
             info["nccl"] = f"n/a ({type(exc).__name__}: {exc})"
     else:
-        info.update({"name": "cpu", "slug": "cpu", "memory_bytes": _host_memory(),
-                     "cpu_model": _cpu_model(), "threads": torch.get_num_threads()})
+        info.update(
+            {
+                "name": "cpu",
+                "slug": "cpu",
+                "memory_bytes": _host_memory(),
+                "cpu_model": _cpu_model(),
+                "threads": torch.get_num_threads(),
+            }
+        )
     # The project's fingerprint: orchestrator/cluster.py imports Ray only inside
     # cluster_fingerprint(), so the local node's fingerprint is Ray-free (pynvml optional).
     try:
@@ -290,8 +304,11 @@ def step_device_info(check: Check) -> dict[str, Any]:
         info["fingerprint_error"] = f"{type(exc).__name__}: {exc}"
     check.device_info = info
     mem = info.get("memory_bytes") or 0
-    return {**info, "summary": f"{info['name']} {mem / 2**30:.0f} GiB, torch {info['torch']}, "
-                               f"cuda {info['cuda_runtime']}, nccl {info.get('nccl', '-')}"}
+    return {
+        **info,
+        "summary": f"{info['name']} {mem / 2**30:.0f} GiB, torch {info['torch']}, "
+        f"cuda {info['cuda_runtime']}, nccl {info.get('nccl', '-')}",
+    }
 
 
 @contextlib.contextmanager
@@ -322,8 +339,8 @@ def _cpu_model() -> str:
 
 
 def step_probe_gemm(check: Check) -> dict[str, Any]:
-    from probes.vocabulary.ops import GEMM_VARIANTS
     from probes.gemm import measure_gemm
+    from probes.vocabulary.ops import GEMM_VARIANTS
 
     cuda = check.device.type == "cuda"
     secs = 0.2 if check.args.quick else 0.5
@@ -335,23 +352,31 @@ def step_probe_gemm(check: Check) -> dict[str, Any]:
         for variant in GEMM_VARIANTS:
             batch = 8 if variant in ("bmm", "baddbmm") else 1
             try:
-                m = measure_gemm(size, size, size, dtype, device=check.device, max_seconds=secs, variant=variant,
-                                 batch=batch)
-                out[f"{variant}.{dtype}"] = {"shape": f"{batch}x{size}^3", "us": m.median_s / US,
-                                             "tflops": m.params["flops"] / m.median_s / 1e12, "repeats": m.repeats}
+                m = measure_gemm(
+                    size, size, size, dtype, device=check.device, max_seconds=secs, variant=variant, batch=batch
+                )
+                out[f"{variant}.{dtype}"] = {
+                    "shape": f"{batch}x{size}^3",
+                    "us": m.median_s / US,
+                    "tflops": m.params["flops"] / m.median_s / 1e12,
+                    "repeats": m.repeats,
+                }
             except Exception as exc:  # noqa: BLE001 - one dtype/variant failing is reported with the rest
                 errors.append(f"{variant}.{dtype}: {type(exc).__name__}: {exc}")
     # a linear layer's products, labelled as the job sweep labels them
     from probes.vocabulary.ops import PRODUCTS, linear_layer_gemms
 
-    for product, (m_, n_, k_) in zip(PRODUCTS, linear_layer_gemms(512 if cuda else 64, 1024 if cuda else 128,
-                                                                    1024 if cuda else 128)):
+    for product, (m_, n_, k_) in zip(
+        PRODUCTS, linear_layer_gemms(512 if cuda else 64, 1024 if cuda else 128, 1024 if cuda else 128)
+    ):
         m = measure_gemm(m_, n_, k_, "float32", device=check.device, max_seconds=secs, product=product)
         out[f"linear.{product}"] = {"shape": f"{m_}x{n_}x{k_}", "us": m.median_s / US}
     figures = {"points": out, "errors": errors}
     if errors:
         raise _with_figures(RuntimeError(f"{len(errors)} GEMM point(s) failed: {errors[0]}"), figures)
-    best = {d: max(v["tflops"] for k, v in out.items() if k.endswith("." + d)) for d in ("float32", "bfloat16", "float16")}
+    best = {
+        d: max(v["tflops"] for k, v in out.items() if k.endswith("." + d)) for d in ("float32", "bfloat16", "float16")
+    }
     figures["summary"] = "peak TFLOP/s " + ", ".join(f"{d} {t:.3g}" for d, t in best.items())
     return figures
 
@@ -362,8 +387,8 @@ def _with_figures(exc: Exception, figures: dict[str, Any]) -> Exception:
 
 
 def step_probe_elementwise(check: Check) -> dict[str, Any]:
-    from probes.vocabulary.ops import ELEMENTWISE_OPS
     from probes.elementwise import measure_elementwise
+    from probes.vocabulary.ops import ELEMENTWISE_OPS
 
     cuda = check.device.type == "cuda"
     rows, cols = (8192, 1024) if cuda else (256, 256)
@@ -373,13 +398,16 @@ def step_probe_elementwise(check: Check) -> dict[str, Any]:
         m = measure_elementwise(op, rows, cols, device=check.device, max_seconds=secs)
         out[op] = {"us": m.median_s / US, "gb_s": m.params["bytes"] / m.median_s / 1e9}
     best = max(out.items(), key=lambda kv: kv[1]["gb_s"])
-    return {"shape": f"{rows}x{cols}", "points": out,
-            "summary": f"{len(out)} ops at {rows}x{cols}; best {best[0]} {best[1]['gb_s']:.3g} GB/s"}
+    return {
+        "shape": f"{rows}x{cols}",
+        "points": out,
+        "summary": f"{len(out)} ops at {rows}x{cols}; best {best[0]} {best[1]['gb_s']:.3g} GB/s",
+    }
 
 
 def step_probe_memcpy(check: Check) -> dict[str, Any]:
-    from probes.vocabulary.ops import memcpy_directions
     from probes.memcpy import measure_memcpy
+    from probes.vocabulary.ops import memcpy_directions
 
     cuda = check.device.type == "cuda"
     sizes = (64 * 2**10, 64 * 2**20) if cuda else (64 * 2**10, 4 * 2**20)
@@ -390,34 +418,44 @@ def step_probe_memcpy(check: Check) -> dict[str, Any]:
             m = measure_memcpy(direction, nbytes, device=check.device, max_seconds=secs)
             out[f"{direction}.{nbytes}"] = {"us": m.median_s / US, "gb_s": nbytes / m.median_s / 1e9}
     big = {d: out[f"{d}.{sizes[-1]}"]["gb_s"] for d in memcpy_directions(check.device.type)}
-    return {"points": out, "directions": list(memcpy_directions(check.device.type)),
-            "summary": f"{sizes[-1] >> 20} MiB: " + ", ".join(f"{d} {g:.3g} GB/s" for d, g in big.items())}
+    return {
+        "points": out,
+        "directions": list(memcpy_directions(check.device.type)),
+        "summary": f"{sizes[-1] >> 20} MiB: " + ", ".join(f"{d} {g:.3g} GB/s" for d, g in big.items()),
+    }
 
 
 def step_probe_embedding(check: Check) -> dict[str, Any]:
     ok, why = fbgemm_status()
     if not ok:
         raise StepSkipped(f"FBGEMM TBE needs fbgemm-gpu: {why}")
-    from probes.vocabulary.jobspec import TableShape
     from probes.embedding import measure_tbe
     from probes.vocabulary.indices import Distribution
+    from probes.vocabulary.jobspec import TableShape
 
     cuda = check.device.type == "cuda"
     zipf = Distribution.parse({"zipf": 1.05})
     if cuda:
-        sets = {"uniform_2x100k_d64": ([TableShape(100_000, 64, 8), TableShape(100_000, 64, 8)], 2048),
-                "zipf_4x50k_d128": ([TableShape(50_000, 128, 16, zipf) for _ in range(4)], 4096)}
+        sets = {
+            "uniform_2x100k_d64": ([TableShape(100_000, 64, 8), TableShape(100_000, 64, 8)], 2048),
+            "zipf_4x50k_d128": ([TableShape(50_000, 128, 16, zipf) for _ in range(4)], 4096),
+        }
     else:
-        sets = {"uniform_2x10k_d16": ([TableShape(10_000, 16, 4), TableShape(10_000, 16, 4)], 256),
-                "zipf_2x5k_d32": ([TableShape(5_000, 32, 4, zipf) for _ in range(2)], 256)}
+        sets = {
+            "uniform_2x10k_d16": ([TableShape(10_000, 16, 4), TableShape(10_000, 16, 4)], 256),
+            "zipf_2x5k_d32": ([TableShape(5_000, 32, 4, zipf) for _ in range(2)], 256),
+        }
     secs = 0.3 if check.args.quick else 0.8
     out = {}
     for name, (tables, batch) in sets.items():
         rows = measure_tbe(tables, batch, device=check.device, max_seconds=secs)
         out[name] = {r.op: r.median_s / US for r in rows}
     first = next(iter(out.values()))
-    return {"points_us": out, "fbgemm_gpu": why,
-            "summary": f"{len(out)} table sets; fwd {first['embedding_fwd']:.0f} us, bwd {first['embedding_bwd']:.0f} us"}
+    return {
+        "points_us": out,
+        "fbgemm_gpu": why,
+        "summary": f"{len(out)} table sets; fwd {first['embedding_fwd']:.0f} us, bwd {first['embedding_bwd']:.0f} us",
+    }
 
 
 # --- 3./4. the world-1 process group ---------------------------------------------------------
@@ -466,8 +504,8 @@ def step_collectives(check: Check, pg: ProcessGroup) -> dict[str, Any]:
         pg.error = f"{type(exc).__name__}: {exc}"
         raise
     init_s = time.perf_counter() - t0
-    from probes.vocabulary.ops import COLLECTIVE_OPS
     from probes.collective import CollectivePoint, measure_collectives
+    from probes.vocabulary.ops import COLLECTIVE_OPS
 
     cuda = check.device.type == "cuda"
     sizes = [4 * 2**10, 2**20, 64 * 2**20] if cuda else [4 * 2**10, 256 * 2**10, 4 * 2**20]
@@ -487,8 +525,13 @@ def step_collectives(check: Check, pg: ProcessGroup) -> dict[str, Any]:
     missing = sorted(set(COLLECTIVE_OPS) - set(ops))
     if missing:
         raise RuntimeError(f"no rows for {missing}")
-    return {"backend": pg.backend, "world_size": dist.get_world_size(), "init_s": init_s, "points": out,
-            "summary": f"{pg.backend} world 1: {len(rows)} points, ops {', '.join(ops)}"}
+    return {
+        "backend": pg.backend,
+        "world_size": dist.get_world_size(),
+        "init_s": init_s,
+        "points": out,
+        "summary": f"{pg.backend} world 1: {len(rows)} points, ops {', '.join(ops)}",
+    }
 
 
 def _need_group(pg: ProcessGroup) -> None:
@@ -498,8 +541,8 @@ def _need_group(pg: ProcessGroup) -> None:
 
 def step_overlap(check: Check, pg: ProcessGroup) -> dict[str, Any]:
     _need_group(pg)
-    from probes.vocabulary.pairs import PairPoint
     from probes.overlap import measure_pair
+    from probes.vocabulary.pairs import PairPoint
 
     world = dist.get_world_size()
     try:
@@ -517,12 +560,22 @@ def step_training_transformer(check: Check, pg: ProcessGroup) -> dict[str, Any]:
     from probes.training import run_training_probe
 
     cuda = check.device.type == "cuda"
-    spec = {"layers": 2, "hidden": 512 if cuda else 64, "heads": 8 if cuda else 4, "seq_len": 256 if cuda else 32,
-            "batch_size": 8 if cuda else 2, "world_size": dist.get_world_size(), "tensor_parallel": 1,
-            "dropout": 0.1, "seed": 0, "name": "gpu-check-transformer"}
+    spec = {
+        "layers": 2,
+        "hidden": 512 if cuda else 64,
+        "heads": 8 if cuda else 4,
+        "seq_len": 256 if cuda else 32,
+        "batch_size": 8 if cuda else 2,
+        "world_size": dist.get_world_size(),
+        "tensor_parallel": 1,
+        "dropout": 0.1,
+        "seed": 0,
+        "name": "gpu-check-transformer",
+    }
     iterations = 4 if check.args.quick else 10
-    rows = run_training_probe(ProbeSpec("training", {"transformer": spec}, "gpu-check"), str(check.device),
-                              iterations=iterations, warmup=2)
+    rows = run_training_probe(
+        ProbeSpec("training", {"transformer": spec}, "gpu-check"), str(check.device), iterations=iterations, warmup=2
+    )
     return _training_figures(rows, "transformer_step", spec)
 
 
@@ -540,8 +593,9 @@ def step_training_dlrm(check: Check, pg: ProcessGroup) -> dict[str, Any]:
         spec = ProbeSpec(spec.family, {**spec.params, "job": {**spec.params["job"], "batch_size": 2048}}, spec.key)
     iterations = 4 if check.args.quick else 10
     rows = run_training_probe(spec, str(check.device), iterations=iterations, warmup=2)
-    return _training_figures(rows, "dlrm_step", {"tables": len(spec.params["job"]["tables"]),
-                                                 "batch_size": spec.params["job"]["batch_size"]})
+    return _training_figures(
+        rows, "dlrm_step", {"tables": len(spec.params["job"]["tables"]), "batch_size": spec.params["job"]["batch_size"]}
+    )
 
 
 def _training_figures(rows: list, step_op: str, spec: dict[str, Any]) -> dict[str, Any]:
@@ -552,10 +606,15 @@ def _training_figures(rows: list, step_op: str, spec: dict[str, Any]) -> dict[st
     for r in rows:
         by_op[r.op] = by_op.get(r.op, 0) + 1
     step = steps[0]
-    return {"step_ms": step.median_s / MS, "iqr_ms": step.spread_s / MS, "iterations": step.repeats,
-            "rows_per_op": by_op, "spec": spec,
-            "summary": f"{step_op} {step.median_s / MS:.2f} ms/iter; rows {sum(by_op.values())} "
-                       f"({by_op.get('cpu_overhead', 0)} overhead, {by_op.get('in_context', 0)} in-context)"}
+    return {
+        "step_ms": step.median_s / MS,
+        "iqr_ms": step.spread_s / MS,
+        "iterations": step.repeats,
+        "rows_per_op": by_op,
+        "spec": spec,
+        "summary": f"{step_op} {step.median_s / MS:.2f} ms/iter; rows {sum(by_op.values())} "
+        f"({by_op.get('cpu_overhead', 0)} overhead, {by_op.get('in_context', 0)} in-context)",
+    }
 
 
 # --- 5. calibration --------------------------------------------------------------------------
@@ -578,9 +637,13 @@ def step_calibration(check: Check) -> dict[str, Any]:
     seed = 7
     gemm = gemm_specs(60, seed, max_dim=2048 if cuda else 384, device_kind=kind)
     # four element-wise ops (streaming, row op, backward-free) so each gets enough rows to fit
-    ew = [s for s in elementwise_specs(60 * 13 // len(CALIBRATION_ELEMENTWISE) + 13, seed,
-                                       max_numel=(16 if cuda else 1) * 2**20)
-          if s.params["op"] in CALIBRATION_ELEMENTWISE][:60]
+    ew = [
+        s
+        for s in elementwise_specs(
+            60 * 13 // len(CALIBRATION_ELEMENTWISE) + 13, seed, max_numel=(16 if cuda else 1) * 2**20
+        )
+        if s.params["op"] in CALIBRATION_ELEMENTWISE
+    ][:60]
     mem = memcpy_specs(30, seed, device_kind=kind, max_bytes=(256 if cuda else 16) * 2**20)
     specs = interleave(gemm, ew, mem)[:max_points]
     rows, failures = [], []
@@ -601,20 +664,35 @@ def step_calibration(check: Check) -> dict[str, Any]:
     fit_s = time.perf_counter() - t1
     per_op = {}
     for op, m in sorted(model.metrics.items()):
-        per_op[op] = {"gmae": m.get("gmae"), "mape": m.get("mape"), "n_test": m.get("n"),
-                      "n_train": m.get("n_train"), "baseline_gmae": m.get("baseline_gmae")}
+        per_op[op] = {
+            "gmae": m.get("gmae"),
+            "mape": m.get("mape"),
+            "n_test": m.get("n"),
+            "n_train": m.get("n_train"),
+            "baseline_gmae": m.get("baseline_gmae"),
+        }
     counts: dict[str, int] = {}
     for r in rows:
         counts[r.op] = counts.get(r.op, 0) + 1
-    figures = {"budget_s": budget, "measure_s": measure_s, "fit_s": fit_s, "points": len(rows),
-               "rows_per_op": counts, "failed_points": failures[:10], "n_failed": len(failures),
-               "held_out": per_op, "unfitted": model.meta.get("unfitted", {}), "hardware_id": hardware_id,
-               "n_held_out": len(held_out)}
+    figures = {
+        "budget_s": budget,
+        "measure_s": measure_s,
+        "fit_s": fit_s,
+        "points": len(rows),
+        "rows_per_op": counts,
+        "failed_points": failures[:10],
+        "n_failed": len(failures),
+        "held_out": per_op,
+        "unfitted": model.meta.get("unfitted", {}),
+        "hardware_id": hardware_id,
+        "n_held_out": len(held_out),
+    }
     if not model.models:
         raise _with_figures(RuntimeError(f"no op could be fitted: {model.meta.get('unfitted')}"), figures)
     scored = {op: v["gmae"] for op, v in per_op.items() if v["gmae"] is not None and math.isfinite(v["gmae"])}
-    figures["summary"] = (f"{len(rows)} points in {measure_s:.0f} s; GMAE "
-                          + ", ".join(f"{op} {100 * g:.0f}%" for op, g in sorted(scored.items())))
+    figures["summary"] = f"{len(rows)} points in {measure_s:.0f} s; GMAE " + ", ".join(
+        f"{op} {100 * g:.0f}%" for op, g in sorted(scored.items())
+    )
     return figures
 
 
@@ -642,8 +720,7 @@ def profiled_per_call(fn: Callable[[], object], device: torch.device, calls: int
         sync(device)
     events = list(prof.events())
     if cuda:
-        kernels = sorted((e for e in events if e.device_type == DeviceType.CUDA),
-                         key=lambda e: e.time_range.start)
+        kernels = sorted((e for e in events if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
         if not kernels:
             raise RuntimeError("the profiler recorded no CUDA kernel")
         durations = np.array([e.time_range.elapsed_us() for e in kernels], dtype=np.float64)
@@ -652,17 +729,22 @@ def profiled_per_call(fn: Callable[[], object], device: torch.device, calls: int
             median = float(np.median(per_call))
         else:  # an odd kernel (a one-off workspace memset): fall back to the mean per call
             median = float(durations.sum() / calls)
-        return {"median_s": median * US, "kernels_per_call": len(kernels) / calls,
-                "kernel": kernels[0].name[:80]}
-    top = [e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None and e.name.startswith("aten::")]
+        return {"median_s": median * US, "kernels_per_call": len(kernels) / calls, "kernel": kernels[0].name[:80]}
+    top = [
+        e for e in events if e.device_type == DeviceType.CPU and e.cpu_parent is None and e.name.startswith("aten::")
+    ]
     if len(top) < calls:
         raise RuntimeError(f"the profiler recorded {len(top)} top-level ops for {calls} calls")
     per = len(top) // calls
     top = sorted(top, key=lambda e: e.time_range.start)[: per * calls]
     total = np.array([e.cpu_time_total for e in top], dtype=np.float64).reshape(calls, per).sum(axis=1)
     self_ = np.array([e.self_cpu_time_total for e in top], dtype=np.float64).reshape(calls, per).sum(axis=1)
-    return {"median_s": float(np.median(total)) * US, "self_median_s": float(np.median(self_)) * US,
-            "ops_per_call": per, "op": top[0].name}
+    return {
+        "median_s": float(np.median(total)) * US,
+        "self_median_s": float(np.median(self_)) * US,
+        "ops_per_call": per,
+        "op": top[0].name,
+    }
 
 
 def _sized_add(numel: int, device: torch.device) -> Callable[[], object]:
@@ -700,8 +782,9 @@ def step_timing(check: Check) -> dict[str, Any]:
     warm = {"flush_l2": False} if has_flush else {}
 
     def quick_time(fn: Callable[[], object]) -> float:
-        return time_callable(fn, device=device, warmup=2, min_repeats=5, max_repeats=9, max_seconds=0.3,
-                             **warm).median_s
+        return time_callable(
+            fn, device=device, warmup=2, min_repeats=5, max_repeats=9, max_seconds=0.3, **warm
+        ).median_s
 
     # ~5 us: sized by what the device reports (on CUDA the kernel's own time: time_callable's
     # clock is what is being checked, so it must not pick the size)
@@ -727,9 +810,13 @@ def step_timing(check: Check) -> dict[str, Any]:
         n = int(min(16384, max(64, round(n * (big_target / max(t, 1e-9)) ** (1 / 3) / 16) * 16)))
         del fn
     n = _closest(big_sizing, big_target / MS)
-    out: dict[str, Any] = {"sizing_small_numel_us": small_sizing, "sizing_big_n_ms": big_sizing,
-                           "tolerance": TIMING_TOLERANCE, "compared_unflushed": has_flush,
-                           "reference": "CUDA kernel device time" if cuda else "CPU time of top-level ops"}
+    out: dict[str, Any] = {
+        "sizing_small_numel_us": small_sizing,
+        "sizing_big_n_ms": big_sizing,
+        "tolerance": TIMING_TOLERANCE,
+        "compared_unflushed": has_flush,
+        "reference": "CUDA kernel device time" if cuda else "CPU time of top-level ops",
+    }
     verdicts = []
     for label, fn, shape in (("small_add", _sized_add(numel, device), numel), ("big_mm", _sized_mm(n, device), n)):
         timed = time_callable(fn, device=device, **warm)
@@ -737,20 +824,34 @@ def step_timing(check: Check) -> dict[str, Any]:
         rel = timed.median_s / prof["median_s"] - 1.0
         within = abs(rel) <= TIMING_TOLERANCE
         verdicts.append(within)
-        out[label] = {"size": shape, "time_callable_us": timed.median_s / US, "profiler_us": prof["median_s"] / US,
-                      "rel_diff": rel, "within_tolerance": within, "repeats": timed.repeats,
-                      **_timing_details(timed), **{k: v for k, v in prof.items() if k != "median_s"}}
+        out[label] = {
+            "size": shape,
+            "time_callable_us": timed.median_s / US,
+            "profiler_us": prof["median_s"] / US,
+            "rel_diff": rel,
+            "within_tolerance": within,
+            "repeats": timed.repeats,
+            **_timing_details(timed),
+            **{k: v for k, v in prof.items() if k != "median_s"},
+        }
         if has_flush and cuda:  # what the probes record by default: L2 flushed before every sample
             cold = time_callable(fn, device=device)
-            out[label]["default_flushed"] = {"time_callable_us": cold.median_s / US,
-                                             "vs_profiler": cold.median_s / prof["median_s"] - 1.0,
-                                             **_timing_details(cold)}
+            out[label]["default_flushed"] = {
+                "time_callable_us": cold.median_s / US,
+                "vs_profiler": cold.median_s / prof["median_s"] - 1.0,
+                **_timing_details(cold),
+            }
     out["summary"] = "; ".join(
         f"{k} {out[k]['time_callable_us']:.1f} vs {out[k]['profiler_us']:.1f} us ({100 * out[k]['rel_diff']:+.0f}%)"
-        for k in ("small_add", "big_mm"))
+        for k in ("small_add", "big_mm")
+    )
     if cuda and not all(verdicts):
-        raise _with_figures(RuntimeError(f"time_callable differs from the profiler by more than "
-                                         f"{TIMING_TOLERANCE:.0%}: {out['summary']}"), out)
+        raise _with_figures(
+            RuntimeError(
+                f"time_callable differs from the profiler by more than {TIMING_TOLERANCE:.0%}: {out['summary']}"
+            ),
+            out,
+        )
     if not cuda:
         out["note"] = "CPU: reported only (the profiler's own overhead is of the order of a 5 us op)"
     return out
@@ -770,15 +871,24 @@ def step_fusion(check: Check) -> dict[str, Any]:
     for w in widths:
         m = measure_fusion_width(workload, w, device=check.device, max_seconds=secs, seed=0)
         points.append(FusionPoint(w, float(m.extra["samples_per_s"]), float(m.extra["peak_memory_bytes"])))
-        out[f"width{w}"] = {"step_ms": m.median_s / MS, "samples_per_s": m.extra["samples_per_s"],
-                            "peak_memory_mib": m.extra["peak_memory_bytes"] / 2**20, "repeats": m.repeats}
+        out[f"width{w}"] = {
+            "step_ms": m.median_s / MS,
+            "samples_per_s": m.extra["samples_per_s"],
+            "peak_memory_mib": m.extra["peak_memory_bytes"] / 2**20,
+            "repeats": m.repeats,
+        }
         batch_size, optimizer = int(m.params["batch_size"]), m.params["optimizer"]
     figures: dict[str, Any] = {"workload": workload, "widths": out, "psutil_shim": shim}
     model = FusionModel.fit(workload, batch_size, optimizer, points)
-    figures["model"] = {"a": model.a, "b": model.b, "c": model.c, "fit_gmae": model.fit_gmae,
-                        "memory_intercept_mib": model.memory_intercept / 2**20,
-                        "memory_slope_mib": model.memory_slope / 2**20,
-                        "predicted_samples_per_s": {w: model.throughput(w) for w in (1, 2, 4, 8, 16)}}
+    figures["model"] = {
+        "a": model.a,
+        "b": model.b,
+        "c": model.c,
+        "fit_gmae": model.fit_gmae,
+        "memory_intercept_mib": model.memory_intercept / 2**20,
+        "memory_slope_mib": model.memory_slope / 2**20,
+        "predicted_samples_per_s": {w: model.throughput(w) for w in (1, 2, 4, 8, 16)},
+    }
     try:
         from policies.fusion_width import choose_width
 
@@ -787,13 +897,19 @@ def step_fusion(check: Check) -> dict[str, Any]:
         else:
             cap = 0.25 * (_host_memory() or 2**33)
         decision = choose_width(model, cap, max_width=64)
-        figures["policy"] = {"choice": decision.choice, "predicted_ms": decision.predicted_ms,
-                             "memory_cap_mib": cap / 2**20}
+        figures["policy"] = {
+            "choice": decision.choice,
+            "predicted_ms": decision.predicted_ms,
+            "memory_cap_mib": cap / 2**20,
+        }
     except Exception as exc:  # noqa: BLE001 - the policy is a bonus; the model is the step
         figures["policy_error"] = f"{type(exc).__name__}: {exc}"
     choice = figures.get("policy", {}).get("choice", "-")
-    figures["summary"] = (f"{workload} samples/s " + ", ".join(f"w{w} {p.samples_per_s:.0f}" for w, p in zip(widths, points))
-                          + f"; fit GMAE {100 * model.fit_gmae:.1f}%; policy {choice}")
+    figures["summary"] = (
+        f"{workload} samples/s "
+        + ", ".join(f"w{w} {p.samples_per_s:.0f}" for w, p in zip(widths, points))
+        + f"; fit GMAE {100 * model.fit_gmae:.1f}%; policy {choice}"
+    )
     return figures
 
 
@@ -802,15 +918,22 @@ def step_fusion(check: Check) -> dict[str, Any]:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--device", choices=("cuda", "cpu"), default=None,
-                        help="default: cuda when torch.cuda.is_available(), else cpu")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="JSON path (default benchmarks/results/gpu_check_<device-slug>.json)")
+    parser.add_argument(
+        "--device", choices=("cuda", "cpu"), default=None, help="default: cuda when torch.cuda.is_available(), else cpu"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="JSON path (default benchmarks/results/gpu_check_<device-slug>.json)"
+    )
     parser.add_argument("--quick", action="store_true", help="short timings, a ~30 s calibration budget")
-    parser.add_argument("--budget-s", type=float, default=None,
-                        help="calibration measuring budget in seconds (default 120, --quick 30)")
-    parser.add_argument("--step-timeout-s", type=float, default=300.0,
-                        help="dump every thread's stack to stderr each time a step runs this long (0: never)")
+    parser.add_argument(
+        "--budget-s", type=float, default=None, help="calibration measuring budget in seconds (default 120, --quick 30)"
+    )
+    parser.add_argument(
+        "--step-timeout-s",
+        type=float,
+        default=300.0,
+        help="dump every thread's stack to stderr each time a step runs this long (0: never)",
+    )
     return parser.parse_args(argv)
 
 
@@ -853,9 +976,12 @@ def main(argv: list[str] | None = None) -> int:
     for s in check.steps:
         print(f"{s['name']:<24}{s['status']:<9}{s['seconds']:>8.1f}  {summary(s)}")
     doc = check.document()
-    print(f"\n[gpu-check] {doc['summary'][PASSED]} passed, {doc['summary'][FAILED]} failed, "
-          f"{doc['summary'][SKIPPED]} skipped in {time.perf_counter() - t0:.0f} s; imported ray: "
-          f"{doc['imported_ray']}, mlflow: {doc['imported_mlflow']}; JSON {out}", flush=True)
+    print(
+        f"\n[gpu-check] {doc['summary'][PASSED]} passed, {doc['summary'][FAILED]} failed, "
+        f"{doc['summary'][SKIPPED]} skipped in {time.perf_counter() - t0:.0f} s; imported ray: "
+        f"{doc['imported_ray']}, mlflow: {doc['imported_mlflow']}; JSON {out}",
+        flush=True,
+    )
     return 1 if check.failed() else 0
 
 

@@ -13,6 +13,7 @@
    because one 20% split leaves ~9 rows per collective.
 Writes benchmarks/results/kernel_accuracy_<hardware_id>.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,13 @@ def calibrate(budget_s: float) -> tuple[dict, list]:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1"}
     env.pop("MLFLOW_TRACKING_URI", None)
     with tempfile.TemporaryDirectory() as scratch:
-        proc = subprocess.run([sys.executable, "-m", "orchestrator.cli.calibrate", "--budget-s", str(budget_s), "--json"],
-                              cwd=scratch, env=env, capture_output=True, text=True)
+        proc = subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli.calibrate", "--budget-s", str(budget_s), "--json"],
+            cwd=scratch,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
         if proc.returncode != 0:
             sys.stderr.write(proc.stderr[-3000:])
             raise SystemExit("calibration failed")
@@ -44,11 +50,12 @@ def calibrate(budget_s: float) -> tuple[dict, list]:
 
 
 def load_rows(path: Path) -> list:
+    from probes.collective import merge_passes
     from probes.vocabulary.records import Measurement
 
-    from probes.collective import merge_passes
-
-    return merge_passes([Measurement.from_row(json.loads(line)) for line in path.read_text().splitlines() if line.strip()])
+    return merge_passes(
+        [Measurement.from_row(json.loads(line)) for line in path.read_text().splitlines() if line.strip()]
+    )
 
 
 def collective_cross_validation(rows: list, folds: int = 5, seed: int = 0) -> dict[str, dict]:
@@ -70,8 +77,12 @@ def collective_cross_validation(rows: list, folds: int = 5, seed: int = 0) -> di
             test = [r for r, a in zip(items, assignment) if a == f]
             ours.extend(relative_errors(default_model_for(op).fit(train).predict, test))
             base.extend(relative_errors(baseline_model_for(op).fit(train).predict, test))
-        out[op] = {"cv_gmae": error_stats(np.asarray(ours)).gmae, "cv_baseline_gmae": error_stats(np.asarray(base)).gmae,
-                   "folds": folds, "n": len(items)}
+        out[op] = {
+            "cv_gmae": error_stats(np.asarray(ours)).gmae,
+            "cv_baseline_gmae": error_stats(np.asarray(base)).gmae,
+            "folds": folds,
+            "n": len(items),
+        }
     return out
 
 
@@ -88,7 +99,12 @@ def noise_floor(points: int, seed: int = 11) -> dict[str, float]:
     from probes.sweep import run_local_probe
 
     torch.set_num_threads(1)
-    specs = gemm_specs(points, seed) + embedding_specs(points, seed) + elementwise_specs(points, seed) + memcpy_specs(points, seed)
+    specs = (
+        gemm_specs(points, seed)
+        + embedding_specs(points, seed)
+        + elementwise_specs(points, seed)
+        + memcpy_specs(points, seed)
+    )
 
     def one_pass() -> list:
         return [row for spec in specs for row in run_local_probe(spec)]
@@ -104,24 +120,36 @@ def _collective_noise_worker(rank: int, init_file: str, points: int, out_file: s
     import torch
     import torch.distributed as dist
 
-    from probes.vocabulary.ops import COLLECTIVE_OPS
     from probes.collective import forget_groups, merge_passes
     from probes.collective_sweep import COLLECTIVE_PASSES, collective_batch_bytes, collective_pass_timing
     from probes.probe import ProbeSpec
     from probes.sweep import collective_batches, run_collective_batch
+    from probes.vocabulary.ops import COLLECTIVE_OPS
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     try:
         sizes = np.unique(np.geomspace(64, 64 * 2**20, points).astype(int))
         variants = [(op, False) for op in COLLECTIVE_OPS] + [("all_to_all", True)]
-        specs = [ProbeSpec("collective", {"op": op, "bytes": int(b), "uneven": uneven, "seed": int(b) % 97})
-                 for b in sizes for op, uneven in variants]
+        specs = [
+            ProbeSpec("collective", {"op": op, "bytes": int(b), "uneven": uneven, "seed": int(b) % 97})
+            for b in sizes
+            for op, uneven in variants
+        ]
         # as the calibration runs them: in batches, visited in passes merged per point
         batches = collective_batches(specs, max_bytes=collective_batch_bytes("cpu"))
         timing = collective_pass_timing(COLLECTIVE_PASSES)
-        passes = [merge_passes([row for _ in range(COLLECTIVE_PASSES) for batch in batches
-                                for row in run_collective_batch(batch, timing=timing)]) for _ in range(2)]
+        passes = [
+            merge_passes(
+                [
+                    row
+                    for _ in range(COLLECTIVE_PASSES)
+                    for batch in batches
+                    for row in run_collective_batch(batch, timing=timing)
+                ]
+            )
+            for _ in range(2)
+        ]
         if rank == 0:
             errors: dict[str, list[float]] = {}
             for a, b in zip(*passes):
@@ -152,7 +180,9 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=300)
     parser.add_argument("--noise-points", type=int, default=80)
     parser.add_argument("--collective-noise-points", type=int, default=16)
-    parser.add_argument("--calibration-json", help="score a saved `orchestrator.cli.calibrate --json` output instead of calibrating")
+    parser.add_argument(
+        "--calibration-json", help="score a saved `orchestrator.cli.calibrate --json` output instead of calibrating"
+    )
     args = parser.parse_args()
     if args.calibration_json:
         info = json.loads(Path(args.calibration_json).read_text().strip().splitlines()[-1])
@@ -170,9 +200,11 @@ def main() -> None:
         noise.update(collective_noise_floor(args.collective_noise_points))
     result = {
         "hardware_id": info["hardware_id"],
-        "command": (f"python benchmarks/kernel_accuracy.py --budget-s {args.budget_s:g} --noise-points {args.noise_points}"
-                    f" --collective-noise-points {args.collective_noise_points}"
-                    + (" --calibration-json <the calibration's `calibrate --json` output>" if args.calibration_json else "")),
+        "command": (
+            f"python benchmarks/kernel_accuracy.py --budget-s {args.budget_s:g} --noise-points {args.noise_points}"
+            f" --collective-noise-points {args.collective_noise_points}"
+            + (" --calibration-json <the calibration's `calibrate --json` output>" if args.calibration_json else "")
+        ),
         "budget_s": args.budget_s,
         "rows_per_family": info.get("rows_per_family", {}),
         "rows_per_op": info["rows_per_op"],
@@ -183,13 +215,19 @@ def main() -> None:
     out = REPO / "benchmarks/results" / f"kernel_accuracy_{info['hardware_id']}.json"
     out.write_text(json.dumps(result, indent=1))
     print(f"hardware {info['hardware_id']}, calibration budget {args.budget_s:g}s")
-    print(f"{'op':16s} {'rows':>6s} {'n_test':>6s} {'GMAE':>7s} {'MAPE':>7s} {'baseline GMAE':>14s} {'noise floor':>12s}")
+    print(
+        f"{'op':16s} {'rows':>6s} {'n_test':>6s} {'GMAE':>7s} {'MAPE':>7s} {'baseline GMAE':>14s} {'noise floor':>12s}"
+    )
     for op, s in ops.items():
         base = f"{s['baseline_gmae']:.1%}" if s["baseline_gmae"] is not None else "-"
         floor = f"{noise[op]:.1%}" if op in noise else "-"
-        print(f"{op:16s} {info['rows_per_op'].get(op, 0):6d} {s['n_test']:6d} {s['gmae']:7.1%} {s['mape']:7.1%} {base:>14s} {floor:>12s}")
+        print(
+            f"{op:16s} {info['rows_per_op'].get(op, 0):6d} {s['n_test']:6d} {s['gmae']:7.1%} {s['mape']:7.1%} {base:>14s} {floor:>12s}"
+        )
     for op, c in cv.items():
-        print(f"{op:16s} 5-fold over all {c['n']} rows: GMAE {c['cv_gmae']:.1%}, alpha-beta {c['cv_baseline_gmae']:.1%}")
+        print(
+            f"{op:16s} 5-fold over all {c['n']} rows: GMAE {c['cv_gmae']:.1%}, alpha-beta {c['cv_baseline_gmae']:.1%}"
+        )
     print(f"wrote {out}")
 
 

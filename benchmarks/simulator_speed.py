@@ -8,6 +8,7 @@ round-robin, and a 64-rank data x tensor parallel block stack; op costs come fro
 cheap function so only the simulator (and, reported apart, the graph builder) is timed.
 Writes benchmarks/results/simulator_speed.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,8 @@ from predictors.dlrm_graph import build_dlrm_graph  # noqa: E402
 from predictors.simulator import simulate  # noqa: E402
 from predictors.transformer_graph import build_transformer_graph  # noqa: E402
 from probes.vocabulary.jobspec import JobSpec  # noqa: E402
-from probes.workloads.random_dlrm import random_dlrm_job  # noqa: E402
 from probes.vocabulary.transformer_spec import TransformerSpec  # noqa: E402
+from probes.workloads.random_dlrm import random_dlrm_job  # noqa: E402
 
 
 def fixed_cost(op) -> float:
@@ -53,10 +54,19 @@ def time_case(name: str, build, repeats: int) -> dict:
         simulate(graph, fixed_cost, synchronous=False)
         runs.append(time.perf_counter() - t0)
     ops = sum(len(r) for r in graph.ranks)
-    row = {"case": name, "ranks": graph.world_size, "ops": ops, "build_ms": build_s * 1e3,
-           "rebuild_ms": rebuild_s * 1e3, "simulate_ms": statistics.median(runs) * 1e3}
-    print(f"{name:34s} ranks {row['ranks']:3d}  ops {ops:6d}  build {row['build_ms']:8.1f} ms  "
-          f"(again {row['rebuild_ms']:8.1f} ms)  simulate {row['simulate_ms']:8.1f} ms", flush=True)
+    row = {
+        "case": name,
+        "ranks": graph.world_size,
+        "ops": ops,
+        "build_ms": build_s * 1e3,
+        "rebuild_ms": rebuild_s * 1e3,
+        "simulate_ms": statistics.median(runs) * 1e3,
+    }
+    print(
+        f"{name:34s} ranks {row['ranks']:3d}  ops {ops:6d}  build {row['build_ms']:8.1f} ms  "
+        f"(again {row['rebuild_ms']:8.1f} ms)  simulate {row['simulate_ms']:8.1f} ms",
+        flush=True,
+    )
     return row
 
 
@@ -68,12 +78,21 @@ def main() -> None:
     rows = [
         time_case("dlrm 8 ranks, 100 tables", lambda: build_dlrm_graph(*dlrm_with_tables(8, 100)), args.repeats),
         time_case("dlrm 64 ranks, 832 tables", lambda: build_dlrm_graph(*dlrm_with_tables(64, 832)), args.repeats),
-        time_case("transformer 64 ranks (8 DP x 8 TP)", lambda: build_transformer_graph(TransformerSpec(
-            layers=24, hidden=1024, heads=16, seq_len=1024, batch_size=4, world_size=64, tensor_parallel=8)),
-            args.repeats),
+        time_case(
+            "transformer 64 ranks (8 DP x 8 TP)",
+            lambda: build_transformer_graph(
+                TransformerSpec(
+                    layers=24, hidden=1024, heads=16, seq_len=1024, batch_size=4, world_size=64, tensor_parallel=8
+                )
+            ),
+            args.repeats,
+        ),
     ]
-    result = {"command": f"python benchmarks/simulator_speed.py --repeats {args.repeats}", "cases": rows,
-              "targets_ms": {"dlrm 8 ranks, 100 tables": 50, "64 ranks": 1000}}
+    result = {
+        "command": f"python benchmarks/simulator_speed.py --repeats {args.repeats}",
+        "cases": rows,
+        "targets_ms": {"dlrm 8 ranks, 100 tables": 50, "64 ranks": 1000},
+    }
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(f"wrote {args.out}")
 

@@ -14,6 +14,7 @@ The ranks run with the allocator setting of `probes.host_allocator`, as the prod
 do. Measured rows are appended to a JSONL file as they arrive. Writes
 benchmarks/results/substitution.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -32,24 +33,30 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 
 from policies.substitution import DEFAULT_THRESHOLD, decide  # noqa: E402
-from predictors.pair_estimator import fit_overlap_calibration, predict_point
 from predictors.overlap_model import PairPrediction, group_rows_by_point  # noqa: E402
+from predictors.pair_estimator import fit_overlap_calibration, predict_point  # noqa: E402
 from probes.host_allocator import apply_to_child_processes  # noqa: E402
+from probes.overlap import measure_pair, overlap_points  # noqa: E402
 from probes.vocabulary.pairs import PairPoint  # noqa: E402
-from probes.overlap import measure_pair
 from probes.vocabulary.records import Measurement  # noqa: E402
-from probes.overlap import overlap_points  # noqa: E402
 
 SWEEP = [
-    PairPoint("gemm_all_reduce", 64, 64, 64), PairPoint("gemm_all_reduce", 512, 256, 256),
-    PairPoint("gemm_all_reduce", 2048, 1024, 1024), PairPoint("gemm_all_reduce", 1024, 2048, 512),
-    PairPoint("gemm_all_reduce", 8, 4096, 2048), PairPoint("gemm_all_reduce", 1, 8192, 1024),
+    PairPoint("gemm_all_reduce", 64, 64, 64),
+    PairPoint("gemm_all_reduce", 512, 256, 256),
+    PairPoint("gemm_all_reduce", 2048, 1024, 1024),
+    PairPoint("gemm_all_reduce", 1024, 2048, 512),
+    PairPoint("gemm_all_reduce", 8, 4096, 2048),
+    PairPoint("gemm_all_reduce", 1, 8192, 1024),
     PairPoint("gemm_all_reduce", 4096, 512, 512),
-    PairPoint("gemm_all_to_all", 128, 128, 128), PairPoint("gemm_all_to_all", 1024, 256, 512),
-    PairPoint("gemm_all_to_all", 2048, 1024, 256), PairPoint("gemm_all_to_all", 4096, 512, 512),
-    PairPoint("gemm_all_to_all", 2048, 512, 256, uneven=True, seed=3), PairPoint("gemm_all_to_all", 8192, 256, 128),
+    PairPoint("gemm_all_to_all", 128, 128, 128),
+    PairPoint("gemm_all_to_all", 1024, 256, 512),
+    PairPoint("gemm_all_to_all", 2048, 1024, 256),
+    PairPoint("gemm_all_to_all", 4096, 512, 512),
+    PairPoint("gemm_all_to_all", 2048, 512, 256, uneven=True, seed=3),
+    PairPoint("gemm_all_to_all", 8192, 256, 128),
     PairPoint("gemm_all_to_all", 512, 2048, 256),
-    PairPoint("embedding_all_to_all", 256, 32, tables=2), PairPoint("embedding_all_to_all", 1024, 64, tables=4),
+    PairPoint("embedding_all_to_all", 256, 32, tables=2),
+    PairPoint("embedding_all_to_all", 1024, 64, tables=4),
     PairPoint("embedding_all_to_all", 4096, 128, tables=8, pooling=16),
     PairPoint("embedding_all_to_all", 8192, 256, tables=8, pooling=8),
     PairPoint("embedding_all_to_all", 2048, 128, tables=4, uneven=True, seed=3),
@@ -69,16 +76,20 @@ def _worker(rank: int, init: str, points: list[dict], rows_path: str, rounds: in
                     for row in rows:
                         f.write(json.dumps(row.to_row()) + "\n")
                 forms = " ".join(f"{r.extra['form']}={r.median_s * 1e3:.2f}" for r in rows)
-                print(f"[{i + 1}/{len(points)}] {params['pair']} {params['rows']}x{params['cols']}x{params['inner']}"
-                      f"{' uneven' if params['uneven'] else ''}: {forms} ms ({time.monotonic() - t0:.1f}s)", flush=True)
+                print(
+                    f"[{i + 1}/{len(points)}] {params['pair']} {params['rows']}x{params['cols']}x{params['inner']}"
+                    f"{' uneven' if params['uneven'] else ''}: {forms} ms ({time.monotonic() - t0:.1f}s)",
+                    flush=True,
+                )
     finally:
         dist.destroy_process_group()
     sys.stdout.flush()
     os._exit(0)
 
 
-def measure(points: list[PairPoint], rows_path: Path, rounds: int, transfer: bool = False,
-            tuned_allocator: bool = True) -> list[Measurement]:
+def measure(
+    points: list[PairPoint], rows_path: Path, rounds: int, transfer: bool = False, tuned_allocator: bool = True
+) -> list[Measurement]:
     """Both forms of every point on 2 gloo ranks (with `transfer`, the transfer-only forms too);
     the ranks run with the allocator setting the product's workers get, unless told not to."""
     rows_path.unlink(missing_ok=True)
@@ -87,8 +98,9 @@ def measure(points: list[PairPoint], rows_path: Path, rounds: int, transfer: boo
     else:
         os.environ.pop("GLIBC_TUNABLES", None)
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(f"{tmp}/init", [p.to_params() for p in points], str(rows_path), rounds, transfer),
-                 nprocs=2)
+        mp.spawn(
+            _worker, args=(f"{tmp}/init", [p.to_params() for p in points], str(rows_path), rounds, transfer), nprocs=2
+        )
     return [Measurement.from_row(json.loads(line)) for line in rows_path.read_text().splitlines()]
 
 
@@ -124,8 +136,11 @@ def main() -> None:
         model.overlap = calibration
         source = "fitted in this run on probes.overlap.overlap_points (sizes not in the sweep)"
     for pair, c in calibration.pairs.items():
-        print(f"  {pair}: slice overhead {c.slice_overhead_s * 1e3:.3f} ms, compute share {c.comm_compute_share:.2f}, "
-              f"ratio error {c.fit_gmae:.1%} on {c.n_points} pairs", flush=True)
+        print(
+            f"  {pair}: slice overhead {c.slice_overhead_s * 1e3:.3f} ms, compute share {c.comm_compute_share:.2f}, "
+            f"ratio error {c.fit_gmae:.1%} on {c.n_points} pairs",
+            flush=True,
+        )
 
     rows = measure(SWEEP, scratch / "sweep_rows.jsonl", args.rounds)
     results = []
@@ -135,37 +150,58 @@ def main() -> None:
         costs = calibration.pairs[point.pair]
         choice = decide(predict_point(point, model, costs), args.threshold)
         truth = decide(PairPrediction(measured[1], {k: v for k, v in measured.items() if k > 1}), args.threshold)
-        results.append({
-            "pair": point.pair, "point": point.to_params(),
-            "measured_ms": {str(k): v * 1e3 for k, v in sorted(measured.items())},
-            "predicted_ms": {"1": choice.prediction.unfused_s * 1e3,
-                             **{str(k): v * 1e3 for k, v in choice.prediction.fused_s.items()}},
-            "decision": {"substitute": choice.substitute, "slices": choice.slices,
-                         "predicted_gain": choice.prediction.gain()},
-            "truth": {"substitute": truth.substitute, "slices": truth.slices, "measured_best_gain": truth.prediction.gain()},
-            "correct": choice.substitute == truth.substitute,
-            "measured_gain_of_choice": (1 - measured[choice.slices] / measured[1]) if choice.substitute else None,
-        })
+        results.append(
+            {
+                "pair": point.pair,
+                "point": point.to_params(),
+                "measured_ms": {str(k): v * 1e3 for k, v in sorted(measured.items())},
+                "predicted_ms": {
+                    "1": choice.prediction.unfused_s * 1e3,
+                    **{str(k): v * 1e3 for k, v in choice.prediction.fused_s.items()},
+                },
+                "decision": {
+                    "substitute": choice.substitute,
+                    "slices": choice.slices,
+                    "predicted_gain": choice.prediction.gain(),
+                },
+                "truth": {
+                    "substitute": truth.substitute,
+                    "slices": truth.slices,
+                    "measured_best_gain": truth.prediction.gain(),
+                },
+                "correct": choice.substitute == truth.substitute,
+                "measured_gain_of_choice": (1 - measured[choice.slices] / measured[1]) if choice.substitute else None,
+            }
+        )
         r = results[-1]
-        print(f"{point.pair:21s} {point.rows:5d}x{point.cols:5d}x{point.inner:5d}{'u' if point.uneven else ' '} "
-              f"measured unfused {measured[1] * 1e3:8.2f} best fused k{truth.slices if truth.substitute else truth.prediction.best()[0]}"
-              f" gain {truth.prediction.gain():+6.1%} | predicted gain {choice.prediction.gain():+6.1%} -> "
-              f"{'substitute k' + str(choice.slices) if choice.substitute else 'keep unfused'}"
-              f"{'' if r['correct'] else '  WRONG'}", flush=True)
+        print(
+            f"{point.pair:21s} {point.rows:5d}x{point.cols:5d}x{point.inner:5d}{'u' if point.uneven else ' '} "
+            f"measured unfused {measured[1] * 1e3:8.2f} best fused k{truth.slices if truth.substitute else truth.prediction.best()[0]}"
+            f" gain {truth.prediction.gain():+6.1%} | predicted gain {choice.prediction.gain():+6.1%} -> "
+            f"{'substitute k' + str(choice.slices) if choice.substitute else 'keep unfused'}"
+            f"{'' if r['correct'] else '  WRONG'}",
+            flush=True,
+        )
 
     substituted = [r for r in results if r["decision"]["substitute"]]
     per_pair = {}
     for pair in sorted({r["pair"] for r in results}):
         mine = [r for r in results if r["pair"] == pair]
-        per_pair[pair] = {"points": len(mine), "decision_accuracy": sum(r["correct"] for r in mine) / len(mine),
-                          "substituted": sum(r["decision"]["substitute"] for r in mine),
-                          "measured_should_substitute": sum(r["truth"]["substitute"] for r in mine)}
+        per_pair[pair] = {
+            "points": len(mine),
+            "decision_accuracy": sum(r["correct"] for r in mine) / len(mine),
+            "substituted": sum(r["decision"]["substitute"] for r in mine),
+            "measured_should_substitute": sum(r["truth"]["substitute"] for r in mine),
+        }
     result = {
-        "hardware_id": hardware_id, "device": "cpu (2 gloo ranks, 1 thread each)",
+        "hardware_id": hardware_id,
+        "device": "cpu (2 gloo ranks, 1 thread each)",
         "allocator": os.environ.get("GLIBC_TUNABLES", "glibc defaults"),
         "command": f"python benchmarks/substitution.py --tracking-uri URI --threshold {args.threshold:g} "
-                   f"--rounds {args.rounds}" + (" --refit" if args.refit else ""),
-        "threshold": args.threshold, "overlap_costs_source": source, "overlap_costs": calibration.to_dict(),
+        f"--rounds {args.rounds}" + (" --refit" if args.refit else ""),
+        "threshold": args.threshold,
+        "overlap_costs_source": source,
+        "overlap_costs": calibration.to_dict(),
         "decision_accuracy": sum(r["correct"] for r in results) / len(results),
         # what a policy that never substitutes would score: where fusion rarely pays, accuracy
         # alone says little, and this says how little
@@ -179,10 +215,12 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))
     by_pair = ", ".join(f"{p} {v['decision_accuracy']:.0%}" for p, v in per_pair.items())
-    print(f"decision accuracy {result['decision_accuracy']:.0%} over {len(results)} points ({by_pair}; never "
-          f"substituting would score {result['never_substitute_accuracy']:.0%}); "
-          f"substituted {len(substituted)}, their measured gains "
-          f"{', '.join(f'{g:+.1%}' for g in result['measured_gain_of_substituted']) or '-'}")
+    print(
+        f"decision accuracy {result['decision_accuracy']:.0%} over {len(results)} points ({by_pair}; never "
+        f"substituting would score {result['never_substitute_accuracy']:.0%}); "
+        f"substituted {len(substituted)}, their measured gains "
+        f"{', '.join(f'{g:+.1%}' for g in result['measured_gain_of_substituted']) or '-'}"
+    )
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ artefact configs run one chunk per dimension with 1 ns links). Also times the is
 target: a 1024-NPU 1 GB all-reduce with 64 chunks. Writes
 benchmarks/results/themis_reproduction.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -28,8 +29,10 @@ sys.path.insert(0, str(REPO))
 from predictors.chunk_sim import DEFAULT_MAX_ACTIVE, SCHEDULES, simulate_all_reduce  # noqa: E402
 from predictors.network import PAPER_TOPOLOGIES, NetworkTopology, preset  # noqa: E402
 
-PAPER = {"average_utilization": {"baseline": 0.5631, "themis_fifo": 0.8767, "themis_scf": 0.9514},
-         "speedup": {"themis_fifo": 1.58, "themis_scf": 1.72}}
+PAPER = {
+    "average_utilization": {"baseline": 0.5631, "themis_fifo": 0.8767, "themis_scf": 0.9514},
+    "speedup": {"themis_fifo": 1.58, "themis_scf": 1.72},
+}
 SIZES = [100e6 * k for k in range(1, 11)]
 
 
@@ -58,13 +61,17 @@ def sweep(chunks: int, max_active: int | None, latency_us: float | None = None) 
                 speed[schedule].append(times["baseline"] / times[schedule])
         per_topology[name] = {
             "average_utilization": {s: statistics.fmean(x["utilization"] for x in rows[s]) for s in SCHEDULES},
-            "speedup": {s: statistics.fmean(a["time_ms"] / b["time_ms"] for a, b in zip(rows["baseline"], rows[s]))
-                        for s in speed},
+            "speedup": {
+                s: statistics.fmean(a["time_ms"] / b["time_ms"] for a, b in zip(rows["baseline"], rows[s]))
+                for s in speed
+            },
             "sizes": rows,
         }
-    return {"average_utilization": {s: statistics.fmean(v) for s, v in util.items()},
-            "speedup": {s: statistics.fmean(v) for s, v in speed.items()},
-            "per_topology": per_topology}
+    return {
+        "average_utilization": {s: statistics.fmean(v) for s, v in util.items()},
+        "speedup": {s: statistics.fmean(v) for s, v in speed.items()},
+        "per_topology": per_topology,
+    }
 
 
 def main() -> None:
@@ -83,24 +90,40 @@ def main() -> None:
         print(f"speedup     {s:10s} {main_run['speedup'][s]:7.2f}x {PAPER['speedup'][s]:7.2f}x")
     print("\nper topology at 1 GB: time ms (utilisation)")
     for name, row in main_run["per_topology"].items():
-        cells = "  ".join(f"{s} {row['sizes'][s][-1]['time_ms']:6.2f} ({row['sizes'][s][-1]['utilization']:.0%})"
-                          for s in SCHEDULES)
+        cells = "  ".join(
+            f"{s} {row['sizes'][s][-1]['time_ms']:6.2f} ({row['sizes'][s][-1]['utilization']:.0%})" for s in SCHEDULES
+        )
         print(f"  {name:20s} {cells}")
 
     sensitivity = []
-    for max_active, latency_us, label in ((1, None, "one phase per dimension, paper latencies"),
-                                          (4, None, "4 overlapped, paper latencies"),
-                                          (8, None, "8 overlapped, paper latencies (default)"),
-                                          (None, None, "no cap, paper latencies"),
-                                          (1, 0.001, "one phase per dimension, 1 ns links (artefact configs)")):
-        run = main_run if (max_active, latency_us) == (DEFAULT_MAX_ACTIVE, None) else sweep(args.chunks, max_active, latency_us)
-        sensitivity.append({"label": label, "max_active": max_active, "latency_us": latency_us,
-                            "average_utilization": run["average_utilization"], "speedup": run["speedup"]})
+    for max_active, latency_us, label in (
+        (1, None, "one phase per dimension, paper latencies"),
+        (4, None, "4 overlapped, paper latencies"),
+        (8, None, "8 overlapped, paper latencies (default)"),
+        (None, None, "no cap, paper latencies"),
+        (1, 0.001, "one phase per dimension, 1 ns links (artefact configs)"),
+    ):
+        run = (
+            main_run
+            if (max_active, latency_us) == (DEFAULT_MAX_ACTIVE, None)
+            else sweep(args.chunks, max_active, latency_us)
+        )
+        sensitivity.append(
+            {
+                "label": label,
+                "max_active": max_active,
+                "latency_us": latency_us,
+                "average_utilization": run["average_utilization"],
+                "speedup": run["speedup"],
+            }
+        )
     print("\nsensitivity: baseline / themis_fifo / themis_scf utilisation, speedups")
     for row in sensitivity:
         u, sp = row["average_utilization"], row["speedup"]
-        print(f"  {row['label']:55s} {u['baseline']:6.1%} {u['themis_fifo']:6.1%} {u['themis_scf']:6.1%}"
-              f"   {sp['themis_fifo']:.2f}x {sp['themis_scf']:.2f}x")
+        print(
+            f"  {row['label']:55s} {u['baseline']:6.1%} {u['themis_fifo']:6.1%} {u['themis_scf']:6.1%}"
+            f"   {sp['themis_fifo']:.2f}x {sp['themis_scf']:.2f}x"
+        )
 
     big = preset("4D-Ring_FC_Ring_SW")
     runs = []
@@ -113,9 +136,14 @@ def main() -> None:
 
     out = {
         "command": "benchmarks/themis_reproduction.py" + (f" --chunks {args.chunks}" if args.chunks != 64 else ""),
-        "chunks": args.chunks, "sizes_bytes": SIZES, "max_active": DEFAULT_MAX_ACTIVE,
-        "average_utilization": main_run["average_utilization"], "speedup": main_run["speedup"],
-        "paper": PAPER, "per_topology": main_run["per_topology"], "sensitivity": sensitivity,
+        "chunks": args.chunks,
+        "sizes_bytes": SIZES,
+        "max_active": DEFAULT_MAX_ACTIVE,
+        "average_utilization": main_run["average_utilization"],
+        "speedup": main_run["speedup"],
+        "paper": PAPER,
+        "per_topology": main_run["per_topology"],
+        "sensitivity": sensitivity,
         "simulate_1024_npu_1gb_64_chunks_s": speed_s,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ and the shortest-rank transfer time of every collective: it must rebuild the wai
 With `--tracking-uri`, the GEMMs that really ran are also priced by the registered model, per
 distinct shape. Writes benchmarks/results/trace_roundtrip.json.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -30,8 +31,8 @@ import torch.multiprocessing as mp  # noqa: E402
 
 from predictors.simulator import simulate  # noqa: E402
 from predictors.trace_graph import compare_gemms, graph_from_traces, measured_iteration_s  # noqa: E402
-from probes.vocabulary.ops import gemm_params  # noqa: E402
 from probes.trace_capture import capture_step_trace  # noqa: E402
+from probes.vocabulary.ops import gemm_params  # noqa: E402
 from probes.workloads.dlrm import ShardedDLRM, cycling_step  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
 
@@ -98,25 +99,46 @@ def main() -> None:
         simulated = float(np.median([s[2].iteration_s for s in steps]))
         error = abs(simulated - measured) / measured
         _, _, sim, graph, per_rank = sorted(steps, key=lambda s: s[1])[len(steps) // 2]
-        row = {"name": spec.name, "tables": len(spec.tables), "batch_size": spec.batch_size,
-               "measured_ms": measured * 1e3, "unprofiled_ms": max(t["unprofiled_step_s"] for t in traces) * 1e3,
-               "simulated_ms": simulated * 1e3, "error": error,
-               "step_errors": [s[0] for s in steps], "skipped_steps": skipped,
-               "waiting_ms": [t.waiting_s * 1e3 for t in sim.ranks],
-               "collectives": len(per_rank[0]["comm"]), "ops_rank0": len(graph.ranks[0])}
+        row = {
+            "name": spec.name,
+            "tables": len(spec.tables),
+            "batch_size": spec.batch_size,
+            "measured_ms": measured * 1e3,
+            "unprofiled_ms": max(t["unprofiled_step_s"] for t in traces) * 1e3,
+            "simulated_ms": simulated * 1e3,
+            "error": error,
+            "step_errors": [s[0] for s in steps],
+            "skipped_steps": skipped,
+            "waiting_ms": [t.waiting_s * 1e3 for t in sim.ranks],
+            "collectives": len(per_rank[0]["comm"]),
+            "ops_rank0": len(graph.ranks[0]),
+        }
         if model is not None:
-            gemms = compare_gemms(graph, lambda m, n, k, v, b: model.predict("gemm", **gemm_params(m, n, k, variant=v, batch=b)))
+            gemms = compare_gemms(
+                graph, lambda m, n, k, v, b: model.predict("gemm", **gemm_params(m, n, k, variant=v, batch=b))
+            )
             measured_gemm = sum(g["measured_s"] * g["count"] for g in gemms)
             predicted_gemm = sum(g["predicted_s"] * g["count"] for g in gemms)
-            row.update({"gemm_measured_ms": measured_gemm * 1e3, "gemm_predicted_ms": predicted_gemm * 1e3, "gemms": gemms})
+            row.update(
+                {"gemm_measured_ms": measured_gemm * 1e3, "gemm_predicted_ms": predicted_gemm * 1e3, "gemms": gemms}
+            )
         rows.append(row)
-        extra = (f"  traced GEMMs {row['gemm_measured_ms']:.2f} ms vs model {row['gemm_predicted_ms']:.2f} ms"
-                 if model is not None else "")
-        print(f"{spec.name:9s} measured {row['measured_ms']:7.2f} ms (unprofiled {row['unprofiled_ms']:7.2f})  "
-              f"simulated {row['simulated_ms']:7.2f} ms  error {row['error']:5.1%}  "
-              f"waiting {', '.join(f'{w:.2f}' for w in row['waiting_ms'])} ms{extra}", flush=True)
-    out = {"command": f"python benchmarks/trace_roundtrip.py --tasks {args.tasks} --scale {args.scale:g} --seed {args.seed}",
-           "tasks": rows, "max_error": max(r["error"] for r in rows)}
+        extra = (
+            f"  traced GEMMs {row['gemm_measured_ms']:.2f} ms vs model {row['gemm_predicted_ms']:.2f} ms"
+            if model is not None
+            else ""
+        )
+        print(
+            f"{spec.name:9s} measured {row['measured_ms']:7.2f} ms (unprofiled {row['unprofiled_ms']:7.2f})  "
+            f"simulated {row['simulated_ms']:7.2f} ms  error {row['error']:5.1%}  "
+            f"waiting {', '.join(f'{w:.2f}' for w in row['waiting_ms'])} ms{extra}",
+            flush=True,
+        )
+    out = {
+        "command": f"python benchmarks/trace_roundtrip.py --tasks {args.tasks} --scale {args.scale:g} --seed {args.seed}",
+        "tasks": rows,
+        "max_error": max(r["error"] for r in rows),
+    }
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"max round-trip error {out['max_error']:.1%} over {len(rows)} tasks; wrote {args.out}")
 

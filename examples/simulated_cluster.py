@@ -4,6 +4,7 @@ as `--ray-address` and keeps the cluster up until interrupted.
 
     .venv/bin/python examples/simulated_cluster.py --workers 1,1
 """
+
 from __future__ import annotations
 
 import argparse
@@ -14,8 +15,11 @@ import time
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--workers", default="1,1",
-                        help="CPU slots per worker node, comma-separated (default %(default)s: two 1-CPU nodes)")
+    parser.add_argument(
+        "--workers",
+        default="1,1",
+        help="CPU slots per worker node, comma-separated (default %(default)s: two 1-CPU nodes)",
+    )
     args = parser.parse_args(argv)
     try:
         slots = [int(x) for x in args.workers.split(",")]
@@ -35,8 +39,11 @@ def main(argv: list[str] | None = None) -> int:
         cluster.add_node(num_cpus=n)
     cluster.wait_for_nodes()
     print(cluster.address, flush=True)
-    print(f"head (no work slots) + {len(slots)} worker node(s) with {args.workers} CPU slot(s); Ctrl-C to stop",
-          file=sys.stderr, flush=True)
+    print(
+        f"head (no work slots) + {len(slots)} worker node(s) with {args.workers} CPU slot(s); Ctrl-C to stop",
+        file=sys.stderr,
+        flush=True,
+    )
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     try:
         while True:

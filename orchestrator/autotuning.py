@@ -6,6 +6,7 @@ Everything lands in one MLflow run (experiment "autotune"): the calibration when
 (measurement table, held-out errors, registered model), the plan, the predicted and measured
 iteration times and their relative error.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -19,11 +20,17 @@ import mlflow
 
 from orchestrator import registry
 from orchestrator.calibrate import (
-    DEFAULT_BUDGET_S, calibrate, describe, lock_timeout_s, print_summary, promotion_lease, waiting,
+    DEFAULT_BUDGET_S,
+    calibrate,
+    describe,
+    lock_timeout_s,
+    print_summary,
+    promotion_lease,
+    waiting,
 )
 from orchestrator.cluster import HardwareFingerprint
-from policies.planning import make_plan
 from orchestrator.progress import say
+from policies.planning import make_plan
 from probes.vocabulary.jobspec import JobSpec
 
 
@@ -47,8 +54,9 @@ class AutotuneSettings:
     iterations: int | None = None
 
 
-def autotune(job: JobSpec, fp: HardwareFingerprint, uri: str, settings: AutotuneSettings,
-             started: float) -> dict[str, Any] | None:
+def autotune(
+    job: JobSpec, fp: HardwareFingerprint, uri: str, settings: AutotuneSettings, started: float
+) -> dict[str, Any] | None:
     """Run the flow inside one MLflow run; returns its summary, or None when there is no champion
     to plan with (said why). `started`: time.monotonic() when the command began (for wall_s)."""
     hw = fp.hardware_id
@@ -56,7 +64,9 @@ def autotune(job: JobSpec, fp: HardwareFingerprint, uri: str, settings: Autotune
 
     with mlflow.start_run(run_name=f"autotune-{job.name}") as run:
         summary["run_id"] = run.info.run_id
-        mlflow.set_tags({"kind": "autotune", "hardware_id": hw, "job_name": job.name, "job_hash": job_hash(job.to_dict())})
+        mlflow.set_tags(
+            {"kind": "autotune", "hardware_id": hw, "job_name": job.name, "job_hash": job_hash(job.to_dict())}
+        )
         mlflow.log_dict(job.to_dict(), "job.json")
 
         champion = registry.get_alias(hw, registry.CHAMPION)
@@ -65,14 +75,19 @@ def autotune(job: JobSpec, fp: HardwareFingerprint, uri: str, settings: Autotune
         if needed:
             # One calibration of a hardware at a time, across pods: the others wait for it and
             # then reuse what it promoted, unless it is still not fresh for them.
-            with promotion_lease(hw).hold(settings.lock_timeout_s or lock_timeout_s(settings.calibration_budget_s),
-                                          on_wait=waiting) as lease:
+            with promotion_lease(hw).hold(
+                settings.lock_timeout_s or lock_timeout_s(settings.calibration_budget_s), on_wait=waiting
+            ) as lease:
                 if settings.recalibrate == "auto":
                     champion = registry.get_alias(hw, registry.CHAMPION)
                     freshness = registry.check_freshness(champion, fp.software, settings.max_model_age_days)
                     needed = not freshness.fresh
                 if needed:
-                    why = "forced by --recalibrate always" if settings.recalibrate == "always" else "; ".join(freshness.reasons)
+                    why = (
+                        "forced by --recalibrate always"
+                        if settings.recalibrate == "always"
+                        else "; ".join(freshness.reasons)
+                    )
                     say(f"recalibrating: {why}")
                     mlflow.set_tag("recalibration_reason", why)
                     info = describe(calibrate(fp, settings.calibration_budget_s, job, job.seed, lease=lease))
@@ -82,8 +97,10 @@ def autotune(job: JobSpec, fp: HardwareFingerprint, uri: str, settings: Autotune
                 else:
                     say(f"another process calibrated {hw} meanwhile: reusing champion v{champion.version}")
             if champion is None:
-                say(f"no champion for {hw}: the calibration's bundle was not promoted "
-                    f"({summary.get('calibration', {}).get('promotion_reason', 'see above')})")
+                say(
+                    f"no champion for {hw}: the calibration's bundle was not promoted "
+                    f"({summary.get('calibration', {}).get('promotion_reason', 'see above')})"
+                )
                 return None
         elif champion is None:
             say(f"no champion model for {hw} and --recalibrate never: nothing to plan with")
@@ -100,45 +117,67 @@ def autotune(job: JobSpec, fp: HardwareFingerprint, uri: str, settings: Autotune
         plan.save(plan_path)
         mlflow.log_dict(plan.to_dict(), "plan.json")
         mlflow.log_metric("predicted_iteration_ms", plan.predicted_iteration_ms)
-        mlflow.set_tags({"placement_scope": plan.placement.get("scope", ""),
-                         "placement_ranks_per_node": json.dumps(plan.placement.get("ranks_per_node", {})),
-                         "node_types_priced": ",".join(plan.placement.get("node_types", []))})
+        mlflow.set_tags(
+            {
+                "placement_scope": plan.placement.get("scope", ""),
+                "placement_ranks_per_node": json.dumps(plan.placement.get("ranks_per_node", {})),
+                "node_types_priced": ",".join(plan.placement.get("node_types", [])),
+            }
+        )
         sharding = plan.decisions["sharding"]
         mlflow.set_tag("sharding_choice", sharding.choice)
-        say(f"plan: sharder {sharding.choice}, predicted {plan.predicted_iteration_ms:.2f} ms/iteration; "
-            f"candidates: " + ", ".join(f"{c.name}={c.predicted_ms:.2f}" for c in sharding.candidates if c.feasible))
+        say(
+            f"plan: sharder {sharding.choice}, predicted {plan.predicted_iteration_ms:.2f} ms/iteration; "
+            f"candidates: " + ", ".join(f"{c.name}={c.predicted_ms:.2f}" for c in sharding.candidates if c.feasible)
+        )
         if plan.substitutions:
             say(f"substituting overlapped pairs: {plan.decisions['substitution'].choice}")
-        say(f"placement: {job.world_size} rank(s) on {plan.rank_placement.node_count} node(s) of type "
-            f"{', '.join(plan.placement.get('node_types', []))}, collectives priced {plan.placement.get('scope')}-node")
+        say(
+            f"placement: {job.world_size} rank(s) on {plan.rank_placement.node_count} node(s) of type "
+            f"{', '.join(plan.placement.get('node_types', []))}, collectives priced {plan.placement.get('scope')}-node"
+        )
         say(f"plan written to {plan_path}")
-        summary.update({"plan": str(plan_path), "sharding": sharding.choice, "predicted_iteration_ms": plan.predicted_iteration_ms})
+        summary.update(
+            {"plan": str(plan_path), "sharding": sharding.choice, "predicted_iteration_ms": plan.predicted_iteration_ms}
+        )
 
         if not settings.dry_run:
             from orchestrator.launch import launch_dlrm
 
             iterations = settings.iterations or job.iterations
             say(f"launching {job.name} on {job.world_size} worker(s) for {iterations} timed iterations")
-            result = launch_dlrm(job, plan.table_to_rank, iterations, use_gpu=fp.device_kind == "cuda",
-                                 chunk_schedule=plan.chunk_schedule, substitutions=plan.substitutions,
-                                 placement=plan.placement)
+            result = launch_dlrm(
+                job,
+                plan.table_to_rank,
+                iterations,
+                use_gpu=fp.device_kind == "cuda",
+                chunk_schedule=plan.chunk_schedule,
+                substitutions=plan.substitutions,
+                placement=plan.placement,
+            )
             error = abs(plan.predicted_iteration_ms - result.iteration_ms) / result.iteration_ms
-            mlflow.log_metrics({
-                "measured_iteration_ms": result.iteration_ms,
-                "prediction_error": error,
-                "loss_first": result.loss_first,
-                "loss_last": result.loss_last,
-            })
+            mlflow.log_metrics(
+                {
+                    "measured_iteration_ms": result.iteration_ms,
+                    "prediction_error": error,
+                    "loss_first": result.loss_first,
+                    "loss_last": result.loss_last,
+                }
+            )
             mlflow.log_dict(result.to_dict(), "launch.json")
-            ran = {"planned": plan.placement, "rank_nodes": result.rank_nodes,
-                   "as_planned": result.placement_as_planned}
+            ran = {
+                "planned": plan.placement,
+                "rank_nodes": result.rank_nodes,
+                "as_planned": result.placement_as_planned,
+            }
             mlflow.log_dict(ran, "placement.json")
             mlflow.set_tag("placement_as_planned", str(result.placement_as_planned))
-            say(f"measured {result.iteration_ms:.2f} ms/iteration vs predicted {plan.predicted_iteration_ms:.2f} ms "
+            say(
+                f"measured {result.iteration_ms:.2f} ms/iteration vs predicted {plan.predicted_iteration_ms:.2f} ms "
                 f"(error {error:.1%}); ranks ran {'as planned' if result.placement_as_planned else 'NOT as planned'} "
-                f"on {len(set(result.rank_nodes or []))} node(s)")
-            summary.update({"measured_iteration_ms": result.iteration_ms, "prediction_error": error,
-                            "placement": ran})
+                f"on {len(set(result.rank_nodes or []))} node(s)"
+            )
+            summary.update({"measured_iteration_ms": result.iteration_ms, "prediction_error": error, "placement": ran})
         summary["wall_s"] = round(time.monotonic() - started, 1)
         mlflow.log_metric("autotune_wall_s", summary["wall_s"])
     return summary

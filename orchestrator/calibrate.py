@@ -5,6 +5,7 @@ Measurements are appended to `.autotune/calibrations/<stamp>/measurements.jsonl`
 probe returns and logged to MLflow before the fit runs, so nothing measured is lost to a
 later failure.
 """
+
 from __future__ import annotations
 
 import json
@@ -19,23 +20,18 @@ import mlflow
 import numpy as np
 
 from orchestrator import registry
-from orchestrator.cluster import HardwareFingerprint
-from orchestrator.lease import Lease
-from orchestrator.fanout import ActorPool, Gang, collective_visits, run_collective_probes, run_local_probes
 from orchestrator.calibration_plots import log_calibration_plots
+from orchestrator.cluster import HardwareFingerprint
+from orchestrator.fanout import ActorPool, Gang, collective_visits, run_collective_probes, run_local_probes
+from orchestrator.lease import Lease
 from orchestrator.measurement_store import MeasurementStore, spec_key
-from orchestrator.sentinel import choose_sentinels
 from orchestrator.progress import Progress, say
-from probes.vocabulary.ops import DLRM_STEP_OP
-from probes.vocabulary.ops import TRANSFORMER_STEP_OP
+from orchestrator.sentinel import choose_sentinels
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from predictors.dlrm_estimator import score_steps
 from predictors.fit import fit_bundle, kernel_rows
 from predictors.performance_model import PerformanceModel
 from predictors.transformer_estimator import score_transformer_steps
-from probes.vocabulary.files import atomic_write_text
-from probes.vocabulary.jobspec import JobSpec, JobSpecError
-from probes.vocabulary.records import Measurement
 from probes.collective_sweep import collective_groups, collective_specs
 from probes.elementwise import elementwise_specs
 from probes.embedding import embedding_specs
@@ -45,6 +41,10 @@ from probes.overlap import overlap_specs
 from probes.probe import ProbeSpec
 from probes.sweep import interleave, job_specs
 from probes.training import training_specs, transformer_training_specs
+from probes.vocabulary.files import atomic_write_text
+from probes.vocabulary.jobspec import JobSpec, JobSpecError
+from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP
+from probes.vocabulary.records import Measurement
 
 COLLECTIVE_SHARE = 0.35  # of the budget: six collective variants per group need ~50 sizes each
 TRAINING_SHARE = 0.2
@@ -114,8 +114,14 @@ def planner_coverage(specs: Sequence[ProbeSpec], per_op: int = COVERAGE_POINTS) 
     relu / mul / add, copies), taken out of `specs` to run first: without them a bundle cannot
     plan and is never promoted (`quality_problems`), however short the budget. They are moved,
     not repeated: the rest of the sweep follows in its own order."""
-    wanted = {"gemm": "gemm", "embedding": "embedding", "memcpy": "memcpy", "relu": "elementwise",
-              "mul": "elementwise", "add": "elementwise"}
+    wanted = {
+        "gemm": "gemm",
+        "embedding": "embedding",
+        "memcpy": "memcpy",
+        "relu": "elementwise",
+        "mul": "elementwise",
+        "add": "elementwise",
+    }
     taken: dict[str, int] = {}
     out = []
     for spec in specs:
@@ -138,7 +144,11 @@ def missing(specs: Sequence[ProbeSpec], done: set[str]) -> list[ProbeSpec]:
 
 
 def measure(
-    fingerprint: HardwareFingerprint, budget_s: float, store: MeasurementStore, job: JobSpec | None = None, seed: int = 0
+    fingerprint: HardwareFingerprint,
+    budget_s: float,
+    store: MeasurementStore,
+    job: JobSpec | None = None,
+    seed: int = 0,
 ) -> tuple[int, int]:
     """Run the sweep over one ProbeActor per device until done or out of budget.
 
@@ -147,8 +157,12 @@ def measure(
     step model then sees both scopes' collectives, each row priced at the placement it ran)."""
     devices = sum(fingerprint.devices_per_node)
     device = fingerprint.device_kind
-    local = interleave(gemm_specs(4000, seed, device_kind=device), embedding_specs(3000, seed, device_kind=device),
-                       elementwise_specs(4000, seed, device_kind=device), memcpy_specs(1000, seed, device))
+    local = interleave(
+        gemm_specs(4000, seed, device_kind=device),
+        embedding_specs(3000, seed, device_kind=device),
+        elementwise_specs(4000, seed, device_kind=device),
+        memcpy_specs(1000, seed, device),
+    )
     first = planner_coverage(local)  # a short budget still models every op a plan prices
     local = [s for s in local if not any(s is f for f in first)]
     if job is not None:
@@ -164,24 +178,40 @@ def measure(
         gang = Gang(pool)  # ranks numbered node by node, as a job's are
         one_node = node_members(gang)
         coll = collective_specs(collective_groups(gang.nodes), pool.max_collective_bytes()) if devices > 1 else []
-        whole = interleave(training_specs(TRAINING_PROBES, seed, devices, place_by_sharder),
-                           transformer_training_specs(TRANSFORMER_PROBES, seed, devices, device),
-                           overlap_specs(devices)) if devices > 1 else []
-        within = interleave(training_specs(TRAINING_PROBES // 2, seed + 1, len(one_node), place_by_sharder),
-                            transformer_training_specs(TRANSFORMER_PROBES // 2, seed + 1, len(one_node), device)) \
-            if one_node else []
+        whole = (
+            interleave(
+                training_specs(TRAINING_PROBES, seed, devices, place_by_sharder),
+                transformer_training_specs(TRANSFORMER_PROBES, seed, devices, device),
+                overlap_specs(devices),
+            )
+            if devices > 1
+            else []
+        )
+        within = (
+            interleave(
+                training_specs(TRAINING_PROBES // 2, seed + 1, len(one_node), place_by_sharder),
+                transformer_training_specs(TRANSFORMER_PROBES // 2, seed + 1, len(one_node), device),
+            )
+            if one_node
+            else []
+        )
         done_before = store.done_keys()  # a resumed calibration measures only what is missing
         if done_before:
             coll, whole, within, local = (missing(x, done_before) for x in (coll, whole, within, local))
             say(f"resuming {store.directory}: {len(done_before)} probe point(s) already stored")
-        say(f"probing {devices} device(s) of {fingerprint.summary()} for up to {budget_s:.0f}s"
-            + (f"; training probes also within one node ({len(one_node)} ranks)" if one_node else ""))
+        say(
+            f"probing {devices} device(s) of {fingerprint.summary()} for up to {budget_s:.0f}s"
+            + (f"; training probes also within one node ({len(one_node)} ranks)" if one_node else "")
+        )
         if coll:
             bar = Progress("collectives", collective_visits(coll), budget_s * COLLECTIVE_SHARE)
             d, f = run_collective_probes(pool, coll, store, start + budget_s * COLLECTIVE_SHARE, bar.update)
             bar.close()
             done, failed = done + d, failed + f
-        for specs, members, label in ((whole, None, "training probes"), (within, one_node, "training probes (one node)")):
+        for specs, members, label in (
+            (whole, None, "training probes"),
+            (within, one_node, "training probes (one node)"),
+        ):
             if not specs:
                 continue
             share = budget_s * TRAINING_SHARE * len(specs) / (len(whole) + len(within))
@@ -211,8 +241,11 @@ def quality_problems(model: PerformanceModel, devices: int, bound: float = MAX_P
     held-out error over `bound` (empty: it may be promoted if not worse than the champion)."""
     needed = list(PLANNER_KERNEL_OPS) + (list(PLANNER_COLLECTIVE_OPS) if devices > 1 else [])
     problems = [f"no model for {op} (raise the budget to measure it)" for op in needed if op not in model.models]
-    errors = [model.metrics[op]["gmae"] for op in needed
-              if op in model.metrics and model.metrics[op].get("n") and math.isfinite(model.metrics[op]["gmae"])]
+    errors = [
+        model.metrics[op]["gmae"]
+        for op in needed
+        if op in model.metrics and model.metrics[op].get("n") and math.isfinite(model.metrics[op]["gmae"])
+    ]
     if errors:
         error = float(np.exp(np.mean(np.log(np.maximum(errors, 1e-12)))))
         if error > bound:
@@ -242,8 +275,9 @@ def fit_and_register(
     floor = quality_problems(model, sum(fingerprint.devices_per_node))
     for problem in floor:
         say(f"WARNING: {problem}: registering as a candidate, not promoting")
-    registration = registry.register_bundle(model, test_rows, fingerprint.software, scorer=score_bundle,
-                                            below_floor=floor, lease=lease)
+    registration = registry.register_bundle(
+        model, test_rows, fingerprint.software, scorer=score_bundle, below_floor=floor, lease=lease
+    )
     return model, registration
 
 
@@ -252,11 +286,16 @@ def report_pairs(model: PerformanceModel) -> None:
     for pair, fitted in model.symm_mem.items():  # PyTorch's symmetric-memory fused kernels (CUDA)
         say(f"symmetric-memory {pair}: {fitted['ratio']:.2f} x the unfused pair ({fitted['n']} points)")
     for pair, costs in model.overlap.pairs.items():
-        line = ("none" if costs.transfer_latency_s is None
-                else f"{costs.transfer_latency_s * 1e6:.0f} us + {costs.transfer_s_per_byte * 1e9:.3f} ns/B")
-        say(f"overlap {pair}: slice overhead {costs.slice_overhead_s * 1e3:.3f} ms, communication's compute "
+        line = (
+            "none"
+            if costs.transfer_latency_s is None
+            else f"{costs.transfer_latency_s * 1e6:.0f} us + {costs.transfer_s_per_byte * 1e9:.3f} ns/B"
+        )
+        say(
+            f"overlap {pair}: slice overhead {costs.slice_overhead_s * 1e3:.3f} ms, communication's compute "
             f"share {costs.comm_compute_share:.2f}, transfer line {line} ({costs.n_points} pairs, ratio error "
-            f"{costs.fit_gmae:.1%})")
+            f"{costs.fit_gmae:.1%})"
+        )
 
 
 def score_bundle(bundle: PerformanceModel, rows: Sequence[Measurement]) -> dict[str, Any]:
@@ -273,8 +312,12 @@ def score_bundle(bundle: PerformanceModel, rows: Sequence[Measurement]) -> dict[
 
 
 def calibrate(
-    fingerprint: HardwareFingerprint, budget_s: float = DEFAULT_BUDGET_S, job: JobSpec | None = None, seed: int = 0,
-    resume: Path | None = None, lease: Any = None,
+    fingerprint: HardwareFingerprint,
+    budget_s: float = DEFAULT_BUDGET_S,
+    job: JobSpec | None = None,
+    seed: int = 0,
+    resume: Path | None = None,
+    lease: Any = None,
 ) -> CalibrationResult:
     """Measure, fit and register inside the active MLflow run. `resume`: a calibration
     directory of this hardware cut short; only what it lacks is measured, into it. `lease`: the
@@ -287,7 +330,9 @@ def calibrate(
             raise JobSpecError([f"--resume {resume}: measured on {stored}; this cluster is {fingerprint.hardware_id}"])
     store = MeasurementStore(directory)
     atomic_write_text(directory / "fingerprint.json", json.dumps(fingerprint.to_dict(), indent=1))
-    mlflow.log_params({"hardware_id": fingerprint.hardware_id, "calibration_budget_s": budget_s, "calibration_seed": seed})
+    mlflow.log_params(
+        {"hardware_id": fingerprint.hardware_id, "calibration_budget_s": budget_s, "calibration_seed": seed}
+    )
     mlflow.log_dict(fingerprint.to_dict(), "fingerprint.json")
     done, failed = measure(fingerprint, budget_s, store, job, seed)
     say(f"measured {done} probe points ({failed} failed) in {time.monotonic() - t0:.0f}s; fitting")
@@ -321,7 +366,10 @@ def describe(result: CalibrationResult) -> dict[str, Any]:
         "rows_per_family": result.rows_per_family(),
         "rows_per_op": result.rows_per_op(),
         "failures": len(result.failures),
-        "heldout": {op: {k: v for k, v in s.items() if k in ("gmae", "mape", "baseline_gmae", "n")} for op, s in result.model.metrics.items()},
+        "heldout": {
+            op: {k: v for k, v in s.items() if k in ("gmae", "mape", "baseline_gmae", "n")}
+            for op, s in result.model.metrics.items()
+        },
         "model": f"{result.registration.name}/{result.registration.version}",
         "promoted": result.registration.promoted,
         "promotion_reason": result.registration.reason,
@@ -341,15 +389,21 @@ def print_summary(info: dict[str, Any]) -> None:
 
 
 def calibrate_cluster(
-    fingerprint: HardwareFingerprint, budget_s: float = DEFAULT_BUDGET_S, job: JobSpec | None = None, seed: int = 0,
-    resume: Path | None = None, lock_wait_s: float | None = None,
+    fingerprint: HardwareFingerprint,
+    budget_s: float = DEFAULT_BUDGET_S,
+    job: JobSpec | None = None,
+    seed: int = 0,
+    resume: Path | None = None,
+    lock_wait_s: float | None = None,
 ) -> dict[str, Any]:
     """A calibration on its own (not inside an autotune run): under the hardware's promotion
     lease (waiting at most `lock_wait_s`, default `lock_timeout_s(budget_s)`), in an MLflow run
     of kind=calibration; returns `describe`'s summary."""
     timeout = lock_wait_s if lock_wait_s is not None else lock_timeout_s(budget_s)
-    with promotion_lease(fingerprint.hardware_id).hold(timeout, on_wait=waiting) as lease, \
-            mlflow.start_run(run_name=f"calibrate-{fingerprint.hardware_id}"):
+    with (
+        promotion_lease(fingerprint.hardware_id).hold(timeout, on_wait=waiting) as lease,
+        mlflow.start_run(run_name=f"calibrate-{fingerprint.hardware_id}"),
+    ):
         mlflow.set_tags({"kind": "calibration", "hardware_id": fingerprint.hardware_id})
         return describe(calibrate(fingerprint, budget_s, job, seed, resume, lease))
 
@@ -362,13 +416,22 @@ def refit(directory: Path, seed: int = 0) -> dict[str, Any]:
     fingerprint = HardwareFingerprint.from_dict(stored)
     if stored.get("hardware_id") not in (None, fingerprint.hardware_id):
         # an id stored by an older rule (which counted device-less nodes too)
-        say(f"note: {directory} was stored as {stored['hardware_id']}; its device nodes give "
-            f"{fingerprint.hardware_id}, which the refit registers under")
+        say(
+            f"note: {directory} was stored as {stored['hardware_id']}; its device nodes give "
+            f"{fingerprint.hardware_id}, which the refit registers under"
+        )
     t0 = time.monotonic()
     store = MeasurementStore(directory)
     with mlflow.start_run(run_name=f"refit-{fingerprint.hardware_id}"):
         mlflow.set_tags({"kind": "calibration", "hardware_id": fingerprint.hardware_id, "refit_of": str(directory)})
         model, registration = fit_and_register(store, fingerprint, seed)
-        result = CalibrationResult(fingerprint.hardware_id, store.rows(), store.failures(), model, registration,
-                                   directory, time.monotonic() - t0)
+        result = CalibrationResult(
+            fingerprint.hardware_id,
+            store.rows(),
+            store.failures(),
+            model,
+            registration,
+            directory,
+            time.monotonic() - t0,
+        )
         return describe(result)

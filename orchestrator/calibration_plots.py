@@ -1,6 +1,7 @@
 """Plots logged with every calibration, so a person sees a bad fit at a glance: each collective's
 fitted curves over the points they were fitted to, and per op predicted against measured time
 on the held-out rows."""
+
 from __future__ import annotations
 
 import math
@@ -44,10 +45,15 @@ def collective_curves(model: PerformanceModel, rows: Sequence[Measurement], dire
             colour = f"C{i % 10}"
             measured = points.get(key, [])
             if measured:
-                ax.scatter([r.params["bytes"] for r in measured], [r.median_s * 1e3 for r in measured],
-                           s=10, color=colour, alpha=0.6)
+                ax.scatter(
+                    [r.params["bytes"] for r in measured],
+                    [r.median_s * 1e3 for r in measured],
+                    s=10,
+                    color=colour,
+                    alpha=0.6,
+                )
             x = np.linspace(curve.x_min, curve.x_max, 200)
-            ax.plot(2 ** x, curve.predict_log2(x) * 1e3, color=colour, label=f"group {key} ({len(measured)} points)")
+            ax.plot(2**x, curve.predict_log2(x) * 1e3, color=colour, label=f"group {key} ({len(measured)} points)")
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("bytes")
@@ -89,7 +95,7 @@ def heldout_scatter(model: PerformanceModel, test_rows: Sequence[Measurement], d
         ax.tick_params(labelsize=6)
         ax.xaxis.set_minor_formatter(plt.NullFormatter())
         ax.yaxis.set_minor_formatter(plt.NullFormatter())
-    for ax in list(axes.flat)[len(by_op):]:
+    for ax in list(axes.flat)[len(by_op) :]:
         ax.axis("off")
     fig.supxlabel("measured (ms)")
     fig.supylabel("predicted (ms)")
@@ -100,7 +106,9 @@ def heldout_scatter(model: PerformanceModel, test_rows: Sequence[Measurement], d
     return path
 
 
-def log_calibration_plots(model: PerformanceModel, rows: Sequence[Measurement], test_rows: Sequence[Measurement]) -> list[str]:
+def log_calibration_plots(
+    model: PerformanceModel, rows: Sequence[Measurement], test_rows: Sequence[Measurement]
+) -> list[str]:
     """Draw both kinds of plot and log them to the active run under plots/."""
     with tempfile.TemporaryDirectory() as tmp:
         directory = Path(tmp)

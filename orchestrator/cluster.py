@@ -4,6 +4,7 @@ The id hashes hardware only (node count, devices per node, device model and memo
 interconnect). Software versions (driver, CUDA, NCCL, torch, fbgemm) are recorded next to it
 and compared separately, so a driver upgrade marks models stale instead of orphaning them.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -124,8 +125,15 @@ class HardwareFingerprint:
         out = []
         for members in groups.values():
             first = members[0]
-            out.append(NodeType(first.label(), len(members), len(first.devices), first.devices[0].name,
-                                first.devices[0].memory_bytes))
+            out.append(
+                NodeType(
+                    first.label(),
+                    len(members),
+                    len(first.devices),
+                    first.devices[0].name,
+                    first.devices[0].memory_bytes,
+                )
+            )
         return out
 
     @property
@@ -157,9 +165,14 @@ class HardwareFingerprint:
         return f"{len(self.device_nodes)} node(s): {devices}{extra}{per_type}"
 
     def to_dict(self) -> dict[str, Any]:
-        return {"hardware_id": self.hardware_id, "software": self.software, "device_kind": self.device_kind,
-                "devices_per_node": self.devices_per_node, "node_types": [asdict(t) for t in self.node_types()],
-                "nodes": [asdict(n) for n in self.nodes]}
+        return {
+            "hardware_id": self.hardware_id,
+            "software": self.software,
+            "device_kind": self.device_kind,
+            "devices_per_node": self.devices_per_node,
+            "node_types": [asdict(t) for t in self.node_types()],
+            "nodes": [asdict(n) for n in self.nodes],
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "HardwareFingerprint":
@@ -218,18 +231,26 @@ def _nvml_devices() -> tuple[list[DeviceInfo], list[list[str]], dict[str, str]]:
         for i, h in enumerate(handles):
             major, minor = pynvml.nvmlDeviceGetCudaComputeCapability(h)
             devices.append(
-                DeviceInfo("cuda", _str(pynvml.nvmlDeviceGetName(h)), int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
-                           i, _str(pynvml.nvmlDeviceGetUUID(h)), f"{major}.{minor}")
+                DeviceInfo(
+                    "cuda",
+                    _str(pynvml.nvmlDeviceGetName(h)),
+                    int(pynvml.nvmlDeviceGetMemoryInfo(h).total),
+                    i,
+                    _str(pynvml.nvmlDeviceGetUUID(h)),
+                    f"{major}.{minor}",
+                )
             )
         links = [[_link_kind(pynvml, a, b) for b in handles] for a in handles]
         # Clock settings per GPU (settings, like TF32, not hardware identity: they stay out of
         # hardware_key()). The applications clocks are the configured targets; the momentary
         # clock (nvmlDeviceGetClockInfo) is left out on purpose: it follows load and power
         # state, and every software key is compared when a model's freshness is checked.
-        for key, query, kind in (("gpu_sm_app_clock_mhz", "nvmlDeviceGetApplicationsClock", "NVML_CLOCK_SM"),
-                                 ("gpu_mem_app_clock_mhz", "nvmlDeviceGetApplicationsClock", "NVML_CLOCK_MEM"),
-                                 ("gpu_sm_max_clock_mhz", "nvmlDeviceGetMaxClockInfo", "NVML_CLOCK_SM"),
-                                 ("gpu_mem_max_clock_mhz", "nvmlDeviceGetMaxClockInfo", "NVML_CLOCK_MEM")):
+        for key, query, kind in (
+            ("gpu_sm_app_clock_mhz", "nvmlDeviceGetApplicationsClock", "NVML_CLOCK_SM"),
+            ("gpu_mem_app_clock_mhz", "nvmlDeviceGetApplicationsClock", "NVML_CLOCK_MEM"),
+            ("gpu_sm_max_clock_mhz", "nvmlDeviceGetMaxClockInfo", "NVML_CLOCK_SM"),
+            ("gpu_mem_max_clock_mhz", "nvmlDeviceGetMaxClockInfo", "NVML_CLOCK_MEM"),
+        ):
             values = []
             for h in handles:
                 try:
@@ -304,7 +325,9 @@ def local_node_fingerprint(cpu_slots: int | None = None, gpu_slots: int | None =
     cpu = _cpu_model()
     if gpu_slots is not None:
         gpus, links = gpus[:gpu_slots], [row[:gpu_slots] for row in links[:gpu_slots]]
-        gpus += [DeviceInfo("cuda", "GPU declared by Ray (not seen by NVML)", 0, i) for i in range(len(gpus), gpu_slots)]
+        gpus += [
+            DeviceInfo("cuda", "GPU declared by Ray (not seen by NVML)", 0, i) for i in range(len(gpus), gpu_slots)
+        ]
     if gpus:
         devices = gpus
     else:
@@ -332,6 +355,9 @@ def cluster_fingerprint() -> HardwareFingerprint:
     for n in nodes:
         offered = n.get("Resources", {})
         strategy = NodeAffinitySchedulingStrategy(n["NodeID"], soft=False)
-        refs.append(remote.options(scheduling_strategy=strategy).remote(
-            n["NodeID"], int(offered.get("CPU", 0)), int(offered.get("GPU", 0))))
+        refs.append(
+            remote.options(scheduling_strategy=strategy).remote(
+                n["NodeID"], int(offered.get("CPU", 0)), int(offered.get("GPU", 0))
+            )
+        )
     return HardwareFingerprint(ray.get(refs))

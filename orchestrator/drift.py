@@ -7,6 +7,7 @@ the rolling geomean error over the last N jobs and its trend (the newer half of 
 against the older half). Model drift: every nightly run logged the champion's sentinel error;
 the chart shows both over time, one line per model version, and is logged to MLflow.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -45,8 +46,13 @@ def _runs(kind: str, hardware_id: str | None, metric: str) -> list[Any]:
     filters = [f"tags.kind = '{kind}'", f"metrics.{metric} >= 0"]
     if hardware_id:
         filters.append(f"tags.hardware_id = '{hardware_id}'")
-    return mlflow.search_runs(experiment_names=[registry.EXPERIMENT], filter_string=" and ".join(filters),
-                              order_by=["attributes.start_time ASC"], output_format="list", max_results=10_000)
+    return mlflow.search_runs(
+        experiment_names=[registry.EXPERIMENT],
+        filter_string=" and ".join(filters),
+        order_by=["attributes.start_time ASC"],
+        output_format="list",
+        max_results=10_000,
+    )
 
 
 def collect(hardware_id: str | None = None, last: int = 10) -> dict[str, Any]:
@@ -55,13 +61,23 @@ def collect(hardware_id: str | None = None, last: int = 10) -> dict[str, Any]:
     for run in _runs("autotune", hardware_id, "prediction_error"):
         tags = run.data.tags
         jobs[tags.get("hardware_id", "?")][tags.get("model_version", "?")].append(
-            {"time": run.info.start_time, "error": run.data.metrics["prediction_error"], "job": tags.get("job_name", "")})
+            {
+                "time": run.info.start_time,
+                "error": run.data.metrics["prediction_error"],
+                "job": tags.get("job_name", ""),
+            }
+        )
     sentinels: dict[str, list] = defaultdict(list)
     for run in _runs("nightly", hardware_id, "sentinel_gmae"):
         tags = run.data.tags
         sentinels[tags.get("hardware_id", "?")].append(
-            {"time": run.info.start_time, "gmae": run.data.metrics["sentinel_gmae"],
-             "bound": run.data.metrics.get("sentinel_bound"), "version": tags.get("checked_version", "?")})
+            {
+                "time": run.info.start_time,
+                "gmae": run.data.metrics["sentinel_gmae"],
+                "bound": run.data.metrics.get("sentinel_bound"),
+                "version": tags.get("checked_version", "?"),
+            }
+        )
     report: dict[str, Any] = {}
     for hw in sorted(set(jobs) | set(sentinels)):
         versions = []
@@ -95,8 +111,12 @@ def chart(hardware_id: str, data: dict[str, Any], path: Path) -> Path:
     for s in data["sentinel"]:
         by_version[s["version"]].append(s)
     for version, rows in by_version.items():
-        bottom.plot([datetime.fromtimestamp(s["time"] / 1000) for s in rows], [100 * s["gmae"] for s in rows],
-                    marker="s", label=f"v{version}")
+        bottom.plot(
+            [datetime.fromtimestamp(s["time"] / 1000) for s in rows],
+            [100 * s["gmae"] for s in rows],
+            marker="s",
+            label=f"v{version}",
+        )
     bounds = [(datetime.fromtimestamp(s["time"] / 1000), 100 * s["bound"]) for s in data["sentinel"] if s["bound"]]
     if bounds:
         bottom.plot(*zip(*bounds), linestyle="--", color="grey", label="stale above")

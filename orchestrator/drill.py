@@ -1,6 +1,7 @@
 """A drill: make this machine's probes read N times slower (AUTOTUNE_DRILL_SLOWDOWN=N), so drift
 detection, recalibration and promotion can be exercised end to end without new hardware.
 Every probe actor applies it to what it measures."""
+
 from __future__ import annotations
 
 import os

@@ -6,6 +6,7 @@ Every result is written to the `MeasurementStore` as it arrives. Collective prob
 gang of all actors sharing one torch.distributed group; a failed point tears the gang down,
 rebuilds it (replacing dead actors) and retries once.
 """
+
 from __future__ import annotations
 
 import collections
@@ -20,12 +21,16 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.probe_actor import ProbeActor
-from probes.vocabulary.placement import RankPlacement
-from probes.collective_sweep import (COLLECTIVE_PASSES, collective_batch_bytes, collective_pass_timing,
-                                     default_max_collective_bytes)
+from probes.collective_sweep import (
+    COLLECTIVE_PASSES,
+    collective_batch_bytes,
+    collective_pass_timing,
+    default_max_collective_bytes,
+)
 from probes.probe import ProbeSpec
 from probes.registry import probe_for
 from probes.sweep import collective_batches
+from probes.vocabulary.placement import RankPlacement
 
 ProgressFn = Callable[[int, int], None]  # (done, failed) increments
 ACTOR_CALL_TIMEOUT_S = 60.0  # a bookkeeping call (where, free_port) on a live actor answers in well under this
@@ -64,7 +69,9 @@ class ActorPool:
 
     def _spawn(self, index: int):
         options = {
-            "scheduling_strategy": PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=index),
+            "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                placement_group=self.pg, placement_group_bundle_index=index
+            ),
             "num_cpus": 1,
         }
         if self.device_kind == "cuda":
@@ -95,8 +102,10 @@ class ActorPool:
     def max_collective_bytes(self) -> int:
         """The largest collective message, from the free memory of the devices themselves (the
         driver may be a head with no device at all)."""
-        free = [w.get("device_free_bytes")
-                for w in ray.get([a.where.remote() for a in self.actors], timeout=ACTOR_CALL_TIMEOUT_S)]
+        free = [
+            w.get("device_free_bytes")
+            for w in ray.get([a.where.remote() for a in self.actors], timeout=ACTOR_CALL_TIMEOUT_S)
+        ]
         known = [f for f in free if f]
         return default_max_collective_bytes(self.device_kind, min(known) if known else None)
 
@@ -187,7 +196,9 @@ def run_local_probes(
                 if now >= started + probe_timeout_s or now >= deadline + grace_s:
                     del in_flight[ref]
                     restart(actor_index)  # kill: a hung (or SIGSTOPped) actor answers no cancel
-                    fail(spec, attempt, actor_index, f"timed out after {now - started:.0f}s (actor killed and replaced)")
+                    fail(
+                        spec, attempt, actor_index, f"timed out after {now - started:.0f}s (actor killed and replaced)"
+                    )
             submit()
             continue
         ref = finished[0]
@@ -249,8 +260,10 @@ class Gang:
         addr = ray.get(leader.where.remote(), timeout=ACTOR_CALL_TIMEOUT_S)["ip"]
         port = ray.get(leader.free_port.remote(), timeout=ACTOR_CALL_TIMEOUT_S)
         world = len(self.members)
-        ray.get([a.init_group.remote(addr, port, rank, world, self.timeout_s) for rank, a in enumerate(self.actors)],
-                timeout=self.timeout_s + ACTOR_CALL_TIMEOUT_S)
+        ray.get(
+            [a.init_group.remote(addr, port, rank, world, self.timeout_s) for rank, a in enumerate(self.actors)],
+            timeout=self.timeout_s + ACTOR_CALL_TIMEOUT_S,
+        )
 
     def disband(self, timeout_s: float = 15.0) -> None:
         """Destroy the group on every member, waiting `timeout_s` in all (a stuck member is
@@ -334,7 +347,7 @@ def run_collective_probes(
                     continue  # training points run once; a failed batch is not retried per pass
                 fit = (deadline - time.monotonic()) / visit_s if visit_s > 0 else float("inf")
                 if fit < len(batch):  # a batch is several points: run only what fits before the deadline
-                    batch = batch[:max(1, int(fit))]
+                    batch = batch[: max(1, int(fit))]
                 plain = list(batch)  # as generated: what a resumed calibration looks up
                 batch = [gang.placed(s) for s in batch]
                 for attempt in (0, 1):
@@ -352,7 +365,11 @@ def run_collective_probes(
                         progress and progress(len(batch), 0)
                         break
                     except (RayError, GetTimeoutError) as exc:
-                        why = "timed out (members killed and replaced)" if isinstance(exc, GetTimeoutError) else _short(exc)
+                        why = (
+                            "timed out (members killed and replaced)"
+                            if isinstance(exc, GetTimeoutError)
+                            else _short(exc)
+                        )
                         late = time.monotonic() >= deadline
                         if late and isinstance(exc, GetTimeoutError):
                             for i in gang.members:  # stop what they still run: the next phase needs them
@@ -365,9 +382,11 @@ def run_collective_probes(
                                 late = True
                         if attempt == 1 or late:
                             for spec in batch:
-                                store.add_failure({**spec.to_dict(), "pass": visit},
-                                                  why + ("; no time left for a retry" if late and attempt == 0 else ""),
-                                                  attempt + 1)
+                                store.add_failure(
+                                    {**spec.to_dict(), "pass": visit},
+                                    why + ("; no time left for a retry" if late and attempt == 0 else ""),
+                                    attempt + 1,
+                                )
                             failed += len(batch) if visit == 0 else 0
                             progress and progress(0, len(batch))
                             if late:

@@ -11,6 +11,7 @@ memory, ends that workload's sweep there and is recorded, never dropped. Rows go
 `plan_fusion_width` is what `python -m orchestrator.cli.fuse` runs: one workload's widths
 probed, its model fitted, the width chosen, all logged to an MLflow run (kind=fusion).
 """
+
 from __future__ import annotations
 
 import time
@@ -32,8 +33,9 @@ from probes.vocabulary.records import Measurement
 
 
 @ray.remote(max_calls=1)  # a fresh worker process per width: see the module docstring
-def measure_width_task(workload: str, width: int, batch_size: int | None, optimizer: str, device: str,
-                       max_seconds: float, seed: int) -> dict:
+def measure_width_task(
+    workload: str, width: int, batch_size: int | None, optimizer: str, device: str, max_seconds: float, seed: int
+) -> dict:
     return measure_fusion_width(workload, width, batch_size, optimizer, device, max_seconds, seed).to_row()
 
 
@@ -47,10 +49,19 @@ class WidthSweep:
     rows: list[Measurement] = field(default_factory=list)
 
 
-def probe_fusion(workloads: Sequence[str], store: MeasurementStore, max_width: int = 64,
-                 memory_cap_bytes: float = 8 * 2**30, step_cap_s: float = 2.0, batch_size: int | None = None,
-                 optimizer: str = "adam", device_kind: str = "cpu", parallel: int = 1, max_seconds: float = 2.0,
-                 seed: int = 0) -> list[Measurement]:
+def probe_fusion(
+    workloads: Sequence[str],
+    store: MeasurementStore,
+    max_width: int = 64,
+    memory_cap_bytes: float = 8 * 2**30,
+    step_cap_s: float = 2.0,
+    batch_size: int | None = None,
+    optimizer: str = "adam",
+    device_kind: str = "cpu",
+    parallel: int = 1,
+    max_seconds: float = 2.0,
+    seed: int = 0,
+) -> list[Measurement]:
     """Measure widths 1, 2, 4, ... of each workload; a sweep stops after the first width whose
     peak memory passes `memory_cap_bytes`, whose step takes longer than `step_cap_s`, or at
     `max_width`. `parallel` tasks run at once (one per device)."""
@@ -70,8 +81,9 @@ def probe_fusion(workloads: Sequence[str], store: MeasurementStore, max_width: i
             if sweep.stopped or busy:
                 continue
             width = sweep.next_width
-            ref = measure_width_task.options(**resources).remote(sweep.workload, width, batch_size, optimizer,
-                                                                 device, max_seconds, seed)
+            ref = measure_width_task.options(**resources).remote(
+                sweep.workload, width, batch_size, optimizer, device, max_seconds, seed
+            )
             in_flight[ref] = (sweep.workload, width)
 
     submit()
@@ -86,8 +98,9 @@ def probe_fusion(workloads: Sequence[str], store: MeasurementStore, max_width: i
             attempts[(workload, width)] = attempts.get((workload, width), 0) + 1
             out_of_memory = "out of memory" in str(exc).lower() or "OutOfMemory" in type(exc).__name__
             if attempts[(workload, width)] >= 2 or out_of_memory:  # else: retried, next_width unchanged
-                store.add_failure({"family": "fusion", "workload": workload, "width": width}, message,
-                                  attempts[(workload, width)])
+                store.add_failure(
+                    {"family": "fusion", "workload": workload, "width": width}, message, attempts[(workload, width)]
+                )
                 sweep.stopped = f"width {width} failed: {message}"
                 progress.update(0, 1)
             submit()
@@ -97,7 +110,9 @@ def probe_fusion(workloads: Sequence[str], store: MeasurementStore, max_width: i
         progress.update(1, 0)
         peak, step = row.extra["peak_memory_bytes"], row.median_s
         if peak > memory_cap_bytes:
-            sweep.stopped = f"width {width} held {peak / 2**20:.0f} MiB, over the {memory_cap_bytes / 2**20:.0f} MiB cap"
+            sweep.stopped = (
+                f"width {width} held {peak / 2**20:.0f} MiB, over the {memory_cap_bytes / 2**20:.0f} MiB cap"
+            )
         elif step > step_cap_s:
             sweep.stopped = f"width {width} took {step:.2f}s a step, over the {step_cap_s:g}s cap"
         elif width * 2 > max_width:
@@ -111,9 +126,17 @@ def probe_fusion(workloads: Sequence[str], store: MeasurementStore, max_width: i
     return [r for s in sweeps.values() for r in s.rows]
 
 
-def plan_fusion_width(workload: str, fp: HardwareFingerprint, max_width: int = 64, memory_cap_bytes: float | None = None,
-                      step_cap_s: float = 2.0, batch_size: int | None = None, optimizer: str = "adam",
-                      probe_seconds: float = 2.0, trials: int | None = None) -> dict[str, Any]:
+def plan_fusion_width(
+    workload: str,
+    fp: HardwareFingerprint,
+    max_width: int = 64,
+    memory_cap_bytes: float | None = None,
+    step_cap_s: float = 2.0,
+    batch_size: int | None = None,
+    optimizer: str = "adam",
+    probe_seconds: float = 2.0,
+    trials: int | None = None,
+) -> dict[str, Any]:
     """Probe `workload`'s widths on this cluster (rows under .autotune/fusion/<stamp>/), fit its
     FusionModel, choose the width under the memory cap (default 60% of a device's memory) and
     log rows, model and decision to an MLflow run (kind=fusion); with `trials`, also how a
@@ -123,26 +146,53 @@ def plan_fusion_width(workload: str, fp: HardwareFingerprint, max_width: int = 6
     # bandwidth, and a wide fused job beside a narrow one distorts both, so one at a time.
     devices = int(ray.cluster_resources().get("GPU", 1)) if fp.device_kind == "cuda" else 1
     store = MeasurementStore(Path(".autotune/fusion") / time.strftime("%Y%m%d-%H%M%S"))
-    say(f"fusion widths of {workload} on {fp.summary()}: up to {max_width}, cap {cap / 2**30:.1f} GiB; "
-        f"rows in {store.rows_path}")
+    say(
+        f"fusion widths of {workload} on {fp.summary()}: up to {max_width}, cap {cap / 2**30:.1f} GiB; "
+        f"rows in {store.rows_path}"
+    )
     with mlflow.start_run(run_name=f"fusion-{workload}") as run:
         mlflow.set_tags({"kind": "fusion", "hardware_id": fp.hardware_id, "workload": workload})
-        rows = probe_fusion([workload], store, max_width, cap, step_cap_s, batch_size,
-                            optimizer, fp.device_kind, parallel=devices, max_seconds=probe_seconds)
+        rows = probe_fusion(
+            [workload],
+            store,
+            max_width,
+            cap,
+            step_cap_s,
+            batch_size,
+            optimizer,
+            fp.device_kind,
+            parallel=devices,
+            max_seconds=probe_seconds,
+        )
         mlflow.log_artifact(str(store.rows_path))
         model = fit_fusion_models(rows)[workload]
         mlflow.log_dict(model.to_dict(), "fusion_model.json")
         decision = choose_width(model, cap, max_width)
-        mlflow.log_dict({"policy": decision.policy, "choice": decision.choice, "detail": decision.choice_detail,
-                         "candidates": [c.__dict__ for c in decision.candidates]}, "fusion_decision.json")
-        mlflow.log_metrics({"chosen_width": decision.choice_detail["width"],
-                            "predicted_samples_per_s": decision.choice_detail["samples_per_s"],
-                            "speedup_vs_one": decision.choice_detail["speedup_vs_one"],
-                            "fit_gmae": model.fit_gmae})
-        out: dict[str, Any] = {"hardware_id": fp.hardware_id, "run_id": run.info.run_id,
-                               "measured": {int(r.params["width"]): r.extra["samples_per_s"] for r in rows},
-                               **decision.choice_detail}
+        mlflow.log_dict(
+            {
+                "policy": decision.policy,
+                "choice": decision.choice,
+                "detail": decision.choice_detail,
+                "candidates": [c.__dict__ for c in decision.candidates],
+            },
+            "fusion_decision.json",
+        )
+        mlflow.log_metrics(
+            {
+                "chosen_width": decision.choice_detail["width"],
+                "predicted_samples_per_s": decision.choice_detail["samples_per_s"],
+                "speedup_vs_one": decision.choice_detail["speedup_vs_one"],
+                "fit_gmae": model.fit_gmae,
+            }
+        )
+        out: dict[str, Any] = {
+            "hardware_id": fp.hardware_id,
+            "run_id": run.info.run_id,
+            "measured": {int(r.params["width"]): r.extra["samples_per_s"] for r in rows},
+            **decision.choice_detail,
+        }
         if trials:
-            out["groups"] = [len(g) for g in partition_trials([{} for _ in range(trials)],
-                                                              decision.choice_detail["width"])]
+            out["groups"] = [
+                len(g) for g in partition_trials([{} for _ in range(trials)], decision.choice_detail["width"])
+            ]
     return out

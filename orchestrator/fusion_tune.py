@@ -14,6 +14,7 @@ takes `halving=MemberHalving(...)`: ASHA's rule applied per trial across all gro
 held by one small actor), a stopped trial cut out of its fused job.
 `fused=False` runs the same sweep one model per Tune trial, the baseline it is timed against.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -31,8 +32,8 @@ from ray.tune.search.variant_generator import generate_variants
 from policies.fusion_width import FUSIBLE_KEYS, partition_trials
 from probes.workloads.fusion.fused_optim import FusedHyperParams
 from probes.workloads.fusion.hfta import fused_cross_entropy
-from probes.workloads.fusion.trainer import FusedTrainer
 from probes.workloads.fusion.models import FusionWorkload, batches, workload
+from probes.workloads.fusion.trainer import FusedTrainer
 
 VALIDATION_SAMPLES = 256
 
@@ -122,9 +123,13 @@ def _group_hyper(configs: Sequence[dict[str, Any]]) -> FusedHyperParams:
     def vector(key: str, default: float) -> list[float]:
         return [float(c.get(key, default)) for c in configs]
 
-    return FusedHyperParams(lr=vector("lr", 1e-3), weight_decay=vector("weight_decay", 0.0),
-                            momentum=vector("momentum", 0.0), beta1=vector("beta1", 0.9),
-                            beta2=vector("beta2", 0.999))
+    return FusedHyperParams(
+        lr=vector("lr", 1e-3),
+        weight_decay=vector("weight_decay", 0.0),
+        momentum=vector("momentum", 0.0),
+        beta1=vector("beta1", 0.9),
+        beta2=vector("beta2", 0.999),
+    )
 
 
 def train_group(config: dict[str, Any], work: FusionWorkload | None = None, board: Any = None) -> None:
@@ -138,9 +143,14 @@ def train_group(config: dict[str, Any], work: FusionWorkload | None = None, boar
     work = work or workload(config["workload"])
     batch_size = int(first.get("batch_size", work.batch_size))
     device = trial_device()
-    trainer = FusedTrainer.build(work, seeds=[int(c.get("seed", i)) for i, c in enumerate(configs)],
-                                 hyper=_group_hyper(configs), optimizer=str(first.get("optimizer", "adam")),
-                                 dropouts=[float(c.get("dropout", 0.0)) for c in configs], device=device)
+    trainer = FusedTrainer.build(
+        work,
+        seeds=[int(c.get("seed", i)) for i, c in enumerate(configs)],
+        hyper=_group_hyper(configs),
+        optimizer=str(first.get("optimizer", "adam")),
+        dropouts=[float(c.get("dropout", 0.0)) for c in configs],
+        device=device,
+    )
     stream = batches(work, batch_size, int(config["data_seed"]))
     val_x, val_y = (t.to(device) for t in next(batches(work, VALIDATION_SAMPLES, int(config["data_seed"]) + 1)))
     for epoch in range(int(config["epochs"])):
@@ -152,8 +162,10 @@ def train_group(config: dict[str, Any], work: FusionWorkload | None = None, boar
             _, losses = fused_cross_entropy(logits, val_y)
             accuracy = (logits.argmax(dim=-1) == val_y).float().mean(dim=1)
         trainer.fused.train()
-        report = {m["trial_id"]: {"val_loss": float(losses[i]), "val_accuracy": float(accuracy[i])}
-                  for i, m in enumerate(members)}
+        report = {
+            m["trial_id"]: {"val_loss": float(losses[i]), "val_accuracy": float(accuracy[i])}
+            for i, m in enumerate(members)
+        }
         width = len(members)
         if board is not None:
             go_on = ray.get(board.judge.remote(epoch + 1, {t: r["val_loss"] for t, r in report.items()}))
@@ -163,8 +175,14 @@ def train_group(config: dict[str, Any], work: FusionWorkload | None = None, boar
             if len(kept) < len(members) and kept:
                 trainer.keep(kept)
             members = [members[i] for i in kept]
-        tune.report({"trials": report, "val_loss": min(r["val_loss"] for r in report.values()), "epoch": epoch + 1,
-                     "width": width})
+        tune.report(
+            {
+                "trials": report,
+                "val_loss": min(r["val_loss"] for r in report.values()),
+                "epoch": epoch + 1,
+                "width": width,
+            }
+        )
         if not members:
             return
 
@@ -184,10 +202,21 @@ def trial_resources(device_kind: str, cpus_per_trial: float) -> dict[str, float]
     return {"cpu": cpus_per_trial}
 
 
-def run_sweep(work: str | FusionWorkload, trials: Sequence[dict[str, Any]], width: int, epochs: int,
-              steps_per_epoch: int, storage: str | Path, name: str, data_seed: int = 0, fused: bool = True,
-              scheduler: Any = None, cpus_per_trial: float = 1.0,
-              halving: MemberHalving | None = None, device_kind: str = "cpu") -> SweepOutcome:
+def run_sweep(
+    work: str | FusionWorkload,
+    trials: Sequence[dict[str, Any]],
+    width: int,
+    epochs: int,
+    steps_per_epoch: int,
+    storage: str | Path,
+    name: str,
+    data_seed: int = 0,
+    fused: bool = True,
+    scheduler: Any = None,
+    cpus_per_trial: float = 1.0,
+    halving: MemberHalving | None = None,
+    device_kind: str = "cpu",
+) -> SweepOutcome:
     """Run `trials` (configs) as fused groups of at most `width` (or one per Tune trial when
     `fused` is False) and return every trial's own history. `work` is a reference workload's
     name or the user's own `FusionWorkload` (a model factory, a batch function, a batch size):
@@ -202,10 +231,16 @@ def run_sweep(work: str | FusionWorkload, trials: Sequence[dict[str, Any]], widt
     group_members = [[{"trial_id": ids[i], "config": dict(trials[i])} for i in g] for g in groups]
     board = ray.remote(num_cpus=0)(RungBoard).remote(halving) if halving is not None else None
     tuner = tune.Tuner(
-        tune.with_resources(tune.with_parameters(train_group, work=work, board=board),
-                            trial_resources(device_kind, cpus_per_trial)),
-        param_space={"workload": work.name, "epochs": epochs, "steps_per_epoch": steps_per_epoch,
-                     "data_seed": data_seed, "members": tune.grid_search(group_members)},
+        tune.with_resources(
+            tune.with_parameters(train_group, work=work, board=board), trial_resources(device_kind, cpus_per_trial)
+        ),
+        param_space={
+            "workload": work.name,
+            "epochs": epochs,
+            "steps_per_epoch": steps_per_epoch,
+            "data_seed": data_seed,
+            "members": tune.grid_search(group_members),
+        },
         tune_config=tune.TuneConfig(metric="val_loss", mode="min", scheduler=scheduler),
         run_config=tune.RunConfig(storage_path=str(Path(storage).resolve()), name=name, verbose=0),
     )
@@ -227,7 +262,12 @@ def run_sweep(work: str | FusionWorkload, trials: Sequence[dict[str, Any]], widt
                 loss = row.get(f"trials/{tid}/val_loss")
                 if loss is None or np.isnan(loss):
                     continue  # stopped by halving before this epoch
-                history.append({"epoch": int(row["epoch"]), "val_loss": float(loss),
-                                "val_accuracy": float(row[f"trials/{tid}/val_accuracy"])})
+                history.append(
+                    {
+                        "epoch": int(row["epoch"]),
+                        "val_loss": float(loss),
+                        "val_accuracy": float(row[f"trials/{tid}/val_accuracy"]),
+                    }
+                )
             outcomes[tid] = TrialOutcome(tid, m["config"], group_of[tid], len(members), history)
     return SweepOutcome(fused, wall, [[ids[i] for i in g] for g in groups], [outcomes[t] for t in ids if t in outcomes])

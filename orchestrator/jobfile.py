@@ -1,4 +1,5 @@
 """Reading a job file: YAML → validated `JobSpec`, with errors that name file and field."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -17,13 +18,16 @@ def load_job(path: str | Path) -> JobSpec:
     if not path.exists():
         raise JobSpecError([f"{path}: job file not found"], fields=[JOB_OPTION])
     if not path.is_file():
-        raise JobSpecError([f"{path}: expected a job file (YAML), got a directory or other non-file"],
-                           fields=[JOB_OPTION])
+        raise JobSpecError(
+            [f"{path}: expected a job file (YAML), got a directory or other non-file"], fields=[JOB_OPTION]
+        )
     try:
         text = path.read_bytes().decode("utf-8")
     except UnicodeDecodeError as exc:
-        raise JobSpecError([f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); expected a YAML job "
-                            f"file in UTF-8"], fields=[JOB_OPTION]) from None
+        raise JobSpecError(
+            [f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); expected a YAML job file in UTF-8"],
+            fields=[JOB_OPTION],
+        ) from None
     except OSError as exc:
         raise JobSpecError([f"{path}: cannot read the job file: {exc.strerror or exc}"], fields=[JOB_OPTION]) from None
     try:

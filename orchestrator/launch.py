@@ -5,6 +5,7 @@ transformer block stack (probes.workloads.transformer), on the process group Ray
 (NCCL with GPUs, gloo without) and times `iterations` steps after warm-up. The reported
 iteration time is the median over steps of the slowest rank's step time.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -12,9 +13,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from probes.vocabulary.chunks import ChunkSchedule, ScheduleError
-from probes.vocabulary.table_shards import PlanEntry, table_shards
 from probes.vocabulary.jobspec import JobSpec
 from probes.vocabulary.placement import PlacementError
+from probes.vocabulary.table_shards import PlanEntry, table_shards
 
 
 @dataclass
@@ -37,7 +38,6 @@ def _train_loop(config: dict[str, Any]) -> None:
     import ray.train
     import ray.train.torch
     import torch
-
     import torch.distributed as dist
 
     from orchestrator.quiet_host import wait_for_quiet_host
@@ -56,30 +56,53 @@ def _train_loop(config: dict[str, Any]) -> None:
     if "plans" in config:
         from probes.workloads.plan_race import race_plans
 
-        race = race_plans(JobSpec.from_dict(config["job"]), config["plans"], ctx.get_world_rank(),
-                          ctx.get_world_size(), device, config["rounds"], config["steps_per_round"], config["warmup"])
-        metrics = {"plans": [{**_metrics(r), "iteration_ms": float(t) * 1e3, "raw_median_ms": r.median_s * 1e3}
-                             for r, t in zip(race.steps, race.plan_seconds())],
-                   "round_medians_ms": (race.round_medians_s * 1e3).tolist()}
+        race = race_plans(
+            JobSpec.from_dict(config["job"]),
+            config["plans"],
+            ctx.get_world_rank(),
+            ctx.get_world_size(),
+            device,
+            config["rounds"],
+            config["steps_per_round"],
+            config["warmup"],
+        )
+        metrics = {
+            "plans": [
+                {**_metrics(r), "iteration_ms": float(t) * 1e3, "raw_median_ms": r.median_s * 1e3}
+                for r, t in zip(race.steps, race.plan_seconds())
+            ],
+            "round_medians_ms": (race.round_medians_s * 1e3).tolist(),
+        }
         summary = {f"plan{k}_iteration_ms": m["iteration_ms"] for k, m in enumerate(metrics["plans"])}
     else:
         if "transformer" in config:
-            from probes.workloads.transformer import ParallelTransformer
             from probes.vocabulary.transformer_spec import TransformerSpec
+            from probes.workloads.transformer import ParallelTransformer
 
-            model = ParallelTransformer(TransformerSpec.from_dict(config["transformer"]), ctx.get_world_rank(), device,
-                                        overlap_slices=config.get("overlap_slices"))
+            model = ParallelTransformer(
+                TransformerSpec.from_dict(config["transformer"]),
+                ctx.get_world_rank(),
+                device,
+                overlap_slices=config.get("overlap_slices"),
+            )
         else:
             from probes.workloads.dlrm import ShardedDLRM
 
             spec = JobSpec.from_dict(config["job"])
-            model = ShardedDLRM(spec, config["table_to_rank"], ctx.get_world_rank(), ctx.get_world_size(), device,
-                                chunk_schedule=config.get("chunk_schedule"),
-                                overlap_slices=config.get("overlap_slices", {}).get("embedding_all_to_all", 1))
+            model = ShardedDLRM(
+                spec,
+                config["table_to_rank"],
+                ctx.get_world_rank(),
+                ctx.get_world_size(),
+                device,
+                chunk_schedule=config.get("chunk_schedule"),
+                overlap_slices=config.get("overlap_slices", {}).get("embedding_all_to_all", 1),
+            )
         metrics = summary = _metrics(model.run(config["iterations"], config["warmup"]))
     if quiet is not None:
-        metrics.update(quiet_wait_s=quiet.waited_s, host_busy_share=quiet.busy_share, host_quiet=quiet.quiet,
-                       rank_nodes=rank_nodes)
+        metrics.update(
+            quiet_wait_s=quiet.waited_s, host_busy_share=quiet.busy_share, host_quiet=quiet.quiet, rank_nodes=rank_nodes
+        )
         ray.get(config["collector"].put.remote(metrics))
     ray.train.report(summary)
 
@@ -107,9 +130,14 @@ class _ResultCollector:
 
 
 def launch_dlrm(
-    spec: JobSpec, table_to_rank: Sequence[PlanEntry], iterations: int | None = None, use_gpu: bool = False,
-    storage: str | Path = ".autotune/ray_results", chunk_schedule: dict | None = None,
-    substitutions: dict[str, int] | None = None, placement: dict[str, Any] | None = None,
+    spec: JobSpec,
+    table_to_rank: Sequence[PlanEntry],
+    iterations: int | None = None,
+    use_gpu: bool = False,
+    storage: str | Path = ".autotune/ray_results",
+    chunk_schedule: dict | None = None,
+    substitutions: dict[str, int] | None = None,
+    placement: dict[str, Any] | None = None,
 ) -> LaunchResult:
     """Run the job for real with a sharding plan: per table a rank (table-wise) or a row-/
     column-wise / data-parallel entry (`probes.vocabulary.table_shards`); with a chunk schedule (the plan's
@@ -121,15 +149,25 @@ def launch_dlrm(
     table_shards(spec, table_to_rank)  # a bad plan fails here, naming the entry, before any worker starts
     if chunk_schedule is not None and ChunkSchedule.from_dict(chunk_schedule).world_size != spec.world_size:
         raise ScheduleError(f"chunk schedule grid {chunk_schedule['dims']} does not hold world_size={spec.world_size}")
-    config = {"job": spec.to_dict(), "table_to_rank": list(table_to_rank), "chunk_schedule": chunk_schedule,
-              "overlap_slices": substitutions, "iterations": iterations or spec.iterations,
-              "warmup": spec.warmup_iterations}
+    config = {
+        "job": spec.to_dict(),
+        "table_to_rank": list(table_to_rank),
+        "chunk_schedule": chunk_schedule,
+        "overlap_slices": substitutions,
+        "iterations": iterations or spec.iterations,
+        "warmup": spec.warmup_iterations,
+    }
     return _launch(config, spec.world_size, f"dlrm-{spec.name}", use_gpu, storage, placement)
 
 
 def race_dlrm_plans(
-    spec: JobSpec, plans: Sequence[Sequence[PlanEntry]], rounds: int = 10, steps_per_round: int = 8,
-    use_gpu: bool = False, storage: str | Path = ".autotune/ray_results", placement: dict[str, Any] | None = None,
+    spec: JobSpec,
+    plans: Sequence[Sequence[PlanEntry]],
+    rounds: int = 10,
+    steps_per_round: int = 8,
+    use_gpu: bool = False,
+    storage: str | Path = ".autotune/ray_results",
+    placement: dict[str, Any] | None = None,
 ) -> list[LaunchResult]:
     """Run several plans of one job for real in one Ray Train run, their timed steps interleaved
     in rounds (`probes.workloads.plan_race`), so the comparison does not ride on the host's
@@ -137,27 +175,41 @@ def race_dlrm_plans(
     (`per_iteration_ms` keeps every raw step)."""
     for plan in plans:
         table_shards(spec, plan)
-    config = {"job": spec.to_dict(), "plans": [list(p) for p in plans], "rounds": rounds,
-              "steps_per_round": steps_per_round, "warmup": spec.warmup_iterations}
+    config = {
+        "job": spec.to_dict(),
+        "plans": [list(p) for p in plans],
+        "rounds": rounds,
+        "steps_per_round": steps_per_round,
+        "warmup": spec.warmup_iterations,
+    }
     metrics = _run(config, spec.world_size, f"dlrm-race-{spec.name}", use_gpu, storage, placement)
     host = {k: metrics[k] for k in ("quiet_wait_s", "host_quiet", "rank_nodes") if k in metrics}
     return [_result({**m, **host}, rounds * steps_per_round, placement) for m in metrics["plans"]]
 
 
 def launch_transformer(
-    spec: Any, iterations: int | None = None, use_gpu: bool = False, storage: str | Path = ".autotune/ray_results",
-    substitutions: dict[str, int] | None = None, placement: dict[str, Any] | None = None,
+    spec: Any,
+    iterations: int | None = None,
+    use_gpu: bool = False,
+    storage: str | Path = ".autotune/ray_results",
+    substitutions: dict[str, int] | None = None,
+    placement: dict[str, Any] | None = None,
 ) -> LaunchResult:
     """Run a `TransformerSpec` (data x tensor parallel) for real and time it; `substitutions`
     ("b{layer}.out" / "b{layer}.fc2" -> slices) runs those row-parallel pairs overlapped."""
     allowed = {f"b{layer}.{name}" for layer in range(spec.layers) for name in ("out", "fc2")}
-    config = {"transformer": spec.to_dict(), "overlap_slices": _checked_substitutions(substitutions, allowed, allowed),
-              "iterations": iterations or spec.iterations, "warmup": spec.warmup_iterations}
+    config = {
+        "transformer": spec.to_dict(),
+        "overlap_slices": _checked_substitutions(substitutions, allowed, allowed),
+        "iterations": iterations or spec.iterations,
+        "warmup": spec.warmup_iterations,
+    }
     return _launch(config, spec.world_size, f"transformer-{spec.name}", use_gpu, storage, placement)
 
 
-def _checked_substitutions(substitutions: dict[str, int] | None, allowed: set[str],
-                           fused_kernel: set[str] = frozenset()) -> dict[str, int]:
+def _checked_substitutions(
+    substitutions: dict[str, int] | None, allowed: set[str], fused_kernel: set[str] = frozenset()
+) -> dict[str, int]:
     """A substitution decision the job can run, refused before any worker starts otherwise.
     Slices 0 (`policies.substitution.SYMM_MEM_SLICES`) runs PyTorch's symmetric-memory fused
     kernels, for the pairs in `fused_kernel` (the row-parallel GEMM + all-reduce pairs)."""
@@ -167,14 +219,22 @@ def _checked_substitutions(substitutions: dict[str, int] | None, allowed: set[st
             raise ValueError(f"substitutions: no pair {name!r} in this job; allowed: {sorted(allowed)}")
         lowest = 0 if name in fused_kernel else 1
         if int(slices) < lowest:
-            raise ValueError(f"substitutions[{name!r}]: slices must be >= {lowest}"
-                             f"{' (0: the symmetric-memory fused kernels)' if lowest == 0 else ''}, got {slices}")
+            raise ValueError(
+                f"substitutions[{name!r}]: slices must be >= {lowest}"
+                f"{' (0: the symmetric-memory fused kernels)' if lowest == 0 else ''}, got {slices}"
+            )
         out[name] = int(slices)
     return out
 
 
-def _launch(config: dict[str, Any], world_size: int, name: str, use_gpu: bool, storage: str | Path,
-            placement: dict[str, Any] | None) -> LaunchResult:
+def _launch(
+    config: dict[str, Any],
+    world_size: int,
+    name: str,
+    use_gpu: bool,
+    storage: str | Path,
+    placement: dict[str, Any] | None,
+) -> LaunchResult:
     return _result(_run(config, world_size, name, use_gpu, storage, placement), config["iterations"], placement)
 
 
@@ -182,9 +242,14 @@ def _result(metrics: dict[str, Any], iterations: int, placement: dict[str, Any] 
     rank_nodes = metrics.get("rank_nodes")
     planned = planned_rank_nodes(placement)
     return LaunchResult(
-        float(metrics["iteration_ms"]), iterations, list(metrics["per_iteration_ms"]),
-        float(metrics["loss_first"]), float(metrics["loss_last"]),
-        metrics.get("quiet_wait_s"), metrics.get("host_quiet"), rank_nodes,
+        float(metrics["iteration_ms"]),
+        iterations,
+        list(metrics["per_iteration_ms"]),
+        float(metrics["loss_first"]),
+        float(metrics["loss_last"]),
+        metrics.get("quiet_wait_s"),
+        metrics.get("host_quiet"),
+        rank_nodes,
         None if planned is None or rank_nodes is None else list(rank_nodes) == planned,
     )
 
@@ -215,8 +280,14 @@ def worker_label_selectors(placement: dict[str, Any] | None, world_size: int) ->
     return [{NODE_ID_LABEL: node} for node in planned]
 
 
-def _run(config: dict[str, Any], world_size: int, name: str, use_gpu: bool, storage: str | Path,
-         placement: dict[str, Any] | None = None) -> dict[str, Any]:
+def _run(
+    config: dict[str, Any],
+    world_size: int,
+    name: str,
+    use_gpu: bool,
+    storage: str | Path,
+    placement: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     import ray
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
@@ -231,8 +302,12 @@ def _run(config: dict[str, Any], world_size: int, name: str, use_gpu: bool, stor
     trainer = TorchTrainer(
         _train_loop,
         train_loop_config={**config, "threads_per_worker": 1, "collector": collector},
-        scaling_config=ScalingConfig(num_workers=world_size, use_gpu=use_gpu, resources_per_worker={"CPU": 1},
-                                     label_selector=worker_label_selectors(placement, world_size)),
+        scaling_config=ScalingConfig(
+            num_workers=world_size,
+            use_gpu=use_gpu,
+            resources_per_worker={"CPU": 1},
+            label_selector=worker_label_selectors(placement, world_size),
+        ),
         run_config=RunConfig(name=name, storage_path=str(Path(storage).resolve())),
     )
     trainer.fit()

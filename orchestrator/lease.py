@@ -11,6 +11,7 @@ lease has expired the next process takes the lock over. So a lock never outlives
 more than `ttl_s`. Before promoting, a holder checks it still holds the lock (`held()`): one
 whose lease ran out promotes nothing.
 """
+
 from __future__ import annotations
 
 import os
@@ -89,15 +90,16 @@ class Lease:
         self._start_heartbeat()
         return True
 
-    def acquire(self, timeout_s: float, poll_s: float = 2.0,
-                on_wait: Callable[[str], None] | None = None) -> None:
+    def acquire(self, timeout_s: float, poll_s: float = 2.0, on_wait: Callable[[str], None] | None = None) -> None:
         """Wait up to `timeout_s` for the lock; `LeaseTimeout` names the holder otherwise."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         told = False
         while not self.try_acquire():
             holder = self.current()
             if time.monotonic() >= deadline:
-                raise LeaseTimeout(f"{self.scope}: held by {holder[0] if holder else 'unknown'}; waited {timeout_s:.0f}s")
+                raise LeaseTimeout(
+                    f"{self.scope}: held by {holder[0] if holder else 'unknown'}; waited {timeout_s:.0f}s"
+                )
             if on_wait is not None and not told and holder is not None:
                 on_wait(holder[0])
                 told = True

@@ -7,6 +7,7 @@ loses at most that much. A line torn by a crash mid-write (only the last can be)
 a warning when read back. `done.jsonl` lists every probe spec whose result is stored, so a
 calibration cut short resumes with only what is missing (`calibrate --resume DIR`).
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -13,6 +13,7 @@ Safe to start twice, on any pods: the first holds a lock kept in the tracking se
 (`orchestrator.lease`, renewed while it runs, expiring when its holder stops); the second says
 who holds it and exits 0 without touching anything.
 """
+
 from __future__ import annotations
 
 import time
@@ -23,7 +24,13 @@ import mlflow
 
 from orchestrator import registry
 from orchestrator.calibrate import (
-    DEFAULT_BUDGET_S, calibrate, describe, lock_timeout_s, print_summary, promotion_lease, waiting,
+    DEFAULT_BUDGET_S,
+    calibrate,
+    describe,
+    lock_timeout_s,
+    print_summary,
+    promotion_lease,
+    waiting,
 )
 from orchestrator.cluster import HardwareFingerprint
 from orchestrator.lease import Lease
@@ -34,8 +41,12 @@ DEFAULT_LOCK = ".autotune/nightly.lock"
 
 
 def hardware_seen_in_jobs() -> set[str]:
-    runs = mlflow.search_runs(experiment_names=[registry.EXPERIMENT], filter_string="tags.kind = 'autotune'",
-                              output_format="list", max_results=10_000)
+    runs = mlflow.search_runs(
+        experiment_names=[registry.EXPERIMENT],
+        filter_string="tags.kind = 'autotune'",
+        output_format="list",
+        max_results=10_000,
+    )
     return {r.data.tags["hardware_id"] for r in runs if "hardware_id" in r.data.tags}
 
 
@@ -61,17 +72,30 @@ def check_hardware(fp: HardwareFingerprint, settings: NightlySettings) -> dict[s
     if champion is not None:
         out["champion"] = f"{champion.name}/{champion.version}"
         say(f"{hw}: re-measuring the sentinels of champion v{champion.version}")
-        report = run_sentinels(champion.model, fp.device_kind, hw, devices=sum(fp.devices_per_node),
-                               bound=settings.sentinel_bound, ratio=settings.sentinel_ratio)
+        report = run_sentinels(
+            champion.model,
+            fp.device_kind,
+            hw,
+            devices=sum(fp.devices_per_node),
+            bound=settings.sentinel_bound,
+            ratio=settings.sentinel_ratio,
+        )
         out["sentinel"] = {k: v for k, v in report.to_dict().items() if k != "points"}
         mlflow.log_dict(report.to_dict(), f"sentinel-{hw}.json")
         mlflow.set_tag("checked_version", champion.version)
         if report.gmae is not None:
-            mlflow.log_metrics({"sentinel_gmae": report.gmae, "sentinel_bound": report.bound,
-                                "sentinel_points": float(len(report.points))})
-            say(f"{hw}: sentinel GMAE {report.gmae:.1%} over {len(report.points)} point(s) "
+            mlflow.log_metrics(
+                {
+                    "sentinel_gmae": report.gmae,
+                    "sentinel_bound": report.bound,
+                    "sentinel_points": float(len(report.points)),
+                }
+            )
+            say(
+                f"{hw}: sentinel GMAE {report.gmae:.1%} over {len(report.points)} point(s) "
                 f"(stale above {report.bound:.1%}; the champion's held-out GMAE on those ops "
-                + (f"{report.expected_gmae:.1%})" if report.expected_gmae is not None else "unknown)"))
+                + (f"{report.expected_gmae:.1%})" if report.expected_gmae is not None else "unknown)")
+            )
         else:
             say(f"{hw}: no sentinel could be scored ({report.failures} failed, skipped ops {report.skipped})")
         if report.stale:
@@ -86,12 +110,20 @@ def check_hardware(fp: HardwareFingerprint, settings: NightlySettings) -> dict[s
         latest = registry.get_alias(hw, registry.CHAMPION)
         if latest is not None and (champion is None or latest.version != champion.version):
             say(f"{hw}: another process promoted v{latest.version} meanwhile; nothing to recalibrate")
-            out.update(reasons=reasons + [f"superseded by v{latest.version}"], champion=f"{latest.name}/{latest.version}")
+            out.update(
+                reasons=reasons + [f"superseded by v{latest.version}"], champion=f"{latest.name}/{latest.version}"
+            )
             return out
         info = describe(calibrate(fp, settings.budget_s, seed=settings.seed, lease=lease))
     print_summary(info)
-    out.update({"recalibrated": True, "promoted": info["promoted"], "model": info["model"],
-                "promotion_reason": info["promotion_reason"]})
+    out.update(
+        {
+            "recalibrated": True,
+            "promoted": info["promoted"],
+            "model": info["model"],
+            "promotion_reason": info["promotion_reason"],
+        }
+    )
     return out
 
 
@@ -114,14 +146,20 @@ def run_nightly(fingerprint: Callable[[], HardwareFingerprint], uri: str, settin
         elsewhere = []
         for hw in sorted(hardware_seen_in_jobs() - {fp.hardware_id}):
             # Its software versions are unknown from here ({}): age, presence and job drift only.
-            freshness = registry.check_freshness(registry.get_alias(hw, registry.CHAMPION), {}, settings.max_model_age_days)
+            freshness = registry.check_freshness(
+                registry.get_alias(hw, registry.CHAMPION), {}, settings.max_model_age_days
+            )
             if not freshness.fresh:
                 elsewhere.append({"hardware_id": hw, "reasons": freshness.reasons})
-        summary = {"run_id": run.info.run_id, "tracking_uri": uri, "checked": checked,
-                   "needs_nightly_on_its_own_hardware": elsewhere,
-                   "recalibrated": sum(c["recalibrated"] for c in checked),
-                   "promoted": sum(c["promoted"] for c in checked),
-                   "wall_s": round(time.monotonic() - t0, 1)}
+        summary = {
+            "run_id": run.info.run_id,
+            "tracking_uri": uri,
+            "checked": checked,
+            "needs_nightly_on_its_own_hardware": elsewhere,
+            "recalibrated": sum(c["recalibrated"] for c in checked),
+            "promoted": sum(c["promoted"] for c in checked),
+            "wall_s": round(time.monotonic() - t0, 1),
+        }
         mlflow.log_metrics({"recalibrated": float(summary["recalibrated"]), "promoted": float(summary["promoted"])})
         mlflow.log_dict(summary, "nightly_summary.json")
     return summary

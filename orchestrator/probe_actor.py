@@ -1,4 +1,5 @@
 """`ProbeActor`: one per device, runs probes there; a gang of them runs collectives."""
+
 from __future__ import annotations
 
 import datetime
@@ -9,9 +10,9 @@ from typing import Any
 import ray
 
 from orchestrator.drill import apply_drill, drill_slowdown
-from probes.vocabulary.records import Measurement
 from probes.probe import ProbeSpec
 from probes.sweep import run_collective_batch, run_local_probe
+from probes.vocabulary.records import Measurement
 
 
 @ray.remote
@@ -45,8 +46,13 @@ class ProbeActor:
             import torch
 
             free = int(torch.cuda.mem_get_info()[0])
-        return {"node_id": ray.get_runtime_context().get_node_id(), "ip": ray.util.get_node_ip_address(), "pid": os.getpid(),
-                "niceness": os.nice(0), "device_free_bytes": free}
+        return {
+            "node_id": ray.get_runtime_context().get_node_id(),
+            "ip": ray.util.get_node_ip_address(),
+            "pid": os.getpid(),
+            "niceness": os.nice(0),
+            "device_free_bytes": free,
+        }
 
     def run_local(self, spec: ProbeSpec) -> list[Measurement]:
         return self._stamp(run_local_probe(spec, self.device))
@@ -67,7 +73,10 @@ class ProbeActor:
         import torch
 
         dist.init_process_group(
-            self.backend, init_method=f"tcp://{addr}:{port}", rank=rank, world_size=world,
+            self.backend,
+            init_method=f"tcp://{addr}:{port}",
+            rank=rank,
+            world_size=world,
             timeout=datetime.timedelta(seconds=timeout_s),
             # NCCL binds the group to its device (every tensor it is handed lives there: probes.comm)
             device_id=torch.device(self.device) if self.backend == "nccl" else None,

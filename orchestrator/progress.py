@@ -1,4 +1,5 @@
 """Progress lines for long phases: done / failed / total, elapsed, ETA (tqdm on stderr)."""
+
 from __future__ import annotations
 
 import sys
@@ -14,8 +15,15 @@ class Progress:
         self.failed = 0
         interactive = sys.stderr.isatty()
         # In a log (CI, `ray job logs`) a line every 15 s reads better than a redraw every second.
-        self.bar = tqdm(total=total, desc=desc, unit="probe", file=sys.stderr, dynamic_ncols=interactive,
-                        mininterval=1.0 if interactive else 15.0, ascii=not interactive)
+        self.bar = tqdm(
+            total=total,
+            desc=desc,
+            unit="probe",
+            file=sys.stderr,
+            dynamic_ncols=interactive,
+            mininterval=1.0 if interactive else 15.0,
+            ascii=not interactive,
+        )
 
     def update(self, done: int, failed: int) -> None:
         self.failed += failed

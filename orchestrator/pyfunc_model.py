@@ -5,6 +5,7 @@ Our own loader (`orchestrator.registry.load_performance_model`) reads the JSON d
 runs no code at all; this wrapper only exists so `mlflow.pyfunc.load_model` also works for
 people who want a DataFrame in, seconds out.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,9 @@ class PerformanceModelPyfunc(PythonModel):
     def predict(self, context, model_input, params=None):
         """`model_input`: a DataFrame with columns `op` and `params` (a JSON object per row)."""
         return [
-            self.bundle.predict(row["op"], **(json.loads(row["params"]) if isinstance(row["params"], str) else row["params"]))
+            self.bundle.predict(
+                row["op"], **(json.loads(row["params"]) if isinstance(row["params"], str) else row["params"])
+            )
             for row in model_input.to_dict(orient="records")
         ]
 

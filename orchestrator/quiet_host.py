@@ -8,6 +8,7 @@ snapshot during an end-to-end benchmark showed those actors at 20-80% of a core 
 the two training workers ran.
 The workers themselves sleep while this waits, so the host's busy share is everyone else's.
 """
+
 from __future__ import annotations
 
 import time

@@ -1,5 +1,6 @@
 """Connecting to Ray: an address, RAY_ADDRESS (set by `ray job submit`), or a new local cluster
 of our own (never one a stale current-cluster file points at)."""
+
 from __future__ import annotations
 
 import logging

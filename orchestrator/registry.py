@@ -5,6 +5,7 @@ PerformanceModel bundles stored as JSON artifacts. Alias `champion` marks the ve
 a new version takes it only when it is not worse than the current champion on the new
 held-out rows (the champion is re-scored on them), else it gets alias `challenger`.
 """
+
 from __future__ import annotations
 
 import json
@@ -45,14 +46,14 @@ def configure(uri: str | None) -> str:
         # together (two autotunes and a nightly) would race that migration.
         from filelock import FileLock
 
-        db = Path(uri[len("sqlite:///"):]).resolve()
+        db = Path(uri[len("sqlite:///") :]).resolve()
         db.parent.mkdir(parents=True, exist_ok=True)
         with FileLock(str(db) + ".init.lock"):
             mlflow.get_experiment_by_name(EXPERIMENT)
     if mlflow.get_experiment_by_name(EXPERIMENT) is None:
         location = None
         if uri.startswith("sqlite:///"):
-            db = Path(uri[len("sqlite:///"):]).resolve()
+            db = Path(uri[len("sqlite:///") :]).resolve()
             location = (db.parent / "mlartifacts").as_uri()
         try:
             mlflow.create_experiment(EXPERIMENT, artifact_location=location)
@@ -94,8 +95,14 @@ class RegistryUnavailable(RuntimeError):
 
 RETRY_WAITS_S = (0.5, 1.0, 2.0, 4.0)  # backoff between tries of a failing tracking-server call
 # Answers, not failures: raised at once, never retried.
-DEFINITE = {"RESOURCE_DOES_NOT_EXIST", "RESOURCE_ALREADY_EXISTS", "INVALID_PARAMETER_VALUE", "PERMISSION_DENIED",
-            "UNAUTHENTICATED", "BAD_REQUEST"}
+DEFINITE = {
+    "RESOURCE_DOES_NOT_EXIST",
+    "RESOURCE_ALREADY_EXISTS",
+    "INVALID_PARAMETER_VALUE",
+    "PERMISSION_DENIED",
+    "UNAUTHENTICATED",
+    "BAD_REQUEST",
+}
 
 
 def is_not_found(exc: MlflowException) -> bool:
@@ -144,7 +151,9 @@ def load_performance_model(tracking_uri: str | None, hardware_id: str, alias: st
     configure(tracking_uri)
     found = get_alias(hardware_id, alias)
     if found is None:
-        raise LookupError(f"no model registered as {model_name(hardware_id)}@{alias} at {resolve_tracking_uri(tracking_uri)}")
+        raise LookupError(
+            f"no model registered as {model_name(hardware_id)}@{alias} at {resolve_tracking_uri(tracking_uri)}"
+        )
     return found.model
 
 
@@ -174,12 +183,16 @@ def check_freshness(
     recorded = json.loads(champion.tags.get("software", "{}"))
     changed = {k: (recorded.get(k), v) for k, v in software.items() if recorded.get(k) != v}
     if changed:
-        reasons.append("software changed since calibration: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items()))
+        reasons.append(
+            "software changed since calibration: " + ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items())
+        )
     errors = recent_prediction_errors(champion.name, champion.version, drift_window)
     if len(errors) >= 3:
         gm = geomean(errors)
         if gm > drift_bound:
-            reasons.append(f"prediction drift: geomean error {gm:.1%} over the last {len(errors)} jobs > {drift_bound:.0%}")
+            reasons.append(
+                f"prediction drift: geomean error {gm:.1%} over the last {len(errors)} jobs > {drift_bound:.0%}"
+            )
     return Freshness(not reasons, reasons)
 
 
@@ -242,8 +255,12 @@ Scorer = Callable[[PerformanceModel, Sequence[Measurement]], dict[str, Any]]
 
 
 def register_bundle(
-    model: PerformanceModel, test_rows: Sequence[Measurement], software: dict[str, str], scorer: Scorer | None = None,
-    below_floor: Sequence[str] = (), lease: Any = None,
+    model: PerformanceModel,
+    test_rows: Sequence[Measurement],
+    software: dict[str, str],
+    scorer: Scorer | None = None,
+    below_floor: Sequence[str] = (),
+    lease: Any = None,
 ) -> Registration:
     """Log `model` to the active run, register it, and apply the champion rule.
 
@@ -294,11 +311,15 @@ def register_bundle(
         new_gmae, old_gmae = _aggregate_gmae(new_scores), _aggregate_gmae(old_scores)
         promoted = new_gmae <= old_gmae
         verdict = "not worse than" if promoted else "worse than"
-        reason = f"held-out GMAE {new_gmae:.2%} is {verdict} champion v{champion.version}'s {old_gmae:.2%} on the same rows"
+        reason = (
+            f"held-out GMAE {new_gmae:.2%} is {verdict} champion v{champion.version}'s {old_gmae:.2%} on the same rows"
+        )
     if promoted and lease is not None and not lease.held():
         promoted, reason = False, f"not promoted: the promotion lock ({lease.name}) expired before the compare-and-set"
     alias = CHAMPION if promoted else CANDIDATE if below_floor else CHALLENGER
     with_retries(lambda: client.set_registered_model_alias(name, alias, version), f"setting {name}@{alias}")
     with_retries(lambda: client.set_model_version_tag(name, version, "promotion", reason), f"tagging {name} v{version}")
-    mlflow.set_tags({"registered_model": name, "registered_version": version, "promoted": str(promoted), "promotion_reason": reason})
+    mlflow.set_tags(
+        {"registered_model": name, "registered_version": version, "promoted": str(promoted), "promotion_reason": reason}
+    )
     return Registration(name, version, promoted, reason)

@@ -9,6 +9,7 @@ the points chosen when the champion was made. A champion whose sentinel error ha
 past its own held-out error no longer describes the machine: a driver, firmware or neighbour
 changed something that the version check cannot see.
 """
+
 from __future__ import annotations
 
 import time
@@ -20,12 +21,12 @@ from orchestrator.fanout import ActorPool, run_collective_probes, run_local_prob
 from orchestrator.measurement_store import MeasurementStore
 from predictors.evaluation import geomean
 from predictors.performance_model import PerformanceModel
-from probes.vocabulary.records import Measurement
 from probes.elementwise import elementwise_specs
 from probes.embedding import embedding_specs
 from probes.gemm import gemm_specs
 from probes.memcpy import memcpy_specs
 from probes.probe import ProbeSpec
+from probes.vocabulary.records import Measurement
 
 SENTINEL_SEED_OFFSET = 7919  # sentinels are not the calibration's own points
 SENTINEL_COUNTS = {"gemm": 4, "embedding": 3, "elementwise": 4, "memcpy": 2}
@@ -41,15 +42,23 @@ def choose_sentinels(seed: int, device_kind: str, world: int = 1) -> list[dict[s
     the bundle's meta): kernels, and with more than one device an all-reduce and an all-to-all
     over all of them at three sizes."""
     s = seed + SENTINEL_SEED_OFFSET
-    specs = (gemm_specs(SENTINEL_COUNTS["gemm"], s, device_kind=device_kind)
-             + embedding_specs(SENTINEL_COUNTS["embedding"], s, max_rows=100_000, max_batch=1024, device_kind=device_kind)
-             + elementwise_specs(SENTINEL_COUNTS["elementwise"], s, device_kind=device_kind)
-             + memcpy_specs(SENTINEL_COUNTS["memcpy"], s, device_kind, max_bytes=16 * 2**20))
+    specs = (
+        gemm_specs(SENTINEL_COUNTS["gemm"], s, device_kind=device_kind)
+        + embedding_specs(SENTINEL_COUNTS["embedding"], s, max_rows=100_000, max_batch=1024, device_kind=device_kind)
+        + elementwise_specs(SENTINEL_COUNTS["elementwise"], s, device_kind=device_kind)
+        + memcpy_specs(SENTINEL_COUNTS["memcpy"], s, device_kind, max_bytes=16 * 2**20)
+    )
     if world > 1:
         ranks = list(range(world))
-        specs += [ProbeSpec("collective", {"op": op, "bytes": size, "ranks": ranks, "uneven": False, "seed": i},
-                            f"sentinel-{op}:{size}:g{world}")
-                  for op in SENTINEL_COLLECTIVES for i, size in enumerate(SENTINEL_COLLECTIVE_BYTES)]
+        specs += [
+            ProbeSpec(
+                "collective",
+                {"op": op, "bytes": size, "ranks": ranks, "uneven": False, "seed": i},
+                f"sentinel-{op}:{size}:g{world}",
+            )
+            for op in SENTINEL_COLLECTIVES
+            for i, size in enumerate(SENTINEL_COLLECTIVE_BYTES)
+        ]
     return [spec.to_dict() for spec in specs]
 
 
@@ -68,8 +77,13 @@ class SentinelReport:
         return asdict(self)
 
 
-def score_sentinels(model: PerformanceModel, rows: Sequence[Measurement], bound: float = DEFAULT_BOUND,
-                    ratio: float = DEFAULT_RATIO, failures: int = 0) -> SentinelReport:
+def score_sentinels(
+    model: PerformanceModel,
+    rows: Sequence[Measurement],
+    bound: float = DEFAULT_BOUND,
+    ratio: float = DEFAULT_RATIO,
+    failures: int = 0,
+) -> SentinelReport:
     """Score re-measured sentinel rows against `model`: stale when their GMAE exceeds both the
     absolute bound and `ratio` x the model's own held-out GMAE on those ops."""
     points, skipped = [], set()
@@ -91,8 +105,15 @@ def score_sentinels(model: PerformanceModel, rows: Sequence[Measurement], bound:
     return SentinelReport(gmae, expected, limit, gmae > limit, points, failures, sorted(skipped))
 
 
-def run_sentinels(model: PerformanceModel, device_kind: str, hardware_id: str, devices: int = 1,
-                  deadline_s: float = 300.0, bound: float = DEFAULT_BOUND, ratio: float = DEFAULT_RATIO) -> SentinelReport:
+def run_sentinels(
+    model: PerformanceModel,
+    device_kind: str,
+    hardware_id: str,
+    devices: int = 1,
+    deadline_s: float = 300.0,
+    bound: float = DEFAULT_BOUND,
+    ratio: float = DEFAULT_RATIO,
+) -> SentinelReport:
     """Re-measure the champion's sentinels on this hardware's devices (probe actors on the
     nodes that have them, as in calibration, not the driver) and score them. Measurements are
     stored before scoring; collective sentinels over more ranks than the cluster has now are

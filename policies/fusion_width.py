@@ -19,6 +19,7 @@ infusible hyper-parameter (batch size, architecture switches: anything not in
 `FUSIBLE_KEYS`) is equal, and each such class is cut into ceil(n / B) groups of near-equal
 size (so 10 trials at B = 8 run as 5 + 5, not 8 + 2).
 """
+
 from __future__ import annotations
 
 import json
@@ -40,7 +41,7 @@ class FusionPolicyError(ValueError):
 
 def power_of_two_widths(max_width: int) -> list[int]:
     """1, 2, 4, ... up to `max_width`: the widths the probe measures."""
-    return [2 ** k for k in range(int(max_width).bit_length()) if 2 ** k <= max_width]
+    return [2**k for k in range(int(max_width).bit_length()) if 2**k <= max_width]
 
 
 def candidate_widths(model: FusionModel, max_width: int) -> list[int]:
@@ -56,13 +57,19 @@ def fusion_estimator(model: FusionModel, memory_cap_bytes: float) -> Estimator[i
     def estimate(name: str, width: int) -> Candidate:
         speed, memory = model.throughput(width), model.memory_bytes(width)
         feasible = width <= memory_limit
-        detail: dict[str, Any] = {"width": width, "samples_per_s": speed, "peak_memory_bytes": memory,
-                                  "extrapolated": model.extrapolated(width)}
+        detail: dict[str, Any] = {
+            "width": width,
+            "samples_per_s": speed,
+            "peak_memory_bytes": memory,
+            "extrapolated": model.extrapolated(width),
+        }
         if not feasible:
-            detail["reason"] = (f"predicted peak memory {memory / 2**20:.0f} MiB exceeds the cap "
-                                f"{memory_cap_bytes / 2**20:.0f} MiB")
+            detail["reason"] = (
+                f"predicted peak memory {memory / 2**20:.0f} MiB exceeds the cap {memory_cap_bytes / 2**20:.0f} MiB"
+            )
         step_ms = width * model.batch_size / speed * 1e3
         return Candidate(f"width={width}", step_ms if feasible else None, feasible, detail)
+
     return estimate
 
 
@@ -71,13 +78,24 @@ class FusionWidthPolicy:
 
     name = "fusion_width"
 
-    def __init__(self, model: FusionModel, memory_cap_bytes: float, max_width: int = 64,
-                 tolerance: float = DEFAULT_TOLERANCE, widths: Sequence[int] | None = None):
+    def __init__(
+        self,
+        model: FusionModel,
+        memory_cap_bytes: float,
+        max_width: int = 64,
+        tolerance: float = DEFAULT_TOLERANCE,
+        widths: Sequence[int] | None = None,
+    ):
         if max_width < 1:
             raise FusionPolicyError(f"max_width: expected an integer >= 1, got {max_width!r}")
         if not 0 <= tolerance < 1:
             raise FusionPolicyError(f"tolerance: expected 0 <= tolerance < 1, got {tolerance!r}")
-        self.model, self.memory_cap_bytes, self.max_width, self.tolerance = model, memory_cap_bytes, max_width, tolerance
+        self.model, self.memory_cap_bytes, self.max_width, self.tolerance = (
+            model,
+            memory_cap_bytes,
+            max_width,
+            tolerance,
+        )
         self.widths = list(widths or candidate_widths(model, max_width))
 
     def options(self) -> Iterable[tuple[str, int]]:
@@ -89,28 +107,46 @@ class FusionWidthPolicy:
         if not feasible:
             raise FusionPolicyError(
                 f"{model.workload}: even one model is predicted to need {model.memory_bytes(1) / 2**20:.0f} MiB, over "
-                f"the cap of {cap / 2**20:.0f} MiB")
+                f"the cap of {cap / 2**20:.0f} MiB"
+            )
         best_speed = max(c.detail["samples_per_s"] for c in feasible)
-        chosen = min((c for c in feasible if c.detail["samples_per_s"] >= (1 - self.tolerance) * best_speed),
-                     key=lambda c: c.detail["width"])
+        chosen = min(
+            (c for c in feasible if c.detail["samples_per_s"] >= (1 - self.tolerance) * best_speed),
+            key=lambda c: c.detail["width"],
+        )
         candidates = sorted(priced, key=lambda c: (not c.feasible, -c.detail["samples_per_s"], c.detail["width"]))
         memory_limit = model.max_width_within(cap)
         detail = {
-            "workload": model.workload, "batch_size": model.batch_size, "optimizer": model.optimizer,
-            "width": chosen.detail["width"], "samples_per_s": chosen.detail["samples_per_s"],
+            "workload": model.workload,
+            "batch_size": model.batch_size,
+            "optimizer": model.optimizer,
+            "width": chosen.detail["width"],
+            "samples_per_s": chosen.detail["samples_per_s"],
             "speedup_vs_one": chosen.detail["samples_per_s"] / model.throughput(1),
-            "peak_memory_bytes": chosen.detail["peak_memory_bytes"], "memory_cap_bytes": float(cap),
+            "peak_memory_bytes": chosen.detail["peak_memory_bytes"],
+            "memory_cap_bytes": float(cap),
             "width_limit": min(int(self.max_width), memory_limit),
             "limited_by": "memory" if memory_limit < self.max_width else "max_width",
-            "tolerance": self.tolerance, "extrapolated": chosen.detail["extrapolated"],
+            "tolerance": self.tolerance,
+            "extrapolated": chosen.detail["extrapolated"],
         }
-        return Decision(policy=self.name, choice=chosen.name, predicted_ms=predicted(chosen),
-                        candidates=candidates, choice_detail=detail)
+        return Decision(
+            policy=self.name,
+            choice=chosen.name,
+            predicted_ms=predicted(chosen),
+            candidates=candidates,
+            choice_detail=detail,
+        )
 
 
-def choose_width(model: FusionModel, memory_cap_bytes: float, max_width: int = 64,
-                 tolerance: float = DEFAULT_TOLERANCE, widths: Sequence[int] | None = None,
-                 estimate: Estimator[int] | None = None) -> Decision:
+def choose_width(
+    model: FusionModel,
+    memory_cap_bytes: float,
+    max_width: int = 64,
+    tolerance: float = DEFAULT_TOLERANCE,
+    widths: Sequence[int] | None = None,
+    estimate: Estimator[int] | None = None,
+) -> Decision:
     """Rank `widths` (default `candidate_widths`) by predicted throughput (or by `estimate`);
     see the module docstring for the choice."""
     policy = FusionWidthPolicy(model, memory_cap_bytes, max_width, tolerance, widths)
@@ -123,8 +159,9 @@ def infusible_key(trial: dict[str, Any], fusible: Iterable[str] = FUSIBLE_KEYS) 
     return json.dumps({k: v for k, v in sorted(trial.items()) if k not in fusible}, sort_keys=True, default=str)
 
 
-def partition_trials(trials: Sequence[dict[str, Any]], width: int,
-                     fusible: Iterable[str] = FUSIBLE_KEYS) -> list[list[int]]:
+def partition_trials(
+    trials: Sequence[dict[str, Any]], width: int, fusible: Iterable[str] = FUSIBLE_KEYS
+) -> list[list[int]]:
     """Indices of `trials` in fused groups of at most `width`: equal infusible settings only,
     each class split into near-equal groups. Every trial appears exactly once; groups keep
     the trials' order."""
@@ -140,6 +177,6 @@ def partition_trials(trials: Sequence[dict[str, Any]], width: int,
         start = 0
         for g in range(count):
             size = base + (1 if g < extra else 0)
-            groups.append(members[start:start + size])
+            groups.append(members[start : start + size])
             start += size
     return groups

@@ -1,4 +1,5 @@
 """`Decision` and `Plan`: what was chosen, and every alternative with its predicted time."""
+
 from __future__ import annotations
 
 import json
@@ -42,33 +43,64 @@ def _check_decision(name: str, data: Any) -> None:
         _require(data, key, f"{where}.")
     _expect(isinstance(data["policy"], str), f"{where}.policy", "a string", data["policy"])
     _expect(isinstance(data["choice"], str), f"{where}.choice", "a string", data["choice"])
-    _expect(data["predicted_ms"] is None or _is_number(data["predicted_ms"]), f"{where}.predicted_ms",
-            "a finite number of milliseconds", data["predicted_ms"])
+    _expect(
+        data["predicted_ms"] is None or _is_number(data["predicted_ms"]),
+        f"{where}.predicted_ms",
+        "a finite number of milliseconds",
+        data["predicted_ms"],
+    )
     _expect(isinstance(data["candidates"], list), f"{where}.candidates", "a list of candidates", data["candidates"])
     allowed = {"name", "predicted_ms", "feasible", "detail"}
     for i, c in enumerate(data["candidates"]):
         at = f"{where}.candidates[{i}]"
-        _expect(isinstance(c, dict) and {"name", "predicted_ms", "feasible"} <= set(c) and set(c) <= allowed, at,
-                f"a mapping with fields {sorted(allowed)} (detail optional)", c)
-        _expect(c["predicted_ms"] is None or _is_number(c["predicted_ms"]), f"{at}.predicted_ms",
-                "a finite number or null", c["predicted_ms"])
+        _expect(
+            isinstance(c, dict) and {"name", "predicted_ms", "feasible"} <= set(c) and set(c) <= allowed,
+            at,
+            f"a mapping with fields {sorted(allowed)} (detail optional)",
+            c,
+        )
+        _expect(
+            c["predicted_ms"] is None or _is_number(c["predicted_ms"]),
+            f"{at}.predicted_ms",
+            "a finite number or null",
+            c["predicted_ms"],
+        )
         _expect(isinstance(c.get("detail", {}), dict), f"{at}.detail", "a mapping", c.get("detail"))
     detail = data.get("choice_detail", {})
     _expect(isinstance(detail, dict), f"{where}.choice_detail", "a mapping", detail)
     if name == "sharding":
         t2r = detail.get("table_to_rank")
-        _expect(isinstance(t2r, list) and bool(t2r), f"{where}.choice_detail.table_to_rank",
-                "a non-empty list with one entry per table (a rank, or {type, ranks})", t2r)
-        _expect(all((isinstance(e, int) and not isinstance(e, bool)) or isinstance(e, dict) for e in t2r),
-                f"{where}.choice_detail.table_to_rank", "entries that are a rank or a mapping {type, ranks}", t2r)
+        _expect(
+            isinstance(t2r, list) and bool(t2r),
+            f"{where}.choice_detail.table_to_rank",
+            "a non-empty list with one entry per table (a rank, or {type, ranks})",
+            t2r,
+        )
+        _expect(
+            all((isinstance(e, int) and not isinstance(e, bool)) or isinstance(e, dict) for e in t2r),
+            f"{where}.choice_detail.table_to_rank",
+            "entries that are a rank or a mapping {type, ranks}",
+            t2r,
+        )
     if name == "chunking":
-        _expect(isinstance(detail.get("chunk_schedule"), dict), f"{where}.choice_detail.chunk_schedule",
-                "a chunk schedule mapping", detail.get("chunk_schedule"))
+        _expect(
+            isinstance(detail.get("chunk_schedule"), dict),
+            f"{where}.choice_detail.chunk_schedule",
+            "a chunk schedule mapping",
+            detail.get("chunk_schedule"),
+        )
     if name == "substitution" and "substitutions" in detail:
         subs = detail["substitutions"]
-        _expect(isinstance(subs, dict) and all(isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
-                                               and v >= 0 for k, v in subs.items()),
-                f"{where}.choice_detail.substitutions", "a mapping of pair name to slice count (an integer >= 0)", subs)
+        _expect(
+            isinstance(subs, dict)
+            and all(
+                isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                for k, v in subs.items()
+            ),
+            f"{where}.choice_detail.substitutions",
+            "a mapping of pair name to slice count (an integer >= 0)",
+            subs,
+        )
 
 
 @dataclass
@@ -90,8 +122,11 @@ class Decision:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Decision":
         return cls(
-            policy=data["policy"], choice=data["choice"], predicted_ms=data["predicted_ms"],
-            candidates=[Candidate(**c) for c in data["candidates"]], choice_detail=data.get("choice_detail", {}),
+            policy=data["policy"],
+            choice=data["choice"],
+            predicted_ms=data["predicted_ms"],
+            candidates=[Candidate(**c) for c in data["candidates"]],
+            choice_detail=data.get("choice_detail", {}),
         )
 
 
@@ -136,33 +171,52 @@ class Plan:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "Plan":
         """A stored plan, its shape checked: `PlanError` names the first field that is wrong."""
-        _expect(isinstance(data, dict), "(top level)", "a plan object {job, hardware_id, predicted_iteration_ms, "
-                "decisions, ...} as written by orchestrator.cli.plan or orchestrator.autotune", data)
+        _expect(
+            isinstance(data, dict),
+            "(top level)",
+            "a plan object {job, hardware_id, predicted_iteration_ms, "
+            "decisions, ...} as written by orchestrator.cli.plan or orchestrator.autotune",
+            data,
+        )
         for key in ("job", "hardware_id", "predicted_iteration_ms", "decisions"):
             _require(data, key, "")
         _expect(isinstance(data["job"], dict), "job", "the job mapping the plan was made for", data["job"])
         _expect(isinstance(data["hardware_id"], str), "hardware_id", "a string", data["hardware_id"])
-        _expect(_is_number(data["predicted_iteration_ms"]) and data["predicted_iteration_ms"] >= 0,
-                "predicted_iteration_ms", "a finite number >= 0", data["predicted_iteration_ms"])
+        _expect(
+            _is_number(data["predicted_iteration_ms"]) and data["predicted_iteration_ms"] >= 0,
+            "predicted_iteration_ms",
+            "a finite number >= 0",
+            data["predicted_iteration_ms"],
+        )
         mv = data.get("model_version")
         _expect(mv is None or isinstance(mv, (str, int)), "model_version", "a string or null", mv)
-        _expect(isinstance(data["decisions"], dict), "decisions", "a mapping of policy name to decision",
-                data["decisions"])
+        _expect(
+            isinstance(data["decisions"], dict), "decisions", "a mapping of policy name to decision", data["decisions"]
+        )
         for name, decision in data["decisions"].items():
             _check_decision(str(name), decision)
         _expect(isinstance(data.get("notes", []), list), "notes", "a list", data.get("notes"))
-        _expect(isinstance(data.get("placement", {}), dict), "placement", "a mapping {nodes, ...}", data.get("placement"))
+        _expect(
+            isinstance(data.get("placement", {}), dict), "placement", "a mapping {nodes, ...}", data.get("placement")
+        )
         tables = data["job"].get("tables")
         sharding = data["decisions"].get("sharding")
         if isinstance(tables, list) and sharding is not None:
             t2r = sharding.get("choice_detail", {})["table_to_rank"]
-            _expect(len(t2r) == len(tables), "decisions.sharding.choice_detail.table_to_rank",
-                    f"one entry per table of the plan's job ({len(tables)})", len(t2r))
+            _expect(
+                len(t2r) == len(tables),
+                "decisions.sharding.choice_detail.table_to_rank",
+                f"one entry per table of the plan's job ({len(tables)})",
+                len(t2r),
+            )
         return cls(
-            job=data["job"], hardware_id=data["hardware_id"], model_version=data.get("model_version"),
+            job=data["job"],
+            hardware_id=data["hardware_id"],
+            model_version=data.get("model_version"),
             predicted_iteration_ms=data["predicted_iteration_ms"],
             decisions={k: Decision.from_dict(v) for k, v in data["decisions"].items()},
-            notes=data.get("notes", []), placement=data.get("placement", {}),
+            notes=data.get("notes", []),
+            placement=data.get("placement", {}),
         )
 
     def save(self, path: str | Path) -> Path:
@@ -183,7 +237,9 @@ class Plan:
         try:
             text = path.read_bytes().decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise PlanError(f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); expected plan JSON") from None
+            raise PlanError(
+                f"{path}: not a UTF-8 text file (byte {exc.start}: {exc.reason}); expected plan JSON"
+            ) from None
         except OSError as exc:
             raise PlanError(f"{path}: cannot read the plan file: {exc.strerror or exc}") from None
         try:
@@ -201,16 +257,22 @@ class Plan:
         from probes.vocabulary.table_shards import ShardingPlanError, table_shards
 
         if "sharding" not in self.decisions:
-            raise PlanError("decisions.sharding: required for a DLRM plan (the table placement) and missing",
-                            "decisions.sharding")
+            raise PlanError(
+                "decisions.sharding: required for a DLRM plan (the table placement) and missing", "decisions.sharding"
+            )
         field = "decisions.sharding.choice_detail.table_to_rank"
         names = [t.get("name") for t in self.job.get("tables", []) if isinstance(t, dict)]
         if names and names != [t.name for t in job.tables]:
-            raise PlanError(f"job.tables: the plan was made for tables {names}, the job has "
-                            f"{[t.name for t in job.tables]}", "job.tables")
+            raise PlanError(
+                f"job.tables: the plan was made for tables {names}, the job has {[t.name for t in job.tables]}",
+                "job.tables",
+            )
         if self.job.get("world_size") not in (None, job.world_size):
-            raise PlanError(f"job.world_size: the plan was made for world_size {self.job['world_size']}, the job has "
-                            f"{job.world_size}", "job.world_size")
+            raise PlanError(
+                f"job.world_size: the plan was made for world_size {self.job['world_size']}, the job has "
+                f"{job.world_size}",
+                "job.world_size",
+            )
         try:
             table_shards(job, self.table_to_rank)
         except ShardingPlanError as exc:

@@ -4,23 +4,28 @@ The hardware is whatever describes the cluster's device nodes (`orchestrator.clu
 `Hardware` in the product); only the few facts below are read, so the modelling
 core plans without Ray.
 """
+
 from __future__ import annotations
 
 from typing import Protocol, Sequence
 
 from policies.chunking import choose_chunking
-from predictors.dlrm_estimator import estimate_iteration
 from policies.plan import Decision, Plan
 from policies.sharding import choose_sharding
 from policies.substitution import choose_substitutions
-from predictors.dlrm_graph import build_dlrm_graph, dlrm_slice_params
-from predictors.dlrm_graph import ddp_buckets, dense_parameter_bytes
+from predictors.dlrm_estimator import estimate_iteration
+from predictors.dlrm_graph import build_dlrm_graph, ddp_buckets, dense_parameter_bytes, dlrm_slice_params
 from predictors.network import (
-    NetworkError, NetworkTopology, check_topology_size, dimension_from_model, topology_from_config,
+    NetworkError,
+    NetworkTopology,
+    check_topology_size,
+    dimension_from_model,
+    topology_from_config,
 )
 from predictors.performance_model import PerformanceModel
 from probes.vocabulary.jobspec import JobSpec, JobSpecError
 from probes.vocabulary.placement import PlacementError, RankPlacement
+
 
 class DeviceNode(Protocol):
     @property
@@ -57,8 +62,12 @@ def memory_cap_bytes(job: JobSpec, fingerprint: Hardware) -> float:
     if job.memory_cap_gb is not None:
         return job.memory_cap_gb * 2**30
     if fingerprint.min_device_memory_bytes <= 0:
-        raise JobSpecError(["memory_cap_gb: required here: the devices' memory is unknown (GPUs that Ray declares "
-                            "but NVML does not see); expected a number of GiB > 0"])
+        raise JobSpecError(
+            [
+                "memory_cap_gb: required here: the devices' memory is unknown (GPUs that Ray declares "
+                "but NVML does not see); expected a number of GiB > 0"
+            ]
+        )
     return DEFAULT_MEMORY_SHARE * fingerprint.min_device_memory_bytes
 
 
@@ -76,8 +85,12 @@ def placement_record(placement: RankPlacement, fingerprint: Hardware) -> dict:
     and the node types priced (the hardware classes of the nodes the ranks occupy)."""
     device_nodes = fingerprint.device_nodes
     used = sorted(set(placement.nodes))
-    return {**placement.to_dict(), "node_ids": [n.node_id for n in device_nodes[:max(used) + 1]],
-            "node_types": sorted({device_nodes[i].label() for i in used}), "scope": placement.scope()}
+    return {
+        **placement.to_dict(),
+        "node_ids": [n.node_id for n in device_nodes[: max(used) + 1]],
+        "node_types": sorted({device_nodes[i].label() for i in used}),
+        "scope": placement.scope(),
+    }
 
 
 def require_collectives(model: PerformanceModel, job: JobSpec, placement: RankPlacement) -> None:
@@ -128,8 +141,14 @@ def chunking_decision(job: JobSpec, model: PerformanceModel, fingerprint: Hardwa
 def make_plan(job: JobSpec, model: PerformanceModel, fingerprint: Hardware, model_version: str | None) -> Plan:
     placement = job_placement(job, fingerprint)
     require_collectives(model, job, placement)
-    sharding = choose_sharding(job, model, memory_cap_bytes(job, fingerprint), seed=job.seed,
-                               device_memory_bytes=fingerprint.min_device_memory_bytes or None, placement=placement)
+    sharding = choose_sharding(
+        job,
+        model,
+        memory_cap_bytes(job, fingerprint),
+        seed=job.seed,
+        device_memory_bytes=fingerprint.min_device_memory_bytes or None,
+        placement=placement,
+    )
     notes = [
         "iteration cost = critical-path simulation of the job's execution graph (per-op models, in-step "
         "corrections, waits at every collective) + the fitted per-step overhead",
@@ -142,21 +161,28 @@ def make_plan(job: JobSpec, model: PerformanceModel, fingerprint: Hardware, mode
         notes.append("extrapolating beyond measurements: " + "; ".join(out_of_range[:5]))
     decisions = {"sharding": sharding}
     table_to_rank = sharding.choice_detail["table_to_rank"]
-    substitution = choose_substitutions(build_dlrm_graph(job, table_to_rank, placement), model,
-                                           dlrm_slice_params(job, table_to_rank))
+    substitution = choose_substitutions(
+        build_dlrm_graph(job, table_to_rank, placement), model, dlrm_slice_params(job, table_to_rank)
+    )
     decisions["substitution"] = substitution
     predicted_ms = sharding.predicted_ms
-    notes.append("substitution: each compute+collective pair of the chosen plan's graph simulated unfused and as a "
-                 "k-slice overlapped pipeline (predictors/overlap_model.py); its predicted time is the kernels' "
-                 "critical path without the step overhead")
+    notes.append(
+        "substitution: each compute+collective pair of the chosen plan's graph simulated unfused and as a "
+        "k-slice overlapped pipeline (predictors/overlap_model.py); its predicted time is the kernels' "
+        "critical path without the step overhead"
+    )
     if substitution.choice_detail["substitutions"]:  # the job runs them, so the prediction includes their gain
         predicted_ms -= substitution.choice_detail["unfused_ms"] - substitution.predicted_ms
-        notes.append(f"predicted iteration time includes the substituted pairs ({substitution.choice}): "
-                     f"{sharding.predicted_ms:.2f} ms unfused")
+        notes.append(
+            f"predicted iteration time includes the substituted pairs ({substitution.choice}): "
+            f"{sharding.predicted_ms:.2f} ms unfused"
+        )
     if job.network is not None:
         decisions["chunking"] = chunking_decision(job, model, fingerprint)
-        notes.append("chunking: the gradient all-reduce of one DDP bucket, simulated chunk by chunk on the "
-                     "job's network (predictors/chunk_sim.py); not part of the iteration time above")
+        notes.append(
+            "chunking: the gradient all-reduce of one DDP bucket, simulated chunk by chunk on the "
+            "job's network (predictors/chunk_sim.py); not part of the iteration time above"
+        )
     return Plan(
         job=job.to_dict(),
         hardware_id=fingerprint.hardware_id,

@@ -7,6 +7,7 @@ estimator that prices an option is passed in, so another cost model (TorchRec's 
 user's own, a recorded table) replaces the default without editing the policy. Every priced
 candidate stays in the `Decision`, ranked, so a plan shows the whole table of alternatives.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Iterable, Protocol, TypeVar
@@ -44,8 +45,7 @@ def ranked(candidates: list[Candidate]) -> list[Candidate]:
     """Fastest feasible first; ties to the earlier candidate (a deterministic choice); the
     infeasible last, in their original order."""
     order = {id(c): i for i, c in enumerate(candidates)}
-    feasible = sorted((c for c in candidates if c.feasible),
-                      key=lambda c: (round(predicted(c), 9), order[id(c)]))
+    feasible = sorted((c for c in candidates if c.feasible), key=lambda c: (round(predicted(c), 9), order[id(c)]))
     return feasible + [c for c in candidates if not c.feasible]
 
 

@@ -3,6 +3,7 @@
 Greedy sharders sort tables by their proxy (largest first) and give each to the rank with the
 smallest accumulated proxy that still has memory for it (the classic LPT heuristic).
 """
+
 from __future__ import annotations
 
 import math
@@ -17,7 +18,9 @@ class NoFeasiblePlanError(ValueError):
     """No placement keeps every rank under its memory cap."""
 
 
-def _greedy(tables: Sequence[TableSpec], ranks: int, cap_bytes: float, proxy: Callable[[TableSpec], float]) -> list[int]:
+def _greedy(
+    tables: Sequence[TableSpec], ranks: int, cap_bytes: float, proxy: Callable[[TableSpec], float]
+) -> list[int]:
     load = [0.0] * ranks
     mem = [0] * ranks
     out = [-1] * len(tables)

@@ -9,15 +9,16 @@ the per-rank cap on embedding weights and, given the device's memory, against th
 peak of a training step; the decision keeps all of them, ranked, with predicted time, per-rank
 embedding load and memory.
 """
+
 from __future__ import annotations
 
 from typing import Any, Iterable, Sequence
 
-from predictors.dlrm_estimator import CostBreakdown, estimate_iteration
 from policies.plan import Candidate, Decision
 from policies.policy import Estimator, decide, predicted, ranked
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from policies.sharding_search import local_search
+from predictors.dlrm_estimator import CostBreakdown, estimate_iteration
 from predictors.memory import dlrm_memory
 from predictors.performance_model import PerformanceModel
 from probes.vocabulary.jobspec import JobSpec
@@ -45,8 +46,14 @@ def uniform_plans(spec: JobSpec) -> dict[str, list[PlanEntry]]:
 class PlanPricer:
     """Memory checks and the simulated iteration time of one plan of a job."""
 
-    def __init__(self, spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float,
-                 device_memory_bytes: float | None = None, placement: RankPlacement | None = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        model: PerformanceModel,
+        memory_cap_bytes: float,
+        device_memory_bytes: float | None = None,
+        placement: RankPlacement | None = None,
+    ):
         self.spec, self.model, self.placement = spec, model, placement
         self.memory_cap_bytes, self.device_memory_bytes = memory_cap_bytes, device_memory_bytes
 
@@ -54,14 +61,19 @@ class PlanPricer:
         """Per-rank weights and predicted peak, and why the plan does not fit (None if it does)."""
         W = self.spec.world_size
         weights = shard_bytes(table_shards(self.spec, plan), W)
-        detail = {"rank_memory_bytes": weights,
-                  "peak_memory_bytes": [dlrm_memory(self.spec, plan, r).peak for r in range(W)]}
+        detail = {
+            "rank_memory_bytes": weights,
+            "peak_memory_bytes": [dlrm_memory(self.spec, plan, r).peak for r in range(W)],
+        }
         if max(weights) > self.memory_cap_bytes:
-            return detail, (f"rank memory {max(weights) / 2**30:.2f} GiB exceeds cap "
-                            f"{self.memory_cap_bytes / 2**30:.2f} GiB")
+            return detail, (
+                f"rank memory {max(weights) / 2**30:.2f} GiB exceeds cap {self.memory_cap_bytes / 2**30:.2f} GiB"
+            )
         if self.device_memory_bytes is not None and max(detail["peak_memory_bytes"]) > self.device_memory_bytes:
-            return detail, (f"predicted peak {max(detail['peak_memory_bytes']) / 2**30:.2f} GiB on a rank exceeds "
-                            f"the device's {self.device_memory_bytes / 2**30:.2f} GiB")
+            return detail, (
+                f"predicted peak {max(detail['peak_memory_bytes']) / 2**30:.2f} GiB on a rank exceeds "
+                f"the device's {self.device_memory_bytes / 2**30:.2f} GiB"
+            )
         return detail, None
 
     def estimate(self, plan: Sequence[PlanEntry]) -> tuple[CostBreakdown | None, str | None]:
@@ -100,9 +112,17 @@ class ShardingPolicy:
 
     name = "sharding"
 
-    def __init__(self, spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float, seed: int = 0,
-                 search: bool = True, search_seconds: float = 20.0, torchrec: bool = True,
-                 placement: RankPlacement | None = None):
+    def __init__(
+        self,
+        spec: JobSpec,
+        model: PerformanceModel,
+        memory_cap_bytes: float,
+        seed: int = 0,
+        search: bool = True,
+        search_seconds: float = 20.0,
+        torchrec: bool = True,
+        placement: RankPlacement | None = None,
+    ):
         self.spec, self.model, self.memory_cap_bytes, self.seed = spec, model, memory_cap_bytes, seed
         self.search, self.search_seconds, self.torchrec, self.placement = search, search_seconds, torchrec, placement
         self.refused: list[Candidate] = []  # options that produced no plan at all, with the reason
@@ -133,30 +153,44 @@ class ShardingPolicy:
             raise NoFeasiblePlanError(
                 f"no candidate places the {len(self.spec.tables)} tables on {self.spec.world_size} ranks within "
                 f"{self.memory_cap_bytes / 2**30:.2f} GiB per rank:\n  "
-                + "\n  ".join(f"{c.name}: {c.detail.get('reason')}" for c in candidates))
+                + "\n  ".join(f"{c.name}: {c.detail.get('reason')}" for c in candidates)
+            )
         best = order[0]
         return Decision(self.name, best.name, predicted(best), order, {"table_to_rank": best.detail["table_to_rank"]})
 
     def _searched(self, start: Candidate, estimate: Estimator[list[PlanEntry]], seen: dict[str, str]) -> Candidate:
         """The local search's plan from `start`, priced; costs from the estimator's `seconds`
         where it offers one (cheaper than a whole candidate), else from its candidates."""
+
         def seconds(plan: list[PlanEntry]) -> float | None:
             candidate = estimate(SEARCH, plan)
             return candidate.predicted_ms / 1e3 if candidate.feasible and candidate.predicted_ms is not None else None
 
-        result = local_search(self.spec, start.detail["table_to_rank"], getattr(estimate, "seconds", seconds),
-                              seed=self.seed, max_seconds=self.search_seconds)
+        result = local_search(
+            self.spec,
+            start.detail["table_to_rank"],
+            getattr(estimate, "seconds", seconds),
+            seed=self.seed,
+            max_seconds=self.search_seconds,
+        )
         found = _dedup(estimate(SEARCH, result.plan), seen)
         found.detail["search"] = {**result.to_dict(), "started_from": start.name}
         found.detail["search"].pop("plan")
         return found
 
 
-def choose_sharding(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float, seed: int = 0,
-                    device_memory_bytes: float | None = None, search: bool = True,
-                    search_seconds: float = 20.0, torchrec: bool = True,
-                    placement: RankPlacement | None = None,
-                    estimate: Estimator[list[PlanEntry]] | None = None) -> Decision:
+def choose_sharding(
+    spec: JobSpec,
+    model: PerformanceModel,
+    memory_cap_bytes: float,
+    seed: int = 0,
+    device_memory_bytes: float | None = None,
+    search: bool = True,
+    search_seconds: float = 20.0,
+    torchrec: bool = True,
+    placement: RankPlacement | None = None,
+    estimate: Estimator[list[PlanEntry]] | None = None,
+) -> Decision:
     """Rank every candidate plan by predicted iteration time (infeasible ones last, with the
     reason). Raises `NoFeasiblePlanError` naming every candidate's reason when none fits.
     `torchrec=False` leaves TorchRec's planner out (it is skipped anyway when not installed).
@@ -166,9 +200,13 @@ def choose_sharding(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: fl
     return decide(policy, estimate or PlanPricer(spec, model, memory_cap_bytes, device_memory_bytes, placement))
 
 
-def torchrec_plans(spec: JobSpec, model: PerformanceModel, memory_cap_bytes: float,
-                   placement: RankPlacement | None = None,
-                   refused: dict[str, str] | None = None) -> dict[str, list[PlanEntry]]:
+def torchrec_plans(
+    spec: JobSpec,
+    model: PerformanceModel,
+    memory_cap_bytes: float,
+    placement: RankPlacement | None = None,
+    refused: dict[str, str] | None = None,
+) -> dict[str, list[PlanEntry]]:
     """TorchRec's planner's plans (its constants; our measured costs), or none without torchrec.
     A planner that finds no plan (TorchRec's PlannerError, e.g. a table too large for any rank)
     is left out, its reason put in `refused` when given."""

@@ -13,6 +13,7 @@ climbing: tables are visited in a seeded order, a move is kept when it lowers th
 iteration time by at least `min_gain` (relative), sweeps repeat until a whole sweep keeps
 nothing or the evaluation budget is spent. Deterministic for a seed.
 """
+
 from __future__ import annotations
 
 import time
@@ -23,6 +24,7 @@ import numpy as np
 
 from probes.vocabulary.jobspec import JobSpec
 from probes.vocabulary.table_shards import COLUMN_WISE, PlanEntry, split_kinds
+
 
 @dataclass
 class SearchResult:
@@ -35,9 +37,15 @@ class SearchResult:
     exhausted: bool = False  # stopped by the evaluation or time budget, not at a local optimum
 
     def to_dict(self) -> dict:
-        return {"plan": self.plan, "predicted_ms": self.predicted_s * 1e3, "start_ms": self.start_s * 1e3,
-                "evaluations": self.evaluations, "seconds": self.seconds, "moves": self.moves,
-                "exhausted": self.exhausted}
+        return {
+            "plan": self.plan,
+            "predicted_ms": self.predicted_s * 1e3,
+            "start_ms": self.start_s * 1e3,
+            "evaluations": self.evaluations,
+            "seconds": self.seconds,
+            "moves": self.moves,
+            "exhausted": self.exhausted,
+        }
 
 
 def describe(entry: PlanEntry) -> str:
@@ -82,12 +90,13 @@ def local_search(
                 if evaluations >= max_evaluations or time.perf_counter() - t0 > max_seconds:
                     exhausted = True
                     break
-                trial = plan[:i] + [move] + plan[i + 1:]
+                trial = plan[:i] + [move] + plan[i + 1 :]
                 evaluations += 1
                 t = cost(trial)
                 if t is not None and t < best * (1 - min_gain):
-                    moves.append(f"{spec.tables[i].name}: {describe(plan[i])} -> {describe(move)} "
-                                 f"({(t - best) * 1e3:+.3f} ms)")
+                    moves.append(
+                        f"{spec.tables[i].name}: {describe(plan[i])} -> {describe(move)} ({(t - best) * 1e3:+.3f} ms)"
+                    )
                     plan, best, improved = trial, t, True
                     break  # first improvement: go on with the next table
             if exhausted:

@@ -9,20 +9,28 @@ time falls by more than `threshold` of the unfused time; a pair whose kind has n
 in the bundle is kept unfused and says why. The decision lists every pair with both
 predictions.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
 from policies.plan import Candidate, Decision
-from policies.policy import Estimator, decide as decide_policy
+from policies.policy import Estimator
+from policies.policy import decide as decide_policy
 from predictors.graph import ExecutionGraph, GraphOp
 from predictors.overlap_model import (
-    SLICE_COUNTS, PairPrediction, SliceParams, SubstitutablePair, fuse_as_one_kernel, pairs_in, predict_forms,
+    SLICE_COUNTS,
+    PairPrediction,
+    SliceParams,
+    SubstitutablePair,
+    fuse_as_one_kernel,
+    pairs_in,
+    predict_forms,
     substitute,
 )
-from predictors.performance_model import PerformanceModel
 from predictors.pair_estimator import isolated_cost
+from predictors.performance_model import PerformanceModel
 from predictors.simulator import model_cost, simulate
 from probes.vocabulary.pairs import SYMM_MEM_SLICES
 
@@ -37,10 +45,14 @@ class PairChoice:
     reason: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"substitute": self.substitute, "slices": self.slices, "reason": self.reason,
-                "predicted_unfused_ms": self.prediction.unfused_s * 1e3,
-                "predicted_fused_ms": {str(k): v * 1e3 for k, v in self.prediction.fused_s.items()},
-                "predicted_gain": self.prediction.gain()}
+        return {
+            "substitute": self.substitute,
+            "slices": self.slices,
+            "reason": self.reason,
+            "predicted_unfused_ms": self.prediction.unfused_s * 1e3,
+            "predicted_fused_ms": {str(k): v * 1e3 for k, v in self.prediction.fused_s.items()},
+            "predicted_gain": self.prediction.gain(),
+        }
 
 
 def decide(prediction: PairPrediction, threshold: float = DEFAULT_THRESHOLD) -> PairChoice:
@@ -48,10 +60,13 @@ def decide(prediction: PairPrediction, threshold: float = DEFAULT_THRESHOLD) -> 
     gain = prediction.gain()
     if gain > threshold:
         return PairChoice(True, k, prediction, f"{k} slices predicted {gain:.1%} faster (> {threshold:.0%})")
-    return PairChoice(False, 1, prediction, f"best fused form ({k} slices) predicted {gain:+.1%} (needs > {threshold:.0%})")
+    return PairChoice(
+        False, 1, prediction, f"best fused form ({k} slices) predicted {gain:+.1%} (needs > {threshold:.0%})"
+    )
 
 
 # -- pairs of a job's execution graph -------------------------------------------------------
+
 
 @dataclass
 class PairPricing:
@@ -75,23 +90,44 @@ class PairPricing:
 def simulated_estimator(pricing: PairPricing) -> Estimator[SubstitutablePair]:
     """Prices a pair by simulating the whole iteration with only that pair changed: unfused,
     as a k-slice pipeline for each k, and as one fused kernel where its ratio was measured."""
+
     def estimate(name: str, pair: SubstitutablePair) -> Candidate:
         costs = pricing.model.overlap.pairs.get(pair.pair)
         if costs is None:
-            return Candidate(name, None, False, {
-                "pair": pair.pair, "substitute": False,
-                "reason": f"no fitted overlap costs for {pair.pair} in this bundle (calibrate with overlap probes)"})
-        prediction = predict_forms(pricing.graph, pair, costs, pricing.cost, pricing.slice_params,
-                                   pricing.collective_cost, pricing.model.synchronous, pricing.slice_counts,
-                                   pricing.cpu_overhead, pricing.unfused_s)
-        detail: dict[str, Any] = {"pair": pair.pair, "predicted_unfused_ms": prediction.unfused_s * 1e3,
-                                  "predicted_fused_ms": {str(k): v * 1e3 for k, v in prediction.fused_s.items()},
-                                  "predicted_gain": prediction.gain()}
+            return Candidate(
+                name,
+                None,
+                False,
+                {
+                    "pair": pair.pair,
+                    "substitute": False,
+                    "reason": f"no fitted overlap costs for {pair.pair} in this bundle (calibrate with overlap probes)",
+                },
+            )
+        prediction = predict_forms(
+            pricing.graph,
+            pair,
+            costs,
+            pricing.cost,
+            pricing.slice_params,
+            pricing.collective_cost,
+            pricing.model.synchronous,
+            pricing.slice_counts,
+            pricing.cpu_overhead,
+            pricing.unfused_s,
+        )
+        detail: dict[str, Any] = {
+            "pair": pair.pair,
+            "predicted_unfused_ms": prediction.unfused_s * 1e3,
+            "predicted_fused_ms": {str(k): v * 1e3 for k, v in prediction.fused_s.items()},
+            "predicted_gain": prediction.gain(),
+        }
         fused_kernel = pricing.model.symm_mem.get(pair.pair)
         if fused_kernel is not None:  # PyTorch's fused kernels, priced by their measured ratio
             fused = fuse_as_one_kernel(pricing.graph, pair, fused_kernel["ratio"], pricing.collective_cost)
             detail["predicted_symm_mem_ms"] = pricing.simulate(fused) * 1e3
         return Candidate(name, prediction.unfused_s * 1e3, True, detail)
+
     return estimate
 
 
@@ -117,9 +153,13 @@ class SubstitutionPolicy:
                     chosen[candidate.name] = choice.slices
         applied = apply_substitutions(self.pricing, chosen)
         unfused_ms = self.pricing.unfused_s * 1e3
-        return Decision(self.name, ",".join(f"{n}:k{k}" for n, k in chosen.items()) or "none",
-                        self.pricing.simulate(applied) * 1e3, priced,
-                        {"substitutions": chosen, "threshold": self.threshold, "unfused_ms": unfused_ms})
+        return Decision(
+            self.name,
+            ",".join(f"{n}:k{k}" for n, k in chosen.items()) or "none",
+            self.pricing.simulate(applied) * 1e3,
+            priced,
+            {"substitutions": chosen, "threshold": self.threshold, "unfused_ms": unfused_ms},
+        )
 
     def _choice(self, detail: dict[str, Any]) -> PairChoice:
         """The sliced pipeline's verdict, overruled by the fused kernels where they win by more."""
@@ -133,9 +173,13 @@ class SubstitutionPolicy:
         gain = 1.0 - fused_s / unfused_s
         if fused_s < best_sliced and gain > self.threshold:
             ratio = self.pricing.model.symm_mem[detail["pair"]]["ratio"]
-            return PairChoice(True, SYMM_MEM_SLICES, prediction,
-                              f"PyTorch's symmetric-memory kernels predicted {gain:.1%} faster "
-                              f"(> {self.threshold:.0%}; measured ratio {ratio:.2f})")
+            return PairChoice(
+                True,
+                SYMM_MEM_SLICES,
+                prediction,
+                f"PyTorch's symmetric-memory kernels predicted {gain:.1%} faster "
+                f"(> {self.threshold:.0%}; measured ratio {ratio:.2f})",
+            )
         return choice
 
 
@@ -150,16 +194,28 @@ def apply_substitutions(pricing: PairPricing, substitutions: dict[str, int]) -> 
             ratio = pricing.model.symm_mem[pair.pair]["ratio"]
             graph = fuse_as_one_kernel(graph, pair, ratio, pricing.collective_cost)
         else:
-            graph = substitute(graph, pair, slices, pricing.model.overlap.pairs[pair.pair], pricing.slice_params,
-                               pricing.collective_cost, pricing.cost)
+            graph = substitute(
+                graph,
+                pair,
+                slices,
+                pricing.model.overlap.pairs[pair.pair],
+                pricing.slice_params,
+                pricing.collective_cost,
+                pricing.cost,
+            )
     return graph
 
 
-def choose_substitutions(graph: ExecutionGraph, model: PerformanceModel, slice_params: SliceParams,
-                         threshold: float = DEFAULT_THRESHOLD, cost: Callable[[GraphOp], float] | None = None,
-                         cpu_overhead: Callable[[GraphOp], float] | None = None,
-                         slice_counts: Sequence[int] = SLICE_COUNTS,
-                         estimate: Estimator[SubstitutablePair] | None = None) -> Decision:
+def choose_substitutions(
+    graph: ExecutionGraph,
+    model: PerformanceModel,
+    slice_params: SliceParams,
+    threshold: float = DEFAULT_THRESHOLD,
+    cost: Callable[[GraphOp], float] | None = None,
+    cpu_overhead: Callable[[GraphOp], float] | None = None,
+    slice_counts: Sequence[int] = SLICE_COUNTS,
+    estimate: Estimator[SubstitutablePair] | None = None,
+) -> Decision:
     """Decide every substitutable pair of `graph`. Each pair is judged by the whole iteration's
     simulated time with only that pair changed, so a pair whose collective is already hidden
     gains nothing; the decision's time is the graph's with every chosen pair applied

@@ -20,16 +20,16 @@ On one node TorchRec's table-row-wise is row-wise over the node's ranks, so it r
 row-wise; a column-wise table whose TorchRec shards sit on fewer ranks than shards reads back
 as column-wise over those ranks (our workload splits columns evenly over distinct ranks).
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from policies.sharders import NoFeasiblePlanError
-from probes.vocabulary.jobspec import TableShape
-from probes.vocabulary.tbe_features import expected_features
-from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.jobspec import JobSpec, TableShape
 from probes.vocabulary.placement import INTRA, RankPlacement
 from probes.vocabulary.table_shards import COLUMN_WISE, DATA_PARALLEL, ROW_WISE, PlanEntry, table_shards
+from probes.vocabulary.tbe_features import expected_features
 
 # Sharding types TorchRec may choose for our workload (table-row-wise: see above).
 TORCHREC_TYPES = ("table_wise", "row_wise", "column_wise", "table_row_wise", "data_parallel")
@@ -44,13 +44,21 @@ def embedding_bag_collection(job: JobSpec, device: str = "meta"):
     import torch
     from torchrec import EmbeddingBagCollection, EmbeddingBagConfig
 
-    configs = [EmbeddingBagConfig(name=t.name, embedding_dim=t.embedding_dim, num_embeddings=t.num_embeddings,
-                                  feature_names=[feature_name(t.name)]) for t in job.tables]
+    configs = [
+        EmbeddingBagConfig(
+            name=t.name,
+            embedding_dim=t.embedding_dim,
+            num_embeddings=t.num_embeddings,
+            feature_names=[feature_name(t.name)],
+        )
+        for t in job.tables
+    ]
     return EmbeddingBagCollection(tables=configs, device=torch.device(device))
 
 
-def measured_estimator(job: JobSpec, model: Any, world_size: int, scope: str = INTRA,
-                       max_shard_bytes: float | None = None):
+def measured_estimator(
+    job: JobSpec, model: Any, world_size: int, scope: str = INTRA, max_shard_bytes: float | None = None
+):
     """A TorchRec `ShardEstimator` pricing shards with our `PerformanceModel` (milliseconds).
 
     Per shard, as our workload runs it: table- and column-wise pieces look up the global batch
@@ -105,14 +113,20 @@ def measured_estimator(job: JobSpec, model: Any, world_size: int, scope: str = I
                         fwd, bwd = lookup(TableShape(rows, cols, table.pooling_factor, table.distribution), B * W)
                         a2a = marginal("all_to_all", 4 * B * W * cols)
                         comms = (a2a, a2a)
-                    shard.perf = Perf(fwd_compute=fwd * 1e3, fwd_comms=comms[0] * 1e3, bwd_compute=bwd * 1e3,
-                                      bwd_comms=comms[1] * 1e3)
+                    shard.perf = Perf(
+                        fwd_compute=fwd * 1e3, fwd_comms=comms[0] * 1e3, bwd_compute=bwd * 1e3, bwd_comms=comms[1] * 1e3
+                    )
 
     return MeasuredPerfEstimator()
 
 
-def torchrec_plan(job: JobSpec, memory_cap_bytes: float, compute_device: str = "cuda",
-                  model: Any = None, placement: RankPlacement | None = None) -> list[PlanEntry]:
+def torchrec_plan(
+    job: JobSpec,
+    memory_cap_bytes: float,
+    compute_device: str = "cuda",
+    model: Any = None,
+    placement: RankPlacement | None = None,
+) -> list[PlanEntry]:
     """TorchRec's planner's choice for the job, as our plan entries.
 
     The planner is given what it can use: world size, per-rank batch, each table's pooling
@@ -131,25 +145,41 @@ def torchrec_plan(job: JobSpec, memory_cap_bytes: float, compute_device: str = "
     W = job.world_size
     placement = placement or RankPlacement.single_node(W)
     topology = TopologyFactory.create_topology(
-        trainer_config=TrainerConfig(world_size=W, local_world_size=max(placement.ranks_per_node().values()),
-                                     hbm_cap_bytes=int(min(memory_cap_bytes, 2**50))),
-        kernel_config=KernelConfig(compute_device=compute_device))
+        trainer_config=TrainerConfig(
+            world_size=W,
+            local_world_size=max(placement.ranks_per_node().values()),
+            hbm_cap_bytes=int(min(memory_cap_bytes, 2**50)),
+        ),
+        kernel_config=KernelConfig(compute_device=compute_device),
+    )
     types = list(TORCHREC_TYPES)
     if model is not None and not {"reduce_scatter", "all_gather"} <= set(model.models):
         types = [t for t in types if "row_wise" not in t]  # row-wise pieces could not be priced
-    constraints = {t.name: ParameterConstraints(sharding_types=types,
-                                                pooling_factors=[float(t.pooling_factor)]) for t in job.tables}
+    constraints = {
+        t.name: ParameterConstraints(sharding_types=types, pooling_factors=[float(t.pooling_factor)])
+        for t in job.tables
+    }
     # The cap already is the embeddings' share of a device (policies.planning), so nothing
     # more is reserved; debug=False skips the planner's printed stats table.
     enumerator = None
     if model is not None:
         enumerator = EmbeddingEnumerator(
-            topology=topology, batch_size=job.batch_size, constraints=constraints,
-            estimator=[measured_estimator(job, model, W, placement.scope(), max_shard_bytes=memory_cap_bytes),
-                       EmbeddingStorageEstimator(topology, constraints)])
-    planner = EmbeddingShardingPlanner(topology=topology, batch_size=job.batch_size, constraints=constraints,
-                                       enumerator=enumerator,
-                                       storage_reservation=FixedPercentageStorageReservation(0.0), debug=False)
+            topology=topology,
+            batch_size=job.batch_size,
+            constraints=constraints,
+            estimator=[
+                measured_estimator(job, model, W, placement.scope(), max_shard_bytes=memory_cap_bytes),
+                EmbeddingStorageEstimator(topology, constraints),
+            ],
+        )
+    planner = EmbeddingShardingPlanner(
+        topology=topology,
+        batch_size=job.batch_size,
+        constraints=constraints,
+        enumerator=enumerator,
+        storage_reservation=FixedPercentageStorageReservation(0.0),
+        debug=False,
+    )
     try:
         plan = planner.plan(embedding_bag_collection(job), [EmbeddingBagCollectionSharder()])
     except PlannerError as exc:
@@ -217,6 +247,10 @@ def to_sharding_plan(job: JobSpec, plan: Sequence[PlanEntry], device_type: str =
         else:
             per_table[t.name] = table_wise(rank=int(entry["ranks"][0]))
     module_plan = construct_module_sharding_plan(
-        embedding_bag_collection(job), per_param_sharding=per_table, local_size=job.world_size,
-        world_size=job.world_size, device_type=device_type)
+        embedding_bag_collection(job),
+        per_param_sharding=per_table,
+        local_size=job.world_size,
+        world_size=job.world_size,
+        device_type=device_type,
+    )
     return ShardingPlan({module_path: module_plan})

@@ -32,6 +32,7 @@ dimensions over (the sum of their bandwidths x the all-reduce's time).
 
 Everything is deterministic: ties break by chunk and phase index.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,7 +43,9 @@ from predictors.network import NetworkTopology
 
 SCHEDULES = ("baseline", "themis_fifo", "themis_scf")
 DEFAULT_MAX_ACTIVE: int | None = 8  # phases whose latencies a dimension overlaps; None: no cap
-THRESHOLD_FRACTION = 1 / 16  # Themis keeps the baseline order while loads differ by less than this share of a chunk's stage
+THRESHOLD_FRACTION = (
+    1 / 16
+)  # Themis keeps the baseline order while loads differ by less than this share of a chunk's stage
 
 
 class ChunkSimError(ValueError):
@@ -134,15 +137,24 @@ def chunk_orders(topology: NetworkTopology, chunks: int, chunk_bytes: float, sch
     return orders
 
 
-def simulate_all_reduce(topology: NetworkTopology, collective_bytes: float, chunks: int,
-                        schedule: str = "themis_scf", max_active: int | None = DEFAULT_MAX_ACTIVE,
-                        keep_phases: bool = False) -> ChunkSimResult:
+def simulate_all_reduce(
+    topology: NetworkTopology,
+    collective_bytes: float,
+    chunks: int,
+    schedule: str = "themis_scf",
+    max_active: int | None = DEFAULT_MAX_ACTIVE,
+    keep_phases: bool = False,
+) -> ChunkSimResult:
     _check_arguments(collective_bytes, chunks, schedule, max_active)
     chunks = int(chunks)
     chunk_bytes = collective_bytes / chunks
     orders = chunk_orders(topology, chunks, chunk_bytes, schedule)
-    run = _ChunkRun(topology, [chunk_phases(topology, chunk_bytes, o) for o in orders], scf=schedule == "themis_scf",
-                    cap=math.inf if max_active is None else int(max_active))
+    run = _ChunkRun(
+        topology,
+        [chunk_phases(topology, chunk_bytes, o) for o in orders],
+        scf=schedule == "themis_scf",
+        cap=math.inf if max_active is None else int(max_active),
+    )
     run.run()
     now, timings, dim_bytes, bandwidth = run.now, run.timings, run.dim_bytes, run.bandwidth
     n_dims = len(topology.dims)
@@ -150,11 +162,17 @@ def simulate_all_reduce(topology: NetworkTopology, collective_bytes: float, chun
     issue = [(t.chunk, stage) for t in timings for stage in run.plans[t.chunk][t.index].stages]
     used = [d for d in range(n_dims) if topology.dims[d].peers > 1]
     return ChunkSimResult(
-        schedule=schedule, chunks=chunks, collective_bytes=float(collective_bytes), time_s=now,
-        dim_bytes=dim_bytes, dim_busy_s=run.dim_busy,
+        schedule=schedule,
+        chunks=chunks,
+        collective_bytes=float(collective_bytes),
+        time_s=now,
+        dim_bytes=dim_bytes,
+        dim_busy_s=run.dim_busy,
         dim_utilization=[dim_bytes[d] / (bandwidth[d] * now) for d in range(n_dims)],
         utilization=sum(dim_bytes[d] for d in used) / (sum(bandwidth[d] for d in used) * now),
-        orders=orders, issue=issue, phases=timings if keep_phases else [],
+        orders=orders,
+        issue=issue,
+        phases=timings if keep_phases else [],
     )
 
 
@@ -257,8 +275,9 @@ class _ChunkRun:
     def retire(self, c: int) -> None:
         """Record chunk `c`'s phase as ended now and queue its next one."""
         phase = self.plans[c][self.current[c]]
-        self.timings.append(PhaseTiming(c, self.current[c], phase.dim, phase.kind, phase.data_bytes, self.started[c],
-                                        self.now))
+        self.timings.append(
+            PhaseTiming(c, self.current[c], phase.dim, phase.kind, phase.data_bytes, self.started[c], self.now)
+        )
         self.current[c] += 1
         if self.current[c] < len(self.plans[c]):
             self.make_ready(c, self.now)

@@ -10,6 +10,7 @@ measured sizes by cross-validation inside the training rows, the rest by least s
 log time, so noise does not buy a spurious transition; when no breakpoint pair validates
 better than a single start-up + bandwidth line, that line (alpha-beta, the baseline) is kept.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -97,8 +98,18 @@ def _fit_alpha_beta(x: np.ndarray, t: np.ndarray) -> SigmoidCurve:
     (alpha, inv_bw), _ = nnls(design / scale, np.ones_like(t))
     alpha, inv_bw = alpha / scale[0], inv_bw / scale[1]
     below = float(x.min()) - 1.0
-    return SigmoidCurve(max(float(alpha), 1e-12), below, below, 0.0, below, 1.0, 0.0,
-                        1.0 / max(float(inv_bw), 1e-18), float(x.min()), float(x.max()))
+    return SigmoidCurve(
+        max(float(alpha), 1e-12),
+        below,
+        below,
+        0.0,
+        below,
+        1.0,
+        0.0,
+        1.0 / max(float(inv_bw), 1e-18),
+        float(x.min()),
+        float(x.max()),
+    )
 
 
 def _log_error(curve: SigmoidCurve, x: np.ndarray, t: np.ndarray) -> float:
@@ -106,16 +117,20 @@ def _log_error(curve: SigmoidCurve, x: np.ndarray, t: np.ndarray) -> float:
     return float(np.mean(np.abs(np.log(np.maximum(pred, 1e-15)) - np.log(t))))
 
 
-def _cv_error(x: np.ndarray, t: np.ndarray, assignment: np.ndarray, folds: int, x1: float | None,
-              x2: float | None) -> float:
+def _cv_error(
+    x: np.ndarray, t: np.ndarray, assignment: np.ndarray, folds: int, x1: float | None, x2: float | None
+) -> float:
     """k-fold error of the curve with breakpoints (x1, x2), or of plain alpha-beta (None)."""
     err = 0.0
     for f in range(folds):
         train, test = assignment != f, assignment == f
         if train.sum() < 3 or not test.any():
             continue
-        curve = (_fit_alpha_beta(x[train], t[train]) if x1 is None or x2 is None
-                 else _fit_given_breaks(x[train], t[train], x1, x2))
+        curve = (
+            _fit_alpha_beta(x[train], t[train])
+            if x1 is None or x2 is None
+            else _fit_given_breaks(x[train], t[train], x1, x2)
+        )
         err += _log_error(curve, x[test], t[test]) * test.sum()
     return err
 
@@ -187,7 +202,7 @@ class SigmoidCollectiveModel(OpModel):
             return [exc.args[0]]
         x = np.log2(max(float(params["bytes"]), 1.0))
         if x > curve.x_max + 2:
-            return [f"{self.op}.bytes={params['bytes']:.3g} beyond measured max {2 ** curve.x_max:.3g}"]
+            return [f"{self.op}.bytes={params['bytes']:.3g} beyond measured max {2**curve.x_max:.3g}"]
         return []
 
     def to_dict(self) -> dict[str, Any]:

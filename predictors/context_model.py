@@ -13,6 +13,7 @@ stretches by scheduling; factor in [0.5, 8], add_s >= 0. Fitted on a seeded spli
 on the held-out rows against the isolated model alone (the baseline). An op never seen in a
 step keeps factor 1, add 0. Stored as plain JSON like every other model.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -115,8 +116,10 @@ def fit_context_factors(model: Any, rows: Sequence[Measurement], seed: int = 0) 
     held-out GMAE of in-context kernel times with the factors and without (the baseline).
     Returns the held-out rows (for reporting; they are not rows of any bundle op)."""
     # Split per model op so every op keeps rows on both sides.
-    keyed = [Measurement(f"{IN_CONTEXT_OP}:{r.params.get('model_op')}", r.params, r.median_s, r.spread_s, r.repeats)
-             for r in rows]
+    keyed = [
+        Measurement(f"{IN_CONTEXT_OP}:{r.params.get('model_op')}", r.params, r.median_s, r.spread_s, r.repeats)
+        for r in rows
+    ]
     train_keyed, test_keyed = split_by_op(keyed, seed)
     train = [Measurement(IN_CONTEXT_OP, r.params, r.median_s, r.spread_s, r.repeats) for r in train_keyed]
     test = [Measurement(IN_CONTEXT_OP, r.params, r.median_s, r.spread_s, r.repeats) for r in test_keyed]

@@ -12,6 +12,7 @@ split or replicated tables (per-op framework cost)
 and of the predicted kernel time itself (on a shared host, gloo's threads and the compute
 thread slow each other in proportion to the work; the fitted coefficient is that slowdown).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,12 +25,12 @@ from predictors.evaluation import ErrorStats, error_stats, split_by_op
 from predictors.opmodels import fit_linear_or_constant
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import model_cost, simulate
-from probes.vocabulary.table_shards import DATA_PARALLEL, PlanEntry, row_wise_width, table_shards
-from probes.vocabulary.tbe_features import expected_features
-from probes.vocabulary.ops import DLRM_OVERHEAD_OP, DLRM_STEP_OP, gemm_params, linear_layer_gemms
 from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.ops import DLRM_OVERHEAD_OP, DLRM_STEP_OP, gemm_params, linear_layer_gemms
 from probes.vocabulary.placement import RankPlacement, placement_of
 from probes.vocabulary.records import Measurement
+from probes.vocabulary.table_shards import DATA_PARALLEL, PlanEntry, row_wise_width, table_shards
+from probes.vocabulary.tbe_features import expected_features
 
 OVERHEAD_FEATURES = ["one", "dense_layers", "tables_total", "split_pieces", "kernels_s"]
 
@@ -62,13 +63,22 @@ def overhead_params(spec: JobSpec, kernels_s: float, plan: Sequence[PlanEntry] =
     """`split_pieces`: table pieces beyond one per table (a row-/column-wise or replicated table
     is a piece on every rank it spans, each one more TBE table to launch and bookkeep)."""
     pieces = len(table_shards(spec, plan)) if plan else len(spec.tables)
-    return {"dense_layers": len(spec.dense_layers()), "tables_total": len(spec.tables), "world": spec.world_size,
-            "split_pieces": pieces - len(spec.tables), "kernels_s": float(kernels_s)}
+    return {
+        "dense_layers": len(spec.dense_layers()),
+        "tables_total": len(spec.tables),
+        "world": spec.world_size,
+        "split_pieces": pieces - len(spec.tables),
+        "kernels_s": float(kernels_s),
+    }
 
 
 def estimate_iteration(
-    spec: JobSpec, table_to_rank: Sequence[PlanEntry], model: PerformanceModel, include_overhead: bool = True,
-    simulate_graph: bool = True, placement: RankPlacement | None = None,
+    spec: JobSpec,
+    table_to_rank: Sequence[PlanEntry],
+    model: PerformanceModel,
+    include_overhead: bool = True,
+    simulate_graph: bool = True,
+    placement: RankPlacement | None = None,
 ) -> CostBreakdown:
     """The iteration's kernels through the critical-path simulator over the job's execution
     graph (`simulate_graph`), or as the plain sum below (the baseline); plus the fitted
@@ -104,10 +114,14 @@ def estimate_iteration(
     a2a = 2 * predict("all_to_all", **all_to_all_params(spec, table_to_rank, scope)) if W > 1 else 0.0
     rw = FLOAT * B * W * row_wise_width(shards)
     if W > 1 and rw:  # row-wise tables: reduce-scatter forward, all-gather backward
-        a2a += predict("reduce_scatter", bytes=rw, world=W, scope=scope) + predict("all_gather", bytes=rw, world=W, scope=scope)
+        a2a += predict("reduce_scatter", bytes=rw, world=W, scope=scope) + predict(
+            "all_gather", bytes=rw, world=W, scope=scope
+        )
 
     param_bytes = 4 * sum(i * o + o for i, o in spec.dense_layers())
-    allreduce = sum(predict("all_reduce", bytes=b, world=W, scope=scope) for b in ddp_buckets(param_bytes)) if W > 1 else 0.0
+    allreduce = (
+        sum(predict("all_reduce", bytes=b, world=W, scope=scope) for b in ddp_buckets(param_bytes)) if W > 1 else 0.0
+    )
 
     if simulate_graph:
         graph = build_dlrm_graph(spec, table_to_rank, placement)
@@ -126,9 +140,9 @@ def estimate_iteration(
     return CostBreakdown(total, emb_fwd, emb_bwd, dense, a2a, allreduce, overhead, sorted(set(problems)))
 
 
-
-def fit_overhead(model: PerformanceModel, step_rows: Sequence[Measurement], seed: int = 0,
-                 simulate_graph: bool = True) -> list[Measurement]:
+def fit_overhead(
+    model: PerformanceModel, step_rows: Sequence[Measurement], seed: int = 0, simulate_graph: bool = True
+) -> list[Measurement]:
     """Fit the step overhead on a seeded split of training-probe rows; score whole steps.
 
     Sets `model.step_overheads["dlrm"]` and held-out `dlrm_step` metrics (whole-iteration
@@ -138,11 +152,24 @@ def fit_overhead(model: PerformanceModel, step_rows: Sequence[Measurement], seed
     residuals = []
     for row in train:
         job = JobSpec.from_dict(row.params["job"])
-        kernels = estimate_iteration(job, row.params["table_to_rank"], model, include_overhead=False,
-                                     simulate_graph=simulate_graph,
-                                     placement=placement_of(row.params, job.world_size)).iteration_s
+        kernels = estimate_iteration(
+            job,
+            row.params["table_to_rank"],
+            model,
+            include_overhead=False,
+            simulate_graph=simulate_graph,
+            placement=placement_of(row.params, job.world_size),
+        ).iteration_s
         # A step cannot cost less than its kernels; floor the residual at 2% of the step.
-        residuals.append(Measurement(DLRM_OVERHEAD_OP, overhead_params(job, kernels, row.params["table_to_rank"]), max(row.median_s - kernels, 0.02 * row.median_s), 0.0, row.repeats))
+        residuals.append(
+            Measurement(
+                DLRM_OVERHEAD_OP,
+                overhead_params(job, kernels, row.params["table_to_rank"]),
+                max(row.median_s - kernels, 0.02 * row.median_s),
+                0.0,
+                row.repeats,
+            )
+        )
     model.step_overheads["dlrm"] = fit_linear_or_constant(DLRM_OVERHEAD_OP, OVERHEAD_FEATURES, residuals)
 
     stats = score_steps(model, test, simulate_graph=simulate_graph).to_dict()
@@ -152,13 +179,23 @@ def fit_overhead(model: PerformanceModel, step_rows: Sequence[Measurement], seed
     return test
 
 
-def score_steps(model: PerformanceModel, step_rows: Sequence[Measurement], include_overhead: bool = True,
-                simulate_graph: bool = True) -> ErrorStats:
+def score_steps(
+    model: PerformanceModel,
+    step_rows: Sequence[Measurement],
+    include_overhead: bool = True,
+    simulate_graph: bool = True,
+) -> ErrorStats:
     """Relative error of whole predicted training steps against measured `dlrm_step` rows."""
     errors = []
     for row in step_rows:
         job = JobSpec.from_dict(row.params["job"])
-        predicted = estimate_iteration(job, row.params["table_to_rank"], model, include_overhead,
-                                       simulate_graph, placement_of(row.params, job.world_size)).iteration_s
+        predicted = estimate_iteration(
+            job,
+            row.params["table_to_rank"],
+            model,
+            include_overhead,
+            simulate_graph,
+            placement_of(row.params, job.world_size),
+        ).iteration_s
         errors.append(abs(predicted - row.median_s) / row.median_s)
     return error_stats(np.asarray(errors))

@@ -11,17 +11,15 @@ grad_input and grad_weight products, relu backward), the backward all-to-all, bo
 TBE backward with its fused update; DDP gradient all-reduces on the communication stream as
 buckets fill (a small first bucket, then `bucket_bytes`); the optimizer step.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from predictors.graph import ExecutionGraph, GraphOp
-from probes.vocabulary.tbe_features import expected_features
-from probes.vocabulary.ops import elementwise_params
-from probes.vocabulary.ops import gemm_params
-from probes.vocabulary.ops import memcpy_params
 from probes.vocabulary.jobspec import JobSpec, TableShape
+from probes.vocabulary.ops import elementwise_params, gemm_params, memcpy_params
 from probes.vocabulary.placement import INTRA, PlacementError, RankPlacement
 from probes.vocabulary.table_shards import (
     DATA_PARALLEL,
@@ -32,6 +30,7 @@ from probes.vocabulary.table_shards import (
     row_wise_width,
     table_shards,
 )
+from probes.vocabulary.tbe_features import expected_features
 
 DDP_FIRST_BUCKET_BYTES = 1 * 2**20
 DDP_BUCKET_BYTES = 25 * 2**20
@@ -77,8 +76,11 @@ def _all_to_all(spec: JobSpec, widths: Sequence[int], scope: str) -> dict[str, A
     """A rank sends W*B*width_r floats and receives B*sum(widths): the larger bounds the op;
     uneven (priced on the uneven curve) unless every rank sends the same width."""
     W, B = spec.world_size, spec.batch_size
-    params: dict[str, Any] = {"bytes": FLOAT * max(max(W * B * w for w in widths), B * sum(widths)),
-                              "world": W, "scope": scope}
+    params: dict[str, Any] = {
+        "bytes": FLOAT * max(max(W * B * w for w in widths), B * sum(widths)),
+        "world": W,
+        "scope": scope,
+    }
     if len(set(widths)) > 1:
         params["uneven"] = True
     return params
@@ -142,18 +144,39 @@ def build_dlrm_graph(
     widths = exchanged_widths(spec, shards)
     rw_width = row_wise_width(shards)
     dp_tables = replicated_tables(shards)
-    x = _Layout(spec, scope, shards, tuple(range(W)), _all_to_all(spec, widths, scope) if sum(widths) else None,
-                rw_width, FLOAT * B * W * rw_width, dp_tables,
-                FLOAT * sum(t.num_embeddings * t.embedding_dim for t in dp_tables), spec.dense_layers(),
-                len(spec.dense.bottom_mlp), ddp_buckets(dense_parameter_bytes(spec), bucket_bytes), embedding_features)
+    x = _Layout(
+        spec,
+        scope,
+        shards,
+        tuple(range(W)),
+        _all_to_all(spec, widths, scope) if sum(widths) else None,
+        rw_width,
+        FLOAT * B * W * rw_width,
+        dp_tables,
+        FLOAT * sum(t.num_embeddings * t.embedding_dim for t in dp_tables),
+        spec.dense_layers(),
+        len(spec.dense.bottom_mlp),
+        ddp_buckets(dense_parameter_bytes(spec), bucket_bytes),
+        embedding_features,
+    )
     graph = [_rank_ops(x, r) for r in range(W)]
     meta_plan = [p if isinstance(p, dict) else int(p) for p in plan]
-    meta: dict[str, Any] = {"job": spec.name, "workload": "dlrm", "table_to_rank": meta_plan,
-                            "placement": placement.to_dict()}
+    meta: dict[str, Any] = {
+        "job": spec.name,
+        "workload": "dlrm",
+        "table_to_rank": meta_plan,
+        "placement": placement.to_dict(),
+    }
     if x.a2a is not None:  # the lookup and the all-to-all that ships its pooled rows (predictors/overlap_model.py)
-        meta["substitutable"] = [{"name": "embedding_all_to_all", "pair": "embedding_all_to_all",
-                                  "producer": "embedding_fwd", "collective": "all_to_all_fwd",
-                                  "sliced_with": ["embedding_bwd"]}]
+        meta["substitutable"] = [
+            {
+                "name": "embedding_all_to_all",
+                "pair": "embedding_all_to_all",
+                "producer": "embedding_fwd",
+                "collective": "all_to_all_fwd",
+                "sliced_with": ["embedding_bwd"],
+            }
+        ]
     return ExecutionGraph(graph, meta=meta)
 
 
@@ -170,7 +193,9 @@ def _rank_ops(x: _Layout, r: int) -> list[GraphOp]:
         exchanged.append(g.add(GraphOp("all_to_all_fwd", "collective", "all_to_all", x.a2a, "comm", sent, x.group)))
     if x.rw_width:
         rs = {"bytes": x.rw_bytes, "world": W, "scope": x.scope}
-        exchanged.append(g.add(GraphOp("reduce_scatter_fwd", "collective", "reduce_scatter", rs, "comm", sent, x.group)))
+        exchanged.append(
+            g.add(GraphOp("reduce_scatter_fwd", "collective", "reduce_scatter", rs, "comm", sent, x.group))
+        )
     dp_feats = x.embedding_features(x.dp_tables, B, seed=spec.seed) if x.dp_tables else None
     if dp_feats is not None:  # replicas: the local batch only, nothing to exchange
         exchanged.append(g.add(GraphOp("embedding_dp_fwd", "compute", "embedding_fwd", dp_feats)))
@@ -179,12 +204,24 @@ def _rank_ops(x: _Layout, r: int) -> list[GraphOp]:
     if local:
         g.add(GraphOp("embedding_bwd", "compute", "embedding_bwd", feats or {}, deps=returned))
     if dp_feats is not None:
-        dp_bwd = g.add(GraphOp("embedding_dp_bwd", "compute", "embedding_bwd", dp_feats, deps=[concat_grad] if concat_grad is not None else []))
+        dp_bwd = g.add(
+            GraphOp(
+                "embedding_dp_bwd",
+                "compute",
+                "embedding_bwd",
+                dp_feats,
+                deps=[concat_grad] if concat_grad is not None else [],
+            )
+        )
         ar = {"bytes": x.dp_grad_bytes, "world": W, "scope": x.scope}
         reduces.append(g.add(GraphOp("dp_table_all_reduce", "collective", "all_reduce", ar, "comm", [dp_bwd], x.group)))
     params_numel = sum(i * o + o for i, o in x.layers)
     cols = 1024
-    g.add(GraphOp("optimizer_step", "compute", "add", elementwise_params("add", -(-params_numel // cols), cols), deps=reduces))
+    g.add(
+        GraphOp(
+            "optimizer_step", "compute", "add", elementwise_params("add", -(-params_numel // cols), cols), deps=reduces
+        )
+    )
     return g.ops
 
 
@@ -196,11 +233,24 @@ def _dense_forward(g: _RankBuilder, x: _Layout, exchanged: list[int]) -> int:
     for li, (fan_in, fan_out) in enumerate(layers):
         if li == x.n_bottom:  # interaction: concatenate bottom output with the exchanged embeddings
             cat = memcpy_params("d2d", FLOAT * B * fan_in)
-            prev = g.add(GraphOp("interaction_cat", "memory", "memcpy", cat, deps=exchanged + ([prev] if prev is not None else [])))
-        prev = g.add(GraphOp(f"fc{li}_fwd", "compute", "gemm", gemm_params(B, fan_out, fan_in, variant="addmm"),
-                             deps=[prev] if prev is not None else []))
+            prev = g.add(
+                GraphOp(
+                    "interaction_cat", "memory", "memcpy", cat, deps=exchanged + ([prev] if prev is not None else [])
+                )
+            )
+        prev = g.add(
+            GraphOp(
+                f"fc{li}_fwd",
+                "compute",
+                "gemm",
+                gemm_params(B, fan_out, fan_in, variant="addmm"),
+                deps=[prev] if prev is not None else [],
+            )
+        )
         if li != len(layers) - 1:
-            prev = g.add(GraphOp(f"relu{li}_fwd", "compute", "relu", elementwise_params("relu", B, fan_out), deps=[prev]))
+            prev = g.add(
+                GraphOp(f"relu{li}_fwd", "compute", "relu", elementwise_params("relu", B, fan_out), deps=[prev])
+            )
     if prev is None:
         raise ValueError("a DLRM has at least one dense layer")  # the job spec refuses one without
     return prev
@@ -218,25 +268,37 @@ def _dense_backward(g: _RankBuilder, x: _Layout, prev: int) -> tuple[list[int], 
         fan_in, fan_out = layers[li]
         if li != len(layers) - 1:
             prev = g.add(GraphOp(f"relu{li}_bwd", "compute", "mul", elementwise_params("mul", B, fan_out), deps=[prev]))
-        weight_grad = g.add(GraphOp(f"fc{li}_grad_weight", "compute", "gemm", gemm_params(fan_out, fan_in, B), deps=[prev]))
+        weight_grad = g.add(
+            GraphOp(f"fc{li}_grad_weight", "compute", "gemm", gemm_params(fan_out, fan_in, B), deps=[prev])
+        )
         if li > 0:
             prev = g.add(GraphOp(f"fc{li}_grad_input", "compute", "gemm", gemm_params(B, fan_in, fan_out), deps=[prev]))
         for size in buckets.add(FLOAT * (fan_in * fan_out + fan_out)):
             ar = {"bytes": size, "world": W, "scope": x.scope}
-            reduces.append(g.add(GraphOp(f"ddp_all_reduce{len(reduces)}", "collective", "all_reduce", ar, "comm",
-                                         [weight_grad], x.group)))
+            reduces.append(
+                g.add(
+                    GraphOp(
+                        f"ddp_all_reduce{len(reduces)}", "collective", "all_reduce", ar, "comm", [weight_grad], x.group
+                    )
+                )
+            )
         if li == x.n_bottom:  # the embeddings' gradient goes back the way the lookups came
             if x.a2a is not None:
-                returned.append(g.add(GraphOp("all_to_all_bwd", "collective", "all_to_all", x.a2a, "comm", [prev], x.group)))
+                returned.append(
+                    g.add(GraphOp("all_to_all_bwd", "collective", "all_to_all", x.a2a, "comm", [prev], x.group))
+                )
             if x.rw_width:
                 ag = {"bytes": x.rw_bytes, "world": W, "scope": x.scope}
-                returned.append(g.add(GraphOp("all_gather_bwd", "collective", "all_gather", ag, "comm", [prev], x.group)))
+                returned.append(
+                    g.add(GraphOp("all_gather_bwd", "collective", "all_gather", ag, "comm", [prev], x.group))
+                )
             concat_grad = prev
     return reduces, returned, concat_grad
 
 
-def dlrm_slice_params(spec: JobSpec, plan: Sequence[PlanEntry],
-                      embedding_features: Callable[..., dict[str, Any]] = expected_features):
+def dlrm_slice_params(
+    spec: JobSpec, plan: Sequence[PlanEntry], embedding_features: Callable[..., dict[str, Any]] = expected_features
+):
     """Params of one of k slices of a rank's lookup (forward or backward): its tables for
     1/k of the global batch's bags, as the overlapped exchange looks them up."""
     shards = table_shards(spec, plan)
@@ -245,4 +307,5 @@ def dlrm_slice_params(spec: JobSpec, plan: Sequence[PlanEntry],
     def params(rank: int, op: GraphOp, slices: int) -> dict[str, Any]:
         local = [s.shape for s in shards if s.rank == rank and s.kind != DATA_PARALLEL]
         return embedding_features(local, max(1, -(-bags // slices)), seed=spec.seed)
+
     return params

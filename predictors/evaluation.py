@@ -1,4 +1,5 @@
 """Held-out scoring: a seeded 80/20 split per op, GMAE / MAPE / std of relative error."""
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -40,12 +41,7 @@ def geomean(values: Sequence[float] | np.ndarray) -> float:
 def error_stats(errors: np.ndarray) -> ErrorStats:
     if len(errors) == 0:
         return ErrorStats(float("nan"), float("nan"), float("nan"), 0)
-    return ErrorStats(
-        gmae=geomean(errors),
-        mape=float(np.mean(errors)),
-        std=float(np.std(errors)),
-        n=int(len(errors)),
-    )
+    return ErrorStats(gmae=geomean(errors), mape=float(np.mean(errors)), std=float(np.std(errors)), n=int(len(errors)))
 
 
 def split_by_op(

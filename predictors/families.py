@@ -1,11 +1,12 @@
 """Which model family each measured op gets, and the simple baseline it is scored against."""
+
 from __future__ import annotations
 
 from predictors.collective_model import SigmoidCollectiveModel
 from predictors.context_model import ContextFactorModel  # noqa: F401  (registers its kind for loading)
 from predictors.learned_model import EMBEDDING_DESIGN, GEMM_DESIGN, ROW_OP_DESIGN, LearnedKernelModel
-from predictors.overhead_model import OverheadModel
 from predictors.opmodels import AlphaBetaModel, GroupedCostModel, OpModel
+from predictors.overhead_model import OverheadModel
 
 COLLECTIVES = ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "broadcast")
 GEMM_FEATURES = ["one", "flops", "bytes", "mn"]

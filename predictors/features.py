@@ -3,6 +3,7 @@
 Models store feature *names*, never code, so a model loaded from a shared registry can only
 call functions defined here.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable

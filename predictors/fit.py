@@ -7,6 +7,7 @@ workload's per-step overhead (the residual of its measured steps over the simula
 the overlapped pairs' costs and the symmetric-memory kernels' ratios, and the HFTA fusion
 curves. The held-out rows it returns score the bundle against a champion on the same data.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -23,7 +24,14 @@ from predictors.pair_estimator import fit_overlap_calibration, fit_symm_mem
 from predictors.performance_model import PerformanceModel, priced
 from predictors.transformer_estimator import fit_transformer_overhead
 from probes.vocabulary.ops import (
-    CPU_OVERHEAD_OP, DLRM_STEP_OP, FUSION_OP, IN_CONTEXT_OP, PAIR_OP, SYMM_MEM_OP, TRANSFER_OP, TRANSFORMER_STEP_OP,
+    CPU_OVERHEAD_OP,
+    DLRM_STEP_OP,
+    FUSION_OP,
+    IN_CONTEXT_OP,
+    PAIR_OP,
+    SYMM_MEM_OP,
+    TRANSFER_OP,
+    TRANSFORMER_STEP_OP,
 )
 from probes.vocabulary.records import Measurement
 
@@ -37,8 +45,13 @@ def kernel_rows(rows: Sequence[Measurement]) -> list[Measurement]:
     return [r for r in rows if r.op not in COMPOSITE_OPS]
 
 
-def fit_bundle(rows: Sequence[Measurement], hardware_id: str, seed: int = 0, device_kind: str = "cpu",
-               sentinels: Sequence[dict[str, Any]] = ()) -> tuple[PerformanceModel, list[Measurement]]:
+def fit_bundle(
+    rows: Sequence[Measurement],
+    hardware_id: str,
+    seed: int = 0,
+    device_kind: str = "cpu",
+    sentinels: Sequence[dict[str, Any]] = (),
+) -> tuple[PerformanceModel, list[Measurement]]:
     """The bundle of everything `rows` can fit, and its held-out rows (kernel rows of every
     op, and whole steps of each workload). A part without rows is left empty; an op with too
     few rows is listed in `meta["unfitted"]` with the reason."""

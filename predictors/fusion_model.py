@@ -11,6 +11,7 @@
 Both are fitted per (workload, batch size, optimizer) from the rows of
 `probes.fusion.measure_fusion_width` and serialise as plain JSON.
 """
+
 from __future__ import annotations
 
 import math
@@ -40,7 +41,7 @@ class FusionPoint:
 
 def _curve(theta: np.ndarray, width: np.ndarray) -> np.ndarray:
     a, b, c = theta
-    return a * width / (1.0 + b * width + c * width ** 2)
+    return a * width / (1.0 + b * width + c * width**2)
 
 
 @dataclass
@@ -59,8 +60,9 @@ class FusionModel:
     @classmethod
     def fit(cls, workload: str, batch_size: int, optimizer: str, points: Sequence[FusionPoint]) -> "FusionModel":
         if len({p.width for p in points}) < 3:
-            raise FusionModelError(f"{workload}: need throughput at 3 or more widths to fit, got "
-                                   f"{sorted({p.width for p in points})}")
+            raise FusionModelError(
+                f"{workload}: need throughput at 3 or more widths to fit, got {sorted({p.width for p in points})}"
+            )
         width = np.array([p.width for p in points], dtype=np.float64)
         speed = np.array([p.samples_per_s for p in points], dtype=np.float64)
         if (speed <= 0).any():
@@ -83,8 +85,18 @@ class FusionModel:
         line = linregress(width, memory)
         errors = np.abs(_curve(best.x, width) - speed) / speed
         gmae = float(np.exp(np.mean(np.log(np.maximum(errors, 1e-9)))))
-        return cls(workload, int(batch_size), optimizer, a, b, c, float(line.intercept), max(float(line.slope), 0.0),
-                   sorted({int(w) for w in width}), gmae)
+        return cls(
+            workload,
+            int(batch_size),
+            optimizer,
+            a,
+            b,
+            c,
+            float(line.intercept),
+            max(float(line.slope), 0.0),
+            sorted({int(w) for w in width}),
+            gmae,
+        )
 
     def throughput(self, width: int) -> float:
         """Predicted samples/s summed over `width` fused models."""
@@ -119,8 +131,9 @@ def fit_fusion_models(rows: Sequence[Measurement]) -> dict[str, FusionModel]:
         if r.op != FUSION_OP:
             continue
         key = (r.params["workload"], int(r.params["batch_size"]), r.params["optimizer"])
-        groups.setdefault(key, []).append(FusionPoint(int(r.params["width"]), float(r.extra["samples_per_s"]),
-                                                      float(r.extra["peak_memory_bytes"])))
+        groups.setdefault(key, []).append(
+            FusionPoint(int(r.params["width"]), float(r.extra["samples_per_s"]), float(r.extra["peak_memory_bytes"]))
+        )
     workloads = [key[0] for key in groups]
     mixed = sorted({w for w in workloads if workloads.count(w) > 1})
     if mixed:

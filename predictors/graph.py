@@ -5,6 +5,7 @@ on, the ops of the same rank whose outputs it needs (`deps`, indices into that r
 and for a collective the ranks of its group. Ops are plain data (JSON), so graphs built from a
 job and a plan and graphs imported from traces are checked by the same simulator.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

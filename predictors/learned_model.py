@@ -7,6 +7,7 @@ threading effects bend the curve. An MLP and gradient-boosted trees are both fit
 seeded split of the training rows; the one with the lower validation GMAE is kept and refitted
 on all training rows, unless the base alone validates better (then no correction is used). Outside the measured range the base model's range check applies.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -32,12 +33,19 @@ def _gmae(pred_log: np.ndarray, true_log: np.ndarray) -> float:
 class LearnedKernelModel(OpModel):
     kind = "learned_kernel"
 
-    def __init__(self, op: str, base_features: Sequence[str], design: Sequence[str], seed: int = 0,
-                 group_by: tuple[str, str] | None = None):
+    def __init__(
+        self,
+        op: str,
+        base_features: Sequence[str],
+        design: Sequence[str],
+        seed: int = 0,
+        group_by: tuple[str, str] | None = None,
+    ):
         """`group_by` = (param, default value): fit the base per value of that param."""
         super().__init__(op)
         self.base: LinearCostModel | GroupedCostModel = (
-            GroupedCostModel(op, base_features, *group_by) if group_by else LinearCostModel(op, base_features))
+            GroupedCostModel(op, base_features, *group_by) if group_by else LinearCostModel(op, base_features)
+        )
         self.design = list(design)
         self.seed = seed
         self.regressor: Any = None
@@ -86,9 +94,16 @@ class LearnedKernelModel(OpModel):
         return self.base.out_of_range(params)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "op": self.op, "base": self.base.to_dict(), "design": self.design,
-                "seed": self.seed, "chosen": self.chosen, "validation": self.validation,
-                "regressor": self.regressor.to_dict() if self.regressor is not None else None}
+        return {
+            "kind": self.kind,
+            "op": self.op,
+            "base": self.base.to_dict(),
+            "design": self.design,
+            "seed": self.seed,
+            "chosen": self.chosen,
+            "validation": self.validation,
+            "regressor": self.regressor.to_dict() if self.regressor is not None else None,
+        }
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> "LearnedKernelModel":
@@ -100,10 +115,32 @@ class LearnedKernelModel(OpModel):
         return model
 
 
-GEMM_DESIGN = ["log:M", "log:N", "log:K", "log:batch", "log:flops", "log:bytes", "log:arith_intensity",
-               "is:dtype=float32", "is:dtype=bfloat16", "is:dtype=float16",
-               "is:variant=addmm", "is:variant=bmm", "is:variant=baddbmm"]
-EMBEDDING_DESIGN = ["log:tables", "log:B", "log:D_sum", "log:E_sum", "log:L_mean", "log:lookups",
-                    "log:gathered_elems", "log:output_elems", "log:distinct_elems", "log:table_elems",
-                    "hist:reuse_hist"]
+GEMM_DESIGN = [
+    "log:M",
+    "log:N",
+    "log:K",
+    "log:batch",
+    "log:flops",
+    "log:bytes",
+    "log:arith_intensity",
+    "is:dtype=float32",
+    "is:dtype=bfloat16",
+    "is:dtype=float16",
+    "is:variant=addmm",
+    "is:variant=bmm",
+    "is:variant=baddbmm",
+]
+EMBEDDING_DESIGN = [
+    "log:tables",
+    "log:B",
+    "log:D_sum",
+    "log:E_sum",
+    "log:L_mean",
+    "log:lookups",
+    "log:gathered_elems",
+    "log:output_elems",
+    "log:distinct_elems",
+    "log:table_elems",
+    "hist:reuse_hist",
+]
 ROW_OP_DESIGN = ["log:rows", "log:cols", "log:numel", "log:bytes"]

@@ -12,6 +12,7 @@ halving-doubling log2 P.
 Dimensions come from config (presets below, for hardware we only plan for) or from the
 collective models measured on the hardware that exists (`dimension_from_model`).
 """
+
 from __future__ import annotations
 
 import math
@@ -141,9 +142,10 @@ def _paper_topology(name: str) -> NetworkTopology:
     peers, gbits, latency_ns = PAPER_TOPOLOGIES[name]
     algorithms = {"Ring": "ring", "FC": "direct", "SW": "switch"}
     kinds = name.split("-", 1)[1].replace("_homo", "").replace("_hetero", "").split("_")
-    dims = tuple(Dimension(peers=p, bandwidth_gbps=b / 8, latency_us=lat / 1000, algorithm=algorithms[k],
-                           name=f"dim{i + 1}-{k}")
-                 for i, (k, p, b, lat) in enumerate(zip(kinds, peers, gbits, latency_ns)))
+    dims = tuple(
+        Dimension(peers=p, bandwidth_gbps=b / 8, latency_us=lat / 1000, algorithm=algorithms[k], name=f"dim{i + 1}-{k}")
+        for i, (k, p, b, lat) in enumerate(zip(kinds, peers, gbits, latency_ns))
+    )
     return NetworkTopology(name=name, dims=dims)
 
 
@@ -154,10 +156,13 @@ def gpu_cluster(name: str, nodes: int) -> NetworkTopology:
     if int(nodes) != nodes or nodes < 1:
         raise NetworkError(f"nodes must be a positive integer, got {nodes!r}")
     nvlink, nvlink_us, nic_gbit, nic_us = GPU_CLUSTERS[name]
-    return NetworkTopology(name=f"{name}x{nodes}", dims=(
-        Dimension(peers=8, bandwidth_gbps=nvlink, latency_us=nvlink_us, algorithm="ring", name="nvlink"),
-        Dimension(peers=int(nodes), bandwidth_gbps=nic_gbit / 8, latency_us=nic_us, algorithm="ring", name="nic"),
-    ))
+    return NetworkTopology(
+        name=f"{name}x{nodes}",
+        dims=(
+            Dimension(peers=8, bandwidth_gbps=nvlink, latency_us=nvlink_us, algorithm="ring", name="nvlink"),
+            Dimension(peers=int(nodes), bandwidth_gbps=nic_gbit / 8, latency_us=nic_us, algorithm="ring", name="nic"),
+        ),
+    )
 
 
 def preset(name: str) -> NetworkTopology:
@@ -165,11 +170,13 @@ def preset(name: str) -> NetworkTopology:
     if name in PAPER_TOPOLOGIES:
         return _paper_topology(name)
     for cluster in GPU_CLUSTERS:
-        rest = name[len(cluster):]
+        rest = name[len(cluster) :]
         if name.startswith(cluster) and rest.startswith("x") and rest[1:].isdigit():
             return gpu_cluster(cluster, int(rest[1:]))
-    raise NetworkError(f"unknown topology {name!r}; presets: {', '.join(PAPER_TOPOLOGIES)}, or "
-                       f"<cluster>x<nodes> with cluster one of {', '.join(GPU_CLUSTERS)}")
+    raise NetworkError(
+        f"unknown topology {name!r}; presets: {', '.join(PAPER_TOPOLOGIES)}, or "
+        f"<cluster>x<nodes> with cluster one of {', '.join(GPU_CLUSTERS)}"
+    )
 
 
 def topology_from_config(config: dict[str, Any]) -> NetworkTopology:
@@ -189,8 +196,10 @@ def topology_from_config(config: dict[str, Any]) -> NetworkTopology:
 
 def check_topology_size(topology: NetworkTopology, world_size: int) -> NetworkTopology:
     if topology.npus != world_size:
-        raise NetworkError(f"network: the topology has {topology.npus} NPUs "
-                           f"({' x '.join(map(str, topology.peers))}), the job's world_size is {world_size}")
+        raise NetworkError(
+            f"network: the topology has {topology.npus} NPUs "
+            f"({' x '.join(map(str, topology.peers))}), the job's world_size is {world_size}"
+        )
     return topology
 
 
@@ -198,8 +207,13 @@ class CollectivePredictor(Protocol):
     def predict(self, op: str, strict: bool = False, **params: Any) -> float: ...
 
 
-def dimension_from_model(model: CollectivePredictor, peers: int, scope: str, name: str = "",
-                         sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 22)) -> Dimension:
+def dimension_from_model(
+    model: CollectivePredictor,
+    peers: int,
+    scope: str,
+    name: str = "",
+    sizes: Sequence[int] = (1 << 16, 1 << 20, 1 << 22),
+) -> Dimension:
     """A dimension calibrated from the measured reduce-scatter curve of a `peers`-rank group:
     the time at the smallest size is the latency, the slope between the larger sizes the
     bandwidth (per the volume a ring sends). Measured hardware is treated as a ring, which is
@@ -210,9 +224,12 @@ def dimension_from_model(model: CollectivePredictor, peers: int, scope: str, nam
     small, mid, large = times
     sent = (peers - 1) / peers * (sizes[2] - sizes[1])
     if large <= mid:
-        raise NetworkError(f"{name or 'dimension'}: the reduce_scatter curve for {peers} ranks ({scope}) does not "
-                           f"grow with size; recalibrate")
+        raise NetworkError(
+            f"{name or 'dimension'}: the reduce_scatter curve for {peers} ranks ({scope}) does not "
+            f"grow with size; recalibrate"
+        )
     bandwidth = sent / (large - mid) / GB
     latency_us = max(small - (peers - 1) / peers * sizes[0] / (bandwidth * GB), 0.0) / (peers - 1) * 1e6
-    return Dimension(peers=peers, bandwidth_gbps=bandwidth, latency_us=latency_us, algorithm="ring",
-                     name=name or f"{scope}{peers}")
+    return Dimension(
+        peers=peers, bandwidth_gbps=bandwidth, latency_us=latency_us, algorithm="ring", name=name or f"{scope}{peers}"
+    )

@@ -12,6 +12,7 @@ the richer ones (`learned_model`, `collective_model`, `context_model`, `overhead
   bandwidth.
 - `AlphaBetaModel`: t = alpha + bytes * beta per group, the baseline collectives must beat.
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
@@ -105,8 +106,12 @@ class LinearCostModel(OpModel):
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "kind": self.kind, "op": self.op, "features": self.features,
-            "coef": self.coef.tolist(), "lo": self.lo.tolist(), "hi": self.hi.tolist(),
+            "kind": self.kind,
+            "op": self.op,
+            "features": self.features,
+            "coef": self.coef.tolist(),
+            "lo": self.lo.tolist(),
+            "hi": self.hi.tolist(),
         }
 
     @classmethod
@@ -150,7 +155,8 @@ class GroupedCostModel(OpModel):
         for r in rows:
             by_group[self._group(r.params)].append(r)
         self.groups = {
-            g: LinearCostModel(self.op, self.features).fit(rs) for g, rs in sorted(by_group.items())
+            g: LinearCostModel(self.op, self.features).fit(rs)
+            for g, rs in sorted(by_group.items())
             if len(rs) >= len(self.features)
         }
         if not self.groups:
@@ -177,8 +183,14 @@ class GroupedCostModel(OpModel):
         return self.groups[group].out_of_range(params)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "op": self.op, "features": self.features, "key": self.key, "default": self.default,
-                "groups": {g: m.to_dict() for g, m in self.groups.items()}}
+        return {
+            "kind": self.kind,
+            "op": self.op,
+            "features": self.features,
+            "key": self.key,
+            "default": self.default,
+            "groups": {g: m.to_dict() for g, m in self.groups.items()},
+        }
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> "GroupedCostModel":
@@ -218,7 +230,8 @@ class UncalibratedGroupError(KeyError):
             f"{op + ': ' if op else ''}no measurements for group {key} ({world} ranks {where}); measured groups: "
             f"{', '.join(self.measured) or 'none'}. Calibrate on a cluster that holds a group of {world} ranks "
             f"{where} (python -m orchestrator.cli.calibrate --ray-address <cluster>), or choose a world_size whose "
-            f"groups were measured")
+            f"groups were measured"
+        )
 
     def __str__(self) -> str:  # KeyError's own quotes its message
         return str(self.args[0])
@@ -292,8 +305,11 @@ class CurveModel(OpModel):
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "kind": self.kind, "op": self.op,
-            "curves": {k: {"log2_bytes": xs.tolist(), "log_seconds": ys.tolist()} for k, (xs, ys) in self.curves.items()},
+            "kind": self.kind,
+            "op": self.op,
+            "curves": {
+                k: {"log2_bytes": xs.tolist(), "log_seconds": ys.tolist()} for k, (xs, ys) in self.curves.items()
+            },
         }
 
     @classmethod

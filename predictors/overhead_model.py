@@ -13,6 +13,7 @@ quantile is the *count-weighted median* of the rows' quantiles. It equals the tr
 when the rows agree, follows the bulk of the samples when they do not, and one short noisy
 probe cannot drag it the way a mean would. Counts add up.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -39,8 +40,9 @@ class OverheadQuantiles:
     def from_row(cls, row: Measurement) -> "OverheadQuantiles":
         extra = row.extra or {}
         count = int(extra.get("count", row.repeats) or 1)
-        return cls(float(extra.get("p10", row.median_s)), float(row.median_s),
-                   float(extra.get("p90", row.median_s)), count)
+        return cls(
+            float(extra.get("p10", row.median_s)), float(row.median_s), float(extra.get("p90", row.median_s)), count
+        )
 
 
 def weighted_median(values: Sequence[float], weights: Sequence[float]) -> float:
@@ -113,7 +115,8 @@ class OverheadModel(OpModel):
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "kind": self.kind, "op": self.op,
+            "kind": self.kind,
+            "op": self.op,
             "table": {k: {name: asdict(q) for name, q in sorted(ops.items())} for k, ops in sorted(self.table.items())},
         }
 
@@ -121,8 +124,10 @@ class OverheadModel(OpModel):
     def _from_dict(cls, data: dict[str, Any]) -> "OverheadModel":
         model = cls(data["op"])
         model.table = {
-            k: {name: OverheadQuantiles(float(q["p10"]), float(q["p50"]), float(q["p90"]), int(q["count"]))
-                for name, q in ops.items()}
+            k: {
+                name: OverheadQuantiles(float(q["p10"]), float(q["p50"]), float(q["p90"]), int(q["count"]))
+                for name, q in ops.items()
+            }
             for k, ops in data["table"].items()
         }
         return model

@@ -2,6 +2,7 @@
 the transfer line that splits a collective's cost into slices, then the slice overhead,
 communication's share of compute and the communication factor, on the fused / unfused ratio.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -36,8 +37,10 @@ def fit_transfer_line(samples: Sequence[tuple[float, int, float]]) -> tuple[floa
     return float(latency), float(per_byte), float(np.exp(np.mean(np.log(np.maximum(errors, 1e-9)))))
 
 
-def fit_overlap_costs(points: Sequence[tuple[Callable[[OverlapCosts], PairPrediction], dict[int, float]]],
-                      transfer_line: tuple[float, float] | None = None) -> OverlapCosts:
+def fit_overlap_costs(
+    points: Sequence[tuple[Callable[[OverlapCosts], PairPrediction], dict[int, float]]],
+    transfer_line: tuple[float, float] | None = None,
+) -> OverlapCosts:
     """Fit (slice overhead, communication's compute share, communication factor) to measured pairs.
 
     `points`: per measured pair, a function predicting its forms under given costs, and the
@@ -71,9 +74,17 @@ def fit_overlap_costs(points: Sequence[tuple[Callable[[OverlapCosts], PairPredic
     start = min(itertools.product(overheads, shares, factors), key=lambda p: loss(*p))
     # Refine from the best cell (Nelder-Mead; the bounds are kept by clipping inside the loss).
     clip = lambda p: (max(0.0, p[0] * scale), min(1.0, max(0.0, p[1])), max(MIN_COMM_FACTOR, p[2]))  # noqa: E731
-    res = minimize(lambda p: loss(*clip(p)), [start[0] / scale, start[1], start[2]], method="Nelder-Mead",
-                   options={"xatol": 1e-4, "fatol": 1e-10, "maxiter": 400,
-                            "initial_simplex": _simplex([start[0] / scale, start[1], start[2]])})
+    res = minimize(
+        lambda p: loss(*clip(p)),
+        [start[0] / scale, start[1], start[2]],
+        method="Nelder-Mead",
+        options={
+            "xatol": 1e-4,
+            "fatol": 1e-10,
+            "maxiter": 400,
+            "initial_simplex": _simplex([start[0] / scale, start[1], start[2]]),
+        },
+    )
     o, s, f = clip(res.x) if res.fun < loss(*start) else start
     errors = []
     for predict, times in measured:

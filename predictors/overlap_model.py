@@ -24,6 +24,7 @@ The two costs are fitted per pair from measured pairs (`probes/overlap.py`) on t
 ratio fused / unfused, so the base models' own error at a size cancels out of the fit
 (`predictors/overlap_fit.py`).
 """
+
 from __future__ import annotations
 
 import math
@@ -111,9 +112,15 @@ def scale_gemm_rows(params: dict[str, Any], slices: int) -> dict[str, Any]:
     return gemm_params(m, n, k, params.get("dtype", "float32"), params.get("variant", "mm"))
 
 
-def substitute(graph: ExecutionGraph, pair: SubstitutablePair, slices: int, costs: OverlapCosts,
-               slice_params: SliceParams, collective_cost: CostFn, compute_cost: CostFn | None = None,
-               ) -> ExecutionGraph:
+def substitute(
+    graph: ExecutionGraph,
+    pair: SubstitutablePair,
+    slices: int,
+    costs: OverlapCosts,
+    slice_params: SliceParams,
+    collective_cost: CostFn,
+    compute_cost: CostFn | None = None,
+) -> ExecutionGraph:
     """`graph` with `pair` replaced on every rank that runs it by a `slices`-stage pipeline.
 
     A rank that takes part in the collective without producing anything for it (a DLRM rank
@@ -136,8 +143,9 @@ def substitute(graph: ExecutionGraph, pair: SubstitutablePair, slices: int, cost
         c_i, p_i = _pair_indices(r, ops, names, pair)
         coll = ops[c_i]
         piece = dict(coll.params, bytes=max(1, int(math.ceil(coll.params["bytes"] / slices))))
-        comm_s = costs.slice_comm_s(slices, coll.params["bytes"], collective_cost(coll),
-                                    collective_cost(replace(coll, params=piece)))
+        comm_s = costs.slice_comm_s(
+            slices, coll.params["bytes"], collective_cost(coll), collective_cost(replace(coll, params=piece))
+        )
         pipeline = _RankPipeline(r, ops, pair, slices, costs, slice_params, compute_cost, c_i, p_i, piece, comm_s)
         ranks.append(pipeline.rewrite())
     return ExecutionGraph(ranks, dict(graph.meta))
@@ -209,18 +217,45 @@ class _RankPipeline:
             if self.p_i is not None:
                 producer = self.ops[self.p_i]
                 if s:
-                    new.append(GraphOp(f"{producer.name}.slice_overhead", "compute", "overlap_overhead", {},
-                                       duration_s=costs.slice_overhead_s))
-                new.append(self.sliced(producer, f"{producer.name}.slice{s}",
-                                       [index[d] for d in producer.deps] if s == 0 else []))
+                    new.append(
+                        GraphOp(
+                            f"{producer.name}.slice_overhead",
+                            "compute",
+                            "overlap_overhead",
+                            {},
+                            duration_s=costs.slice_overhead_s,
+                        )
+                    )
+                new.append(
+                    self.sliced(
+                        producer, f"{producer.name}.slice{s}", [index[d] for d in producer.deps] if s == 0 else []
+                    )
+                )
                 compute = last_slice = len(new) - 1
-            new.append(GraphOp(f"{coll.name}.slice{s}", "collective", coll.op, self.piece, coll.stream,
-                               [compute] if compute is not None else [], coll.group, duration_s=self.comm_s,
-                               blocking=False))
+            new.append(
+                GraphOp(
+                    f"{coll.name}.slice{s}",
+                    "collective",
+                    coll.op,
+                    self.piece,
+                    coll.stream,
+                    [compute] if compute is not None else [],
+                    coll.group,
+                    duration_s=self.comm_s,
+                    blocking=False,
+                )
+            )
             comm_slices.append(len(new) - 1)
             if self.p_i is not None and costs.comm_compute_share > 0:  # what the transfer takes from compute
-                new.append(GraphOp(f"{coll.name}.slice{s}.contention", "compute", "overlap_contention", {},
-                                   duration_s=costs.comm_compute_share * self.comm_s))
+                new.append(
+                    GraphOp(
+                        f"{coll.name}.slice{s}.contention",
+                        "compute",
+                        "overlap_contention",
+                        {},
+                        duration_s=costs.comm_compute_share * self.comm_s,
+                    )
+                )
         new.append(GraphOp(f"{coll.name}.join", "compute", "overlap_join", {}, deps=comm_slices, duration_s=0.0))
         if self.p_i is not None and last_slice is not None:  # a producer always has a last slice
             index[self.p_i] = last_slice
@@ -231,8 +266,7 @@ def pair_graph(producers: Sequence[GraphOp], collective: GraphOp, pair: str) -> 
     """The standalone pair on a group: per rank its producer, then the collective."""
     ranks = []
     for producer in producers:
-        ranks.append([replace(producer, name="producer", deps=[]),
-                      replace(collective, name="collective", deps=[0])])
+        ranks.append([replace(producer, name="producer", deps=[]), replace(collective, name="collective", deps=[0])])
     return ExecutionGraph(ranks, {"substitutable": [asdict(SubstitutablePair("pair", pair, "producer", "collective"))]})
 
 
@@ -250,10 +284,18 @@ class PairPrediction:
         return 1.0 - self.best()[1] / self.unfused_s if self.unfused_s > 0 else 0.0
 
 
-def predict_forms(graph: ExecutionGraph, pair: SubstitutablePair, costs: OverlapCosts, cost: CostFn,
-                  slice_params: SliceParams, collective_cost: CostFn, synchronous: bool,
-                  slice_counts: Sequence[int] = SLICE_COUNTS, cpu_overhead: CostFn | None = None,
-                  unfused_s: float | None = None) -> PairPrediction:
+def predict_forms(
+    graph: ExecutionGraph,
+    pair: SubstitutablePair,
+    costs: OverlapCosts,
+    cost: CostFn,
+    slice_params: SliceParams,
+    collective_cost: CostFn,
+    synchronous: bool,
+    slice_counts: Sequence[int] = SLICE_COUNTS,
+    cpu_overhead: CostFn | None = None,
+    unfused_s: float | None = None,
+) -> PairPrediction:
     """Simulated time of `graph` with `pair` unfused and fused at each slice count;
     `unfused_s`, when the caller already simulated `graph`, is not simulated again."""
     run = lambda g: simulate(g, cost, cpu_overhead, synchronous=synchronous).iteration_s  # noqa: E731
@@ -261,8 +303,6 @@ def predict_forms(graph: ExecutionGraph, pair: SubstitutablePair, costs: Overlap
     for k in slice_counts:
         out.fused_s[k] = run(substitute(graph, pair, k, costs, slice_params, collective_cost, cost))
     return out
-
-
 
 
 def fuse_as_one_kernel(graph: ExecutionGraph, pair: SubstitutablePair, ratio: float, cost: CostFn) -> ExecutionGraph:

@@ -7,6 +7,7 @@ framework overhead (`step_overheads`), the overlapped pairs' fitted costs (`over
 symmetric-memory kernels' measured ratios (`symm_mem`) and the HFTA fusion curves (`fusion`).
 `predictors.fit.fit_bundle` fills all of them from the measured rows.
 """
+
 from __future__ import annotations
 
 import json
@@ -146,8 +147,9 @@ class PerformanceModel:
         for r in rows:
             if r.op in models:
                 by_op[r.op].append(r)
-        return {op: error_stats(relative_errors(models[op].predict, priced(models[op], rs)))
-                for op, rs in by_op.items()}
+        return {
+            op: error_stats(relative_errors(models[op].predict, priced(models[op], rs))) for op, rs in by_op.items()
+        }
 
 
 def _typed(kind: type[OpModel], data: dict[str, Any] | None) -> Any:

@@ -6,6 +6,7 @@ a shared registry never unpickles anything. Two families:
 - `ArrayTrees`: a gradient-boosted ensemble of regression trees (from
   GradientBoostingRegressor), evaluated for all trees at once, level by level.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -25,8 +26,16 @@ class ArrayMLP:
 
         mean, scale = x.mean(axis=0), x.std(axis=0)
         scale[scale == 0] = 1.0
-        net = MLPRegressor(hidden_layer_sizes=hidden, alpha=1e-3, learning_rate_init=3e-3, max_iter=3000,
-                           early_stopping=True, validation_fraction=0.15, n_iter_no_change=50, random_state=seed)
+        net = MLPRegressor(
+            hidden_layer_sizes=hidden,
+            alpha=1e-3,
+            learning_rate_init=3e-3,
+            max_iter=3000,
+            early_stopping=True,
+            validation_fraction=0.15,
+            n_iter_no_change=50,
+            random_state=seed,
+        )
         net.fit((x - mean) / scale, y)
         return cls(mean, scale, [w.copy() for w in net.coefs_], [b.copy() for b in net.intercepts_])
 
@@ -39,13 +48,22 @@ class ArrayMLP:
         return h[:, 0]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "mean": self.mean.tolist(), "scale": self.scale.tolist(),
-                "weights": [w.tolist() for w in self.weights], "biases": [b.tolist() for b in self.biases]}
+        return {
+            "kind": self.kind,
+            "mean": self.mean.tolist(),
+            "scale": self.scale.tolist(),
+            "weights": [w.tolist() for w in self.weights],
+            "biases": [b.tolist() for b in self.biases],
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ArrayMLP":
-        return cls(np.asarray(d["mean"]), np.asarray(d["scale"]), [np.asarray(w) for w in d["weights"]],
-                   [np.asarray(b) for b in d["biases"]])
+        return cls(
+            np.asarray(d["mean"]),
+            np.asarray(d["scale"]),
+            [np.asarray(w) for w in d["weights"]],
+            [np.asarray(b) for b in d["biases"]],
+        )
 
 
 class ArrayTrees:
@@ -53,8 +71,17 @@ class ArrayTrees:
 
     kind = "gbt"
 
-    def __init__(self, init: float, rate: float, left: np.ndarray, right: np.ndarray, feature: np.ndarray,
-                 threshold: np.ndarray, value: np.ndarray, depth: int):
+    def __init__(
+        self,
+        init: float,
+        rate: float,
+        left: np.ndarray,
+        right: np.ndarray,
+        feature: np.ndarray,
+        threshold: np.ndarray,
+        value: np.ndarray,
+        depth: int,
+    ):
         self.init, self.rate, self.depth = init, rate, depth
         self.left, self.right, self.feature, self.threshold, self.value = left, right, feature, threshold, value
 
@@ -62,8 +89,14 @@ class ArrayTrees:
     def fit(cls, x: np.ndarray, y: np.ndarray, seed: int = 0, trees: int = 400, depth: int = 4) -> "ArrayTrees":
         from sklearn.ensemble import GradientBoostingRegressor
 
-        gbt = GradientBoostingRegressor(n_estimators=trees, max_depth=depth, learning_rate=0.05, subsample=0.8,
-                                        min_samples_leaf=3, random_state=seed)
+        gbt = GradientBoostingRegressor(
+            n_estimators=trees,
+            max_depth=depth,
+            learning_rate=0.05,
+            subsample=0.8,
+            min_samples_leaf=3,
+            random_state=seed,
+        )
         gbt.fit(x, y)
         nodes = max(e[0].tree_.node_count for e in gbt.estimators_)
         n = len(gbt.estimators_)
@@ -97,14 +130,30 @@ class ArrayTrees:
         return self.init + self.rate * self.value[trees, node].sum(axis=1)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "init": self.init, "rate": self.rate, "depth": self.depth,
-                "left": self.left.tolist(), "right": self.right.tolist(), "feature": self.feature.tolist(),
-                "threshold": self.threshold.tolist(), "value": self.value.tolist()}
+        return {
+            "kind": self.kind,
+            "init": self.init,
+            "rate": self.rate,
+            "depth": self.depth,
+            "left": self.left.tolist(),
+            "right": self.right.tolist(),
+            "feature": self.feature.tolist(),
+            "threshold": self.threshold.tolist(),
+            "value": self.value.tolist(),
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ArrayTrees":
-        return cls(d["init"], d["rate"], np.asarray(d["left"], dtype=np.int64), np.asarray(d["right"], dtype=np.int64),
-                   np.asarray(d["feature"], dtype=np.int64), np.asarray(d["threshold"]), np.asarray(d["value"]), d["depth"])
+        return cls(
+            d["init"],
+            d["rate"],
+            np.asarray(d["left"], dtype=np.int64),
+            np.asarray(d["right"], dtype=np.int64),
+            np.asarray(d["feature"], dtype=np.int64),
+            np.asarray(d["threshold"]),
+            np.asarray(d["value"]),
+            d["depth"],
+        )
 
 
 RegressorKind = type[ArrayMLP] | type[ArrayTrees]

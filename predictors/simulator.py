@@ -18,6 +18,7 @@ front per stream:
 The iteration time is the latest front over ranks. The result keeps per-rank, per-stream
 busy time, the communication time not hidden behind compute (exposed), and the critical path.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -49,9 +50,16 @@ class SimResult:
     def to_dict(self) -> dict:
         return {
             "iteration_ms": self.iteration_s * 1e3,
-            "ranks": [{"end_ms": r.end_s * 1e3, "cpu_ms": r.cpu_s * 1e3, "exposed_comm_ms": r.exposed_comm_s * 1e3,
-                       "waiting_ms": r.waiting_s * 1e3, "busy_ms": {k: v * 1e3 for k, v in r.busy_s.items()}}
-                      for r in self.ranks],
+            "ranks": [
+                {
+                    "end_ms": r.end_s * 1e3,
+                    "cpu_ms": r.cpu_s * 1e3,
+                    "exposed_comm_ms": r.exposed_comm_s * 1e3,
+                    "waiting_ms": r.waiting_s * 1e3,
+                    "busy_ms": {k: v * 1e3 for k, v in r.busy_s.items()},
+                }
+                for r in self.ranks
+            ],
             "critical_path": [f"r{r}:{name}" for r, _, name in self.critical_path],
         }
 
@@ -64,8 +72,13 @@ Blame = tuple[int, int] | None  # the (rank, op index) an op waited for last: th
 Arrival = tuple[float, int, Blame]  # a group member's (ready time, op index, blame) at a collective
 
 
-def simulate(graph: ExecutionGraph, cost: CostFn, cpu_overhead: CostFn | None = None,
-             synchronous: bool = False, share_links: bool = True) -> SimResult:
+def simulate(
+    graph: ExecutionGraph,
+    cost: CostFn,
+    cpu_overhead: CostFn | None = None,
+    synchronous: bool = False,
+    share_links: bool = True,
+) -> SimResult:
     """Simulate one iteration. `cost(op)` is the op's device time, `cpu_overhead(op)` the
     CPU time to issue it (default 0); `synchronous` makes every op hold the issuing CPU;
     `share_links` queues concurrent collectives on a rank's link (off for imported traces,
@@ -85,8 +98,9 @@ class _Simulation:
     """What one `simulate` call advances: per rank a CPU front, one front per stream, the
     collectives it waits at and its links' fronts; per op its span and what it waited for."""
 
-    def __init__(self, graph: ExecutionGraph, cost: CostFn, overhead: CostFn, synchronous: bool,
-                 share_links: bool) -> None:
+    def __init__(
+        self, graph: ExecutionGraph, cost: CostFn, overhead: CostFn, synchronous: bool, share_links: bool
+    ) -> None:
         n = graph.world_size
         self.graph, self.cost, self.overhead = graph, cost, overhead
         self.synchronous, self.share_links = synchronous, share_links
@@ -281,8 +295,11 @@ def model_cpu_overhead(model) -> CostFn:
     overheads = model.dispatch
     if overheads is None:
         return lambda _op: 0.0
-    per_op = sum(overheads.predict({"kind": kind, "aten_op": "*"}) for kind in ("dispatch", "gap")
-                 if not overheads.out_of_range({"kind": kind, "aten_op": "*"}))
+    per_op = sum(
+        overheads.predict({"kind": kind, "aten_op": "*"})
+        for kind in ("dispatch", "gap")
+        if not overheads.out_of_range({"kind": kind, "aten_op": "*"})
+    )
 
     def cost(op: GraphOp) -> float:
         return per_op if op.params else 0.0

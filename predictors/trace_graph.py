@@ -16,6 +16,7 @@ one host start at their measured offsets (the host's monotonic clock).
 `gemm_params_from_shapes` prices matrix products of an imported trace with the GEMM model, so
 per-op predictions can be compared with what ran (`compare_gemms`).
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -59,24 +60,63 @@ def _rank_ops(trace: dict[str, Any], world: int, transfer_s: Sequence[float], of
         if deps:
             # Blocked in `wait`: the thread resumes `gap` after the collective ends. As an op
             # of its own, this wake-up is charged after the wait, not hidden behind it.
-            ops.append(GraphOp(RESUME, "compute", RESUME, {}, deps=sorted(set(deps)), duration_s=gap, issue_s=0.0,
-                               blocking=True))
+            ops.append(
+                GraphOp(
+                    RESUME, "compute", RESUME, {}, deps=sorted(set(deps)), duration_s=gap, issue_s=0.0, blocking=True
+                )
+            )
             deps, gap = [len(ops) - 1], 0.0
         host_s = op["end_s"] - op["start_s"]
         if op.get("device_s") is not None:  # a CUDA capture: the kernels run asynchronously for device_s,
             # the host's span is what issuing them cost the CPU thread
-            ops.append(GraphOp(op["name"], "compute", op["name"], {"shapes": op.get("shapes", [])}, deps=deps,
-                               duration_s=float(op["device_s"]), issue_s=gap + host_s, blocking=False))
+            ops.append(
+                GraphOp(
+                    op["name"],
+                    "compute",
+                    op["name"],
+                    {"shapes": op.get("shapes", [])},
+                    deps=deps,
+                    duration_s=float(op["device_s"]),
+                    issue_s=gap + host_s,
+                    blocking=False,
+                )
+            )
         else:
-            ops.append(GraphOp(op["name"], "compute", op["name"], {"shapes": op.get("shapes", [])},
-                               deps=deps, duration_s=host_s, issue_s=gap, blocking=True))
+            ops.append(
+                GraphOp(
+                    op["name"],
+                    "compute",
+                    op["name"],
+                    {"shapes": op.get("shapes", [])},
+                    deps=deps,
+                    duration_s=host_s,
+                    issue_s=gap,
+                    blocking=True,
+                )
+            )
         launcher = len(ops) - 1
         prev_end = op["end_s"]
         # Collectives this launch started (work items starting before the next op starts).
-        while op["name"].startswith(LAUNCH_PREFIX) and next_comm < len(comm) and comm[next_comm]["start_s"] >= op["start_s"]:
+        while (
+            op["name"].startswith(LAUNCH_PREFIX)
+            and next_comm < len(comm)
+            and comm[next_comm]["start_s"] >= op["start_s"]
+        ):
             item = comm[next_comm]
-            ops.append(GraphOp(item["name"], "collective", item["name"].split(":")[-1], {}, channel[item.get("thread", 0)], [launcher],
-                               tuple(range(world)), duration_s=transfer_s[next_comm], issue_s=0.0, blocking=False))
+            ops.append(
+                GraphOp(
+                    item["name"],
+                    "collective",
+                    item["name"].split(":")[-1],
+                    {},
+                    channel[item.get("thread", 0)],
+                    [launcher],
+                    tuple(range(world)),
+                    duration_s=transfer_s[next_comm],
+                    issue_s=0.0,
+                    blocking=False,
+                )
+            )
             comm_index[next_comm] = len(ops) - 1
             next_comm += 1
             break
@@ -106,8 +146,9 @@ def graph_from_traces(steps: Sequence[dict[str, Any]], hosts: Sequence[str] | No
     transfer = _collective_durations(steps)
     offsets = start_offsets(steps, hosts)
     ranks = [_rank_ops(t, len(steps), transfer, off) for t, off in zip(steps, offsets)]
-    return ExecutionGraph(ranks, meta={"source": "trace", "measured_step_s": [t["step_s"] for t in steps],
-                                       "start_offsets_s": offsets})
+    return ExecutionGraph(
+        ranks, meta={"source": "trace", "measured_step_s": [t["step_s"] for t in steps], "start_offsets_s": offsets}
+    )
 
 
 def compare_gemms(graph: ExecutionGraph, predict: Callable[[int, int, int, str, int], float]) -> list[dict[str, Any]]:
@@ -120,6 +161,13 @@ def compare_gemms(graph: ExecutionGraph, predict: Callable[[int, int, int, str, 
     rows = []
     for (name, shape), times in seen.items():
         times.sort()
-        rows.append({"op": name, "mnk_variant_batch": list(shape), "count": len(times),
-                     "measured_s": times[len(times) // 2], "predicted_s": predict(*shape)})
+        rows.append(
+            {
+                "op": name,
+                "mnk_variant_batch": list(shape),
+                "count": len(times),
+                "measured_s": times[len(times) // 2],
+                "predicted_s": predict(*shape),
+            }
+        )
     return rows

@@ -4,6 +4,7 @@ with its in-context factors, each op's issue cost from the measured CPU-overhead
 distribution), plus the per-step framework overhead the graph does not list (autograd's
 views, transposes, gradient accumulation: several hundred small ops a step), fitted like the
 DLRM one from the residuals of the calibration's transformer training probes."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -17,8 +18,8 @@ from predictors.opmodels import fit_linear_or_constant
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import SimResult, model_cost, model_cpu_overhead, simulate
 from predictors.transformer_graph import build_transformer_graph
-from probes.vocabulary.placement import RankPlacement, placement_of
 from probes.vocabulary.ops import TRANSFORMER_OVERHEAD_OP, TRANSFORMER_STEP_OP
+from probes.vocabulary.placement import RankPlacement, placement_of
 from probes.vocabulary.records import Measurement
 from probes.vocabulary.transformer_spec import TransformerSpec
 
@@ -35,37 +36,58 @@ class TransformerEstimate:
     memory: MemoryEstimate | None = None  # per rank (every rank holds the same shard sizes)
 
 
-def estimate_transformer_iteration(spec: TransformerSpec, model: PerformanceModel,
-                                   include_overhead: bool = True,
-                                   placement: RankPlacement | None = None) -> TransformerEstimate:
+def estimate_transformer_iteration(
+    spec: TransformerSpec,
+    model: PerformanceModel,
+    include_overhead: bool = True,
+    placement: RankPlacement | None = None,
+) -> TransformerEstimate:
     """`placement`: the node of every rank (default: one node), which decides each group's scope."""
     graph = build_transformer_graph(spec, placement)
     unpriced: set[str] = set()
-    result = simulate(graph, model_cost(model, unpriced), cpu_overhead=model_cpu_overhead(model),
-                      synchronous=model.synchronous)
+    result = simulate(
+        graph, model_cost(model, unpriced), cpu_overhead=model_cpu_overhead(model), synchronous=model.synchronous
+    )
     # The builder gives every rank the same ops (only collective groups differ), so one rank
     # prices the baseline and checks ranges: a 64-rank graph is not re-priced 64 times.
     isolated = model_cost(model, set(), in_context=False)
     kernel_sum = sum(isolated(op) for op in graph.ranks[0])
-    problems = sorted({p for op in graph.ranks[0] if op.params and op.op in model.models
-                       for p in model.models[op.op].out_of_range(op.params)})
+    problems = sorted(
+        {
+            p
+            for op in graph.ranks[0]
+            if op.params and op.op in model.models
+            for p in model.models[op.op].out_of_range(op.params)
+        }
+    )
     problems += [f"no model for {op}: priced at 0, the estimate is a lower bound" for op in sorted(unpriced)]
     overhead = model.step_overhead_s("transformer", {"layers": spec.layers}) if include_overhead else 0.0
-    return TransformerEstimate(result.iteration_s + overhead, kernel_sum, result, overhead, problems,
-                               transformer_memory(spec))
+    return TransformerEstimate(
+        result.iteration_s + overhead, kernel_sum, result, overhead, problems, transformer_memory(spec)
+    )
 
 
-def fit_transformer_overhead(model: PerformanceModel, step_rows: Sequence[Measurement], seed: int = 0) -> list[Measurement]:
+def fit_transformer_overhead(
+    model: PerformanceModel, step_rows: Sequence[Measurement], seed: int = 0
+) -> list[Measurement]:
     """Fit the per-step overhead on a seeded split of `transformer_step` rows (residual of the
     measured step over the simulated one, floored at 2% of the step); score whole steps."""
     train, test = split_by_op(step_rows, seed)
     residuals = []
     for row in train:
         spec = TransformerSpec.from_dict(row.params["transformer"])
-        simulated = estimate_transformer_iteration(spec, model, include_overhead=False,
-                                                   placement=placement_of(row.params, spec.world_size)).iteration_s
-        residuals.append(Measurement(TRANSFORMER_OVERHEAD_OP, {"layers": spec.layers},
-                                     max(row.median_s - simulated, 0.02 * row.median_s), 0.0, row.repeats))
+        simulated = estimate_transformer_iteration(
+            spec, model, include_overhead=False, placement=placement_of(row.params, spec.world_size)
+        ).iteration_s
+        residuals.append(
+            Measurement(
+                TRANSFORMER_OVERHEAD_OP,
+                {"layers": spec.layers},
+                max(row.median_s - simulated, 0.02 * row.median_s),
+                0.0,
+                row.repeats,
+            )
+        )
     model.step_overheads["transformer"] = fit_linear_or_constant(TRANSFORMER_OVERHEAD_OP, OVERHEAD_FEATURES, residuals)
     stats = score_transformer_steps(model, test).to_dict()
     stats["baseline_gmae"] = score_transformer_steps(model, test, baseline=True).gmae if test else None

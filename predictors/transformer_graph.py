@@ -18,6 +18,7 @@ float32 (the residual stream stays float32), softmax, gelu, the attention scalin
 reduced-precision outputs in the reduced dtype (CPU autocast's choice; CUDA's runs softmax in
 float32), and the permutes and the row-parallel all-reduces move reduced-precision elements.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -49,8 +50,17 @@ class _Rank:
         self.mixed = spec.dtype != "float32"
         self.low_size = element_bytes(spec.dtype)
 
-    def add(self, name: str, kind: str, op: str, params: dict[str, Any], extra_deps: tuple[int | None, ...] = (),
-            stream: str = "compute", group: tuple[int, ...] = (), chain: bool = True) -> int:
+    def add(
+        self,
+        name: str,
+        kind: str,
+        op: str,
+        params: dict[str, Any],
+        extra_deps: tuple[int | None, ...] = (),
+        stream: str = "compute",
+        group: tuple[int, ...] = (),
+        chain: bool = True,
+    ) -> int:
         deps = ([self.prev] if self.prev is not None else []) + [d for d in extra_deps if d is not None]
         self.ops.append(GraphOp(name, kind, op, params, stream, sorted(set(deps)), group))
         index = len(self.ops) - 1
@@ -63,8 +73,9 @@ class _Rank:
         return self.add(name, "compute", op, elementwise_params(op, rows, cols, self.dtype if low else "float32"))
 
     def gemm(self, name: str, m: int, n: int, k: int, variant: str = "mm", batch: int = 1, chain: bool = True) -> int:
-        return self.add(name, "compute", "gemm", gemm_params(m, n, k, self.dtype, variant=variant, batch=batch),
-                        chain=chain)
+        return self.add(
+            name, "compute", "gemm", gemm_params(m, n, k, self.dtype, variant=variant, batch=batch), chain=chain
+        )
 
     def cast(self, name: str, numel: int, extra_deps: tuple[int, ...] = (), chain: bool = True) -> int | None:
         """An autocast copy between float32 and the reduced dtype (mixed precision only),
@@ -74,8 +85,9 @@ class _Rank:
         nbytes = numel * (FLOAT + self.low_size) // 2
         return self.add(name, "memory", "memcpy", memcpy_params("d2d", nbytes), extra_deps, chain=chain)
 
-    def linear_forward(self, name: str, m: int, fan_out: int, fan_in: int, variant: str, bias: bool,
-                       float32_input: bool) -> int:
+    def linear_forward(
+        self, name: str, m: int, fan_out: int, fan_in: int, variant: str, bias: bool, float32_input: bool
+    ) -> int:
         """A linear's product, after autocast's casts of its weight (and bias) and, where it
         arrives in float32, of its input."""
         self.cast(name + "_weight_cast", fan_in * fan_out + (fan_out if bias else 0))
@@ -121,24 +133,49 @@ class _Sizes:
     @classmethod
     def of(cls, spec: TransformerSpec) -> "_Sizes":
         B, S, H, tp = spec.batch_size, spec.seq_len, spec.hidden, spec.tensor_parallel
-        return cls(T=B * S, S=S, H=H, tp=tp, local=H // tp, d=spec.head_dim, BH=B * (spec.heads // tp),
-                   low=element_bytes(spec.dtype), dropout=spec.dropout > 0, bias="addmm" if tp == 1 else "mm")
+        return cls(
+            T=B * S,
+            S=S,
+            H=H,
+            tp=tp,
+            local=H // tp,
+            d=spec.head_dim,
+            BH=B * (spec.heads // tp),
+            low=element_bytes(spec.dtype),
+            dropout=spec.dropout > 0,
+            bias="addmm" if tp == 1 else "mm",
+        )
 
 
-def build_transformer_graph(spec: TransformerSpec, placement: RankPlacement | None = None,
-                            bucket_bytes: int = DDP_BUCKET_BYTES) -> ExecutionGraph:
+def build_transformer_graph(
+    spec: TransformerSpec, placement: RankPlacement | None = None, bucket_bytes: int = DDP_BUCKET_BYTES
+) -> ExecutionGraph:
     """`placement`: the node of every rank (default: one node); each TP and DP group's
     collectives are priced on the curve of their own scope."""
     placement = placement or RankPlacement.single_node(spec.world_size)
     if placement.world != spec.world_size:
         raise PlacementError(f"placement: {placement.world} ranks placed, the job has world_size={spec.world_size}")
     ranks = [_rank_ops(spec, r, placement, bucket_bytes) for r in range(spec.world_size)]
-    meta = {"job": spec.name, "workload": "transformer", "tensor_parallel": spec.tensor_parallel,
-            "data_parallel": spec.data_parallel, "placement": placement.to_dict()}
-    if spec.tensor_parallel > 1:  # each row-parallel product and the all-reduce of its partial sums (predictors/overlap_model.py)
-        meta["substitutable"] = [{"name": f"b{layer}.{linear}", "pair": "gemm_all_reduce", "producer": f"b{layer}.{linear}",
-                                  "collective": f"b{layer}.{linear}_all_reduce"}
-                                 for layer in range(spec.layers) for linear in ("out", "fc2")]
+    meta = {
+        "job": spec.name,
+        "workload": "transformer",
+        "tensor_parallel": spec.tensor_parallel,
+        "data_parallel": spec.data_parallel,
+        "placement": placement.to_dict(),
+    }
+    if (
+        spec.tensor_parallel > 1
+    ):  # each row-parallel product and the all-reduce of its partial sums (predictors/overlap_model.py)
+        meta["substitutable"] = [
+            {
+                "name": f"b{layer}.{linear}",
+                "pair": "gemm_all_reduce",
+                "producer": f"b{layer}.{linear}",
+                "collective": f"b{layer}.{linear}_all_reduce",
+            }
+            for layer in range(spec.layers)
+            for linear in ("out", "fc2")
+        ]
     return ExecutionGraph(ranks, meta=meta)
 
 
@@ -152,15 +189,21 @@ def _rank_ops(spec: TransformerSpec, r: int, placement: RankPlacement, bucket_by
     g.elementwise("mse_loss_bwd", "mul", x.T, x.H)
     g.elementwise("ln_f_bwd", "layer_norm_bwd", x.T, x.H)
     per_block_bytes = FLOAT * block_param_numel(spec)
-    buckets = ddp_buckets(per_block_bytes * spec.layers + FLOAT * 2 * x.H, bucket_bytes) \
-        if spec.data_parallel > 1 else []
+    buckets = (
+        ddp_buckets(per_block_bytes * spec.layers + FLOAT * 2 * x.H, bucket_bytes) if spec.data_parallel > 1 else []
+    )
     ddp = _Ddp(g, BucketFill(buckets, FLOAT * 2 * x.H))
     for layer in range(spec.layers - 1, -1, -1):
         _block_backward(g, x, ddp, f"b{layer}.")
     params_numel = per_block_bytes * spec.layers // FLOAT + 2 * x.H
     cols = 1024
-    g.add("optimizer_step", "compute", "add", elementwise_params("add", -(-params_numel // cols), cols),
-          tuple(ddp.reduces))
+    g.add(
+        "optimizer_step",
+        "compute",
+        "add",
+        elementwise_params("add", -(-params_numel // cols), cols),
+        tuple(ddp.reduces),
+    )
     return g.ops
 
 
@@ -197,8 +240,18 @@ class _Ddp:
         g = self.g
         for size in self.buckets.add(nbytes):
             params = {"bytes": size, "world": g.spec.data_parallel, "scope": g.dp_scope}
-            self.reduces.append(g.add(f"ddp_all_reduce{len(self.reduces)}", "collective", "all_reduce", params,
-                                      (after,), stream="comm", group=g.dp_group, chain=False))
+            self.reduces.append(
+                g.add(
+                    f"ddp_all_reduce{len(self.reduces)}",
+                    "collective",
+                    "all_reduce",
+                    params,
+                    (after,),
+                    stream="comm",
+                    group=g.dp_group,
+                    chain=False,
+                )
+            )
 
 
 def _block_backward(g: _Rank, x: _Sizes, ddp: _Ddp, p: str) -> None:
@@ -244,8 +297,9 @@ def _output_grad_backward(g: _Rank, x: _Sizes, name: str, dropout_name: str) -> 
         g.cast(name + "_grad_output_cast", x.T * x.H)
 
 
-def _linear_backward(g: _Rank, x: _Sizes, ddp: _Ddp, name: str, fan_in: int, fan_out: int,
-                     float32_input: bool = False) -> None:
+def _linear_backward(
+    g: _Rank, x: _Sizes, ddp: _Ddp, name: str, fan_in: int, fan_out: int, float32_input: bool = False
+) -> None:
     """Under autocast the weight's gradient is cast back to float32 before DDP sees it,
     and so is the input's where the forward cast a float32 input."""
     grad_weight = g.gemm(name + "_grad_weight", fan_out, fan_in, x.T, chain=False)

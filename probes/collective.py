@@ -19,6 +19,7 @@ Sizes and bandwidths follow the nccl-tests conventions: `bytes` is the large buf
 all-to-all send buffer). For an uneven all-to-all it is the largest per-rank send or receive,
 the size that bounds its time.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,9 @@ import torch
 import torch.distributed as dist
 
 from probes.comm import destroy_groups, on_host
-from probes.vocabulary.records import Measurement
 from probes.timing import time_callable
 from probes.vocabulary.ops import bus_bandwidth, collective_params, uneven_splits
+from probes.vocabulary.records import Measurement
 
 COLLECTIVE_OPS = ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "broadcast")
 _ELEMENT = 4  # float32
@@ -61,8 +62,9 @@ def forget_groups() -> None:
     _subgroups.clear()
 
 
-def _op_call(op: str, numel: int, n: int, pos: int, group, device: torch.device, src: int,
-             splits: np.ndarray | None) -> Callable[[], object]:
+def _op_call(
+    op: str, numel: int, n: int, pos: int, group, device: torch.device, src: int, splits: np.ndarray | None
+) -> Callable[[], object]:
     rand = lambda k: torch.randn(int(k), device=device)  # noqa: E731
     if op == "all_reduce":
         x = rand(numel)
@@ -168,8 +170,9 @@ def measure_collectives(
     dist.barrier(group=group)
     want = torch.zeros(len(points), dtype=torch.int64, device=device)  # on the group's device (probes.comm)
     for i, fn in enumerate(fns):
-        probe = time_callable(fn, device=device, warmup=warmup, min_repeats=2, max_repeats=2, max_seconds=1e9,
-                              min_sample_s=0.0)
+        probe = time_callable(
+            fn, device=device, warmup=warmup, min_repeats=2, max_repeats=2, max_seconds=1e9, min_sample_s=0.0
+        )
         want[i] = min(max(int(target_s / max(probe.median_s, 1e-7)), min_repeats), max_repeats)
     dist.all_reduce(want, op=dist.ReduceOp.MAX, group=group)
     agreed = [int(w) for w in want.tolist()]
@@ -181,15 +184,18 @@ def measure_collectives(
             if w >= n_windows[i]:
                 continue
             dist.barrier(group=group)
-            t = time_callable(fn, device=device, warmup=0, min_repeats=per_window[i], max_repeats=per_window[i],
-                              max_seconds=1e9)
+            t = time_callable(
+                fn, device=device, warmup=0, min_repeats=per_window[i], max_repeats=per_window[i], max_seconds=1e9
+            )
             medians[i, w] = t.median_s
     dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=group)  # per window: the slowest member
     if pos != 0:
         return []
     medians = on_host(medians)
-    return [_row(p, numel, s, medians[i, : n_windows[i]].numpy(), n_windows[i] * per_window[i], n, members, device)
-            for i, (p, numel, s) in enumerate(zip(points, numels, splits))]
+    return [
+        _row(p, numel, s, medians[i, : n_windows[i]].numpy(), n_windows[i] * per_window[i], n, members, device)
+        for i, (p, numel, s) in enumerate(zip(points, numels, splits))
+    ]
 
 
 def window_estimate(window_medians: Sequence[float]) -> float:
@@ -206,8 +212,16 @@ def window_estimate(window_medians: Sequence[float]) -> float:
     return float(w[: max(1, len(w) // 2)].mean())
 
 
-def _row(point: CollectivePoint, numel: int, splits: np.ndarray | None, window_medians: np.ndarray, repeats: int,
-         n: int, members: list[int], device: torch.device) -> Measurement:
+def _row(
+    point: CollectivePoint,
+    numel: int,
+    splits: np.ndarray | None,
+    window_medians: np.ndarray,
+    repeats: int,
+    n: int,
+    members: list[int],
+    device: torch.device,
+) -> Measurement:
     median = window_estimate(window_medians)
     q1, q3 = np.percentile(window_medians, [25, 75])
     if splits is not None:
@@ -220,8 +234,17 @@ def _row(point: CollectivePoint, numel: int, splits: np.ndarray | None, window_m
         extra["splits"] = splits.tolist()
     extra["window_medians"] = window_medians.tolist()
     params = collective_params(point.op, real_bytes, n, point.scope, point.uneven)
-    return Measurement(point.op, params, median, float(q3 - q1), repeats, device=str(device), world_size=n,
-                       family="collective", extra=extra)
+    return Measurement(
+        point.op,
+        params,
+        median,
+        float(q3 - q1),
+        repeats,
+        device=str(device),
+        world_size=n,
+        family="collective",
+        extra=extra,
+    )
 
 
 def merge_passes(rows: Sequence[Measurement]) -> list[Measurement]:
@@ -238,9 +261,19 @@ def merge_passes(rows: Sequence[Measurement]) -> list[Measurement]:
             continue
         key = (row.op, json.dumps(row.params, sort_keys=True), tuple(row.extra.get("ranks", ())), row.node)
         if key not in first:
-            first[key] = Measurement(row.op, dict(row.params), row.median_s, row.spread_s, row.repeats, row.device,
-                                     row.world_size, row.hardware_id, row.node, row.family,
-                                     {**row.extra, "window_medians": list(row.extra["window_medians"]), "passes": 1})
+            first[key] = Measurement(
+                row.op,
+                dict(row.params),
+                row.median_s,
+                row.spread_s,
+                row.repeats,
+                row.device,
+                row.world_size,
+                row.hardware_id,
+                row.node,
+                row.family,
+                {**row.extra, "window_medians": list(row.extra["window_medians"]), "passes": 1},
+            )
             merged.append(first[key])
             continue
         into = first[key]

@@ -2,6 +2,7 @@
 that survives a short budget (sizes visited in bit-reversed order of their exponent), how a
 gang sweep's passes share a point's repeats, and the `Probe` that runs a batch of points
 (`probes.collective.measure_collectives`) on every member of a process group."""
+
 from __future__ import annotations
 
 import itertools
@@ -17,7 +18,6 @@ from probes.vocabulary.ops import COLLECTIVE_OPS
 from probes.vocabulary.placement import RankPlacement
 from probes.vocabulary.records import Measurement
 
-
 COLLECTIVE_PASSES = 3  # visits of a collective sweep; see `merge_passes`
 
 
@@ -26,8 +26,13 @@ def collective_pass_timing(passes: int) -> dict[str, Any]:
     single-pass budget per point (about 0.2 s in 5 windows) shared out over the passes."""
     if passes <= 1:
         return {}
-    return {"target_s": TARGET_S / passes, "windows": 2, "min_repeats": max(4, MIN_REPEATS // passes),
-            "max_repeats": max(4, MAX_REPEATS // passes), "warmup": 1}
+    return {
+        "target_s": TARGET_S / passes,
+        "windows": 2,
+        "min_repeats": max(4, MIN_REPEATS // passes),
+        "max_repeats": max(4, MAX_REPEATS // passes),
+        "warmup": 1,
+    }
 
 
 def collective_batch_bytes(device: str, max_message_bytes: int | None = None) -> int:
@@ -111,8 +116,9 @@ def collective_specs(
 def _collective_point(spec: ProbeSpec) -> CollectivePoint:
     p = spec.params
     ranks = tuple(p["ranks"]) if p.get("ranks") is not None else None
-    return CollectivePoint(p["op"], int(p["bytes"]), p.get("scope", "intra"), ranks, bool(p.get("uneven", False)),
-                           int(p.get("seed", 0)))
+    return CollectivePoint(
+        p["op"], int(p["bytes"]), p.get("scope", "intra"), ranks, bool(p.get("uneven", False)), int(p.get("seed", 0))
+    )
 
 
 @dataclass(frozen=True)

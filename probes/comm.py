@@ -18,6 +18,7 @@ sends and receives in issue order, which deadlocks when two ranks each wait on a
 has not yet received), and subgroups made for a probe are destroyed after it (each NCCL
 communicator holds device buffers).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -29,9 +30,26 @@ import torch.distributed as dist
 from torch.overrides import TorchFunctionMode
 
 # torch.distributed entry points whose tensor arguments the audit checks.
-AUDITED = ("all_reduce", "broadcast", "all_gather", "all_gather_single", "all_gather_into_tensor",
-           "reduce_scatter", "reduce_scatter_single", "reduce_scatter_tensor", "all_to_all", "all_to_all_single",
-           "isend", "irecv", "send", "recv", "batch_isend_irecv", "reduce", "gather", "scatter")
+AUDITED = (
+    "all_reduce",
+    "broadcast",
+    "all_gather",
+    "all_gather_single",
+    "all_gather_into_tensor",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor",
+    "all_to_all",
+    "all_to_all_single",
+    "isend",
+    "irecv",
+    "send",
+    "recv",
+    "batch_isend_irecv",
+    "reduce",
+    "gather",
+    "scatter",
+)
 _MARK = "_created_without_device"
 # P2POp accepts only these very functions (not `audit`'s checked stand-ins).
 _ISEND, _IRECV = dist.isend, dist.irecv
@@ -81,11 +99,14 @@ def check_tensors(op: str, values: Iterable[Any], device: torch.device) -> None:
     without an explicit device."""
     for t in _tensors(list(values)):
         if getattr(t, _MARK, False):
-            raise CommDeviceError(f"torch.distributed.{op}: a tensor {tuple(t.shape)} created without device= "
-                                  f"(it would sit on the CPU on a GPU rank); the group's device is {device}")
+            raise CommDeviceError(
+                f"torch.distributed.{op}: a tensor {tuple(t.shape)} created without device= "
+                f"(it would sit on the CPU on a GPU rank); the group's device is {device}"
+            )
         if not same_device(t.device, device):
-            raise CommDeviceError(f"torch.distributed.{op}: a tensor {tuple(t.shape)} on {t.device}; "
-                                  f"the group's device is {device}")
+            raise CommDeviceError(
+                f"torch.distributed.{op}: a tensor {tuple(t.shape)} on {t.device}; the group's device is {device}"
+            )
 
 
 def same_device(a: torch.device, b: torch.device) -> bool:
@@ -113,6 +134,7 @@ def audit(device: torch.device | str, calls: Counter | None = None) -> Iterator[
                 return fn(*args, **kwargs)
             finally:
                 depth[0] -= 1
+
         return call
 
     for name in AUDITED:

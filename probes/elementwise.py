@@ -9,6 +9,7 @@ normalisation and softmax reduce along rows, so their cost also depends on the r
 `bytes` counts what the op must read and write once, in the dtype's element size (float32,
 bfloat16 or float16).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -51,8 +52,9 @@ def _kernel(op: str, x: torch.Tensor, y: torch.Tensor, out: torch.Tensor) -> Cal
     }[op]
 
 
-def _backward_kernel(op: str, x: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor,
-                     bias: torch.Tensor) -> Callable[[], object]:
+def _backward_kernel(
+    op: str, x: torch.Tensor, grad: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+) -> Callable[[], object]:
     """The aten op autograd runs for `op`'s forward, with the tensors it saved."""
     aten = torch.ops.aten
     if op == "gelu_bwd":
@@ -65,8 +67,9 @@ def _backward_kernel(op: str, x: torch.Tensor, grad: torch.Tensor, weight: torch
     return lambda: aten.native_layer_norm_backward(grad, x, [cols], mean, rstd, weight, bias, [True, True, True])
 
 
-def measure_elementwise(op: str, rows: int, cols: int, device: torch.device | str = "cpu", dtype: str = "float32",
-                        max_seconds: float = 1.0) -> Measurement:
+def measure_elementwise(
+    op: str, rows: int, cols: int, device: torch.device | str = "cpu", dtype: str = "float32", max_seconds: float = 1.0
+) -> Measurement:
     if op not in ELEMENTWISE_OPS:
         raise ValueError(f"unknown element-wise op {op!r}; expected one of {ELEMENTWISE_OPS}")
     device = torch.device(device)
@@ -75,8 +78,15 @@ def measure_elementwise(op: str, rows: int, cols: int, device: torch.device | st
     y = torch.randn(rows, cols, device=device, dtype=torch_dtype)
     out = torch.empty_like(x)
     t = time_callable(_kernel(op, x, y, out), device=device, max_seconds=max_seconds)
-    return Measurement(op, elementwise_params(op, rows, cols, dtype), t.median_s, t.spread_s, t.repeats,
-                       device=str(device), family="elementwise")
+    return Measurement(
+        op,
+        elementwise_params(op, rows, cols, dtype),
+        t.median_s,
+        t.spread_s,
+        t.repeats,
+        device=str(device),
+        family="elementwise",
+    )
 
 
 def _measure(p: dict[str, Any], device: str) -> list[Measurement]:
@@ -89,8 +99,10 @@ PROBE = LocalProbe("elementwise", _measure)
 # Share of element-wise points per activation dtype on each device kind. Every op runs in
 # bfloat16 and float16 on CPU too (torch 2.13; at 0.3-2x the float32 time, memory-bound either
 # way), but CPUs train in bfloat16 if in reduced precision at all: float16 is sampled rarely.
-_ELEMENTWISE_DTYPE_SHARE = {"cpu": {"float32": 0.7, "bfloat16": 0.2, "float16": 0.1},
-                            "cuda": {"float32": 0.4, "bfloat16": 0.4, "float16": 0.2}}
+_ELEMENTWISE_DTYPE_SHARE = {
+    "cpu": {"float32": 0.7, "bfloat16": 0.2, "float16": 0.1},
+    "cuda": {"float32": 0.4, "bfloat16": 0.4, "float16": 0.2},
+}
 # The first passes over the ops are float32, so a sweep cut short has every op's float32
 # model (what it had before reduced precision was probed) instead of a few points per dtype.
 _FLOAT32_PASSES = 3
@@ -112,6 +124,9 @@ def elementwise_specs(n: int, seed: int, max_numel: int = 4 * 2**20, device_kind
         dtype = str(dtype_rng.choice(dtypes, p=d_p))
         if i < _FLOAT32_PASSES * len(ELEMENTWISE_OPS):
             dtype = "float32"
-        out.append(ProbeSpec("elementwise", {"op": op, "rows": rows, "cols": cols, "dtype": dtype},
-                             f"{op}:{rows}x{cols}:{dtype}"))
+        out.append(
+            ProbeSpec(
+                "elementwise", {"op": op, "rows": rows, "cols": cols, "dtype": dtype}, f"{op}:{rows}x{cols}:{dtype}"
+            )
+        )
     return out

@@ -4,6 +4,7 @@ A probe point is a *set* of tables looked up together by one `SplitTableBatchedE
 Codegen` (as one rank does in a sharded DLRM); its features (probes/vocabulary/tbe_features.py)
 are aggregated over the tables, so one model costs any rank's table set.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -19,16 +20,19 @@ from probes.vocabulary.ops import EMBEDDING_BWD_OP, EMBEDDING_FWD_OP
 from probes.vocabulary.records import Measurement
 from probes.vocabulary.tbe_features import CPU_WEIGHTS_PRECISIONS, WEIGHTS_PRECISIONS, batch_features
 
+
 def check_weights_precision(weights_precision: str, device: torch.device | str) -> None:
     device = torch.device(device)
     allowed = WEIGHTS_PRECISIONS if device.type == "cuda" else CPU_WEIGHTS_PRECISIONS
     if weights_precision not in allowed:
-        raise ValueError(f"weights_precision: expected one of {list(allowed)} on {device.type}, "
-                         f"got {weights_precision!r}")
+        raise ValueError(
+            f"weights_precision: expected one of {list(allowed)} on {device.type}, got {weights_precision!r}"
+        )
 
 
-def make_tbe(tables: Sequence[TableShape], device: torch.device, learning_rate: float = 0.01,
-             weights_precision: str = "fp32"):
+def make_tbe(
+    tables: Sequence[TableShape], device: torch.device, learning_rate: float = 0.01, weights_precision: str = "fp32"
+):
     """A TBE over `tables` with the exact-SGD update fused into backward (as DLRM trains);
     `weights_precision` ("fp32", "fp16", "bf16" on CUDA) is how the tables are stored."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
@@ -65,8 +69,10 @@ def make_dense_tbe(tables: Sequence[TableShape], device: torch.device):
     from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBatchedEmbeddingBagsCodegen
 
     module = DenseTableBatchedEmbeddingBagsCodegen(
-        [(t.num_embeddings, t.embedding_dim) for t in tables], pooling_mode=PoolingMode.SUM,
-        use_cpu=device.type != "cuda")
+        [(t.num_embeddings, t.embedding_dim) for t in tables],
+        pooling_mode=PoolingMode.SUM,
+        use_cpu=device.type != "cuda",
+    )
     return module.to(device)
 
 
@@ -74,9 +80,7 @@ def make_batch(
     tables: Sequence[TableShape], batch_size: int, rng: np.random.Generator
 ) -> tuple[np.ndarray, np.ndarray, list[np.ndarray]]:
     """Flat indices and offsets in TBE's table-major layout, plus each table's indices."""
-    per_table = [
-        sample_indices(t.num_embeddings, batch_size * t.pooling_factor, t.distribution, rng) for t in tables
-    ]
+    per_table = [sample_indices(t.num_embeddings, batch_size * t.pooling_factor, t.distribution, rng) for t in tables]
     lengths = np.concatenate([np.full(batch_size, t.pooling_factor, dtype=np.int64) for t in tables])
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     return np.concatenate(per_table), offsets, per_table
@@ -106,9 +110,7 @@ def measure_tbe(
         batches.append((torch.from_numpy(flat).to(device), torch.from_numpy(offsets).to(device)))
         feature_sets.append(batch_features(tables, batch_size, per_table, weights_precision))
     features = _mean_features(feature_sets)
-    features["tables"] = [
-        [t.num_embeddings, t.embedding_dim, t.pooling_factor, t.distribution.label()] for t in tables
-    ]
+    features["tables"] = [[t.num_embeddings, t.embedding_dim, t.pooling_factor, t.distribution.label()] for t in tables]
     state: dict[str, object] = {"i": 0}
 
     def next_batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -152,9 +154,10 @@ def _mean_features(feature_sets: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def _measure(p: dict[str, Any], device: str) -> list[Measurement]:
-    tables = [TableShape(e, d, l, Distribution.parse(dist)) for e, d, l, dist in p["tables"]]
-    return measure_tbe(tables, p["B"], device=device, seed=p.get("seed", 0),
-                       weights_precision=p.get("weights_precision", "fp32"))
+    tables = [TableShape(e, d, pooling, Distribution.parse(dist)) for e, d, pooling, dist in p["tables"]]
+    return measure_tbe(
+        tables, p["B"], device=device, seed=p.get("seed", 0), weights_precision=p.get("weights_precision", "fp32")
+    )
 
 
 PROBE = LocalProbe("embedding", _measure)
@@ -170,13 +173,16 @@ def _distributions() -> list[Any]:
 # Share of embedding points per TBE weights precision on each device kind: fbgemm_gpu's CPU
 # kernels (fbgemm_gpu-cpu 1.8.0) take fp16 weights (fp32 pooled output, backward ~3x fp32's)
 # but not bf16; its CUDA kernels take both.
-_TBE_PRECISION_SHARE = {"cpu": {"fp32": 0.8, "fp16": 0.2},
-                        "cuda": {"fp32": 0.5, "fp16": 0.3, "bf16": 0.2}}
+_TBE_PRECISION_SHARE = {"cpu": {"fp32": 0.8, "fp16": 0.2}, "cuda": {"fp32": 0.5, "fp16": 0.3, "bf16": 0.2}}
 _FLOAT32_TABLE_SETS = 32  # the first table sets are fp32 (as long as the element-wise float32 passes)
 
 
 def embedding_specs(
-    n: int, seed: int, max_rows: int = 500_000, max_batch: int = 4096, max_table_bytes: int = 256 * 2**20,
+    n: int,
+    seed: int,
+    max_rows: int = 500_000,
+    max_batch: int = 4096,
+    max_table_bytes: int = 256 * 2**20,
     device_kind: str = "cpu",
 ) -> list[ProbeSpec]:
     """Random table sets: T tables each with its own rows, dim, pooling and distribution; the
@@ -208,6 +214,11 @@ def embedding_specs(
             if sum(e * d * 4 for e, d, _, _ in tables) <= max_table_bytes:
                 break
         B = log_uniform(rng, 64, max_batch)
-        out.append(ProbeSpec("embedding", {"tables": tables, "B": B, "seed": i, "weights_precision": precision},
-                             f"emb:{i}:{precision}"))
+        out.append(
+            ProbeSpec(
+                "embedding",
+                {"tables": tables, "B": B, "seed": i, "weights_precision": precision},
+                f"emb:{i}:{precision}",
+            )
+        )
     return out

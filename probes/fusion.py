@@ -6,6 +6,7 @@ high-water mark above its resident size before the models were built (see `Memor
 the orchestrator also runs each width in a fresh worker process (`orchestrator.fusion`), so
 no allocator cache from a wider run is counted.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -75,8 +76,15 @@ class MemoryWatch:
         return max(0, high_water * 1024 - self.baseline)
 
 
-def measure_fusion_width(workload_name: str, width: int, batch_size: int | None = None, optimizer: str = "adam",
-                         device: torch.device | str = "cpu", max_seconds: float = 2.0, seed: int = 0) -> Measurement:
+def measure_fusion_width(
+    workload_name: str,
+    width: int,
+    batch_size: int | None = None,
+    optimizer: str = "adam",
+    device: torch.device | str = "cpu",
+    max_seconds: float = 2.0,
+    seed: int = 0,
+) -> Measurement:
     """Train `width` fused copies of a workload and time their steps (after warm-up, until the
     median settles or `max_seconds`); the row's time is the median step, `samples_per_s` the
     samples of all models per second, `peak_memory_bytes` what the fused job held at most."""
@@ -87,20 +95,52 @@ def measure_fusion_width(workload_name: str, width: int, batch_size: int | None 
     batch_size = int(batch_size or work.batch_size)
     watch = MemoryWatch(device).start()
     rng = np.random.default_rng(seed)
-    hyper = FusedHyperParams(lr=list(10 ** rng.uniform(-4, -2, width)), weight_decay=list(rng.uniform(0, 1e-3, width)),
-                             momentum=0.9, beta1=list(rng.uniform(0.85, 0.95, width)))
-    trainer = FusedTrainer.build(work, seeds=[seed * 1000 + i for i in range(width)], hyper=hyper,
-                                 optimizer=optimizer, dropouts=list(rng.uniform(0, 0.3, width)), device=device)
+    hyper = FusedHyperParams(
+        lr=list(10 ** rng.uniform(-4, -2, width)),
+        weight_decay=list(rng.uniform(0, 1e-3, width)),
+        momentum=0.9,
+        beta1=list(rng.uniform(0.85, 0.95, width)),
+    )
+    trainer = FusedTrainer.build(
+        work,
+        seeds=[seed * 1000 + i for i in range(width)],
+        hyper=hyper,
+        optimizer=optimizer,
+        dropouts=list(rng.uniform(0, 0.3, width)),
+        device=device,
+    )
     data = [(x.to(device), y.to(device)) for x, y in itertools.islice(batches(work, batch_size, seed), DATA_BATCHES)]
     cycle = itertools.cycle(data)
     t0 = time.perf_counter()
-    timing = time_callable(lambda: trainer.step(*next(cycle)), device=device, warmup=3, min_repeats=5,
-                           max_repeats=200, max_seconds=max_seconds, min_sample_s=0.0)
+    timing = time_callable(
+        lambda: trainer.step(*next(cycle)),
+        device=device,
+        warmup=3,
+        min_repeats=5,
+        max_repeats=200,
+        max_seconds=max_seconds,
+        min_sample_s=0.0,
+    )
     peak = watch.peak_bytes()
-    params: dict[str, Any] = {"workload": workload_name, "width": width, "batch_size": batch_size,
-                              "optimizer": optimizer}
-    extra = {"samples_per_s": width * batch_size / timing.median_s, "peak_memory_bytes": peak,
-             "parameters_per_model": sum(p[0].numel() for p in trainer.fused.params.values()),
-             "wall_s": time.perf_counter() - t0}
-    return Measurement(FUSION_OP, params, timing.median_s, timing.spread_s, timing.repeats, device=str(device),
-                       family="fusion", extra=extra)
+    params: dict[str, Any] = {
+        "workload": workload_name,
+        "width": width,
+        "batch_size": batch_size,
+        "optimizer": optimizer,
+    }
+    extra = {
+        "samples_per_s": width * batch_size / timing.median_s,
+        "peak_memory_bytes": peak,
+        "parameters_per_model": sum(p[0].numel() for p in trainer.fused.params.values()),
+        "wall_s": time.perf_counter() - t0,
+    }
+    return Measurement(
+        FUSION_OP,
+        params,
+        timing.median_s,
+        timing.spread_s,
+        timing.repeats,
+        device=str(device),
+        family="fusion",
+        extra=extra,
+    )

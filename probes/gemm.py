@@ -5,6 +5,7 @@ forward and (M,N)x(N,K) plus (N,M)x(M,K) backward (`linear_layer_gemms` names th
 model over (variant, batch, M, N, K, dtype) costs every product a training step runs. Batched
 products (`bmm`, `baddbmm`) are what horizontal fusion turns a stack of small GEMMs into.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable
@@ -13,7 +14,6 @@ import numpy as np
 import torch
 
 from probes.probe import LocalProbe, ProbeSpec, log_uniform
-
 from probes.timing import time_callable
 from probes.vocabulary.ops import GEMM_OP, PRODUCTS, gemm_params
 from probes.vocabulary.records import Measurement
@@ -21,8 +21,9 @@ from probes.vocabulary.records import Measurement
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def _kernel(variant: str, m: int, n: int, k: int, batch: int, dtype: torch.dtype,
-            device: torch.device) -> Callable[[], object]:
+def _kernel(
+    variant: str, m: int, n: int, k: int, batch: int, dtype: torch.dtype, device: torch.device
+) -> Callable[[], object]:
     def rand(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, device=device, dtype=dtype)
 
@@ -40,8 +41,15 @@ def _kernel(variant: str, m: int, n: int, k: int, batch: int, dtype: torch.dtype
 
 
 def measure_gemm(
-    m: int, n: int, k: int, dtype: str = "float32", device: torch.device | str = "cpu", max_seconds: float = 1.0,
-    variant: str = "mm", batch: int = 1, product: str | None = None,
+    m: int,
+    n: int,
+    k: int,
+    dtype: str = "float32",
+    device: torch.device | str = "cpu",
+    max_seconds: float = 1.0,
+    variant: str = "mm",
+    batch: int = 1,
+    product: str | None = None,
 ) -> Measurement:
     """Time one product on fresh random operands. `product` (forward / grad_input /
     grad_weight) only labels which product of a linear layer the shape is."""
@@ -57,8 +65,18 @@ def measure_gemm(
 
 
 def _measure(p: dict[str, Any], device: str) -> list[Measurement]:
-    return [measure_gemm(p["M"], p["N"], p["K"], p.get("dtype", "float32"), device=device,
-                         variant=p.get("variant", "mm"), batch=p.get("batch", 1), product=p.get("product"))]
+    return [
+        measure_gemm(
+            p["M"],
+            p["N"],
+            p["K"],
+            p.get("dtype", "float32"),
+            device=device,
+            variant=p.get("variant", "mm"),
+            batch=p.get("batch", 1),
+            product=p.get("product"),
+        )
+    ]
 
 
 PROBE = LocalProbe("gemm", _measure)
@@ -68,10 +86,11 @@ PROBE = LocalProbe("gemm", _measure)
 # products on a CPU without bf16/fp16 units are emulated (~50x below fp32): sampled more
 # rarely and capped in flops so one point stays under a second.
 _VARIANT_SHARE = {"mm": 0.55, "addmm": 0.15, "bmm": 0.15, "baddbmm": 0.15}
-_DTYPE_SHARE = {"cpu": {"float32": 0.85, "bfloat16": 0.15},
-                "cuda": {"float32": 0.4, "bfloat16": 0.3, "float16": 0.3}}
-_MAX_FLOPS = {"cpu": {"float32": 2.0 * 2048**3, "bfloat16": 2.0 * 256**3},
-              "cuda": {"float32": 2.0 * 8192**3, "bfloat16": 2.0 * 8192**3, "float16": 2.0 * 8192**3}}
+_DTYPE_SHARE = {"cpu": {"float32": 0.85, "bfloat16": 0.15}, "cuda": {"float32": 0.4, "bfloat16": 0.3, "float16": 0.3}}
+_MAX_FLOPS = {
+    "cpu": {"float32": 2.0 * 2048**3, "bfloat16": 2.0 * 256**3},
+    "cuda": {"float32": 2.0 * 8192**3, "bfloat16": 2.0 * 8192**3, "float16": 2.0 * 8192**3},
+}
 
 
 def gemm_specs(n: int, seed: int, max_dim: int = 2048, device_kind: str = "cpu") -> list[ProbeSpec]:

@@ -14,6 +14,7 @@ is applied to the environment child processes inherit: probe and training worker
 Ray cluster, and processes spawned by `torch.multiprocessing`. A GLIBC_TUNABLES the user set
 is left as it is.
 """
+
 from __future__ import annotations
 
 import os

@@ -5,6 +5,7 @@ predictor costs them like any kernel. On a CPU-only machine only `d2d` exists (a
 memcpy between two tensors); host copies to and from a GPU use pinned host memory, as data
 loaders and offload do.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -13,16 +14,19 @@ import numpy as np
 import torch
 
 from probes.probe import LocalProbe, ProbeSpec, log_uniform
-
 from probes.timing import time_callable
 from probes.vocabulary.ops import MEMCPY_OP, memcpy_directions, memcpy_params
 from probes.vocabulary.records import Measurement
 
 
-def measure_memcpy(direction: str, nbytes: int, device: torch.device | str = "cpu", max_seconds: float = 1.0) -> Measurement:
+def measure_memcpy(
+    direction: str, nbytes: int, device: torch.device | str = "cpu", max_seconds: float = 1.0
+) -> Measurement:
     device = torch.device(device)
     if direction not in memcpy_directions(device.type):
-        raise ValueError(f"memcpy direction {direction!r} needs a GPU; on {device.type} only {memcpy_directions(device.type)}")
+        raise ValueError(
+            f"memcpy direction {direction!r} needs a GPU; on {device.type} only {memcpy_directions(device.type)}"
+        )
     numel = max(1, int(nbytes) // 4)
     pinned = device.type == "cuda"
     host = lambda: torch.randn(numel).pin_memory() if pinned else torch.randn(numel)  # noqa: E731
@@ -33,8 +37,15 @@ def measure_memcpy(direction: str, nbytes: int, device: torch.device | str = "cp
     else:
         src, dst = torch.randn(numel, device=device), host()
     t = time_callable(lambda: dst.copy_(src, non_blocking=pinned), device=device, max_seconds=max_seconds)
-    return Measurement(MEMCPY_OP, memcpy_params(direction, numel * 4), t.median_s, t.spread_s, t.repeats,
-                       device=str(device), family="memcpy")
+    return Measurement(
+        MEMCPY_OP,
+        memcpy_params(direction, numel * 4),
+        t.median_s,
+        t.spread_s,
+        t.repeats,
+        device=str(device),
+        family="memcpy",
+    )
 
 
 def _measure(p: dict[str, Any], device: str) -> list[Measurement]:

@@ -24,6 +24,7 @@ time as a "gap" before the next aten op.
 - `launch`: CUDA only, the duration of each `cudaLaunchKernel`-like runtime call, attributed to
   the top-level op enclosing it in time.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -197,7 +198,7 @@ def extract_overheads(events: Sequence[Any], step_mark: str = STEP_MARK, cuda: b
             own_launches = launches_of.get(id(op), [])
             if (op.cpu_children or own_launches) and _separable_self_time(op, cuda):
                 inside = _descendant_ids(op)
-                extra_launch_us = sum(_end(l) - _start(l) for l in own_launches if id(l) not in inside)
+                extra_launch_us = sum(_end(k) - _start(k) for k in own_launches if id(k) not in inside)
                 self_us = float(op.self_cpu_time_total) - extra_launch_us
                 if self_us > 0:
                     out.samples.append(OverheadSample("dispatch", op.name, self_us * 1e-6))

@@ -13,6 +13,7 @@ range on a small CPU) is inside these numbers, so they are upper bounds. Every r
 profiled and the unprofiled step time (`step_s`, `unprofiled_step_s`) and the implied cost per
 recorded range (`profiler_s_per_event`), so a consumer can see or subtract the inflation.
 """
+
 from __future__ import annotations
 
 import time
@@ -36,13 +37,20 @@ POOLED = "*"  # the aten_op of the row that pools every op of one kind
 def _stats(values: Sequence[float]) -> dict[str, float]:
     v = np.asarray(values, dtype=np.float64)
     p10, p25, p50, p75, p90 = np.percentile(v, [10, 25, 50, 75, 90])
-    return {"p10": float(p10), "p25": float(p25), "p50": float(p50), "p75": float(p75), "p90": float(p90),
-            "mean": float(v.mean()), "max": float(v.max()), "count": int(v.size)}
+    return {
+        "p10": float(p10),
+        "p25": float(p25),
+        "p50": float(p50),
+        "p75": float(p75),
+        "p90": float(p90),
+        "mean": float(v.mean()),
+        "max": float(v.max()),
+        "count": int(v.size),
+    }
 
 
 def summarise(
-    trace: OverheadTrace, workload: str, device: str = "cpu", world_size: int = 1,
-    extra: dict[str, Any] | None = None,
+    trace: OverheadTrace, workload: str, device: str = "cpu", world_size: int = 1, extra: dict[str, Any] | None = None
 ) -> list[Measurement]:
     """One Measurement per (kind, op) plus one pooled (`aten_op="*"`) row per kind."""
     by_key: dict[tuple[str, str], list[float]] = defaultdict(list)
@@ -58,10 +66,19 @@ def summarise(
         row_extra = {k: st[k] for k in ("p10", "p90", "mean", "max", "count")} | common
         if kind == "gap" and name == POOLED:
             row_extra["dropped_gaps"] = trace.dropped_gaps
-        rows.append(Measurement(
-            OP, {"kind": kind, "aten_op": name, "workload": workload}, st["p50"], st["p75"] - st["p25"],
-            st["count"], device=device, world_size=world_size, family=FAMILY, extra=row_extra,
-        ))
+        rows.append(
+            Measurement(
+                OP,
+                {"kind": kind, "aten_op": name, "workload": workload},
+                st["p50"],
+                st["p75"] - st["p25"],
+                st["count"],
+                device=device,
+                world_size=world_size,
+                family=FAMILY,
+                extra=row_extra,
+            )
+        )
     return rows
 
 

@@ -10,6 +10,7 @@ of its rounds (`window_estimate`: host noise only ever adds time). Calibration a
 transfer-only forms (the overlapped form's communication alone), which price its slices. Only
 the group's first rank returns rows.
 """
+
 from __future__ import annotations
 
 import math
@@ -24,6 +25,11 @@ import torch.distributed as dist
 from probes.collective import group_for, window_estimate
 from probes.comm import on_host
 from probes.embedding import make_batch, make_tbe
+from probes.probe import ProbeSpec
+from probes.vocabulary.ops import PAIR_OP, SYMM_MEM_OP, TRANSFER_OP
+from probes.vocabulary.pairs import SYMM_MEM_FORM, PairPoint
+from probes.vocabulary.placement import RankPlacement
+from probes.vocabulary.records import Measurement
 from probes.workloads.overlap import (
     all_to_all_reference,
     gemm_all_reduce_reference,
@@ -37,14 +43,16 @@ from probes.workloads.overlap import (
     tbe_bag_ranges,
     tbe_producer,
 )
-from probes.probe import ProbeSpec
-from probes.vocabulary.placement import RankPlacement
-from probes.vocabulary.records import Measurement
-from probes.vocabulary.ops import PAIR_OP, SYMM_MEM_OP, TRANSFER_OP
-from probes.vocabulary.pairs import SYMM_MEM_FORM, PairPoint
 
-def pair_forms(point: PairPoint, rank: int, slices: Sequence[int], group=None,
-               transfer: bool = False, device: torch.device | str = "cpu") -> dict[str, Callable[[], torch.Tensor]]:
+
+def pair_forms(
+    point: PairPoint,
+    rank: int,
+    slices: Sequence[int],
+    group=None,
+    transfer: bool = False,
+    device: torch.device | str = "cpu",
+) -> dict[str, Callable[[], torch.Tensor]]:
     """Form name ("unfused", "k2", "k4", ...) -> a call running that form once on this rank;
     with `transfer`, also "t1", "t2", ...: the overlapped form's communication alone (its
     slices sent from an output computed beforehand), which prices its transfers. Every tensor
@@ -59,13 +67,13 @@ def pair_forms(point: PairPoint, rank: int, slices: Sequence[int], group=None,
         w = randn(point.inner, point.cols)
         forms["unfused"] = lambda: gemm_all_reduce_reference(x, w, group)
         for k in slices:
-            forms[f"k{k}"] = (lambda k=k: overlapped_gemm_all_reduce(x, w, k, group))
+            forms[f"k{k}"] = lambda k=k: overlapped_gemm_all_reduce(x, w, k, group)
         if symm_mem_supported(device, point.rows, point.world):  # PyTorch's fused kernels, a candidate beside ours
             forms[SYMM_MEM_FORM] = lambda: symm_mem_gemm_all_reduce(x, w, group)
         if transfer:
             zeros = torch.zeros(point.rows, point.cols, device=device)  # all-reduced in place, stays finite
             for k in (1, *slices):
-                forms[f"t{k}"] = (lambda k=k: sliced_all_reduce(zeros, k, group))
+                forms[f"t{k}"] = lambda k=k: sliced_all_reduce(zeros, k, group)
         return forms
     layout = point.exchange_layout()
     if point.pair == "gemm_all_to_all":
@@ -79,23 +87,32 @@ def pair_forms(point: PairPoint, rank: int, slices: Sequence[int], group=None,
         bags = point.rows * point.world
         indices, offsets, _ = make_batch(tables, bags, np.random.default_rng([point.seed, rank]))
         ranges = sorted({r for k in slices for r in producer_ranges(layout, rank, k)})
-        inputs = tbe_bag_ranges(torch.from_numpy(indices).to(device), torch.from_numpy(offsets).to(device),
-                                len(tables), bags, ranges)
+        inputs = tbe_bag_ranges(
+            torch.from_numpy(indices).to(device), torch.from_numpy(offsets).to(device), len(tables), bags, ranges
+        )
         produce = tbe_producer(tbe, inputs)
     forms["unfused"] = lambda: all_to_all_reference(produce, layout, group)
     for k in slices:
-        forms[f"k{k}"] = (lambda k=k: overlapped_all_to_all(produce, layout, k, group, device=device))
+        forms[f"k{k}"] = lambda k=k: overlapped_all_to_all(produce, layout, k, group, device=device)
     if transfer:
         computed = produce(0, layout.rows(rank))
         for k in (1, *slices):
-            forms[f"t{k}"] = (lambda k=k: overlapped_all_to_all(lambda lo, hi: computed[lo:hi], layout, k, group,
-                                                               device=device))
+            forms[f"t{k}"] = lambda k=k: overlapped_all_to_all(
+                lambda lo, hi: computed[lo:hi], layout, k, group, device=device
+            )
     return forms
 
 
-def measure_pair(point: PairPoint, slices: Sequence[int] = (2, 4, 8, 16), rounds: int = 15, repeats: int = 5,
-                 group=None, min_sample_s: float = 0.01, transfer: bool = False,
-                 device: torch.device | str = "cpu") -> list[Measurement]:
+def measure_pair(
+    point: PairPoint,
+    slices: Sequence[int] = (2, 4, 8, 16),
+    rounds: int = 15,
+    repeats: int = 5,
+    group=None,
+    min_sample_s: float = 0.01,
+    transfer: bool = False,
+    device: torch.device | str = "cpu",
+) -> list[Measurement]:
     """Time every form of `point` on the group (every member calls this with the same point);
     one row per form on the group's first rank, params = the point plus `k` (1: unfused);
     with `transfer`, also a `TRANSFER_OP` row per slice count (1 included) for the
@@ -124,7 +141,7 @@ def measure_pair(point: PairPoint, slices: Sequence[int] = (2, 4, 8, 16), rounds
         inner_calls = [int(n) for n in inner.tolist()]
         medians = torch.zeros(len(names), rounds, dtype=torch.float64, device=device)
         for r in range(rounds):
-            order = names[r % len(names):] + names[:r % len(names)]  # rotate who goes first
+            order = names[r % len(names) :] + names[: r % len(names)]  # rotate who goes first
             for name in order:
                 i = names.index(name)
                 fn, n = forms[name], inner_calls[i]
@@ -148,11 +165,19 @@ def measure_pair(point: PairPoint, slices: Sequence[int] = (2, 4, 8, 16), rounds
         k = 1 if name in ("unfused", SYMM_MEM_FORM) else int(name[1:])
         params = {**point.to_params(), "k": k}
         op = SYMM_MEM_OP if name == SYMM_MEM_FORM else TRANSFER_OP if name.startswith("t") else PAIR_OP
-        rows.append(Measurement(op, params, window_estimate(windows), float(q3 - q1),
-                                rounds * repeats * int(inner[i]), device=str(device), world_size=point.world,
-                                family="overlap",
-                                extra={"form": name, "window_medians": windows.tolist(),
-                                       "calls_per_sample": int(inner[i])}))
+        rows.append(
+            Measurement(
+                op,
+                params,
+                window_estimate(windows),
+                float(q3 - q1),
+                rounds * repeats * int(inner[i]),
+                device=str(device),
+                world_size=point.world,
+                family="overlap",
+                extra={"form": name, "window_medians": windows.tolist(), "calls_per_sample": int(inner[i])},
+            )
+        )
     return rows
 
 
@@ -162,16 +187,44 @@ def overlap_points(world: int) -> list[PairPoint]:
     products, skewed splits, few and many tables, on the first two devices (about 5-15 s each
     on two CPU cores, the transfer-only forms included)."""
     w = min(world, 2)
-    gar = [(128, 128, 128), (1024, 512, 256), (4, 2048, 2048), (2048, 512, 768), (256, 1024, 1024),
-           (4096, 1024, 256), (1, 4096, 4096), (1024, 4096, 256)]
-    ga2a = [(256, 256, 256, False), (2048, 512, 256, False), (1024, 512, 512, True), (4096, 768, 128, False),
-            (512, 512, 1024, False), (8192, 512, 64, False), (1024, 1024, 128, False), (64, 256, 256, False)]
-    emb = [(512, 64, 4, 8, False), (2048, 128, 8, 16, False), (1024, 128, 4, 8, True), (4096, 192, 6, 12, False),
-           (8192, 128, 4, 8, False), (4096, 512, 8, 4, False), (16384, 64, 2, 8, False), (1024, 256, 8, 32, False)]
-    return ([PairPoint("gemm_all_reduce", m, n, k, world=w) for m, n, k in gar]
-            + [PairPoint("gemm_all_to_all", m, n, k, world=w, uneven=u) for m, n, k, u in ga2a]
-            + [PairPoint("embedding_all_to_all", rows, cols, world=w, tables=t, pooling=p, uneven=u)
-               for rows, cols, t, p, u in emb])
+    gar = [
+        (128, 128, 128),
+        (1024, 512, 256),
+        (4, 2048, 2048),
+        (2048, 512, 768),
+        (256, 1024, 1024),
+        (4096, 1024, 256),
+        (1, 4096, 4096),
+        (1024, 4096, 256),
+    ]
+    ga2a = [
+        (256, 256, 256, False),
+        (2048, 512, 256, False),
+        (1024, 512, 512, True),
+        (4096, 768, 128, False),
+        (512, 512, 1024, False),
+        (8192, 512, 64, False),
+        (1024, 1024, 128, False),
+        (64, 256, 256, False),
+    ]
+    emb = [
+        (512, 64, 4, 8, False),
+        (2048, 128, 8, 16, False),
+        (1024, 128, 4, 8, True),
+        (4096, 192, 6, 12, False),
+        (8192, 128, 4, 8, False),
+        (4096, 512, 8, 4, False),
+        (16384, 64, 2, 8, False),
+        (1024, 256, 8, 32, False),
+    ]
+    return (
+        [PairPoint("gemm_all_reduce", m, n, k, world=w) for m, n, k in gar]
+        + [PairPoint("gemm_all_to_all", m, n, k, world=w, uneven=u) for m, n, k, u in ga2a]
+        + [
+            PairPoint("embedding_all_to_all", rows, cols, world=w, tables=t, pooling=p, uneven=u)
+            for rows, cols, t, p, u in emb
+        ]
+    )
 
 
 def overlap_specs(world: int) -> list[ProbeSpec]:

@@ -8,6 +8,7 @@ sweep (`probes.sweep`) and the fan-out (`orchestrator.fanout`) look the probe up
 
 Torch-free: the generators and the fan-out's bookkeeping need only this.
 """
+
 from __future__ import annotations
 
 import math
@@ -79,4 +80,3 @@ class LocalProbe:
 def log_uniform(rng: np.random.Generator, lo: int, hi: int) -> int:
     """An integer drawn log-uniformly from [lo, hi] (the sweep generators' size distribution)."""
     return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
-

@@ -1,20 +1,24 @@
 """Every probe family, by `ProbeSpec.family`: what the sweep (`probes.sweep`) and the fan-out
 (`orchestrator.fanout`) look a point's probe up in. Adding a probe: its file (measurement,
 point generator, an object satisfying `probes.probe.Probe`) and one line here."""
+
 from __future__ import annotations
 
 from probes import collective_sweep, elementwise, embedding, gemm, memcpy, overlap, training
 from probes.probe import Probe
 
-PROBES: dict[str, Probe] = {probe.family: probe for probe in (
-    gemm.PROBE,
-    embedding.PROBE,
-    elementwise.PROBE,
-    memcpy.PROBE,
-    collective_sweep.PROBE,
-    training.PROBE,
-    overlap.PROBE,
-)}
+PROBES: dict[str, Probe] = {
+    probe.family: probe
+    for probe in (
+        gemm.PROBE,
+        embedding.PROBE,
+        elementwise.PROBE,
+        memcpy.PROBE,
+        collective_sweep.PROBE,
+        training.PROBE,
+        overlap.PROBE,
+    )
+}
 
 
 def probe_for(family: str) -> Probe:

@@ -9,6 +9,7 @@ of their exponent, so a sweep cut short still spans the whole range. Points deri
 (its MLP layers, its tables grouped as the sharders would group them) come first: they are
 where the predictor will be asked.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -30,8 +31,9 @@ def run_local_probe(spec: ProbeSpec, device: str = "cpu") -> list[Measurement]:
     return probe.run([spec], device)
 
 
-def run_collective_batch(specs: Sequence[ProbeSpec], device: str = "cpu",
-                         timing: dict | None = None) -> list[Measurement]:
+def run_collective_batch(
+    specs: Sequence[ProbeSpec], device: str = "cpu", timing: dict | None = None
+) -> list[Measurement]:
     """Run a batch from `collective_batches` (collective points on one group, their windows
     interleaved, timed with `timing` (see `collective_pass_timing`), or a single training or
     pair point); every member of the process group must call it."""
@@ -39,14 +41,14 @@ def run_collective_batch(specs: Sequence[ProbeSpec], device: str = "cpu",
         return []
     probe = probe_for(specs[0].family)
     keys = {probe.batch_key(s) for s in specs}
-    if (not probe.gang or any(s.family != specs[0].family for s in specs)
-            or (len(specs) > 1 and None in keys)):
+    if not probe.gang or any(s.family != specs[0].family for s in specs) or (len(specs) > 1 and None in keys):
         raise ValueError(f"a gang batch holds points of one gang probe that batches; got {[s.family for s in specs]}")
     return probe.run(specs, device, timing)
 
 
-def collective_batches(specs: Sequence[ProbeSpec], max_points: int = 12,
-                       max_bytes: int = 2**30) -> list[list[ProbeSpec]]:
+def collective_batches(
+    specs: Sequence[ProbeSpec], max_points: int = 12, max_bytes: int = 2**30
+) -> list[list[ProbeSpec]]:
     """Split a gang's spec list, in order, into batches run with interleaved windows:
     consecutive points of the same batch key (collective points on the same ranks), at most
     `max_points` of them and about `max_bytes` of buffers (input plus output, twice the
@@ -83,8 +85,12 @@ def job_specs(job, table_groups: Iterable[Sequence[int]] = ()) -> list[ProbeSpec
     groups = {tuple(sorted(g)) for g in table_groups if g}
     for i, group in enumerate(sorted(groups)):
         tables = [
-            [job.tables[t].num_embeddings, job.tables[t].embedding_dim, job.tables[t].pooling_factor,
-             job.tables[t].distribution.to_json()]
+            [
+                job.tables[t].num_embeddings,
+                job.tables[t].embedding_dim,
+                job.tables[t].pooling_factor,
+                job.tables[t].distribution.to_json(),
+            ]
             for t in group
         ]
         out.append(ProbeSpec("embedding", {"tables": tables, "B": B * W, "seed": job.seed}, f"job-emb:{group}"))

@@ -28,6 +28,7 @@ brackets the timed calls, and two things keep that window device-true:
 The device-clock control flow goes through the small `DeviceClock` interface, so it can be
 tested without a GPU (tests/test_timing.py drives it with a fake clock).
 """
+
 from __future__ import annotations
 
 import time
@@ -37,9 +38,9 @@ from typing import Callable, Protocol
 import numpy as np
 import torch
 
-SPIN_SAFETY = 2.0        # spin covers this many times the expected host launch time
-SPIN_MARGIN_S = 50e-6    # + the host's own work between the spin and the first call (event record)
-MAX_SPIN_S = 50e-3       # never spin longer than this per sample
+SPIN_SAFETY = 2.0  # spin covers this many times the expected host launch time
+SPIN_MARGIN_S = 50e-6  # + the host's own work between the spin and the first call (event record)
+MAX_SPIN_S = 50e-3  # never spin longer than this per sample
 DEFAULT_LAUNCH_S = 100e-6  # host launch time assumed before any was measured (warmup=0, graph replay)
 FALLBACK_L2_BYTES = 128 << 20  # 2x -> a 256 MiB scratch buffer when the L2 size is unknown
 
@@ -49,10 +50,10 @@ class Timing:
     median_s: float
     spread_s: float
     repeats: int
-    method: str = "perf_counter"   # perf_counter | cuda_event+spin | cuda_graph+spin | cuda_event
-    calls_per_sample: int = 1      # calls of `fn` in one timed sample (the median is per call)
-    l2_flushed: bool = False       # the device's L2 was flushed before every sample
-    exposed: int = 0               # samples whose window may hold host launch time (spin too short)
+    method: str = "perf_counter"  # perf_counter | cuda_event+spin | cuda_graph+spin | cuda_event
+    calls_per_sample: int = 1  # calls of `fn` in one timed sample (the median is per call)
+    l2_flushed: bool = False  # the device's L2 was flushed before every sample
+    exposed: int = 0  # samples whose window may hold host launch time (spin too short)
 
 
 class DeviceClock(Protocol):
@@ -341,8 +342,15 @@ def time_callable(
         method = f"{method}+spin"
     arr = np.asarray(samples)
     q1, q3 = np.percentile(arr, [25, 75])
-    return Timing(float(np.median(arr)), float(q3 - q1), len(samples), method=method, calls_per_sample=inner,
-                  l2_flushed=flush, exposed=exposed)
+    return Timing(
+        float(np.median(arr)),
+        float(q3 - q1),
+        len(samples),
+        method=method,
+        calls_per_sample=inner,
+        l2_flushed=flush,
+        exposed=exposed,
+    )
 
 
 __all__ = ["CudaClock", "DeviceClock", "Timing", "l2_flush_bytes", "time_callable"]

@@ -21,6 +21,7 @@ engine's device thread there, are kept beside the calling thread's ops. Collecti
 are then the NCCL kernels (on the device's timeline, `thread` = their stream), not the host's
 `nccl:` ranges. Steps on CPU are captured exactly as before (no device keys).
 """
+
 from __future__ import annotations
 
 import socket
@@ -50,8 +51,11 @@ def _on_device(e: Any) -> bool:
 def _is_device_work(d: Any) -> bool:
     """A kernel, memcpy or memset on the device (not the GPU-side copy of a `record_function`
     range, which spans the kernels inside it)."""
-    return (_on_device(d) and not getattr(d, "is_user_annotation", False)
-            and "annotation" not in str(getattr(d, "activity_type", "") or ""))
+    return (
+        _on_device(d)
+        and not getattr(d, "is_user_annotation", False)
+        and "annotation" not in str(getattr(d, "activity_type", "") or "")
+    )
 
 
 def _top_level_op(e: Any) -> Any | None:
@@ -66,8 +70,9 @@ def _top_level_op(e: Any) -> Any | None:
 
 def _launchers(events: Iterable[Any]) -> dict[int, Any]:
     """Correlation id → the CPU op that launched device work under it (frontend ops only)."""
-    return {e.id: e for e in events
-            if not _on_device(e) and not e.is_async and getattr(e, "linked_correlation_id", 0) == 0}
+    return {
+        e.id: e for e in events if not _on_device(e) and not e.is_async and getattr(e, "linked_correlation_id", 0) == 0
+    }
 
 
 def device_time_by_op(events: Iterable[Any]) -> dict[int, dict[str, float]]:
@@ -117,9 +122,13 @@ def _in_backward_engine(e: Any) -> bool:
     return False
 
 
-def capture_step_trace(step: Callable[[], object], iterations: int = 5, warmup: int = 2,
-                       barrier: Callable[[], None] | None = None,
-                       cuda: bool | None = None) -> dict[str, Any]:
+def capture_step_trace(
+    step: Callable[[], object],
+    iterations: int = 5,
+    warmup: int = 2,
+    barrier: Callable[[], None] | None = None,
+    cuda: bool | None = None,
+) -> dict[str, Any]:
     """Profile `iterations` steps after `warmup`; return them as a JSON-able trace:
     `{"unprofiled_step_s", "host", "steps": [{"step_s", "start_clock_s", "ops", "comm"}, ...]}`
     (step order).
@@ -161,8 +170,11 @@ def capture_step_trace(step: Callable[[], object], iterations: int = 5, warmup: 
     if len(windows) != len(starts):
         raise RuntimeError(f"the profiler recorded {len(windows)} steps of {len(starts)}")
     device = (device_time_by_op(events), device_collectives(events)) if cuda else None
-    return {"unprofiled_step_s": float(np.median(plain)), "host": socket.gethostname(),
-            "steps": [{**_one_step(events, w, device), "start_clock_s": t} for w, t in zip(windows, starts)]}
+    return {
+        "unprofiled_step_s": float(np.median(plain)),
+        "host": socket.gethostname(),
+        "steps": [{**_one_step(events, w, device), "start_clock_s": t} for w, t in zip(windows, starts)],
+    }
 
 
 def _one_step(events: Any, window: Any, device: tuple[dict, list] | None = None) -> dict[str, Any]:
@@ -181,20 +193,36 @@ def _one_step(events: Any, window: Any, device: tuple[dict, list] | None = None)
         if _on_device(e) or not inside(e) or e.name == STEP_MARK:
             continue
         if _is_collective_work(e):
-            comm.append({"name": e.name, "start_s": (e.time_range.start - lo) * 1e-6,
-                         "end_s": (e.time_range.end - lo) * 1e-6, "thread": int(e.thread)})
-        elif ((e.thread == main or (device is not None and _in_backward_engine(e)))
-              and is_dispatcher_op(e) and not has_op_ancestor(e)):
-            op = {"name": e.name, "start_s": (e.time_range.start - lo) * 1e-6,
-                  "end_s": (e.time_range.end - lo) * 1e-6,
-                  "shapes": [list(s) if isinstance(s, (list, tuple)) else [] for s in (e.input_shapes or [])]}
+            comm.append(
+                {
+                    "name": e.name,
+                    "start_s": (e.time_range.start - lo) * 1e-6,
+                    "end_s": (e.time_range.end - lo) * 1e-6,
+                    "thread": int(e.thread),
+                }
+            )
+        elif (
+            (e.thread == main or (device is not None and _in_backward_engine(e)))
+            and is_dispatcher_op(e)
+            and not has_op_ancestor(e)
+        ):
+            op = {
+                "name": e.name,
+                "start_s": (e.time_range.start - lo) * 1e-6,
+                "end_s": (e.time_range.end - lo) * 1e-6,
+                "shapes": [list(s) if isinstance(s, (list, tuple)) else [] for s in (e.input_shapes or [])],
+            }
             if device is not None:
                 op["_main"] = e.thread == main
                 span = per_op.get(id(e))
                 if span is not None:
                     timed = True
-                    op.update(device_s=span["device_us"] * 1e-6, device_start_s=(span["start_us"] - lo) * 1e-6,
-                              device_end_s=(span["end_us"] - lo) * 1e-6, kernels=int(span["kernels"]))
+                    op.update(
+                        device_s=span["device_us"] * 1e-6,
+                        device_start_s=(span["start_us"] - lo) * 1e-6,
+                        device_end_s=(span["end_us"] - lo) * 1e-6,
+                        kernels=int(span["kernels"]),
+                    )
                 else:
                     op.update(device_s=0.0, kernels=0)
             ops.append(op)
@@ -209,8 +237,15 @@ def _one_step(events: Any, window: Any, device: tuple[dict, list] | None = None)
             o.pop("_main")
     if kernels:  # the NCCL kernels are the work items; the host's `nccl:` ranges only bracket them
         comm = [c for c in comm if not c["name"].startswith("nccl:")]
-        comm += [{"name": d.name, "start_s": (d.time_range.start - lo) * 1e-6, "end_s": (d.time_range.end - lo) * 1e-6,
-                  "thread": int(getattr(d, "device_resource_id", d.thread))} for d, _ in kernels]
+        comm += [
+            {
+                "name": d.name,
+                "start_s": (d.time_range.start - lo) * 1e-6,
+                "end_s": (d.time_range.end - lo) * 1e-6,
+                "thread": int(getattr(d, "device_resource_id", d.thread)),
+            }
+            for d, _ in kernels
+        ]
     ops.sort(key=lambda o: o["start_s"])
     comm.sort(key=lambda o: o["start_s"])
     out = {"step_s": (hi - lo) * 1e-6, "ops": ops, "comm": comm}

@@ -3,6 +3,7 @@ stack on a gang's process group, giving the step time, the per-op CPU overheads
 (`probes.overheads`) and the in-context kernel times of a captured step; the points it is
 swept over (small random models for the framework overhead, production-shaped random tasks
 for the kernels' slowdown beside each other)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -20,7 +21,6 @@ from probes.vocabulary.records import Measurement
 from probes.vocabulary.table_shards import split_kinds
 from probes.workloads.dlrm import cycling_step
 from probes.workloads.random_dlrm import random_dlrm_job
-
 
 # The random-task generator's seed stream for calibration probes: disjoint from the streams
 # the evaluation benchmarks draw their tasks from (their seeds are small integers).
@@ -129,25 +129,37 @@ def transformer_training_specs(n: int, seed: int, world: int, device_kind: str =
             spec["dtype"] = dtype
         else:
             hidden = int(rng.choice([64, 128, 256]))
-            spec = {"layers": int(rng.integers(1, 3)), "hidden": hidden, "heads": int(rng.choice([2, 4])),
-                    "seq_len": int(rng.choice([32, 64, 128])), "batch_size": int(rng.choice([2, 4])),
-                    "world_size": world, "tensor_parallel": 1, "dropout": 0.1, "seed": i, "name": f"probe{i}",
-                    "dtype": dtype}
+            spec = {
+                "layers": int(rng.integers(1, 3)),
+                "hidden": hidden,
+                "heads": int(rng.choice([2, 4])),
+                "seq_len": int(rng.choice([32, 64, 128])),
+                "batch_size": int(rng.choice([2, 4])),
+                "world_size": world,
+                "tensor_parallel": 1,
+                "dropout": 0.1,
+                "seed": i,
+                "name": f"probe{i}",
+                "dtype": dtype,
+            }
         out.append(ProbeSpec("training", {"transformer": spec}, f"train-transformer:{i}:{dtype}"))
     return out
 
 
-def run_training_probe(spec: ProbeSpec, device: str = "cpu", iterations: int = 30, warmup: int = 5) -> list[Measurement]:
+def run_training_probe(
+    spec: ProbeSpec, device: str = "cpu", iterations: int = 30, warmup: int = 5
+) -> list[Measurement]:
     """A few real training steps on the current process group; rank 0 returns the step time,
     the per-op CPU overheads and the in-context kernel times of a captured step."""
     import torch.distributed as dist
 
     if "transformer" in spec.params:
-        from probes.workloads.transformer import ParallelTransformer
         from probes.vocabulary.transformer_spec import TransformerSpec
+        from probes.workloads.transformer import ParallelTransformer
 
-        model: Any = ParallelTransformer(TransformerSpec.from_dict(spec.params["transformer"]), dist.get_rank(),
-                                         torch.device(device))
+        model: Any = ParallelTransformer(
+            TransformerSpec.from_dict(spec.params["transformer"]), dist.get_rank(), torch.device(device)
+        )
         step_op, workload, step = "transformer_step", "transformer", model.step
         iterations = min(iterations, 10)
         params = {"transformer": spec.params["transformer"]}
@@ -156,8 +168,9 @@ def run_training_probe(spec: ProbeSpec, device: str = "cpu", iterations: int = 3
         from probes.workloads.dlrm import ShardedDLRM
 
         plan = spec.params["table_to_rank"]
-        model = ShardedDLRM(JobSpec.from_dict(spec.params["job"]), plan, dist.get_rank(),
-                            dist.get_world_size(), torch.device(device))
+        model = ShardedDLRM(
+            JobSpec.from_dict(spec.params["job"]), plan, dist.get_rank(), dist.get_world_size(), torch.device(device)
+        )
         step_op, workload, step = "dlrm_step", "dlrm", cycling_step(model)
         params = {"job": spec.params["job"], "table_to_rank": plan}
     if "placement" in spec.params:  # the node of each rank, set by the gang that ran it
@@ -175,10 +188,22 @@ def run_training_probe(spec: ProbeSpec, device: str = "cpu", iterations: int = 3
     times = np.asarray(result.iteration_s)
     q1, q3 = np.percentile(times, [25, 75])
     world = dist.get_world_size()
-    return [
-        Measurement(step_op, params, float(np.median(times)), float(q3 - q1), len(times), device=device,
-                    world_size=world, family="training")
-    ] + overheads + (in_context_rows(trace["steps"], device, world, workload) if float32_step(spec) else [])
+    return (
+        [
+            Measurement(
+                step_op,
+                params,
+                float(np.median(times)),
+                float(q3 - q1),
+                len(times),
+                device=device,
+                world_size=world,
+                family="training",
+            )
+        ]
+        + overheads
+        + (in_context_rows(trace["steps"], device, world, workload) if float32_step(spec) else [])
+    )
 
 
 def float32_step(spec: ProbeSpec) -> bool:

@@ -1,4 +1,5 @@
 """Shared fixtures: one local Ray cluster per session (starting Ray is the slow part)."""
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,13 @@ def tiny_job_dict() -> dict:
         "warmup_iterations": 2,
         "dense": {"num_dense_features": 4, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
         "tables": [
-            {"name": f"t{i}", "num_embeddings": 1000 * (i + 1), "embedding_dim": 8 * (1 + i % 2),
-             "pooling_factor": 1 + i, "distribution": "uniform" if i % 2 else {"zipf": 1.1}}
+            {
+                "name": f"t{i}",
+                "num_embeddings": 1000 * (i + 1),
+                "embedding_dim": 8 * (1 + i % 2),
+                "pooling_factor": 1 + i,
+                "distribution": "uniform" if i % 2 else {"zipf": 1.1},
+            }
             for i in range(5)
         ],
     }

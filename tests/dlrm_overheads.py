@@ -1,5 +1,6 @@
 """Test helpers for the overhead probe: the DLRM step profiled in one process (a world of one
 unless a group exists)."""
+
 from __future__ import annotations
 
 import os
@@ -27,8 +28,10 @@ def dlrm_overhead_step(
     defaults to round-robin over the group.
     """
     if not (dist.is_available() and dist.is_initialized()):
-        raise RuntimeError("dlrm_overhead_step needs an initialised process group; "
-                           "wrap it in local_process_group() for a single process")
+        raise RuntimeError(
+            "dlrm_overhead_step needs an initialised process group; "
+            "wrap it in local_process_group() for a single process"
+        )
     job = JobSpec.from_dict(job_dict)
     rank, world = dist.get_rank(), dist.get_world_size()
     placement = list(table_to_rank) if table_to_rank is not None else [i % world for i in range(len(job.tables))]
@@ -54,8 +57,12 @@ def local_process_group(backend: str = "gloo") -> Iterator[bool]:
 
 
 def profile_dlrm_overheads(
-    job_dict: dict[str, Any], device: str = "cpu", iterations: int = 5, warmup: int = 3,
-    trace_path: str | None = None, table_to_rank: Sequence[int] | None = None,
+    job_dict: dict[str, Any],
+    device: str = "cpu",
+    iterations: int = 5,
+    warmup: int = 3,
+    trace_path: str | None = None,
+    table_to_rank: Sequence[int] | None = None,
 ) -> list[Measurement]:
     """Overheads of the DLRM step in this process alone (a world of one unless a group exists)."""
     with local_process_group("nccl" if torch.device(device).type == "cuda" else "gloo"):

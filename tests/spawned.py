@@ -1,4 +1,5 @@
 """Helpers for ranks started with torch.multiprocessing in tests."""
+
 import os
 import sys
 

@@ -1,5 +1,6 @@
 """Synthetic GEMM measurements with a known cost (2 µs + flops at 20 GFLOP/s), for tests that
 need a fitted bundle without probing."""
+
 import numpy as np
 
 from probes.vocabulary.ops import gemm_params

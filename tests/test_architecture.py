@@ -5,6 +5,7 @@ ray or mlflow, so it runs anywhere (a GPU machine without Ray, a laptop); import
 (probes <- predictors <- policies <- orchestrator) with no cycle; and its modules and
 functions stay small enough to read.
 """
+
 from __future__ import annotations
 
 import ast
@@ -63,8 +64,13 @@ def test_imports_point_down_the_layers_without_cycles():
     graph = {name: top_level_imports(path, set(known)) for name, path in known.items()}
     upward = [(a, b) for a, deps in graph.items() for b in deps if LAYER[b.split(".")[0]] > LAYER[a.split(".")[0]]]
     assert upward == []
-    vocabulary = [(a, b) for a, deps in graph.items() if a.startswith("probes.vocabulary")
-                  for b in deps if not b.startswith("probes.vocabulary") and b != "probes"]
+    vocabulary = [
+        (a, b)
+        for a, deps in graph.items()
+        if a.startswith("probes.vocabulary")
+        for b in deps
+        if not b.startswith("probes.vocabulary") and b != "probes"
+    ]
     assert vocabulary == []
 
     state: dict[str, int] = {}  # 1: on the current path, 2: done

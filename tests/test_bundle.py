@@ -1,9 +1,11 @@
 """`fit_bundle`: rows of every kind -> one bundle whose corrections are typed fields, stored as
 plain JSON, and bundles stored before the typed fields still load."""
+
 import json
 
 import numpy as np
 import pytest
+from synthetic_rows import gemm_rows
 
 from predictors import PerformanceModel, fit_bundle
 from predictors.context_model import ContextFactorModel
@@ -11,13 +13,21 @@ from predictors.opmodels import fit_linear_or_constant
 from predictors.overhead_model import OverheadModel
 from probes.vocabulary.ops import CPU_OVERHEAD_OP, IN_CONTEXT_OP, gemm_params
 from probes.vocabulary.records import Measurement
-from synthetic_rows import gemm_rows
 
 
 def overhead_rows() -> list[Measurement]:
-    return [Measurement(CPU_OVERHEAD_OP, {"kind": kind, "aten_op": op, "workload": "dlrm"}, p50, 0.0, 50,
-                        extra={"p10": p50 * 0.8, "p90": p50 * 1.5, "count": 50})
-            for kind, p50 in (("dispatch", 4e-6), ("gap", 2e-6)) for op in ("aten::mm", "*")]
+    return [
+        Measurement(
+            CPU_OVERHEAD_OP,
+            {"kind": kind, "aten_op": op, "workload": "dlrm"},
+            p50,
+            0.0,
+            50,
+            extra={"p10": p50 * 0.8, "p90": p50 * 1.5, "count": 50},
+        )
+        for kind, p50 in (("dispatch", 4e-6), ("gap", 2e-6))
+        for op in ("aten::mm", "*")
+    ]
 
 
 def in_step_rows(rng: np.random.Generator, isolated) -> list[Measurement]:
@@ -25,8 +35,15 @@ def in_step_rows(rng: np.random.Generator, isolated) -> list[Measurement]:
     for _ in range(30):
         m, n, k = (int(x) for x in rng.integers(16, 512, size=3))
         p = gemm_params(m, n, k)
-        rows.append(Measurement(IN_CONTEXT_OP, {"model_op": "gemm", "aten_op": "aten::mm", "workload": "dlrm", **p},
-                                1.5 * isolated(p), 0.0, 1))
+        rows.append(
+            Measurement(
+                IN_CONTEXT_OP,
+                {"model_op": "gemm", "aten_op": "aten::mm", "workload": "dlrm", **p},
+                1.5 * isolated(p),
+                0.0,
+                1,
+            )
+        )
     return rows
 
 
@@ -64,18 +81,32 @@ def test_the_bundle_is_plain_json_and_round_trips(bundle, tmp_path):
     assert loaded.predict_params("gemm", p) == model.predict_params("gemm", p)
     assert loaded.in_step.factor("gemm") == model.in_step.factor("gemm")
     assert loaded.dispatch.predict({"kind": "dispatch", "aten_op": "*"}) == model.dispatch.predict(
-        {"kind": "dispatch", "aten_op": "*"})
+        {"kind": "dispatch", "aten_op": "*"}
+    )
 
 
 def test_a_format_1_bundle_loads_into_the_typed_fields(bundle):
     model, _ = bundle
     v2 = model.to_dict()
     step_overhead = fit_linear_or_constant("dlrm_overhead", ["one"], [Measurement("dlrm_overhead", {}, 1e-3, 0.0, 5)])
-    v1 = {"format_version": 1, "hardware_id": "hw", "metrics": v2["metrics"],
-          "models": {**v2["models"], CPU_OVERHEAD_OP: v2["dispatch"], IN_CONTEXT_OP: v2["in_step"],
-                     "dlrm_overhead": step_overhead.to_dict()},
-          "meta": {"seed": 0, "device_kind": "cuda", "sentinels": v2["sentinels"], "symm_mem": {"gemm_all_reduce":
-                   {"ratio": 0.8, "n": 3}}, "overlap": {}}}
+    v1 = {
+        "format_version": 1,
+        "hardware_id": "hw",
+        "metrics": v2["metrics"],
+        "models": {
+            **v2["models"],
+            CPU_OVERHEAD_OP: v2["dispatch"],
+            IN_CONTEXT_OP: v2["in_step"],
+            "dlrm_overhead": step_overhead.to_dict(),
+        },
+        "meta": {
+            "seed": 0,
+            "device_kind": "cuda",
+            "sentinels": v2["sentinels"],
+            "symm_mem": {"gemm_all_reduce": {"ratio": 0.8, "n": 3}},
+            "overlap": {},
+        },
+    }
     old = PerformanceModel.from_dict(v1)
     assert old.ops == ["gemm"] and old.device_kind == "cuda" and old.sentinels == v2["sentinels"]
     assert isinstance(old.dispatch, OverheadModel) and isinstance(old.in_step, ContextFactorModel)

@@ -1,13 +1,14 @@
 """The plots logged with a calibration: collective curves over their points, held-out scatter."""
+
 import mlflow
 import numpy as np
+from synthetic_rows import gemm_rows
 
 from orchestrator import registry
 from orchestrator.calibration_plots import log_calibration_plots
 from predictors import fit_performance_model
 from probes.vocabulary.ops import collective_params
 from probes.vocabulary.records import Measurement
-from synthetic_rows import gemm_rows
 
 
 def test_plots_are_logged_as_png_artifacts(tmp_path, monkeypatch):

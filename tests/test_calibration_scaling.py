@@ -1,4 +1,5 @@
 """The calibration-scaling benchmark end to end at a tiny size (its own Ray clusters, so a subprocess)."""
+
 import json
 import os
 import subprocess
@@ -14,8 +15,16 @@ REPO = Path(__file__).resolve().parents[1]
 def test_calibration_scaling_benchmark_runs_on_one_and_two_nodes(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1"}
     env.pop("RAY_ADDRESS", None)
-    cmd = [sys.executable, str(REPO / "benchmarks/calibration_scaling.py"), "--local-points", "6",
-           "--collective-points", "2", "--out-dir", str(tmp_path)]
+    cmd = [
+        sys.executable,
+        str(REPO / "benchmarks/calibration_scaling.py"),
+        "--local-points",
+        "6",
+        "--collective-points",
+        "2",
+        "--out-dir",
+        str(tmp_path),
+    ]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     [out] = tmp_path.glob("calibration_scaling_*.json")

@@ -1,4 +1,5 @@
 """A job's `network` section: validation, the calibrated topology, the chunking decision in a plan."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,14 +10,16 @@ from orchestrator.jobfile import load_job
 from policies.planning import chunking_decision, gradient_all_reduce_bytes, job_topology
 from predictors import fit_performance_model
 from predictors.network import NetworkError
-from probes.vocabulary.ops import collective_params
 from probes.vocabulary.jobspec import JobSpec, JobSpecError
+from probes.vocabulary.ops import collective_params
 from probes.vocabulary.records import Measurement
 
 
 def job_dict(network, world=2) -> dict:
     return {
-        "workload": "dlrm", "world_size": world, "batch_size": 32,
+        "workload": "dlrm",
+        "world_size": world,
+        "batch_size": 32,
         "dense": {"num_dense_features": 4, "bottom_mlp": [16], "top_mlp": [8, 1]},
         "tables": [{"name": "t0", "num_embeddings": 1000, "embedding_dim": 8, "pooling_factor": 2}],
         "network": network,
@@ -29,16 +32,24 @@ def write(tmp_path, data) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("network, message", [
-    ({"topology": "nope"}, "network.topology: unknown topology 'nope'"),
-    ({"topology": "2D-SW_SW"}, "network: the topology has 1024 NPUs (16 x 64), the job's world_size is 2"),
-    ({"dims": [{"peers": 2, "bandwidth_gbps": 1, "latency_us": 1, "algorithm": "torus"}]},
-     "network.dims[0]: dim1.algorithm must be one of ring, direct, switch"),
-    ({"dims": [{"peers": 2}]}, "network.dims[0] lacks ['bandwidth_gbps', 'latency_us']"),
-    ({"topology": "calibrated", "dims": []}, "network: give exactly one of topology"),
-    ({"topology": "calibrated", "chunks": 4}, "network.chunks: unknown field; allowed: topology, dims, collective_mb"),
-    ({"topology": "calibrated", "collective_mb": -1}, "network.collective_mb: expected a positive number of MiB"),
-])
+@pytest.mark.parametrize(
+    "network, message",
+    [
+        ({"topology": "nope"}, "network.topology: unknown topology 'nope'"),
+        ({"topology": "2D-SW_SW"}, "network: the topology has 1024 NPUs (16 x 64), the job's world_size is 2"),
+        (
+            {"dims": [{"peers": 2, "bandwidth_gbps": 1, "latency_us": 1, "algorithm": "torus"}]},
+            "network.dims[0]: dim1.algorithm must be one of ring, direct, switch",
+        ),
+        ({"dims": [{"peers": 2}]}, "network.dims[0] lacks ['bandwidth_gbps', 'latency_us']"),
+        ({"topology": "calibrated", "dims": []}, "network: give exactly one of topology"),
+        (
+            {"topology": "calibrated", "chunks": 4},
+            "network.chunks: unknown field; allowed: topology, dims, collective_mb",
+        ),
+        ({"topology": "calibrated", "collective_mb": -1}, "network.collective_mb: expected a positive number of MiB"),
+    ],
+)
 def test_bad_network_sections_name_the_field(tmp_path, network, message):
     with pytest.raises(JobSpecError) as exc:
         load_job(write(tmp_path, job_dict(network)))
@@ -46,9 +57,13 @@ def test_bad_network_sections_name_the_field(tmp_path, network, message):
 
 
 def test_explicit_dims_plan_the_gradient_all_reduce(tmp_path):
-    network = {"dims": [{"peers": 2, "bandwidth_gbps": 8, "latency_us": 5, "algorithm": "ring"},
-                        {"peers": 2, "bandwidth_gbps": 1, "latency_us": 20, "algorithm": "ring"}],
-               "collective_mb": 8}
+    network = {
+        "dims": [
+            {"peers": 2, "bandwidth_gbps": 8, "latency_us": 5, "algorithm": "ring"},
+            {"peers": 2, "bandwidth_gbps": 1, "latency_us": 20, "algorithm": "ring"},
+        ],
+        "collective_mb": 8,
+    }
     job = load_job(write(tmp_path, job_dict(network, world=4)))
     assert gradient_all_reduce_bytes(job) == 8 * 2**20
     assert JobSpec.from_dict(job.to_dict()).network == job.network  # kept through the plan's job record
@@ -69,7 +84,9 @@ def measured_model(scopes: dict[str, int]):
         for e in range(10, 25):
             nbytes = 2**e
             t = 20e-6 + (world - 1) / world * nbytes / 4e9
-            rows.append(Measurement("reduce_scatter", collective_params("reduce_scatter", nbytes, world, scope), t, 0, 11))
+            rows.append(
+                Measurement("reduce_scatter", collective_params("reduce_scatter", nbytes, world, scope), t, 0, 11)
+            )
     model, _ = fit_performance_model(rows, "synthetic")
     return model
 

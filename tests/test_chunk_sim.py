@@ -1,4 +1,5 @@
 """The network model, the chunk simulator (baseline and Themis schedules) and the chunk policy."""
+
 from __future__ import annotations
 
 import math
@@ -7,9 +8,7 @@ import pytest
 
 from policies.chunking import choose_chunking
 from predictors.chunk_sim import SCHEDULES, ChunkSimError, chunk_orders, simulate_all_reduce
-from predictors.network import (
-    PAPER_TOPOLOGIES, Dimension, NetworkError, NetworkTopology, dimension_from_model, preset,
-)
+from predictors.network import PAPER_TOPOLOGIES, Dimension, NetworkError, NetworkTopology, dimension_from_model, preset
 from probes.vocabulary.chunks import ChunkSchedule, ScheduleError
 
 MB = 2**20
@@ -18,14 +17,18 @@ MB = 2**20
 def worked_example() -> tuple[NetworkTopology, float]:
     """The paper's Sec 3.3 example: 4x4 peers, dim2 at half dim1's bandwidth, no latency.
     Returns the topology and its time unit: a 64 MB reduce-scatter on dim1."""
-    topology = NetworkTopology("example", (Dimension(4, 200.0, 0.0, "ring", "dim1"),
-                                           Dimension(4, 100.0, 0.0, "ring", "dim2")))
+    topology = NetworkTopology(
+        "example", (Dimension(4, 200.0, 0.0, "ring", "dim1"), Dimension(4, 100.0, 0.0, "ring", "dim2"))
+    )
     return topology, topology.dims[0].stage_seconds(64 * MB)
 
 
 def timeline(result, dim: int, unit: float) -> list[tuple[int, str, float, float]]:
-    return [(p.chunk + 1, p.kind, round(p.start_s / unit, 6), round(p.end_s / unit, 6))
-            for p in result.phases if p.dim == dim]
+    return [
+        (p.chunk + 1, p.kind, round(p.start_s / unit, 6), round(p.end_s / unit, 6))
+        for p in result.phases
+        if p.dim == dim
+    ]
 
 
 def test_worked_example_baseline_takes_eight_units_with_dim2_idle_at_both_ends():
@@ -33,8 +36,16 @@ def test_worked_example_baseline_takes_eight_units_with_dim2_idle_at_both_ends()
     r = simulate_all_reduce(topology, 256 * MB, 4, "baseline", keep_phases=True)
     assert r.time_s / unit == pytest.approx(8.0)
     # dim1: the four 64 MB reduce-scatters, then the four all-gathers, back to back.
-    assert timeline(r, 0, unit) == [(1, "rs", 0, 1), (2, "rs", 1, 2), (3, "rs", 2, 3), (4, "rs", 3, 4),
-                                    (1, "ag", 4, 5), (2, "ag", 5, 6), (3, "ag", 6, 7), (4, "ag", 7, 8)]
+    assert timeline(r, 0, unit) == [
+        (1, "rs", 0, 1),
+        (2, "rs", 1, 2),
+        (3, "rs", 2, 3),
+        (4, "rs", 3, 4),
+        (1, "ag", 4, 5),
+        (2, "ag", 5, 6),
+        (3, "ag", 6, 7),
+        (4, "ag", 7, 8),
+    ]
     # dim2: each chunk's 16 MB all-reduce (0.5 + 0.5 units), busy only over [1, 5].
     assert timeline(r, 1, unit) == [(1, "ar", 1, 2), (2, "ar", 2, 3), (3, "ar", 3, 4), (4, "ar", 4, 5)]
     assert r.utilization == pytest.approx((2 * 1.0 + 1 * 0.5) / 3)
@@ -50,10 +61,16 @@ def test_worked_example_themis_sends_chunk_two_through_dim2_first_and_takes_seve
     assert r.time_s / unit == pytest.approx(7.0)
     # The paper's Fig 5b: dim1 runs C1.1, C3.1, C2.2+C2.3, C4.1, C1.4, C3.4, C4.4 and idles at the end;
     # dim2 runs C2.1 (2 units), the all-reduces of C1, C3, C4, then C2.4 (2 units), ending at 7.
-    assert timeline(r, 0, unit) == [(1, "rs", 0, 1), (3, "rs", 1, 2), (2, "ar", 2, 2.5), (4, "rs", 2.5, 3.5),
-                                    (1, "ag", 3.5, 4.5), (3, "ag", 4.5, 5.5), (4, "ag", 5.5, 6.5)]
-    assert timeline(r, 1, unit) == [(2, "rs", 0, 2), (1, "ar", 2, 3), (3, "ar", 3, 4), (4, "ar", 4, 5),
-                                    (2, "ag", 5, 7)]
+    assert timeline(r, 0, unit) == [
+        (1, "rs", 0, 1),
+        (3, "rs", 1, 2),
+        (2, "ar", 2, 2.5),
+        (4, "rs", 2.5, 3.5),
+        (1, "ag", 3.5, 4.5),
+        (3, "ag", 4.5, 5.5),
+        (4, "ag", 5.5, 6.5),
+    ]
+    assert timeline(r, 1, unit) == [(2, "rs", 0, 2), (1, "ar", 2, 3), (3, "ar", 3, 4), (4, "ar", 4, 5), (2, "ag", 5, 7)]
     assert r.utilization == pytest.approx((2 * 6.5 / 7 + 1) / 3)
 
 
@@ -122,8 +139,7 @@ def test_bad_inputs_are_refused_with_the_argument_named():
     with pytest.raises(NetworkError, match="algorithm must be one of ring, direct, switch"):
         Dimension(4, 10.0, 1.0, "torus")
     with pytest.raises(NetworkError, match=r"dims\[1\] has unknown fields \['bw'\]"):
-        NetworkTopology.from_dict({"dims": [{"peers": 2, "bandwidth_gbps": 1, "latency_us": 1},
-                                            {"peers": 2, "bw": 1}]})
+        NetworkTopology.from_dict({"dims": [{"peers": 2, "bandwidth_gbps": 1, "latency_us": 1}, {"peers": 2, "bw": 1}]})
     with pytest.raises(NetworkError, match="unknown topology 'nope'; presets: 2D-SW_SW"):
         preset("nope")
 

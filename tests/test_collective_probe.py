@@ -1,4 +1,5 @@
 """Collective probes on subgroups and with uneven splits, in three real gloo processes."""
+
 import json
 import tempfile
 
@@ -6,14 +7,14 @@ import numpy as np
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from spawned import exit_worker
 
-from probes.vocabulary.ops import bus_bandwidth, uneven_splits
 from probes.collective import forget_groups, measure_collective, merge_passes, message_numel, window_estimate
-from probes.vocabulary.records import Measurement
 from probes.collective_sweep import collective_groups, collective_specs
 from probes.probe import ProbeSpec
 from probes.sweep import collective_batches
-from spawned import exit_worker
+from probes.vocabulary.ops import bus_bandwidth, uneven_splits
+from probes.vocabulary.records import Measurement
 
 
 def _worker(rank: int, init_file: str, out_dir: str) -> None:
@@ -67,14 +68,27 @@ def test_collective_groups_cover_every_size_intra_and_inter():
 
 def _visit(op: str, nbytes: int, windows: list[float], family: str = "collective") -> Measurement:
     extra = {"window_medians": windows, "ranks": [0, 1], "alg_bw": 0.0, "bus_bw": 0.0}
-    return Measurement(op, {"op": op, "bytes": nbytes, "world": 2, "scope": "intra"}, float(np.median(windows)), 0.0,
-                       3 * len(windows), world_size=2, family=family, extra=extra)
+    return Measurement(
+        op,
+        {"op": op, "bytes": nbytes, "world": 2, "scope": "intra"},
+        float(np.median(windows)),
+        0.0,
+        3 * len(windows),
+        world_size=2,
+        family=family,
+        extra=extra,
+    )
 
 
 def test_merge_passes_pools_every_visit_of_a_point():
     gemm = Measurement("gemm", {"M": 1, "N": 1, "K": 1}, 1.0, 0.0, 5, family="gemm")
-    rows = [_visit("all_reduce", 64, [1.0, 1.1]), gemm, _visit("all_reduce", 128, [2.0, 2.0]),
-            _visit("all_reduce", 64, [1.4, 1.5]), _visit("all_reduce", 64, [0.9, 5.0])]
+    rows = [
+        _visit("all_reduce", 64, [1.0, 1.1]),
+        gemm,
+        _visit("all_reduce", 128, [2.0, 2.0]),
+        _visit("all_reduce", 64, [1.4, 1.5]),
+        _visit("all_reduce", 64, [0.9, 5.0]),
+    ]
     merged = merge_passes(rows)
     assert [(r.op, r.params.get("bytes")) for r in merged] == [("all_reduce", 64), ("gemm", None), ("all_reduce", 128)]
     point = merged[0]
@@ -101,8 +115,15 @@ def test_collective_batches_group_points_of_one_rank_group_within_a_memory_cap()
     def spec(nbytes: int, ranks: list[int], family: str = "collective") -> ProbeSpec:
         return ProbeSpec(family, {"op": "all_reduce", "bytes": nbytes, "ranks": ranks})
 
-    specs = [spec(10, [0, 1]), spec(10, [0, 1]), spec(10, [0, 1]), spec(10, [0, 2]), spec(40, [0, 2]),
-             spec(0, [0, 1, 2], "training"), spec(10, [0, 2])]
+    specs = [
+        spec(10, [0, 1]),
+        spec(10, [0, 1]),
+        spec(10, [0, 1]),
+        spec(10, [0, 2]),
+        spec(40, [0, 2]),
+        spec(0, [0, 1, 2], "training"),
+        spec(10, [0, 2]),
+    ]
     batches = collective_batches(specs, max_points=2, max_bytes=100)
     # two per batch at most; a new rank group starts a batch; 2 x (10 + 40) bytes alive fits 100, a
     # training point is alone and the points after it start afresh

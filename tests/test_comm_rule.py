@@ -5,6 +5,7 @@ and refuses them, and any tensor on another device, at the torch.distributed cal
 tensors that were left on the CPU (the agreed repeat count and window medians of the collective
 probe, the slowest-rank step times, the pair probe's call counts and medians) fail here exactly
 as they fail under NCCL on a GPU."""
+
 import json
 import tempfile
 from collections import Counter
@@ -13,9 +14,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from spawned import exit_worker
 
 from probes.comm import CommDeviceError, audit
-from spawned import exit_worker
 
 
 def _run_ranks(worker, world: int, *args) -> list[dict]:
@@ -27,13 +28,13 @@ def _run_ranks(worker, world: int, *args) -> list[dict]:
 def _every_path(rank: int, world: int, job: dict, init_file: str, out_dir: str) -> None:
     """Each communication path of the project, audited against the CPU (the gloo group's device)."""
     from probes.collective import CollectivePoint, forget_groups, measure_collectives
+    from probes.overlap import measure_pair
     from probes.vocabulary.chunks import ChunkSchedule
     from probes.vocabulary.jobspec import JobSpec
     from probes.vocabulary.pairs import PairPoint
-    from probes.overlap import measure_pair
+    from probes.vocabulary.transformer_spec import TransformerSpec
     from probes.workloads.dlrm import ShardedDLRM
     from probes.workloads.transformer import ParallelTransformer
-    from probes.vocabulary.transformer_spec import TransformerSpec
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
@@ -42,18 +43,29 @@ def _every_path(rank: int, world: int, job: dict, init_file: str, out_dir: str) 
     try:
         calls: Counter = Counter()
         with audit(cpu, calls):
-            points = [CollectivePoint(op, 4096) for op in ("all_reduce", "all_to_all", "all_gather",
-                                                            "reduce_scatter", "broadcast")]
+            points = [
+                CollectivePoint(op, 4096)
+                for op in ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "broadcast")
+            ]
             points.append(CollectivePoint("all_to_all", 4096, uneven=True, seed=3))
             rows = measure_collectives(points, cpu, target_s=0.01, windows=2)
             rows += measure_collectives([CollectivePoint("all_reduce", 1024, ranks=(0, 1))], cpu, target_s=0.01)
             report["collective_rows"] = len(rows)
             forget_groups()
             for pair in ("gemm_all_reduce", "gemm_all_to_all", "embedding_all_to_all"):
-                point = PairPoint(pair, 16, 32, 8 if pair != "embedding_all_to_all" else 0, world=world, tables=2,
-                                  pooling=2, num_embeddings=200)
-                report[pair] = len(measure_pair(point, slices=(2,), rounds=2, repeats=1, min_sample_s=0.0,
-                                                transfer=True, device=cpu))
+                point = PairPoint(
+                    pair,
+                    16,
+                    32,
+                    8 if pair != "embedding_all_to_all" else 0,
+                    world=world,
+                    tables=2,
+                    pooling=2,
+                    num_embeddings=200,
+                )
+                report[pair] = len(
+                    measure_pair(point, slices=(2,), rounds=2, repeats=1, min_sample_s=0.0, transfer=True, device=cpu)
+                )
             spec = JobSpec.from_dict(job)
             mixed = [0, {"type": "row_wise"}, {"type": "column_wise", "ranks": [0, 1]}, {"type": "data_parallel"}, 1]
             schedule = ChunkSchedule.baseline((world,), 2).to_dict()  # the hierarchical all-reduce hook
@@ -61,8 +73,9 @@ def _every_path(rank: int, world: int, job: dict, init_file: str, out_dir: str) 
             report["dlrm_steps"] = len(dlrm.run(iterations=2, warmup=1).iteration_s)
             overlapped = ShardedDLRM(spec, [0, 1, 0, 1, 0], rank, world, cpu, overlap_slices=2)
             report["overlapped_steps"] = len(overlapped.run(iterations=2, warmup=1).iteration_s)
-            tp = TransformerSpec(layers=1, hidden=32, heads=4, seq_len=8, batch_size=2, world_size=world,
-                                 tensor_parallel=world)
+            tp = TransformerSpec(
+                layers=1, hidden=32, heads=4, seq_len=8, batch_size=2, world_size=world, tensor_parallel=world
+            )
             transformer = ParallelTransformer(tp, rank, cpu, overlap_slices={"b0.out": 2, "b0.fc2": 2})
             report["transformer_steps"] = len(transformer.run(2, 1).iteration_s)
         report["calls"] = dict(calls)

@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+from synthetic_rows import gemm_rows
 
 from predictors import fit_performance_model
 from predictors.context_model import ContextFactorModel, fit_context_factors
@@ -8,7 +9,6 @@ from predictors.opmodels import OpModel
 from predictors.simulator import model_cost
 from probes.vocabulary.ops import gemm_params
 from probes.vocabulary.records import Measurement
-from synthetic_rows import gemm_rows
 
 
 def gemm_bundle():
@@ -24,8 +24,15 @@ def test_factor_learned_from_steps_that_run_kernels_twice_as_slow():
         m, n, k = (int(x) for x in rng.integers(16, 512, size=3))
         p = gemm_params(m, n, k)
         isolated = model.predict_params("gemm", p)
-        rows.append(Measurement("in_context", {"model_op": "gemm", "aten_op": "aten::mm", "workload": "dlrm", **p},
-                                2.0 * isolated * float(rng.uniform(0.95, 1.05)), 0.0, 1))
+        rows.append(
+            Measurement(
+                "in_context",
+                {"model_op": "gemm", "aten_op": "aten::mm", "workload": "dlrm", **p},
+                2.0 * isolated * float(rng.uniform(0.95, 1.05)),
+                0.0,
+                1,
+            )
+        )
     fit_context_factors(model, rows, seed=0)
     factors = model.in_step
     assert factors.factor("gemm") == pytest.approx(2.0, rel=0.05)
@@ -45,12 +52,19 @@ def test_a_per_call_cost_is_learned_as_an_addition_not_a_ratio():
     slower. The affine fit recovers factor 1 + 5 µs, so both ends are right; a single ratio
     (the geometric median) would over-price the big GEMMs."""
     model, rng = gemm_bundle()
-    rows, sizes = [], []
+    rows = []
     for _ in range(60):
         m, n, k = (int(x) for x in np.exp(rng.uniform(np.log(8), np.log(1024), size=3)))
         p = gemm_params(m, n, k)
-        rows.append(Measurement("in_context", {"model_op": "gemm", "aten_op": "aten::mm", "workload": "dlrm", **p},
-                                (model.predict_params("gemm", p) + 5e-6) * float(rng.uniform(0.97, 1.03)), 0.0, 1))
+        rows.append(
+            Measurement(
+                "in_context",
+                {"model_op": "gemm", "aten_op": "aten::mm", "workload": "dlrm", **p},
+                (model.predict_params("gemm", p) + 5e-6) * float(rng.uniform(0.97, 1.03)),
+                0.0,
+                1,
+            )
+        )
     fit_context_factors(model, rows, seed=0)
     context = model.in_step
     assert context.factor("gemm") == pytest.approx(1.0, abs=0.05)
@@ -66,7 +80,14 @@ def test_a_per_call_cost_is_learned_as_an_addition_not_a_ratio():
 def test_too_few_rows_leave_the_factor_at_one():
     model, _ = gemm_bundle()
     p = gemm_params(64, 64, 64)
-    rows = [Measurement("in_context", {"model_op": "gemm", "aten_op": "aten::mm", "workload": "dlrm", **p},
-                        5 * model.predict_params("gemm", p), 0.0, 1)] * 3
+    rows = [
+        Measurement(
+            "in_context",
+            {"model_op": "gemm", "aten_op": "aten::mm", "workload": "dlrm", **p},
+            5 * model.predict_params("gemm", p),
+            0.0,
+            1,
+        )
+    ] * 3
     fit_context_factors(model, rows, seed=0)
     assert model.in_step.factor("gemm") == 1.0

@@ -1,4 +1,5 @@
 """deploy/: every manifest parses, has the fields its kind needs, and runs our CLIs as they are."""
+
 from __future__ import annotations
 
 import re
@@ -27,7 +28,7 @@ def cli_args(command: str, module: str) -> list[str]:
     words = shlex.split(command)
     start = words.index("-m")
     assert words[start + 1] == module, command
-    return words[start + 2:]
+    return words[start + 2 :]
 
 
 def containers(pod_template: dict) -> list[dict]:
@@ -96,7 +97,11 @@ def test_mlflow_server_uses_postgres_and_basic_auth_with_secrets_from_the_enviro
     dockerfile = (DEPLOY / "mlflow/Dockerfile").read_text()
     import mlflow
 
-    assert f"mlflow:v{mlflow.__version__}" in dockerfile and "psycopg[binary]" in dockerfile and "mlflow[auth]" in dockerfile
+    assert (
+        f"mlflow:v{mlflow.__version__}" in dockerfile
+        and "psycopg[binary]" in dockerfile
+        and "mlflow[auth]" in dockerfile
+    )
     k8s = {(d["kind"], d["metadata"]["name"]): d for d in docs("mlflow/kubernetes.yaml")}
     server = containers(k8s[("Deployment", "mlflow")]["spec"]["template"])[0]
     assert {"secretRef": {"name": "mlflow-server"}} in server["envFrom"]
@@ -188,7 +193,9 @@ def test_worker_groups_declare_the_slots_their_limits_reserve():
         gpus = int(limits.get("nvidia.com/gpu", 0))
         assert int(params.get("num-gpus", 0)) == gpus, f"{label}: num-gpus != nvidia.com/gpu limit"
         assert int(requests.get("nvidia.com/gpu", gpus)) == gpus, label
-        assert "num-cpus" in params and cpus(params["num-cpus"]) == cpus(limits["cpu"]), f"{label}: num-cpus != cpu limit"
+        assert "num-cpus" in params and cpus(params["num-cpus"]) == cpus(limits["cpu"]), (
+            f"{label}: num-cpus != cpu limit"
+        )
         assert cpus(requests.get("cpu", limits["cpu"])) == cpus(limits["cpu"]), f"{label}: cpu request != limit"
         assert all(isinstance(v, str) for v in params.values()), f"{label}: rayStartParams values must be strings"
 
@@ -222,7 +229,9 @@ def test_worker_pods_mount_a_memory_backed_dev_shm():
     for where, spec in cluster_specs():
         for group in spec["workerGroupSpecs"]:
             pod = group["template"]["spec"]
-            (mount,) = [m for m in ray_container(group["template"]).get("volumeMounts", []) if m["mountPath"] == "/dev/shm"]
+            (mount,) = [
+                m for m in ray_container(group["template"]).get("volumeMounts", []) if m["mountPath"] == "/dev/shm"
+            ]
             (volume,) = [v for v in pod.get("volumes", []) if v["name"] == mount["name"]]
             assert volume["emptyDir"]["medium"] == "Memory", f"{where} {group['groupName']}"
 
@@ -287,7 +296,9 @@ def is_ray_node(where: str) -> bool:
 
 
 def ray_node_templates(spec: dict) -> list[tuple[str, dict]]:
-    return [("head", spec["headGroupSpec"]["template"])] + [(g["groupName"], g["template"]) for g in spec["workerGroupSpecs"]]
+    return [("head", spec["headGroupSpec"]["template"])] + [
+        (g["groupName"], g["template"]) for g in spec["workerGroupSpecs"]
+    ]
 
 
 def node_labels(name: str | None, template: dict, node_type: str) -> dict:
@@ -321,8 +332,10 @@ def env_by_name(container: dict) -> dict[str, dict]:
 def token_env_ok(container: dict) -> bool:
     env = env_by_name(container)
     mode, token = env.get("RAY_AUTH_MODE", {}), env.get("RAY_AUTH_TOKEN", {})
-    return (mode.get("value") == "token"
-            and token.get("valueFrom", {}).get("secretKeyRef") == {"name": RAY_AUTH_SECRET, "key": RAY_AUTH_KEY})
+    return mode.get("value") == "token" and token.get("valueFrom", {}).get("secretKeyRef") == {
+        "name": RAY_AUTH_SECRET,
+        "key": RAY_AUTH_KEY,
+    }
 
 
 def submitter_templates() -> list[tuple[str, dict]]:
@@ -343,7 +356,9 @@ def test_every_ray_cluster_requires_a_token_from_the_secret():
         auth = spec.get("authOptions", {})
         assert auth.get("mode") == "token", f"{where}: authOptions.mode must be token"
         assert auth.get("secretName") == RAY_AUTH_SECRET, f"{where}: the token comes from the Secret {RAY_AUTH_SECRET}"
-        assert tuple(int(x) for x in spec["rayVersion"].split(".")[:2]) >= (2, 52), f"{where}: token auth needs Ray >= 2.52"
+        assert tuple(int(x) for x in spec["rayVersion"].split(".")[:2]) >= (2, 52), (
+            f"{where}: token auth needs Ray >= 2.52"
+        )
         for group, template in ray_node_templates(spec):
             for c in all_containers(template):
                 env = env_by_name(c)
@@ -362,9 +377,13 @@ def test_every_submitter_gets_the_token_and_the_label_the_head_admits():
         assert expected in wheres, f"{expected}: no submitter pod found"
     for where, template in submitters:
         (container,) = template["spec"]["containers"]
-        assert token_env_ok(container), f"{where}: RAY_AUTH_MODE=token and RAY_AUTH_TOKEN from {RAY_AUTH_SECRET}/{RAY_AUTH_KEY}"
+        assert token_env_ok(container), (
+            f"{where}: RAY_AUTH_MODE=token and RAY_AUTH_TOKEN from {RAY_AUTH_SECRET}/{RAY_AUTH_KEY}"
+        )
         labels = template.get("metadata", {}).get("labels", {})
-        assert labels.get(SUBMITTER_LABEL[0]) == SUBMITTER_LABEL[1], f"{where}: label {SUBMITTER_LABEL[0]}: {SUBMITTER_LABEL[1]}"
+        assert labels.get(SUBMITTER_LABEL[0]) == SUBMITTER_LABEL[1], (
+            f"{where}: label {SUBMITTER_LABEL[0]}: {SUBMITTER_LABEL[1]}"
+        )
     # Every RayJob / RayCronJob sets out its submitter (else KubeRay's default pod, without our label,
     # security context or limits, would be the one blocked by the NetworkPolicy).
     for name, doc in kuberay_docs():
@@ -405,11 +424,15 @@ def test_the_ray_head_and_workers_are_fenced_by_network_policies():
                 assert peers, f"{policy['metadata']['name']}: a rule without `from` admits every source"
                 for peer in peers:
                     assert "ipBlock" not in peer, f"{policy['metadata']['name']}: no ipBlock peers"
-                    assert peer.get("podSelector", {}).get("matchLabels"), f"{policy['metadata']['name']}: peers are pods picked by label"
+                    assert peer.get("podSelector", {}).get("matchLabels"), (
+                        f"{policy['metadata']['name']}: peers are pods picked by label"
+                    )
                 if all(p == {"podSelector": {"matchLabels": own}} for p in peers):
                     continue  # the cluster's own pods: every port (GCS, raylets, object transfers)
                 ports = {p.get("port") for p in rule.get("ports", [])}
-                assert ports and ports <= HEAD_CLIENT_PORTS, f"{policy['metadata']['name']}: other pods reach only {HEAD_CLIENT_PORTS}, got {ports or 'all'}"
+                assert ports and ports <= HEAD_CLIENT_PORTS, (
+                    f"{policy['metadata']['name']}: other pods reach only {HEAD_CLIENT_PORTS}, got {ports or 'all'}"
+                )
                 if any(p["podSelector"]["matchLabels"] == dict([SUBMITTER_LABEL]) for p in peers) and 8265 in ports:
                     submitters_admitted = True
         assert submitters_admitted, f"{where}: the submitter pods are not admitted to the job API (8265)"
@@ -419,7 +442,9 @@ def test_the_ray_head_and_workers_are_fenced_by_network_policies():
             assert policies, f"{where} {group['groupName']}: no NetworkPolicy selects the workers"
             for policy in policies:
                 for rule in policy["spec"].get("ingress", []):
-                    assert rule.get("from") == [{"podSelector": {"matchLabels": own}}], f"{policy['metadata']['name']}: workers admit only their cluster"
+                    assert rule.get("from") == [{"podSelector": {"matchLabels": own}}], (
+                        f"{policy['metadata']['name']}: workers admit only their cluster"
+                    )
 
 
 def test_mlflow_admits_only_the_ray_pods_and_postgres_only_mlflow():
@@ -475,11 +500,17 @@ def test_no_secret_reaches_a_command_line():
     for where, template in pod_templates():
         for c in all_containers(template):
             argv = " ".join(c.get("command", []) + c.get("args", []))
-            secret_env = {n for n, e in env_by_name(c).items() if "secretKeyRef" in e.get("valueFrom", {}) or SECRET_NAME.search(n)}
+            secret_env = {
+                n
+                for n, e in env_by_name(c).items()
+                if "secretKeyRef" in e.get("valueFrom", {}) or SECRET_NAME.search(n)
+            }
             expanded = set(re.findall(r"\$\((\w+)\)", argv))  # Kubernetes' $(VAR) expansion into argv
             assert not expanded & secret_env, f"{where} {c['name']}: {expanded & secret_env} expanded into argv"
             if any("secretRef" in e for e in c.get("envFrom", [])):
-                assert not expanded, f"{where} {c['name']}: $(VAR) in argv next to envFrom secretRef (which names are secret?)"
+                assert not expanded, (
+                    f"{where} {c['name']}: $(VAR) in argv next to envFrom secretRef (which names are secret?)"
+                )
             for name, e in env_by_name(c).items():
                 if SECRET_NAME.search(name):
                     assert "value" not in e, f"{where} {c['name']}: {name} is a literal, not a secretKeyRef"
@@ -490,15 +521,21 @@ def test_mlflow_gets_the_database_password_through_libpq_not_a_uri_argv_or_file(
     code = "\n".join(line for line in start.splitlines() if not line.lstrip().startswith("#"))
     assert re.search(r'PGPASSWORD="\$\{POSTGRES_PASSWORD\}"', code) and re.search(r"export [^\n]*PGPASSWORD", code)
     # The password is checked, copied into PGPASSWORD and unset, nothing else; no URI carries it.
-    allowed = (r': "\$\{POSTGRES_HOST:\?\}" .*"\$\{POSTGRES_PASSWORD:\?\}".*', r'PGPASSWORD="\$\{POSTGRES_PASSWORD\}"', r"unset POSTGRES_PASSWORD")
-    for line in (l.strip() for l in code.splitlines() if "POSTGRES_PASSWORD" in l):
+    allowed = (
+        r': "\$\{POSTGRES_HOST:\?\}" .*"\$\{POSTGRES_PASSWORD:\?\}".*',
+        r'PGPASSWORD="\$\{POSTGRES_PASSWORD\}"',
+        r"unset POSTGRES_PASSWORD",
+    )
+    for line in (x.strip() for x in code.splitlines() if "POSTGRES_PASSWORD" in x):
         assert any(re.fullmatch(a, line) for a in allowed), f"start-mlflow.sh uses POSTGRES_PASSWORD in {line!r}"
     assert not re.search(r"postgresql://[^/\s\"']", code), "the store URI must leave host, user and password to libpq"
-    exec_line = code[code.index("exec mlflow server"):]
+    exec_line = code[code.index("exec mlflow server") :]
     assert "--backend-store-uri" not in exec_line and "MLFLOW_BACKEND_STORE_URI" in code
     for leak in LEAKS + [re.compile(r"PGPASSWORD")]:
         assert not leak.search(exec_line), f"{leak.pattern} on mlflow server's command line"
-    assert not re.search(r"(^|[^<>&])>\s*[^&\s]|\btee\b|/tmp", code), "start-mlflow.sh writes no file (and nothing to /tmp)"
+    assert not re.search(r"(^|[^<>&])>\s*[^&\s]|\btee\b|/tmp", code), (
+        "start-mlflow.sh writes no file (and nothing to /tmp)"
+    )
     ini = (DEPLOY / "mlflow/basic_auth.ini").read_text()
     uri = re.search(r"^database_uri = (\S+)$", ini, re.M).group(1)
     assert uri.startswith("postgresql:///"), "the auth database URI names only the database"
@@ -517,17 +554,26 @@ def test_images_end_as_a_non_root_user_without_passwordless_sudo():
         user = image_user(dockerfile)
         assert user.split(":")[0] not in ("root", "0"), f"{dockerfile}: runs as {user}"
         assert re.fullmatch(r"[1-9]\d*(:\d+)?", user), f"{dockerfile}: numeric USER, so runAsNonRoot can verify it"
-        lines = [l for l in (DEPLOY / dockerfile).read_text().splitlines() if l.strip() and not l.startswith("#")]
+        lines = [x for x in (DEPLOY / dockerfile).read_text().splitlines() if x.strip() and not x.startswith("#")]
         assert lines[-1].startswith("USER "), f"{dockerfile}: USER is the last instruction"
     ray = (DEPLOY / "Dockerfile").read_text()
     # rayproject/ray appends `ray ALL=NOPASSWD: ALL` to /etc/sudoers and adds ray to the sudo group.
     assert "sed -i '/NOPASSWD/d' /etc/sudoers" in ray and "rm -f /etc/sudoers.d/*" in ray
     assert "gpasswd -d ray sudo" in ray and "! grep -rqs NOPASSWD /etc/sudoers /etc/sudoers.d" in ray
     # The pods run as the images' users.
-    uids = {"Dockerfile": int(image_user("Dockerfile").split(":")[0]), "mlflow/Dockerfile": int(image_user("mlflow/Dockerfile").split(":")[0])}
+    uids = {
+        "Dockerfile": int(image_user("Dockerfile").split(":")[0]),
+        "mlflow/Dockerfile": int(image_user("mlflow/Dockerfile").split(":")[0]),
+    }
     for where, template in pod_templates():
         image = template["spec"]["containers"][0]["image"]
-        expected = uids["Dockerfile"] if image == IMAGE else uids["mlflow/Dockerfile"] if "cluster-autotune-mlflow" in image else None
+        expected = (
+            uids["Dockerfile"]
+            if image == IMAGE
+            else uids["mlflow/Dockerfile"]
+            if "cluster-autotune-mlflow" in image
+            else None
+        )
         if expected is not None:
             assert template["spec"]["securityContext"]["runAsUser"] == expected, where
 
@@ -592,15 +638,31 @@ def test_compose_publishes_mlflow_on_loopback_only_and_runs_unprivileged():
 
 
 def json_text(value) -> str:
-    return value if isinstance(value, str) else " ".join(map(str, value.get("test", []) if isinstance(value, dict) else value))
+    return (
+        value
+        if isinstance(value, str)
+        else " ".join(map(str, value.get("test", []) if isinstance(value, dict) else value))
+    )
 
 
 def test_readme_documents_the_security_settings():
     readme = (DEPLOY / "README.md").read_text()
     assert "## Security" in readme
-    security = readme[readme.index("## Security"):]
-    for needle in (f"kubectl create secret generic {RAY_AUTH_SECRET}", "RAY_AUTH_MODE=token", "RAY_AUTH_TOKEN",
-                   "authOptions", "NetworkPolicy", "ClusterIP", "127.0.0.1", "TLS", "runAsNonRoot",
-                   "allowPrivilegeEscalation", "readOnlyRootFilesystem", "PGPASSWORD", "CNI",
-                   "kubectl create secret generic mlflow-db"):
+    security = readme[readme.index("## Security") :]
+    for needle in (
+        f"kubectl create secret generic {RAY_AUTH_SECRET}",
+        "RAY_AUTH_MODE=token",
+        "RAY_AUTH_TOKEN",
+        "authOptions",
+        "NetworkPolicy",
+        "ClusterIP",
+        "127.0.0.1",
+        "TLS",
+        "runAsNonRoot",
+        "allowPrivilegeEscalation",
+        "readOnlyRootFilesystem",
+        "PGPASSWORD",
+        "CNI",
+        "kubectl create secret generic mlflow-db",
+    ):
         assert needle in security, f"deploy/README.md, Security: {needle}"

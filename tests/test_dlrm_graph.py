@@ -1,4 +1,5 @@
 """The DLRM graph builder: structure of one iteration and its simulation."""
+
 import pytest
 
 from predictors.dlrm_graph import all_to_all_bytes, build_dlrm_graph, ddp_buckets
@@ -7,12 +8,19 @@ from probes.vocabulary.jobspec import JobSpec
 
 
 def job(bottom=(16, 8), top=(16, 1), tables=3, world=2):
-    return JobSpec.from_dict({
-        "name": "g", "workload": "dlrm", "world_size": world, "batch_size": 32,
-        "dense": {"num_dense_features": 4, "bottom_mlp": list(bottom), "top_mlp": list(top)},
-        "tables": [{"name": f"t{i}", "num_embeddings": 1000, "embedding_dim": 8, "pooling_factor": 2}
-                   for i in range(tables)],
-    })
+    return JobSpec.from_dict(
+        {
+            "name": "g",
+            "workload": "dlrm",
+            "world_size": world,
+            "batch_size": 32,
+            "dense": {"num_dense_features": 4, "bottom_mlp": list(bottom), "top_mlp": list(top)},
+            "tables": [
+                {"name": f"t{i}", "num_embeddings": 1000, "embedding_dim": 8, "pooling_factor": 2}
+                for i in range(tables)
+            ],
+        }
+    )
 
 
 def unit_cost(op):
@@ -27,7 +35,9 @@ def test_graph_mirrors_the_workload_op_for_op():
     assert names.index("interaction_cat") == names.index("relu1_fwd") + 1  # after the bottom MLP
     assert names.index("all_to_all_bwd") == names.index("fc2_grad_input") + 1  # gradient of the concat
     assert names[-2:] == ["embedding_bwd", "optimizer_step"]
-    assert sum(n.startswith("ddp_all_reduce") for n in names) == len(ddp_buckets(4 * sum(i * o + o for i, o in spec.dense_layers())))
+    assert sum(n.startswith("ddp_all_reduce") for n in names) == len(
+        ddp_buckets(4 * sum(i * o + o for i, o in spec.dense_layers()))
+    )
     # rank 0 sends 2 ranks x 32 x 16 floats; receives 32 x 24: the larger is the message
     assert all_to_all_bytes(spec, [0, 0, 1]) == 4 * max(2 * 32 * 16, 32 * 24)
     # unequal pooled widths per rank: the all-to-all is priced on the uneven curve
@@ -46,7 +56,7 @@ def test_a_rank_without_tables_waits_for_the_one_with_them():
     # not wait for that; the iteration ends with rank 0's embedding backward.
     assert res.ranks[1].waiting_s == pytest.approx(5e-3, rel=0.05)
     assert res.iteration_s == pytest.approx(res.ranks[0].end_s) and res.ranks[0].end_s > res.ranks[1].end_s + 4e-3
-    assert ("embedding_fwd" in [name for _, _, name in res.critical_path])
+    assert "embedding_fwd" in [name for _, _, name in res.critical_path]
     balanced = simulate(build_dlrm_graph(job(), [0, 1, 1]), unit_cost, synchronous=True)
     assert balanced.iteration_s == pytest.approx(res.iteration_s, rel=0.01)  # one table set each: same lookups cost
     assert balanced.ranks[1].waiting_s < 1e-3

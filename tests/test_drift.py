@@ -1,4 +1,5 @@
 """Model drift (sentinels), prediction drift (the drift report and chart), the nightly's lock."""
+
 from __future__ import annotations
 
 import json
@@ -8,13 +9,14 @@ import numpy as np
 import pytest
 
 from orchestrator import nightly, registry
-from orchestrator.cli import drift as drift_cli, nightly as nightly_cli
+from orchestrator.cli import drift as drift_cli
+from orchestrator.cli import nightly as nightly_cli
 from orchestrator.drill import DRILL_ENV, apply_drill, drill_slowdown
 from orchestrator.sentinel import choose_sentinels, score_sentinels
 from predictors import fit_performance_model
+from probes.gemm import gemm_specs
 from probes.vocabulary.ops import gemm_params
 from probes.vocabulary.records import Measurement
-from probes.gemm import gemm_specs
 
 
 def gemm_rows(n: int, seed: int, slowdown: float = 1.0) -> list[Measurement]:
@@ -60,8 +62,16 @@ def test_drill_slows_every_figure_a_point_is_estimated_from():
     from probes.collective import merge_passes
 
     def visit(windows):
-        return Measurement("all_reduce", {"bytes": 1024, "world": 2, "scope": "intra"}, float(np.median(windows)), 0.1,
-                           5, world_size=2, family="collective", extra={"window_medians": list(windows)})
+        return Measurement(
+            "all_reduce",
+            {"bytes": 1024, "world": 2, "scope": "intra"},
+            float(np.median(windows)),
+            0.1,
+            5,
+            world_size=2,
+            family="collective",
+            extra={"window_medians": list(windows)},
+        )
 
     passes = [visit([1.0, 1.2]), visit([1.1, 0.9])]
     plain = merge_passes([visit([1.0, 1.2]), visit([1.1, 0.9])])[0].median_s
@@ -82,8 +92,9 @@ def test_drill_factor_is_read_and_checked(monkeypatch):
 def log_job(hw: str, version: str, error: float) -> None:
     with mlflow.start_run():
         mlflow.set_tags({"kind": "autotune", "hardware_id": hw, "model_version": version, "job_name": "j"})
-        mlflow.log_metrics({"predicted_iteration_ms": 10.0, "measured_iteration_ms": 10.0 / (1 - error),
-                            "prediction_error": error})
+        mlflow.log_metrics(
+            {"predicted_iteration_ms": 10.0, "measured_iteration_ms": 10.0 / (1 - error), "prediction_error": error}
+        )
 
 
 def test_drift_report_rolls_trends_and_charts_per_version(tracking, tmp_path, capsys):
@@ -104,8 +115,9 @@ def test_drift_report_rolls_trends_and_charts_per_version(tracking, tmp_path, ca
     png = tmp_path / "c" / "drift-hw-a.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # The chart is logged to MLflow with the report.
-    runs = mlflow.search_runs(experiment_names=[registry.EXPERIMENT], filter_string="tags.kind = 'drift'",
-                              output_format="list")
+    runs = mlflow.search_runs(
+        experiment_names=[registry.EXPERIMENT], filter_string="tags.kind = 'drift'", output_format="list"
+    )
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(runs[0].info.run_id, "charts")}
     assert artifacts == {"charts/drift-hw-a.png"}
 
@@ -126,9 +138,14 @@ def test_a_second_nightly_sees_the_lock_and_exits_cleanly(tmp_path, capsys):
         held.release()
     assert code == 0
     out = capsys.readouterr()
-    assert json.loads(out.out.strip().splitlines()[-1]) == {"skipped": True, "lock": lock, "holder": "pid 1 on elsewhere"}
+    assert json.loads(out.out.strip().splitlines()[-1]) == {
+        "skipped": True,
+        "lock": lock,
+        "holder": "pid 1 on elsewhere",
+    }
     assert "another nightly run holds" in out.err + out.out
     import mlflow
+
     assert not mlflow.search_runs(experiment_names=[registry.EXPERIMENT], output_format="list")  # it ran nothing
     # a holder that stops renewing (died, hung, SIGSTOPped) loses the lock once its lease expires
     stale = Lease(f"nightly:{lock}", ttl_s=0.5)
@@ -136,6 +153,7 @@ def test_a_second_nightly_sees_the_lock_and_exits_cleanly(tmp_path, capsys):
     assert stale.try_acquire()
     stale._stop.set()  # its heartbeat no longer runs
     import time
+
     time.sleep(1.0)
     taker = nightly.nightly_lease(lock, 60.0)
     assert taker.try_acquire() and taker.held() and not stale.held()

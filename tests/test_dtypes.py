@@ -1,5 +1,6 @@
 """Reduced precision: element-wise probes and models per dtype, TBE weights per precision,
 bfloat16 / float16 training probes, and the sweeps that draw them per device kind."""
+
 import json
 import tempfile
 
@@ -12,18 +13,17 @@ from predictors.families import baseline_model_for, default_model_for
 from predictors.learned_model import ROW_OP_DESIGN, LearnedKernelModel
 from predictors.opmodels import GroupedCostModel, OpModel
 from predictors.transformer_graph import build_transformer_graph
-from probes.vocabulary.ops import elementwise_params
 from probes.elementwise import elementwise_specs, measure_elementwise
-from probes.vocabulary.jobspec import TableShape
-from probes.vocabulary.tbe_features import expected_features
 from probes.embedding import embedding_specs, measure_tbe
-from probes.vocabulary.ops import gemm_params
-from probes.vocabulary.records import Measurement
 from probes.probe import ProbeSpec
 from probes.sweep import run_local_probe
 from probes.training import run_training_probe, transformer_training_specs
-from probes.workloads.transformer import ParallelTransformer
+from probes.vocabulary.jobspec import TableShape
+from probes.vocabulary.ops import elementwise_params, gemm_params
+from probes.vocabulary.records import Measurement
+from probes.vocabulary.tbe_features import expected_features
 from probes.vocabulary.transformer_spec import TransformerSpec, TransformerSpecError
+from probes.workloads.transformer import ParallelTransformer
 
 
 @pytest.fixture()
@@ -101,7 +101,8 @@ def test_a_dtype_with_too_few_rows_is_scaled_from_its_own_rows_not_dropped():
     assert bf16 == pytest.approx(1e-6 + 5e-10 * 2 * 250**3, rel=0.3) and bf16 > 20 * fp32
     grouped = GroupedCostModel("gemm", ["one", "flops", "bytes", "mn"], "dtype", "float32").fit(rows)
     assert OpModel.from_dict(grouped.to_dict()).predict(gemm_params(250, 250, 250, "bfloat16")) == pytest.approx(
-        grouped.predict(gemm_params(250, 250, 250, "bfloat16")))
+        grouped.predict(gemm_params(250, 250, 250, "bfloat16"))
+    )
 
 
 def test_element_wise_ops_run_in_every_dtype_on_cpu():
@@ -157,8 +158,19 @@ def test_float16_training_on_cpu_names_the_field(one_rank):
 
 def test_bf16_transformer_probe_runs_on_a_one_rank_group(one_rank):
     torch.manual_seed(0)
-    spec = dict(layers=1, hidden=32, heads=2, seq_len=16, batch_size=2, world_size=1, tensor_parallel=1,
-                dropout=0.1, seed=0, name="probe-bf16", dtype="bfloat16")
+    spec = dict(
+        layers=1,
+        hidden=32,
+        heads=2,
+        seq_len=16,
+        batch_size=2,
+        world_size=1,
+        tensor_parallel=1,
+        dropout=0.1,
+        seed=0,
+        name="probe-bf16",
+        dtype="bfloat16",
+    )
     model = ParallelTransformer(TransformerSpec.from_dict(spec), 0, torch.device("cpu"))
     losses = [model.step() for _ in range(4)]
     assert all(np.isfinite(losses))
@@ -193,7 +205,9 @@ def test_tbe_fp16_weights_are_measured_on_cpu():
     assert measure_tbe(tables, 128, max_seconds=0.1)[0].params["weights_precision"] == "fp32"
     with pytest.raises(ValueError, match=r"weights_precision: expected one of \['fp32', 'fp16'\] on cpu, got 'bf16'"):
         measure_tbe(tables, 128, weights_precision="bf16")
-    spec = ProbeSpec("embedding", {"tables": [[2000, 16, 4, "uniform"]], "B": 64, "seed": 0, "weights_precision": "fp16"})
+    spec = ProbeSpec(
+        "embedding", {"tables": [[2000, 16, 4, "uniform"]], "B": 64, "seed": 0, "weights_precision": "fp16"}
+    )
     assert {r.params["weights_precision"] for r in run_local_probe(spec)} == {"fp16"}
 
 

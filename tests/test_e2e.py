@@ -1,4 +1,5 @@
 """The whole cycle through the real CLIs, in a scratch directory with its own sqlite MLflow."""
+
 import json
 import os
 import subprocess
@@ -19,8 +20,9 @@ def cli_env(extra: dict | None = None) -> dict:
 
 
 def cli(module: str, *args: str, cwd: Path, check: bool = True, env: dict | None = None) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", module, *args], cwd=cwd, env=cli_env(env), capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args], cwd=cwd, env=cli_env(env), capture_output=True, text=True, timeout=900
+    )
     if check and proc.returncode != 0:
         raise AssertionError(f"{module} {args} exited {proc.returncode}:\n{proc.stderr[-4000:]}")
     return proc
@@ -41,21 +43,28 @@ def test_invalid_job_exits_2_naming_the_field(tmp_path, tiny_job_dict):
 
 
 def test_plan_without_models_exits_3_with_a_hint(tmp_path):
-    proc = cli("orchestrator.cli.plan", "--job", str(REPO / "examples/dlrm_small.yaml"), "--json", cwd=tmp_path, check=False)
+    proc = cli(
+        "orchestrator.cli.plan", "--job", str(REPO / "examples/dlrm_small.yaml"), "--json", cwd=tmp_path, check=False
+    )
     assert proc.returncode == 3 and "orchestrator.cli.calibrate" in proc.stderr
 
 
 @pytest.mark.slow
 def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny_job_dict))
-    first = last_json(cli("orchestrator.autotune", "--job", "tiny.yaml", "--calibration-budget-s", "25", "--json", cwd=tmp_path).stdout)
+    first = last_json(
+        cli(
+            "orchestrator.autotune", "--job", "tiny.yaml", "--calibration-budget-s", "25", "--json", cwd=tmp_path
+        ).stdout
+    )
     assert first["recalibrated"] is True
     assert first["calibration"]["promoted"] is True
     rows = first["calibration"]["rows_per_op"]
     assert {"gemm", "embedding_fwd", "embedding_bwd", "all_reduce", "all_to_all", "dlrm_step"} <= set(rows)
     assert first["measured_iteration_ms"] > 0 and first["predicted_iteration_ms"] > 0
     assert first["prediction_error"] == pytest.approx(
-        abs(first["predicted_iteration_ms"] - first["measured_iteration_ms"]) / first["measured_iteration_ms"])
+        abs(first["predicted_iteration_ms"] - first["measured_iteration_ms"]) / first["measured_iteration_ms"]
+    )
 
     second_proc = cli("orchestrator.autotune", "--job", "tiny.yaml", "--json", cwd=tmp_path)
     second = last_json(second_proc.stdout)
@@ -79,27 +88,64 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
 
     plan = last_json(cli("orchestrator.cli.plan", "--job", "tiny.yaml", "--json", cwd=tmp_path).stdout)
     names = {c["name"] for c in plan["decisions"]["sharding"]["candidates"]}
-    assert names >= {"naive", "random", "size_greedy", "lookup_greedy", "norm_lookup_greedy", "size_lookup_greedy",
-                     "all_row_wise", "all_column_wise", "search"}
+    assert names >= {
+        "naive",
+        "random",
+        "size_greedy",
+        "lookup_greedy",
+        "norm_lookup_greedy",
+        "size_lookup_greedy",
+        "all_row_wise",
+        "all_column_wise",
+        "search",
+    }
     # With a network section the plan also chooses the gradient all-reduce's chunks.
     net = {**tiny_job_dict, "network": {"dims": [{"peers": 2, "bandwidth_gbps": 1, "latency_us": 20}]}}
     (tmp_path / "net.yaml").write_text(yaml.safe_dump(net))
-    net_plan = last_json(cli("orchestrator.cli.plan", "--job", "net.yaml", "--out", "net_plan.json", "--json",
-                             cwd=tmp_path).stdout)
+    net_plan = last_json(
+        cli("orchestrator.cli.plan", "--job", "net.yaml", "--out", "net_plan.json", "--json", cwd=tmp_path).stdout
+    )
     assert net_plan["decisions"]["chunking"]["choice_detail"]["chunk_schedule"]["dims"] == [2]
     # ... and the real job runs its dense all-reduce with that schedule.
-    ran = last_json(cli("orchestrator.cli.run", "--job", "net.yaml", "--plan", "net_plan.json", "--iters", "3", "--json",
-                        cwd=tmp_path).stdout)
+    ran = last_json(
+        cli(
+            "orchestrator.cli.run",
+            "--job",
+            "net.yaml",
+            "--plan",
+            "net_plan.json",
+            "--iters",
+            "3",
+            "--json",
+            cwd=tmp_path,
+        ).stdout
+    )
     assert ran["iterations"] == 3 and ran["loss_last"] > 0
     plan_path = Path(tmp_path) / second["plan"]
-    predicted = last_json(cli("orchestrator.cli.predict", "--job", "tiny.yaml", "--plan", str(plan_path), "--json", cwd=tmp_path).stdout)
+    predicted = last_json(
+        cli("orchestrator.cli.predict", "--job", "tiny.yaml", "--plan", str(plan_path), "--json", cwd=tmp_path).stdout
+    )
     assert predicted["iteration_ms"] == pytest.approx(second["predicted_iteration_ms"])
-    ran = last_json(cli("orchestrator.cli.run", "--job", "tiny.yaml", "--plan", str(plan_path), "--iters", "3", "--json", cwd=tmp_path).stdout)
+    ran = last_json(
+        cli(
+            "orchestrator.cli.run",
+            "--job",
+            "tiny.yaml",
+            "--plan",
+            str(plan_path),
+            "--iters",
+            "3",
+            "--json",
+            cwd=tmp_path,
+        ).stdout
+    )
     assert ran["iterations"] == 3 and ran["iteration_ms"] > 0
 
     # Refit from the stored measurements: nothing is probed, a new version is registered.
     measurements = Path(tmp_path) / first["calibration"]["measurements"]
-    refit = last_json(cli("orchestrator.cli.calibrate", "--refit", str(measurements.parent), "--json", cwd=tmp_path).stdout)
+    refit = last_json(
+        cli("orchestrator.cli.calibrate", "--refit", str(measurements.parent), "--json", cwd=tmp_path).stdout
+    )
     assert refit["model"] == f"{name}/2" and refit["rows_per_op"] == first["calibration"]["rows_per_op"]
 
     # Nightly: the champion's sentinel points, re-measured, still agree with it: nothing to do.
@@ -120,9 +166,17 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     assert series[-1]["gmae"] > series[-1]["bound"] > series[-2]["gmae"]
     assert Path(tmp_path / report["charts"][hw]).exists()
     # Two nightlies started together: one works, the other sees the lock and exits cleanly.
-    procs = [subprocess.Popen([sys.executable, "-m", "orchestrator.cli.nightly", "--budget-s", "25", "--json"], cwd=tmp_path,
-                              env=cli_env(drill), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for _ in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli.nightly", "--budget-s", "25", "--json"],
+            cwd=tmp_path,
+            env=cli_env(drill),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
     outs = [(p.wait(timeout=900), p.stdout.read(), p.stderr.read()) for p in procs]
     assert [code for code, _, _ in outs] == [0, 0], [err[-2000:] for _, _, err in outs]
     results = [last_json(out) for _, out, _ in outs]

@@ -1,4 +1,5 @@
 """Probe fan-out through Ray: a two-actor gloo gang, and a killed actor's probe retried."""
+
 import time
 
 import pytest
@@ -6,12 +7,12 @@ import ray
 
 from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes
 from orchestrator.measurement_store import MeasurementStore
-from probes.vocabulary.ops import COLLECTIVE_OPS
 from probes.collective import window_estimate
 from probes.collective_sweep import COLLECTIVE_PASSES, collective_specs
 from probes.gemm import gemm_specs
 from probes.probe import ProbeSpec
 from probes.training import training_specs, transformer_training_specs
+from probes.vocabulary.ops import COLLECTIVE_OPS
 
 
 def test_two_actor_gloo_collective_probe(ray_local, tmp_path):
@@ -97,7 +98,8 @@ def test_training_probe_runs_on_the_gang(ray_local, tmp_path):
     # Kernels timed inside the captured steps, priced by the isolated probes' op and params.
     in_context = [r for r in store.rows() if r.op == "in_context"]
     assert {"gemm", "relu"} <= {r.params["model_op"] for r in in_context if r.params["workload"] == "dlrm"}
-    assert {"gelu", "softmax", "layer_norm"} <= {r.params["model_op"] for r in in_context
-                                                 if r.params["workload"] == "transformer"}
+    assert {"gelu", "softmax", "layer_norm"} <= {
+        r.params["model_op"] for r in in_context if r.params["workload"] == "transformer"
+    }
     [step] = [r for r in store.rows() if r.op == "transformer_step"]
     assert step.median_s > 0

@@ -9,6 +9,7 @@
   and reuse it);
 - a stale Ray current-cluster file (a command starts its own local cluster instead of hanging).
 """
+
 import json
 import os
 import signal
@@ -86,8 +87,9 @@ def test_a_stopped_probe_actor_is_cut_at_the_deadline_and_its_point_recorded(ray
 
 
 def _bundle(seed: int, noise: float):
-    from predictors.fit import fit_performance_model
     from synthetic_rows import gemm_rows
+
+    from predictors.fit import fit_performance_model
 
     rng = np.random.default_rng(seed)
     rows = gemm_rows(rng, 60)
@@ -134,9 +136,10 @@ def test_a_503_during_registration_promotes_nothing(tracking, monkeypatch):
 
 
 def test_a_torn_measurement_store_still_refits(tmp_path, monkeypatch):
+    from synthetic_rows import gemm_rows
+
     from orchestrator.cli import calibrate
     from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint
-    from synthetic_rows import gemm_rows
 
     monkeypatch.chdir(tmp_path)
     directory = tmp_path / "cal"
@@ -157,15 +160,21 @@ def _cli(args, cwd, env=None):
     full = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1", **(env or {})}
     full.pop("RAY_ADDRESS", None)
     full.pop("MLFLOW_TRACKING_URI", None)
-    return subprocess.Popen([sys.executable, "-m", *args], cwd=cwd, env=full, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", *args], cwd=cwd, env=full, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
 
 
 @pytest.mark.slow
 def test_two_autotunes_and_a_nightly_started_together_calibrate_once(tmp_path, tiny_job_dict):
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny_job_dict))
-    procs = [_cli(["orchestrator.autotune", "--job", "tiny.yaml", "--calibration-budget-s", "20", "--dry-run", "--json"],
-                  tmp_path) for _ in range(2)]
+    procs = [
+        _cli(
+            ["orchestrator.autotune", "--job", "tiny.yaml", "--calibration-budget-s", "20", "--dry-run", "--json"],
+            tmp_path,
+        )
+        for _ in range(2)
+    ]
     procs.append(_cli(["orchestrator.cli.nightly", "--budget-s", "20", "--json"], tmp_path))
     outs = [p.communicate(timeout=900) for p in procs]
     for p, (out, err) in zip(procs, outs):
@@ -175,8 +184,8 @@ def test_two_autotunes_and_a_nightly_started_together_calibrate_once(tmp_path, t
     calibrated = [t for t in tunes if t.get("calibration")] + [c for c in nightly["checked"] if c["recalibrated"]]
     assert len(calibrated) == 1, "exactly one process calibrated"
     assert tunes[0]["model"] == tunes[1]["model"]
-    from mlflow import MlflowClient
     import mlflow
+    from mlflow import MlflowClient
 
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
     name = tunes[0]["model"].split("/")[0]
@@ -191,8 +200,10 @@ def test_a_stale_ray_current_cluster_file_does_not_hang_a_command(tmp_path):
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("127.0.0.1:9")  # a crashed cluster's GCS address: nothing listens there
     try:
-        code = ("from orchestrator import ray_runtime; ray_runtime.connect(num_cpus=1); import ray; "
-                "print(int(ray.cluster_resources()['CPU'])); ray_runtime.shutdown()")
+        code = (
+            "from orchestrator import ray_runtime; ray_runtime.connect(num_cpus=1); import ray; "
+            "print(int(ray.cluster_resources()['CPU'])); ray_runtime.shutdown()"
+        )
         env = {**os.environ, "PYTHONPATH": str(REPO)}
         env.pop("RAY_ADDRESS", None)
         t0 = time.monotonic()

@@ -76,13 +76,19 @@ def test_with_gpus_a_cpu_head_is_no_device_even_if_it_offers_cpus():
     # GPUs Ray declares but NVML cannot see: counted, memory unknown, and a plan must be given a cap
     if all(d.memory_bytes == 0 for w in workers for d in w.devices):
         import pytest
+
         from policies.planning import memory_cap_bytes
         from probes.vocabulary.jobspec import JobSpec, JobSpecError
 
-        job = JobSpec.from_dict({"workload": "dlrm", "world_size": 4, "batch_size": 8,
-                                 "dense": {"num_dense_features": 2, "bottom_mlp": [4], "top_mlp": [1]},
-                                 "tables": [{"name": "t", "num_embeddings": 10, "embedding_dim": 4,
-                                             "pooling_factor": 1}]})
+        job = JobSpec.from_dict(
+            {
+                "workload": "dlrm",
+                "world_size": 4,
+                "batch_size": 8,
+                "dense": {"num_dense_features": 2, "bottom_mlp": [4], "top_mlp": [1]},
+                "tables": [{"name": "t", "num_embeddings": 10, "embedding_dim": 4, "pooling_factor": 1}],
+            }
+        )
         with pytest.raises(JobSpecError, match="memory_cap_gb: required here"):
             memory_cap_bytes(job, fp)
 

@@ -1,4 +1,5 @@
 """Fusion-width model and policy: curve fit, memory cap, choice, trial grouping, JSON."""
+
 from __future__ import annotations
 
 import json
@@ -41,8 +42,15 @@ def test_policy_picks_the_knee_under_the_memory_cap() -> None:
     # Peak at 1/sqrt(c) = 22.4.
     model = FusionModel.fit("toy", 32, "adam", _points(1000.0, 0.05, 0.002))
     decision = choose_width(model, memory_cap_bytes=8 * 2**30, max_width=64)
-    assert [c.detail["width"] for c in sorted(decision.candidates, key=lambda c: c.detail["width"])] == \
-        [1, 2, 4, 8, 16, 32, 64]  # widths of the form that was measured
+    assert [c.detail["width"] for c in sorted(decision.candidates, key=lambda c: c.detail["width"])] == [
+        1,
+        2,
+        4,
+        8,
+        16,
+        32,
+        64,
+    ]  # widths of the form that was measured
     width = decision.choice_detail["width"]
     best = max(model.throughput(w) for w in (1, 2, 4, 8, 16, 32, 64))
     assert width == 16  # 32 is the fastest; 16 is within 2% of it and the smallest such
@@ -70,7 +78,7 @@ def test_model_round_trips_through_json() -> None:
 
 
 def test_partition_fuses_only_equal_infusible_settings() -> None:
-    trials = [{"lr": 10 ** -i, "batch_size": 32 if i % 3 else 64, "dropout": 0.1} for i in range(11)]
+    trials = [{"lr": 10**-i, "batch_size": 32 if i % 3 else 64, "dropout": 0.1} for i in range(11)]
     groups = partition_trials(trials, width=4)
     flat = sorted(i for g in groups for i in g)
     assert flat == list(range(11))  # every trial exactly once

@@ -1,20 +1,29 @@
 """Fusion on Ray: the width probe through fresh worker processes, and a Tune sweep run fused."""
+
 from __future__ import annotations
 
 import pytest
 
 from orchestrator.fusion import probe_fusion
-from predictors.fusion_model import fit_fusion_models
 from orchestrator.measurement_store import MeasurementStore
 from policies.fusion_width import choose_width
+from predictors.fusion_model import fit_fusion_models
 
 pytestmark = pytest.mark.slow
 
 
 def test_probe_widths_fit_and_choose(ray_local, tmp_path) -> None:
     store = MeasurementStore(tmp_path / "fusion")
-    rows = probe_fusion(["pointnet"], store, max_width=4, memory_cap_bytes=4 * 2**30, step_cap_s=5.0,
-                        parallel=2, max_seconds=0.3, batch_size=8)
+    rows = probe_fusion(
+        ["pointnet"],
+        store,
+        max_width=4,
+        memory_cap_bytes=4 * 2**30,
+        step_cap_s=5.0,
+        parallel=2,
+        max_seconds=0.3,
+        batch_size=8,
+    )
     assert [r.params["width"] for r in rows] == [1, 2, 4]
     assert len(store.rows()) == 3  # persisted as they came
     # Fresh processes: each width's own peak, growing with the width.
@@ -29,8 +38,16 @@ def test_probe_widths_fit_and_choose(ray_local, tmp_path) -> None:
 
 def test_probe_stops_at_the_memory_cap_and_records_why(ray_local, tmp_path) -> None:
     store = MeasurementStore(tmp_path / "fusion")
-    rows = probe_fusion(["pointnet"], store, max_width=64, memory_cap_bytes=1.0, step_cap_s=5.0, parallel=1,
-                        max_seconds=0.2, batch_size=8)
+    rows = probe_fusion(
+        ["pointnet"],
+        store,
+        max_width=64,
+        memory_cap_bytes=1.0,
+        step_cap_s=5.0,
+        parallel=1,
+        max_seconds=0.2,
+        batch_size=8,
+    )
     assert [r.params["width"] for r in rows] == [1]  # width 1 already holds more than 1 byte
 
 
@@ -39,12 +56,17 @@ def test_tune_sweep_runs_fused_and_keeps_each_trial(ray_local, tmp_path) -> None
 
     from orchestrator.fusion_tune import run_sweep, sample_trials
 
-    space = {"lr": tune.loguniform(1e-4, 1e-2), "dropout": tune.uniform(0.0, 0.2), "seed": tune.randint(0, 100),
-             "batch_size": tune.grid_search([8, 16])}
+    space = {
+        "lr": tune.loguniform(1e-4, 1e-2),
+        "dropout": tune.uniform(0.0, 0.2),
+        "seed": tune.randint(0, 100),
+        "batch_size": tune.grid_search([8, 16]),
+    }
     trials = sample_trials(space, 3, seed=1)
     assert len(trials) == 6 and sorted(t["batch_size"] for t in trials) == [8, 8, 8, 16, 16, 16]
-    outcome = run_sweep("pointnet", trials, width=4, epochs=2, steps_per_epoch=3, storage=tmp_path / "tune",
-                        name="fused")
+    outcome = run_sweep(
+        "pointnet", trials, width=4, epochs=2, steps_per_epoch=3, storage=tmp_path / "tune", name="fused"
+    )
     # Two batch sizes cannot fuse: two Tune trials of three models each.
     assert sorted(len(g) for g in outcome.groups) == [3, 3]
     assert [t.trial_id for t in outcome.trials] == [f"trial_{i:03d}" for i in range(6)]
@@ -65,8 +87,23 @@ def test_fuse_cli_logs_the_decision(ray_local, tracking, capsys) -> None:
 
     from orchestrator.cli import fuse
 
-    code = fuse.main(["--workload", "cnn", "--max-width", "4", "--memory-cap-gb", "4", "--probe-seconds", "0.3",
-                      "--trials", "10", "--tracking-uri", tracking, "--json"])
+    code = fuse.main(
+        [
+            "--workload",
+            "cnn",
+            "--max-width",
+            "4",
+            "--memory-cap-gb",
+            "4",
+            "--probe-seconds",
+            "0.3",
+            "--trials",
+            "10",
+            "--tracking-uri",
+            tracking,
+            "--json",
+        ]
+    )
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert sorted(map(int, out["measured"])) == [1, 2, 4]
@@ -75,7 +112,6 @@ def test_fuse_cli_logs_the_decision(ray_local, tracking, capsys) -> None:
     assert run.data.tags["kind"] == "fusion" and run.data.metrics["chosen_width"] == out["width"]
     artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(out["run_id"])}
     assert {"fusion_model.json", "fusion_decision.json", "measurements.jsonl"} <= artifacts
-
 
 
 def test_tune_sweep_runs_the_users_own_model(ray_local, tmp_path) -> None:
@@ -115,13 +151,25 @@ def test_successive_halving_stops_single_trials_inside_fused_groups(ray_local, t
 
     trials = [{"lr": lr, "seed": i} for i, lr in enumerate([1e-2, 1e-6, 3e-3, 1e-6, 1e-2, 1e-6, 3e-3, 1e-6])]
     # One group of eight, so the order trials reach a rung (and so every decision) is fixed.
-    outcome = run_sweep("pointnet", trials, width=8, epochs=4, steps_per_epoch=6, storage=tmp_path / "tune",
-                        name="halving", halving=rule)
+    outcome = run_sweep(
+        "pointnet",
+        trials,
+        width=8,
+        epochs=4,
+        steps_per_epoch=6,
+        storage=tmp_path / "tune",
+        name="halving",
+        halving=rule,
+    )
     runs = {t.trial_id: len(t.history) for t in outcome.trials}
     assert max(runs.values()) == 4 and min(runs.values()) < 4  # some stopped early, some ran to the end
     assert sum(runs.values()) < 4 * len(trials)
     for t in outcome.trials:
         assert [h["epoch"] for h in t.history] == list(range(1, len(t.history) + 1))
     # The trials that barely train (lr 1e-6) are cut at the first rung, each behind a better one.
-    assert {tid: n for tid, n in runs.items() if trials[int(tid[-3:])]["lr"] == 1e-6} == \
-        {"trial_001": 1, "trial_003": 1, "trial_005": 1, "trial_007": 1}
+    assert {tid: n for tid, n in runs.items() if trials[int(tid[-3:])]["lr"] == 1e-6} == {
+        "trial_001": 1,
+        "trial_003": 1,
+        "trial_005": 1,
+        "trial_007": 1,
+    }

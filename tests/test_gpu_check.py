@@ -1,6 +1,7 @@
 """benchmarks/gpu_check.py on CPU: every step recorded, gloo collectives and the training probes
 pass, no Ray or MLflow imported; and the same run as on a lent GPU machine's bare python3 (Ray,
 MLflow, fbgemm-gpu and psutil unimportable), where the FBGEMM steps are skipped, not failed."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -14,9 +15,21 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "gpu_check.py"
-STEPS = ["device_info", "probe_gemm", "probe_elementwise", "probe_memcpy", "probe_embedding", "collectives",
-         "overlap_pairs", "training_transformer", "training_dlrm", "process_group_teardown", "calibration", "timing",
-         "fusion"]
+STEPS = [
+    "device_info",
+    "probe_gemm",
+    "probe_elementwise",
+    "probe_memcpy",
+    "probe_embedding",
+    "collectives",
+    "overlap_pairs",
+    "training_transformer",
+    "training_dlrm",
+    "process_group_teardown",
+    "calibration",
+    "timing",
+    "fusion",
+]
 # What the lent machine lacks: a None entry in sys.modules makes `import name` raise ImportError.
 BARE = ("ray", "mlflow", "fbgemm_gpu", "psutil")
 
@@ -24,10 +37,12 @@ BARE = ("ray", "mlflow", "fbgemm_gpu", "psutil")
 def _run(out: Path, block: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess, dict]:
     args = [str(SCRIPT), "--device", "cpu", "--quick", "--budget-s", "8", "--out", str(out)]
     if block:
-        code = ("import runpy, sys\n"
-                f"for name in {block!r}: sys.modules[name] = None\n"
-                f"sys.argv = {args!r}\n"
-                f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n")
+        code = (
+            "import runpy, sys\n"
+            f"for name in {block!r}: sys.modules[name] = None\n"
+            f"sys.argv = {args!r}\n"
+            f"runpy.run_path({str(SCRIPT)!r}, run_name='__main__')\n"
+        )
         cmd = [sys.executable, "-c", code]
     else:
         cmd = [sys.executable, *args]

@@ -1,4 +1,5 @@
 """Horizontal fusion: B fused models train exactly like B models trained alone."""
+
 from __future__ import annotations
 
 import itertools
@@ -8,11 +9,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from probes.fusion import measure_fusion_width
 from probes.workloads.fusion.fused_optim import FusedHyperParams, FusedOptimizer, FusedOptimizerError
 from probes.workloads.fusion.hfta import FusedModels, FusionError, RateDropout, build_members, fused_cross_entropy
-from probes.fusion import measure_fusion_width
-from probes.workloads.fusion.trainer import FusedTrainer
 from probes.workloads.fusion.models import WORKLOADS, batches
+from probes.workloads.fusion.trainer import FusedTrainer
 
 SEEDS = [11, 12, 13]
 LRS = [3e-3, 1e-3, 3e-4]
@@ -69,8 +70,9 @@ def test_fused_optimizer_steps_like_torch(kind: str) -> None:
     stacked = {"w": torch.randn(3, 5, 4, generator=gen), "b": torch.randn(3, 4, generator=gen)}
     fused_params = {k: v.clone().requires_grad_() for k, v in stacked.items()}
     alone = [{k: v[i].clone().requires_grad_() for k, v in stacked.items()} for i in range(3)]
-    fused_opt = FusedOptimizer(kind, fused_params, FusedHyperParams(lr=LRS, weight_decay=DECAY, momentum=MOMENTUM,
-                                                                    beta1=BETA1, beta2=BETA2))
+    fused_opt = FusedOptimizer(
+        kind, fused_params, FusedHyperParams(lr=LRS, weight_decay=DECAY, momentum=MOMENTUM, beta1=BETA1, beta2=BETA2)
+    )
     torch_opts = [_torch_optimizer(kind, list(alone[i].values()), i) for i in range(3)]
     for _ in range(6):
         grads = {k: torch.randn(v.shape, generator=gen) for k, v in stacked.items()}
@@ -86,8 +88,10 @@ def test_fused_optimizer_steps_like_torch(kind: str) -> None:
             assert torch.allclose(fused_params[k][i].detach(), alone[i][k].detach(), rtol=1e-5, atol=1e-7), (kind, i, k)
 
 
-@pytest.mark.parametrize("name,kind", [("pointnet", "sgd"), ("pointnet", "adam"), ("cnn", "adamw"),
-                                       ("transformer", "adam"), ("transformer", "sgd")])
+@pytest.mark.parametrize(
+    "name,kind",
+    [("pointnet", "sgd"), ("pointnet", "adam"), ("cnn", "adamw"), ("transformer", "adam"), ("transformer", "sgd")],
+)
 def test_fused_training_equals_separate_training(name: str, kind: str) -> None:
     """Four training steps: per-model losses at every step, and the parameters and batch-norm
     statistics after the last, match three models trained one by one with torch's optimizer.
@@ -186,9 +190,13 @@ def test_keep_cuts_models_out_and_the_rest_train_on_unchanged() -> None:
     cut.keep([2, 0])
     assert cut.fused.width == 2 and cut.optimizer.lr.tolist() == pytest.approx([LRS[2], LRS[0]])
     late = [cut.step(x, y).tolist() for x, y in data[2:]]
-    keep_hyper = FusedHyperParams(lr=[LRS[2], LRS[0]], weight_decay=[DECAY[2], DECAY[0]],
-                                  momentum=[MOMENTUM[2], MOMENTUM[0]], beta1=[BETA1[2], BETA1[0]],
-                                  beta2=[BETA2[2], BETA2[0]])
+    keep_hyper = FusedHyperParams(
+        lr=[LRS[2], LRS[0]],
+        weight_decay=[DECAY[2], DECAY[0]],
+        momentum=[MOMENTUM[2], MOMENTUM[0]],
+        beta1=[BETA1[2], BETA1[0]],
+        beta2=[BETA2[2], BETA2[0]],
+    )
     whole = FusedTrainer.build(work, [SEEDS[2], SEEDS[0]], keep_hyper, optimizer="sgd")
     losses = [whole.step(x, y).tolist() for x, y in data]
     assert sum(late, []) == pytest.approx(sum(losses[2:], []), rel=1e-5)

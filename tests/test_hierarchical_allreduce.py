@@ -1,4 +1,5 @@
 """The hierarchical chunked all-reduce, executed for real on 4 gloo ranks laid out 2x2."""
+
 from __future__ import annotations
 
 import json
@@ -8,15 +9,14 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from spawned import exit_worker
 
 from policies.chunking import choose_chunking
 from predictors.network import Dimension, NetworkTopology
 from probes.vocabulary.chunks import ChunkSchedule, ScheduleError, dimension_lines, rank_coords
+from probes.vocabulary.transformer_spec import TransformerSpec
 from probes.workloads.hierarchical_allreduce import HierarchicalAllReduce, hierarchical_allreduce_hook
 from probes.workloads.transformer import ParallelTransformer
-from probes.vocabulary.transformer_spec import TransformerSpec
 
 GRID = (2, 2)
 
@@ -58,8 +58,11 @@ def _sum_worker(rank: int, init: str, out: str, schedules: list[dict]) -> None:
 
 
 def test_hierarchical_all_reduce_equals_all_reduce_under_any_schedule():
-    schedules = [ChunkSchedule.baseline(GRID, 1).to_dict(), ChunkSchedule.baseline(GRID, 3).to_dict(),
-                 themis_schedule().to_dict()]
+    schedules = [
+        ChunkSchedule.baseline(GRID, 1).to_dict(),
+        ChunkSchedule.baseline(GRID, 3).to_dict(),
+        themis_schedule().to_dict(),
+    ]
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_sum_worker, args=(f"{tmp}/init", tmp, schedules), nprocs=4)
         errors = [e for r in range(4) for e in json.load(open(f"{tmp}/{r}.json"))]

@@ -1,15 +1,15 @@
 """Element-wise and GEMM-variant probes measure real kernels; their params feed the models."""
+
 import json
 
 import pytest
 
 from predictors.opmodels import GroupedCostModel, OpModel
-from probes.vocabulary.ops import ELEMENTWISE_OPS
 from probes.elementwise import elementwise_specs, measure_elementwise
-from probes.vocabulary.ops import GEMM_VARIANTS, gemm_params
 from probes.gemm import gemm_specs, measure_gemm
-from probes.vocabulary.records import Measurement
 from probes.sweep import run_local_probe
+from probes.vocabulary.ops import ELEMENTWISE_OPS, GEMM_VARIANTS, gemm_params
+from probes.vocabulary.records import Measurement
 
 
 @pytest.mark.parametrize("op", ELEMENTWISE_OPS)
@@ -33,7 +33,9 @@ def test_gemm_variants_params_and_timing():
     assert gemm_params(4, 5, 6, variant="addmm")["bytes"] == 4 * (4 * 6 + 6 * 5 + 4 * 5 + 5)
     with pytest.raises(ValueError, match="no batch dimension"):
         gemm_params(4, 5, 6, variant="mm", batch=2)
-    times = {v: measure_gemm(64, 64, 64, variant=v, batch=1 if v in ("mm", "addmm") else 16).median_s for v in GEMM_VARIANTS}
+    times = {
+        v: measure_gemm(64, 64, 64, variant=v, batch=1 if v in ("mm", "addmm") else 16).median_s for v in GEMM_VARIANTS
+    }
     assert times["bmm"] > times["mm"]  # 16 products take longer than one
     row = measure_gemm(32, 16, 8, dtype="bfloat16", product="grad_weight")
     assert row.params["dtype"] == "bfloat16" and row.params["product"] == "grad_weight"
@@ -43,9 +45,16 @@ def test_sweeps_cover_variants_dtypes_and_ops():
     specs = gemm_specs(400, seed=0)
     assert {s.params["variant"] for s in specs} == set(GEMM_VARIANTS)
     assert {s.params["dtype"] for s in specs} == {"float32", "bfloat16"}  # no fp16 on a CPU sweep
-    assert all(2 * s.params["batch"] * s.params["M"] * s.params["N"] * s.params["K"] <= 2 * 256**3
-               for s in specs if s.params["dtype"] == "bfloat16")
-    assert {s.params["dtype"] for s in gemm_specs(200, seed=0, device_kind="cuda")} == {"float32", "bfloat16", "float16"}
+    assert all(
+        2 * s.params["batch"] * s.params["M"] * s.params["N"] * s.params["K"] <= 2 * 256**3
+        for s in specs
+        if s.params["dtype"] == "bfloat16"
+    )
+    assert {s.params["dtype"] for s in gemm_specs(200, seed=0, device_kind="cuda")} == {
+        "float32",
+        "bfloat16",
+        "float16",
+    }
     ew = elementwise_specs(16, seed=0)
     assert {s.params["op"] for s in ew} == set(ELEMENTWISE_OPS)
     assert run_local_probe(ew[0])[0].op == ew[0].params["op"]

@@ -3,9 +3,9 @@ import torch
 import torch.nn.functional as F
 
 from predictors.memory import MemoryEstimate, dlrm_memory, transformer_memory, transformer_saved_activation_bytes
+from probes.vocabulary.transformer_spec import TransformerSpec
 from probes.workloads.random_dlrm import random_dlrm_tasks
 from probes.workloads.transformer import BlockStack
-from probes.vocabulary.transformer_spec import TransformerSpec
 
 
 def measured_saved_bytes(spec: TransformerSpec) -> int:
@@ -27,11 +27,14 @@ def measured_saved_bytes(spec: TransformerSpec) -> int:
     return sum(saved.values())
 
 
-@pytest.mark.parametrize("kw", [
-    dict(layers=1, hidden=64, heads=2, seq_len=32, batch_size=2, dropout=0.0),
-    dict(layers=2, hidden=128, heads=4, seq_len=64, batch_size=2, dropout=0.1),
-    dict(layers=3, hidden=32, heads=8, seq_len=16, batch_size=3, dropout=0.2),
-])
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(layers=1, hidden=64, heads=2, seq_len=32, batch_size=2, dropout=0.0),
+        dict(layers=2, hidden=128, heads=4, seq_len=64, batch_size=2, dropout=0.1),
+        dict(layers=3, hidden=32, heads=8, seq_len=16, batch_size=3, dropout=0.2),
+    ],
+)
 def test_saved_activations_match_what_autograd_keeps(kw):
     spec = TransformerSpec(world_size=1, **kw)
     assert transformer_saved_activation_bytes(spec) == measured_saved_bytes(spec)
@@ -46,8 +49,9 @@ def test_transformer_peak_adds_up_and_flags_a_small_cap():
     assert est.peak == sum(v for k, v in est.to_dict().items() if k != "peak")
     assert est.fits(est.peak) and not est.fits(est.peak - 1)
     # Tensor parallelism shards the linears: less memory per rank, and no DDP buffers at TP=2 of 2.
-    tp = transformer_memory(TransformerSpec(layers=2, hidden=128, heads=4, seq_len=64, batch_size=2, world_size=2,
-                                            tensor_parallel=2))
+    tp = transformer_memory(
+        TransformerSpec(layers=2, hidden=128, heads=4, seq_len=64, batch_size=2, world_size=2, tensor_parallel=2)
+    )
     assert tp.weights < est.weights and tp.comm_buffers == 0 and tp.activations < est.activations
 
 

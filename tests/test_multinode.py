@@ -1,11 +1,11 @@
 """The whole autotune cycle against a simulated multi-node Ray cluster, by address, as on KubeRay:
 a head that offers no devices, and two worker nodes of different sizes (2 and 1 CPU slots)."""
+
 import json
 from pathlib import Path
 
 import pytest
 import yaml
-
 from test_e2e import cli, last_json
 
 
@@ -30,8 +30,19 @@ def test_autotune_cycle_on_a_cluster_whose_head_offers_no_devices(tmp_path, tiny
     c, head, big, small = cluster
     job = {**tiny_job_dict, "world_size": 3, "name": "spread"}  # 2 ranks on the big node, 1 on the small one
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
-    out = last_json(cli("orchestrator.autotune", "--job", "job.yaml", "--ray-address", c.address,
-                        "--calibration-budget-s", "40", "--json", cwd=tmp_path).stdout)
+    out = last_json(
+        cli(
+            "orchestrator.autotune",
+            "--job",
+            "job.yaml",
+            "--ray-address",
+            c.address,
+            "--calibration-budget-s",
+            "40",
+            "--json",
+            cwd=tmp_path,
+        ).stdout
+    )
 
     # the head is no device: 3 devices on 2 device nodes of two types
     hw = out["hardware_id"]
@@ -50,8 +61,8 @@ def test_autotune_cycle_on_a_cluster_whose_head_offers_no_devices(tmp_path, tiny
     from mlflow import MlflowClient
 
     from orchestrator import registry
-    from predictors.dlrm_estimator import estimate_iteration
     from policies.plan import Plan
+    from predictors.dlrm_estimator import estimate_iteration
     from predictors.opmodels import UncalibratedGroupError
     from probes.vocabulary.jobspec import JobSpec
     from probes.vocabulary.placement import RankPlacement

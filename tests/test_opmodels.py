@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 from predictors import OutOfRangeError, PerformanceModel, fit_performance_model
+from predictors.collective_model import SigmoidCollectiveModel
 from predictors.evaluation import split_by_op
 from predictors.opmodels import AlphaBetaModel, CurveModel, LinearCostModel, OpModel
-from predictors.collective_model import SigmoidCollectiveModel
-from probes.vocabulary.ops import gemm_params
 from probes.gemm import measure_gemm
+from probes.vocabulary.ops import gemm_params
 from probes.vocabulary.records import Measurement
 
 
@@ -32,8 +32,13 @@ def test_linear_model_recovers_known_costs():
 def collective_rows(op, alpha, bw, world=2, noise=0.0, seed=0):
     rng = np.random.default_rng(seed)
     return [
-        Measurement(op, {"op": op, "bytes": 2**e, "world": world, "scope": "intra"},
-                    (alpha + 2**e / bw) * (1 + noise * rng.standard_normal()), 0.0, 11)
+        Measurement(
+            op,
+            {"op": op, "bytes": 2**e, "world": world, "scope": "intra"},
+            (alpha + 2**e / bw) * (1 + noise * rng.standard_normal()),
+            0.0,
+            11,
+        )
         for e in range(2, 27)
     ]
 
@@ -58,14 +63,16 @@ def test_curve_model_is_monotone_under_noise():
     assert all(b >= a for a, b in zip(ys, ys[1:]))
 
 
-@pytest.mark.parametrize("model", [
-    LinearCostModel("gemm", ["one", "flops", "bytes", "mn"]),
-    CurveModel("all_reduce"),
-    AlphaBetaModel("all_reduce"),
-])
+@pytest.mark.parametrize(
+    "model",
+    [LinearCostModel("gemm", ["one", "flops", "bytes", "mn"]), CurveModel("all_reduce"), AlphaBetaModel("all_reduce")],
+)
 def test_json_round_trip_reproduces_predictions(model):
-    rows = collective_rows("all_reduce", 20e-6, 5e9) if model.op == "all_reduce" else [
-        gemm_row(m, m, m, 1e-6 + m**3 / 1e10) for m in range(8, 600, 20)]
+    rows = (
+        collective_rows("all_reduce", 20e-6, 5e9)
+        if model.op == "all_reduce"
+        else [gemm_row(m, m, m, 1e-6 + m**3 / 1e10) for m in range(8, 600, 20)]
+    )
     model.fit(rows)
     clone = OpModel.from_dict(json.loads(json.dumps(model.to_dict())))
     for r in rows:
@@ -124,8 +131,10 @@ def test_bundle_save_load(tmp_path):
 def test_too_few_rows_for_the_features_fit_a_constant():
     from predictors.opmodels import fit_linear_or_constant
 
-    rows = [Measurement("dlrm_overhead", {"dense_layers": 3, "tables_total": 5}, 1e-3, 0, 5),
-            Measurement("dlrm_overhead", {"dense_layers": 4, "tables_total": 9}, 3e-3, 0, 5)]
+    rows = [
+        Measurement("dlrm_overhead", {"dense_layers": 3, "tables_total": 5}, 1e-3, 0, 5),
+        Measurement("dlrm_overhead", {"dense_layers": 4, "tables_total": 9}, 3e-3, 0, 5),
+    ]
     model = fit_linear_or_constant("dlrm_overhead", ["one", "dense_layers", "tables_total"], rows)
     assert model.features == ["one"] and 1e-3 <= model.predict({"dense_layers": 9, "tables_total": 1}) <= 3e-3
     full = fit_linear_or_constant("dlrm_overhead", ["one", "dense_layers"], rows)

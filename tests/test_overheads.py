@@ -1,18 +1,19 @@
 """Per-op CPU overheads from real profiled training steps, and the model that stores them."""
+
 import json
 
 import pytest
 import torch
 import torch.distributed as dist
+from dlrm_overheads import local_process_group, profile_dlrm_overheads
 from torch import nn
 
 from predictors.opmodels import OpModel
 from predictors.overhead_model import OverheadModel, weighted_median
-from probes.vocabulary.ops import CPU_OVERHEAD_OP
 from probes.overhead_trace import extract_overheads
 from probes.overheads import POOLED, profile_overheads, summarise
+from probes.vocabulary.ops import CPU_OVERHEAD_OP
 from probes.vocabulary.records import Measurement
-from dlrm_overheads import local_process_group, profile_dlrm_overheads
 
 ITERATIONS = 5
 
@@ -40,10 +41,14 @@ def mlp_rows():
 @pytest.fixture(scope="module")
 def dlrm_run(tmp_path_factory):
     job = {
-        "name": "tiny", "workload": "dlrm", "world_size": 1, "batch_size": 32,
+        "name": "tiny",
+        "workload": "dlrm",
+        "world_size": 1,
+        "batch_size": 32,
         "dense": {"num_dense_features": 4, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
-        "tables": [{"name": f"t{i}", "num_embeddings": 1000, "embedding_dim": 8, "pooling_factor": 2}
-                   for i in range(3)],
+        "tables": [
+            {"name": f"t{i}", "num_embeddings": 1000, "embedding_dim": 8, "pooling_factor": 2} for i in range(3)
+        ],
     }
     trace = tmp_path_factory.mktemp("et") / "dlrm_et.json"
     rows = profile_dlrm_overheads(job, iterations=ITERATIONS, warmup=2, trace_path=str(trace))
@@ -147,15 +152,24 @@ def test_overhead_model_round_trip_and_fallback(mlp_rows):
 
 
 def _row(kind, name, p10, p50, p90, count):
-    return Measurement(CPU_OVERHEAD_OP, {"kind": kind, "aten_op": name, "workload": "x"}, p50, 0.0, count,
-                       family="training", extra={"p10": p10, "p90": p90, "count": count})
+    return Measurement(
+        CPU_OVERHEAD_OP,
+        {"kind": kind, "aten_op": name, "workload": "x"},
+        p50,
+        0.0,
+        count,
+        family="training",
+        extra={"p10": p10, "p90": p90, "count": count},
+    )
 
 
 def test_pooling_is_count_weighted_median():
     # The long probe (100 samples) outweighs two short ones that agree with each other.
-    rows = [_row("gap", "aten::mm", 1e-6, 2e-6, 3e-6, 10),
-            _row("gap", "aten::mm", 5e-6, 9e-6, 20e-6, 100),
-            _row("gap", "aten::mm", 1.5e-6, 2.5e-6, 4e-6, 10)]
+    rows = [
+        _row("gap", "aten::mm", 1e-6, 2e-6, 3e-6, 10),
+        _row("gap", "aten::mm", 5e-6, 9e-6, 20e-6, 100),
+        _row("gap", "aten::mm", 1.5e-6, 2.5e-6, 4e-6, 10),
+    ]
     model = OverheadModel().fit(rows)
     q = model.quantiles({"kind": "gap", "aten_op": "aten::mm"})
     assert q == {"p10": 5e-6, "p50": 9e-6, "p90": 20e-6, "count": 120, "kind": "gap", "aten_op": "aten::mm"}

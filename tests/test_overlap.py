@@ -1,4 +1,5 @@
 """Overlapped compute + collective pairs give the unfused pair's outputs, on real gloo ranks."""
+
 import json
 import tempfile
 
@@ -7,9 +8,10 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from spawned import exit_worker
 
-from probes.vocabulary.jobspec import TableShape
 from probes.embedding import make_batch, make_tbe
+from probes.vocabulary.jobspec import TableShape
 from probes.vocabulary.pairs import ExchangeLayout, slice_bounds
 from probes.workloads.overlap import (
     all_to_all_reference,
@@ -22,7 +24,6 @@ from probes.workloads.overlap import (
     tbe_bag_ranges,
     tbe_producer,
 )
-from spawned import exit_worker
 
 SLICES = (1, 2, 3, 4, 8)
 
@@ -131,14 +132,15 @@ def test_layout_rejects_bad_shapes():
 
 
 def _transformer_worker(rank: int, init_file: str, out_dir: str) -> None:
-    from probes.workloads.transformer import ParallelTransformer
     from probes.vocabulary.transformer_spec import TransformerSpec
+    from probes.workloads.transformer import ParallelTransformer
 
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     torch.set_num_threads(1)
     try:
-        spec = TransformerSpec(layers=2, hidden=32, heads=4, seq_len=8, batch_size=2, world_size=2,
-                               tensor_parallel=2, dropout=0.0)
+        spec = TransformerSpec(
+            layers=2, hidden=32, heads=4, seq_len=8, batch_size=2, world_size=2, tensor_parallel=2, dropout=0.0
+        )
         losses = {}
         for name, slices in [("unfused", None), ("overlapped", {"b0.out": 4, "b0.fc2": 2, "b1.fc2": 8})]:
             model = ParallelTransformer(spec, rank, torch.device("cpu"), overlap_slices=slices)

@@ -1,26 +1,24 @@
 """Rank placement: which node every rank runs on decides each collective's curve (one node or
 across nodes), in the graphs, the costs and the plan; an uncalibrated scope is a named error."""
+
 import numpy as np
 import pytest
+from synthetic_rows import gemm_rows
 
 from orchestrator.cli.common import EXIT_BAD_INPUT, run_main
 from orchestrator.cluster import GIB, DeviceInfo, HardwareFingerprint, NodeFingerprint
 from policies.planning import job_placement, make_plan
-from predictors.dlrm_estimator import estimate_iteration
 from predictors import fit_performance_model
+from predictors.dlrm_estimator import estimate_iteration
 from predictors.dlrm_graph import build_dlrm_graph
 from predictors.opmodels import UncalibratedGroupError
 from predictors.transformer_graph import build_transformer_graph
-from probes.vocabulary.ops import collective_params
-from probes.vocabulary.ops import elementwise_params
-from probes.vocabulary.jobspec import TableShape
-from probes.vocabulary.tbe_features import expected_features
-from probes.vocabulary.ops import memcpy_params
-from probes.vocabulary.jobspec import JobSpec, JobSpecError
+from probes.vocabulary.jobspec import JobSpec, JobSpecError, TableShape
+from probes.vocabulary.ops import collective_params, elementwise_params, memcpy_params
 from probes.vocabulary.placement import PlacementError, RankPlacement
 from probes.vocabulary.records import Measurement
+from probes.vocabulary.tbe_features import expected_features
 from probes.vocabulary.transformer_spec import TransformerSpec
-from synthetic_rows import gemm_rows
 
 
 def test_packed_placement_fills_nodes_in_order():
@@ -29,7 +27,9 @@ def test_packed_placement_fills_nodes_in_order():
     assert p.scope() == "inter" and p.scope(range(8)) == "intra" and p.scope([7, 8]) == "inter"
     assert RankPlacement.packed(6, [8, 8]).scope() == "intra"
     assert RankPlacement.packed(3, [2, 1]).ranks_per_node() == {0: 2, 1: 1}
-    with pytest.raises(PlacementError, match=r"world_size: 20 ranks do not fit the cluster's 16 device\(s\).*allowed: 1..16"):
+    with pytest.raises(
+        PlacementError, match=r"world_size: 20 ranks do not fit the cluster's 16 device\(s\).*allowed: 1..16"
+    ):
         RankPlacement.packed(20, [8, 8])
 
 
@@ -43,12 +43,19 @@ def test_placement_round_trips_and_old_records_mean_one_node():
 
 
 def job(world: int, tables: int = 8) -> JobSpec:
-    return JobSpec.from_dict({
-        "name": "wide", "workload": "dlrm", "world_size": world, "batch_size": 64,
-        "dense": {"num_dense_features": 4, "bottom_mlp": [32], "top_mlp": [16, 1]},
-        "tables": [{"name": f"t{i}", "num_embeddings": 2000 * (i + 1), "embedding_dim": 16,
-                    "pooling_factor": 1 + i % 4} for i in range(tables)],
-    })
+    return JobSpec.from_dict(
+        {
+            "name": "wide",
+            "workload": "dlrm",
+            "world_size": world,
+            "batch_size": 64,
+            "dense": {"num_dense_features": 4, "bottom_mlp": [32], "top_mlp": [16, 1]},
+            "tables": [
+                {"name": f"t{i}", "num_embeddings": 2000 * (i + 1), "embedding_dim": 16, "pooling_factor": 1 + i % 4}
+                for i in range(tables)
+            ],
+        }
+    )
 
 
 def bundle(curves: dict[str, float]):
@@ -57,8 +64,10 @@ def bundle(curves: dict[str, float]):
     rng = np.random.default_rng(0)
     rows = gemm_rows(rng, 40)
     for i in range(30):
-        tables = [TableShape(int(rng.integers(1000, 50_000)), 16, int(rng.integers(1, 8)))
-                  for _ in range(int(rng.integers(1, 5)))]
+        tables = [
+            TableShape(int(rng.integers(1000, 50_000)), 16, int(rng.integers(1, 8)))
+            for _ in range(int(rng.integers(1, 5)))
+        ]
         p = expected_features(tables, int(rng.integers(64, 2048)), seed=i)
         for op in ("embedding_fwd", "embedding_bwd"):
             rows.append(Measurement(op, p, 1e-5 + p["gathered_elems"] / 1e9, 0, 5))
@@ -73,19 +82,23 @@ def bundle(curves: dict[str, float]):
         world, scope = key.split(":")
         for op in ("all_reduce", "all_to_all"):
             for e in range(4, 27):
-                rows.append(Measurement(op, collective_params(op, 2**e, int(world), scope),
-                                        30e-6 + 2**e / bandwidth, 0, 11))
+                rows.append(
+                    Measurement(op, collective_params(op, 2**e, int(world), scope), 30e-6 + 2**e / bandwidth, 0, 11)
+                )
     model, _ = fit_performance_model(rows, "synthetic")
     return model
 
 
 def gpu_cluster(nodes: int, per_node: int, head: bool = True) -> HardwareFingerprint:
     """A declared cluster: `nodes` x `per_node` 80 GiB GPUs, and a CPU head offering no device."""
+
     def node(i: int, gpus: int) -> NodeFingerprint:
         devices = [DeviceInfo("cuda", "NVIDIA H100 80GB HBM3", 80 * GIB, d) for d in range(gpus)]
         return NodeFingerprint(f"host{i}", "Xeon", 64, 512 * GIB, devices, node_id=f"node{i}")
-    head_node = NodeFingerprint("head", "Xeon", 8, 32 * GIB,
-                                [DeviceInfo("cpu", "Xeon", 4 * GIB, i) for i in range(8)], node_id="head")
+
+    head_node = NodeFingerprint(
+        "head", "Xeon", 8, 32 * GIB, [DeviceInfo("cpu", "Xeon", 4 * GIB, i) for i in range(8)], node_id="head"
+    )
     return HardwareFingerprint(([head_node] if head else []) + [node(i, per_node) for i in range(nodes)])
 
 
@@ -117,12 +130,14 @@ def test_a_16_rank_job_on_two_8_device_nodes_is_priced_on_curves_spanning_nodes(
     assert chosen.predicted_ms == pytest.approx(cost.iteration_s * 1e3)
     # the all-to-all in the breakdown is the inter-node curve's, forward and backward
     from predictors.dlrm_graph import all_to_all_params
+
     inter = model.predict("all_to_all", **all_to_all_params(spec, plan.table_to_rank, "inter"))
     assert cost.all_to_all_s == pytest.approx(2 * inter)
     # the same job within one node would be priced on the faster intra-node curve
     eight = job(8)
-    one_node = estimate_iteration(eight, [i % 8 for i in range(8)], bundle({"8:intra": 100e9, "8:inter": 1e9}),
-                                  placement=job_placement(eight, fp))
+    one_node = estimate_iteration(
+        eight, [i % 8 for i in range(8)], bundle({"8:intra": 100e9, "8:inter": 1e9}), placement=job_placement(eight, fp)
+    )
     assert one_node.all_to_all_s < 2 * inter
 
 
@@ -137,6 +152,7 @@ def test_a_bundle_with_only_intra_node_curves_says_what_to_calibrate():
 
     def plan_cli(argv):
         make_plan(job(16), model, gpu_cluster(2, 8), "1")
+
     assert run_main(plan_cli, []) == EXIT_BAD_INPUT
 
 

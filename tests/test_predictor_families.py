@@ -1,4 +1,5 @@
 """The model families of the predictors issue: sigmoid collectives, learned kernel models."""
+
 import json
 
 import numpy as np
@@ -18,7 +19,9 @@ def curve_rows(curve: SigmoidCurve, noise: float = 0.0, seed: int = 0, op: str =
     rng = np.random.default_rng(seed)
     xs = np.arange(2, 28.01, 0.5)
     ts = curve.predict_log2(xs) * (1 + noise * rng.standard_normal(len(xs)))
-    return [Measurement(op, {"bytes": float(2**x), "world": 4, "scope": "intra"}, float(t), 0.0, 11) for x, t in zip(xs, ts)]
+    return [
+        Measurement(op, {"bytes": float(2**x), "world": 4, "scope": "intra"}, float(t), 0.0, 11) for x, t in zip(xs, ts)
+    ]
 
 
 def test_sigmoid_fit_recovers_known_parameters():
@@ -52,8 +55,10 @@ def test_sigmoid_round_trip_and_range():
         assert clone.predict(p) == model.predict(p)
     assert model.out_of_range({"bytes": 2**31, "world": 4, "scope": "intra"})
     (why,) = model.out_of_range({"bytes": 8, "world": 2, "scope": "intra"})
-    assert why.startswith("all_to_all: no measurements for group 2:intra (2 ranks on one node); "
-                          "measured groups: 4:intra. Calibrate on a cluster")
+    assert why.startswith(
+        "all_to_all: no measurements for group 2:intra (2 ranks on one node); "
+        "measured groups: 4:intra. Calibrate on a cluster"
+    )
 
 
 @pytest.mark.parametrize("cls", [ArrayMLP, ArrayTrees])
@@ -73,8 +78,9 @@ def test_array_trees_equal_sklearn():
     rng = np.random.default_rng(1)
     x, y = rng.normal(size=(300, 5)), rng.normal(size=300)
     ours = ArrayTrees.fit(x, y, seed=3, trees=50, depth=3)
-    ref = GradientBoostingRegressor(n_estimators=50, max_depth=3, learning_rate=0.05, subsample=0.8,
-                                    min_samples_leaf=3, random_state=3).fit(x, y)
+    ref = GradientBoostingRegressor(
+        n_estimators=50, max_depth=3, learning_rate=0.05, subsample=0.8, min_samples_leaf=3, random_state=3
+    ).fit(x, y)
     assert np.allclose(ours.predict(x), ref.predict(x), atol=1e-12)
 
 

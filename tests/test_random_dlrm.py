@@ -22,8 +22,8 @@ def test_task_shaped_training_probes_take_the_sharders_plans() -> None:
     sharders in turn, so the step model sees the balanced plans the policies price."""
     from orchestrator.calibrate import place_by_sharder
     from policies.sharders import SHARDERS
-    from probes.vocabulary.jobspec import JobSpec
     from probes.training import training_specs
+    from probes.vocabulary.jobspec import JobSpec
 
     specs = training_specs(24, seed=0, world=2, place_task=place_by_sharder)
     placed = [s for i, s in enumerate(specs) if i % 4 == 1]
@@ -35,5 +35,6 @@ def test_task_shaped_training_probes_take_the_sharders_plans() -> None:
     # Without a placer the same probes sit on random ranks (and the rest of the list is unchanged).
     plain = training_specs(24, seed=0, world=2)
     assert [s.params["job"] for s in plain] == [s.params["job"] for s in specs]
-    assert [s.params["table_to_rank"] for i, s in enumerate(plain) if i % 4 != 1] == \
-        [s.params["table_to_rank"] for i, s in enumerate(specs) if i % 4 != 1]
+    assert [s.params["table_to_rank"] for i, s in enumerate(plain) if i % 4 != 1] == [
+        s.params["table_to_rank"] for i, s in enumerate(specs) if i % 4 != 1
+    ]

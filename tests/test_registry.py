@@ -1,4 +1,5 @@
 """The MLflow side: registration, the champion rule, loading as data, no pickles."""
+
 import json
 import subprocess
 import sys

@@ -1,4 +1,5 @@
 """Reuse-factor profiles: built from indices, resampled, and usable as a table distribution."""
+
 import json
 
 import numpy as np
@@ -32,8 +33,9 @@ def test_shipped_profile_tables_differ_in_reuse():
     rng = np.random.default_rng(1)
     names = load_profile().names
     assert len(names) >= 8
-    distinct = {n: len(np.unique(sample_indices(50_000, 20_000, Distribution.parse({"profile": n}), rng)))
-                for n in names}
+    distinct = {
+        n: len(np.unique(sample_indices(50_000, 20_000, Distribution.parse({"profile": n}), rng))) for n in names
+    }
     assert max(distinct.values()) > 20 * min(distinct.values())  # from near-uniform to a heavy head
     hist = reuse_histogram(sample_indices(50_000, 20_000, Distribution.parse({"profile": "heavy_head"}), rng))
     assert hist[4:].sum() > 0.3  # most touched rows of a heavy head are hit 16+ times

@@ -1,6 +1,7 @@
 """Against a real deployment's pieces on localhost: PostgreSQL (Debian's server programs, a
 private cluster in a temporary directory) and `mlflow server` on it with basic auth and proxied
 artifacts; calibrate → autotune → drift → nightly through the real CLIs."""
+
 from __future__ import annotations
 
 import glob
@@ -54,8 +55,19 @@ def postgres():
     port = free_port()
     run = lambda *cmd: subprocess.run(as_user + [str(c) for c in cmd], check=True, capture_output=True, text=True)  # noqa: E731
     run(bindir / "initdb", "-D", data, "-U", "mlflow", "--auth=trust")
-    run(bindir / "pg_ctl", "-D", data, "-l", base / "server.log", "-w", "-t", "60",
-        "-o", f"-p {port} -k {base} -c listen_addresses=127.0.0.1", "start")
+    run(
+        bindir / "pg_ctl",
+        "-D",
+        data,
+        "-l",
+        base / "server.log",
+        "-w",
+        "-t",
+        "60",
+        "-o",
+        f"-p {port} -k {base} -c listen_addresses=127.0.0.1",
+        "start",
+    )
     try:
         for db in ("mlflow", "mlflow_auth"):
             run(bindir / "createdb", "-h", "127.0.0.1", "-p", port, "-U", "mlflow", db)
@@ -70,17 +82,42 @@ def mlflow_server(postgres, tmp_path_factory):
     """`mlflow server` on the database, basic auth on, artifacts proxied; a user for us."""
     home = tmp_path_factory.mktemp("mlflow-server")
     ini = home / "basic_auth.ini"
-    ini.write_text(f"[mlflow]\ndefault_permission = READ\ndatabase_uri = {postgres}/mlflow_auth\n"
-                   "admin_username = admin\nauthorization_function = mlflow.server.auth:authenticate_request_basic_auth\n")
+    ini.write_text(
+        f"[mlflow]\ndefault_permission = READ\ndatabase_uri = {postgres}/mlflow_auth\n"
+        "admin_username = admin\nauthorization_function = mlflow.server.auth:authenticate_request_basic_auth\n"
+    )
     port = free_port()
-    env = {**os.environ, "MLFLOW_AUTH_CONFIG_PATH": str(ini), "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN_PASSWORD,
-           "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-secret"}
+    env = {
+        **os.environ,
+        "MLFLOW_AUTH_CONFIG_PATH": str(ini),
+        "MLFLOW_AUTH_ADMIN_PASSWORD": ADMIN_PASSWORD,
+        "MLFLOW_FLASK_SERVER_SECRET_KEY": "test-secret",
+    }
     log = open(home / "server.log", "w")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-         "--backend-store-uri", f"{postgres}/mlflow", "--artifacts-destination", str(home / "artifacts"),
-         "--app-name", "basic-auth", "--workers", "1"],
-        env=env, stdout=log, stderr=subprocess.STDOUT, cwd=home)
+        [
+            sys.executable,
+            "-m",
+            "mlflow",
+            "server",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--backend-store-uri",
+            f"{postgres}/mlflow",
+            "--artifacts-destination",
+            str(home / "artifacts"),
+            "--app-name",
+            "basic-auth",
+            "--workers",
+            "1",
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=home,
+    )
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -93,8 +130,12 @@ def mlflow_server(postgres, tmp_path_factory):
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise AssertionError("mlflow server did not come up:\n" + (home / "server.log").read_text()[-3000:])
             time.sleep(1)
-        created = requests.post(f"{url}/api/2.0/mlflow/users/create", json={"username": USER, "password": USER_PASSWORD},
-                                auth=("admin", ADMIN_PASSWORD), timeout=30)
+        created = requests.post(
+            f"{url}/api/2.0/mlflow/users/create",
+            json={"username": USER, "password": USER_PASSWORD},
+            auth=("admin", ADMIN_PASSWORD),
+            timeout=30,
+        )
         assert created.ok, created.text
         yield url, home
     finally:
@@ -104,11 +145,18 @@ def mlflow_server(postgres, tmp_path_factory):
 
 
 def cli(module: str, *args: str, cwd: Path, url: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1", "MLFLOW_TRACKING_URI": url,
-           "MLFLOW_TRACKING_USERNAME": USER, "MLFLOW_TRACKING_PASSWORD": USER_PASSWORD}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "TQDM_DISABLE": "1",
+        "MLFLOW_TRACKING_URI": url,
+        "MLFLOW_TRACKING_USERNAME": USER,
+        "MLFLOW_TRACKING_PASSWORD": USER_PASSWORD,
+    }
     env.pop("RAY_ADDRESS", None)
-    proc = subprocess.run([sys.executable, "-m", module, *args, "--json"], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-m", module, *args, "--json"], cwd=cwd, env=env, capture_output=True, text=True, timeout=900
+    )
     assert proc.returncode == 0, f"{module} {args} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -142,7 +190,9 @@ def test_calibrate_autotune_drift_nightly_against_a_real_server(mlflow_server, t
         client = mlflow.MlflowClient()
         name = calibration["model"].split("/")[0]
         assert client.get_model_version_by_alias(name, "champion").version in ("1", "2", 1, 2)
-        kinds = {r.data.tags.get("kind") for r in mlflow.search_runs(experiment_names=["autotune"], output_format="list")}
+        kinds = {
+            r.data.tags.get("kind") for r in mlflow.search_runs(experiment_names=["autotune"], output_format="list")
+        }
         assert {"calibration", "autotune", "drift", "nightly"} <= kinds
     finally:
         mlflow.set_tracking_uri(None)

@@ -1,17 +1,16 @@
 import numpy as np
 import pytest
+from synthetic_rows import gemm_rows
 
-from predictors.dlrm_estimator import estimate_iteration
 from policies.sharders import SHARDERS, NoFeasiblePlanError, rank_memory
 from policies.sharding import choose_sharding
-from predictors.memory import dlrm_memory
 from predictors import PerformanceModel, fit_performance_model
+from predictors.dlrm_estimator import estimate_iteration
+from predictors.memory import dlrm_memory
+from probes.vocabulary.jobspec import JobSpec, TableShape
 from probes.vocabulary.ops import collective_params
-from probes.vocabulary.jobspec import TableShape
-from probes.vocabulary.tbe_features import expected_features
-from probes.vocabulary.jobspec import JobSpec
 from probes.vocabulary.records import Measurement
-from synthetic_rows import gemm_rows
+from probes.vocabulary.tbe_features import expected_features
 
 
 def synthetic_model() -> PerformanceModel:
@@ -19,8 +18,10 @@ def synthetic_model() -> PerformanceModel:
     rng = np.random.default_rng(0)
     rows = gemm_rows(rng, 40)
     for i in range(40):
-        tables = [TableShape(int(rng.integers(1000, 100_000)), int(rng.choice([8, 16, 64])), int(rng.integers(1, 32)))
-                  for _ in range(int(rng.integers(1, 9)))]
+        tables = [
+            TableShape(int(rng.integers(1000, 100_000)), int(rng.choice([8, 16, 64])), int(rng.integers(1, 32)))
+            for _ in range(int(rng.integers(1, 9)))
+        ]
         p = expected_features(tables, int(rng.integers(64, 2048)), seed=i)
         for op in ("embedding_fwd", "embedding_bwd"):
             rows.append(Measurement(op, p, 1e-5 + p["gathered_elems"] / 1e9, 0, 5))
@@ -37,18 +38,28 @@ def model():
 
 
 def job(tables, world=2, cap=None):
-    return JobSpec.from_dict({
-        "workload": "dlrm", "world_size": world, "batch_size": 64, "memory_cap_gb": cap,
-        "dense": {"num_dense_features": 4, "bottom_mlp": [16], "top_mlp": [8, 1]},
-        "tables": [{"name": f"t{i}", "num_embeddings": e, "embedding_dim": d, "pooling_factor": l}
-                   for i, (e, d, l) in enumerate(tables)],
-    })
+    return JobSpec.from_dict(
+        {
+            "workload": "dlrm",
+            "world_size": world,
+            "batch_size": 64,
+            "memory_cap_gb": cap,
+            "dense": {"num_dense_features": 4, "bottom_mlp": [16], "top_mlp": [8, 1]},
+            "tables": [
+                {"name": f"t{i}", "num_embeddings": e, "embedding_dim": d, "pooling_factor": pooling}
+                for i, (e, d, pooling) in enumerate(tables)
+            ],
+        }
+    )
 
 
 @pytest.mark.parametrize("name", sorted(SHARDERS))
 def test_every_table_placed_exactly_once_within_memory(name):
     rng = np.random.default_rng(7)
-    spec = job([(int(rng.integers(100, 100_000)), int(rng.choice([8, 16, 32])), int(rng.integers(1, 20))) for _ in range(23)], world=4)
+    spec = job(
+        [(int(rng.integers(100, 100_000)), int(rng.choice([8, 16, 32])), int(rng.integers(1, 20))) for _ in range(23)],
+        world=4,
+    )
     cap = sum(t.bytes for t in spec.tables) / 2  # tight enough to matter, loose enough to fit
     placement = SHARDERS[name](spec.tables, 4, cap, seed=0)
     assert len(placement) == len(spec.tables)
@@ -114,13 +125,22 @@ def test_step_overhead_learns_the_in_step_slowdown_of_the_kernels(model):
     rng = np.random.default_rng(7)
     rows = []
     for i in range(15):
-        tables = [(int(rng.integers(1000, 200_000)), int(rng.choice([8, 64])), int(rng.integers(1, 40)))
-                  for _ in range(int(rng.integers(2, 12)))]
+        tables = [
+            (int(rng.integers(1000, 200_000)), int(rng.choice([8, 64])), int(rng.integers(1, 40)))
+            for _ in range(int(rng.integers(2, 12)))
+        ]
         spec = job(tables)
         placement = [t % 2 for t in range(len(tables))]
         kernels = estimate_iteration(spec, placement, model, include_overhead=False).iteration_s
-        rows.append(Measurement(DLRM_STEP_OP, {"job": spec.to_dict(), "table_to_rank": placement},
-                                1.4 * kernels + 3e-4 * len(tables), 0.0, 20))
+        rows.append(
+            Measurement(
+                DLRM_STEP_OP,
+                {"job": spec.to_dict(), "table_to_rank": placement},
+                1.4 * kernels + 3e-4 * len(tables),
+                0.0,
+                20,
+            )
+        )
     bundle = type(model)(model.hardware_id, dict(model.models))
     held_out = fit_overhead(bundle, rows, seed=1)
     overhead = bundle.step_overheads["dlrm"]
@@ -165,7 +185,10 @@ def test_search_splits_a_table_that_no_whole_table_placement_can_balance(model):
         if result.plan[i] == {"type": "data_parallel"}:
             assert len(pieces) == 2 and all(p.shape == t.shape for p in pieces)
         else:
-            assert sum(p.shape.embedding_dim * p.shape.num_embeddings for p in pieces) == t.num_embeddings * t.embedding_dim
+            assert (
+                sum(p.shape.embedding_dim * p.shape.num_embeddings for p in pieces)
+                == t.num_embeddings * t.embedding_dim
+            )
 
 
 def test_search_never_takes_a_move_that_breaks_the_memory_cap(model):

@@ -1,4 +1,5 @@
 """The critical-path simulator on hand-built two-rank graphs, answers worked out by hand."""
+
 import json
 
 import pytest
@@ -26,8 +27,12 @@ def test_inter_rank_synchronisation_at_a_collective():
     # C cannot start before rank 0 arrives at 3 ms: both end it at 5; rank 1 waited 2 ms.
     # Rank 1 then runs D 5..9, rank 0 E 5..6: the iteration is 9 ms, where per-rank sums
     # (6 and 7 ms) would say 7.
-    g = ExecutionGraph([[comp("A", 3), coll("C", 2, deps=[0]), comp("E", 1, deps=[1])],
-                        [comp("B", 1), coll("C", 2, deps=[0]), comp("D", 4, deps=[1])]])
+    g = ExecutionGraph(
+        [
+            [comp("A", 3), coll("C", 2, deps=[0]), comp("E", 1, deps=[1])],
+            [comp("B", 1), coll("C", 2, deps=[0]), comp("D", 4, deps=[1])],
+        ]
+    )
     res = simulate(g, cost, synchronous=True)
     assert res.iteration_s == pytest.approx(9 * MS)
     assert res.spans[1][1] == pytest.approx((3 * MS, 5 * MS))
@@ -63,18 +68,22 @@ def test_cpu_issue_overhead_delays_kernels_and_can_be_the_bottleneck():
 
 def test_subgroup_collectives_only_wait_for_their_members():
     # Rank 2 is slow (5 ms) but only ranks 0 and 1 share the all-reduce: it ends at 1 + 2.
-    g = ExecutionGraph([[comp("a", 1), coll("ar", 2, group=(0, 1))],
-                        [comp("b", 1), coll("ar", 2, group=(0, 1))],
-                        [comp("slow", 5)]])
+    g = ExecutionGraph(
+        [[comp("a", 1), coll("ar", 2, group=(0, 1))], [comp("b", 1), coll("ar", 2, group=(0, 1))], [comp("slow", 5)]]
+    )
     res = simulate(g, cost, synchronous=True)
     assert res.spans[0][1] == pytest.approx((1 * MS, 3 * MS))
     assert res.iteration_s == pytest.approx(5 * MS)
 
 
 def test_mismatched_collectives_deadlock_with_a_clear_error():
-    g = ExecutionGraph([[coll("c1", 1, group=(0, 1)), coll("c2", 1, group=(0, 2))],
-                        [coll("c3", 1, group=(1, 2)), coll("c1", 1, group=(0, 1))],
-                        [coll("c2", 1, group=(0, 2)), coll("c3", 1, group=(1, 2))]])
+    g = ExecutionGraph(
+        [
+            [coll("c1", 1, group=(0, 1)), coll("c2", 1, group=(0, 2))],
+            [coll("c3", 1, group=(1, 2)), coll("c1", 1, group=(0, 1))],
+            [coll("c2", 1, group=(0, 2)), coll("c3", 1, group=(1, 2))],
+        ]
+    )
     with pytest.raises(DeadlockError, match="wait at"):
         simulate(g, cost)
 
@@ -102,16 +111,26 @@ def test_exposed_communication_matches_a_brute_force_count():
             start = float(rng.uniform(0, 10))
             spans.append((start, start + float(rng.uniform(0, 2))))
             comm = rng.random() < 0.3
-            ops.append(GraphOp("x", "collective" if comm else "compute", "x", stream="comm" if comm else "compute",
-                               group=(0,) if comm else ()))
+            ops.append(
+                GraphOp(
+                    "x",
+                    "collective" if comm else "compute",
+                    "x",
+                    stream="comm" if comm else "compute",
+                    group=(0,) if comm else (),
+                )
+            )
         grid = np.linspace(0, 12, 120_001)
         busy = np.zeros_like(grid, dtype=bool)
         for (a, b), o in zip(spans, ops):
             if o.stream == "compute":
                 busy |= (grid >= a) & (grid < b)
         step = grid[1] - grid[0]
-        expected = sum(float(((grid >= a) & (grid < b) & ~busy).sum()) * step
-                       for (a, b), o in zip(spans, ops) if o.stream == "comm")
+        expected = sum(
+            float(((grid >= a) & (grid < b) & ~busy).sum()) * step
+            for (a, b), o in zip(spans, ops)
+            if o.stream == "comm"
+        )
         assert _exposed(spans, ops) == pytest.approx(expected, abs=1e-3)
 
 
@@ -122,10 +141,13 @@ def test_concurrent_collectives_share_a_rank_link():
     # 3 ms at 6. The simulator queues T behind A (4..6): the same 6 ms makespan, and nothing
     # already placed moves. An inter-node collective (another link) is not delayed.
     def rank():
-        return [GraphOp("A", "collective", "t", {"ms": 4, "scope": "intra"}, stream="comm", group=(0, 1)),
-                GraphOp("gap", "compute", "t", {"ms": 1}),
-                GraphOp("T", "collective", "t", {"ms": 2, "scope": "intra"}, stream="comm:1", group=(0, 1), deps=[1]),
-                GraphOp("N", "collective", "t", {"ms": 2, "scope": "inter"}, stream="comm:2", group=(0, 1), deps=[1])]
+        return [
+            GraphOp("A", "collective", "t", {"ms": 4, "scope": "intra"}, stream="comm", group=(0, 1)),
+            GraphOp("gap", "compute", "t", {"ms": 1}),
+            GraphOp("T", "collective", "t", {"ms": 2, "scope": "intra"}, stream="comm:1", group=(0, 1), deps=[1]),
+            GraphOp("N", "collective", "t", {"ms": 2, "scope": "inter"}, stream="comm:2", group=(0, 1), deps=[1]),
+        ]
+
     g = ExecutionGraph([rank(), rank()])
     shared = simulate(g, cost)
     assert shared.spans[0][2] == pytest.approx((4 * MS, 6 * MS))

@@ -1,4 +1,5 @@
 """The overlapped pair as a k-stage pipeline in the simulator, the fit of its costs, the policy."""
+
 import math
 
 import pytest
@@ -7,7 +8,12 @@ from policies.substitution import PairPricing, apply_substitutions, choose_subst
 from predictors.graph import ExecutionGraph, GraphOp
 from predictors.overlap_fit import fit_overlap_costs, fit_transfer_line
 from predictors.overlap_model import (
-    OverlapCalibration, OverlapCosts, PairPrediction, SubstitutablePair, predict_forms, substitute,
+    OverlapCalibration,
+    OverlapCosts,
+    PairPrediction,
+    SubstitutablePair,
+    predict_forms,
+    substitute,
 )
 from predictors.simulator import simulate
 
@@ -33,13 +39,31 @@ def two_rank_graph(producer_units=10.0, coll_bytes=10_000, with_producer=(True, 
         ops = [GraphOp("before", "compute", "work", {"units": 1.0})]
         if with_producer[r]:
             ops.append(GraphOp("emb", "compute", "work", {"units": producer_units}, deps=[0]))
-        ops.append(GraphOp("a2a", "collective", "all_to_all", {"bytes": coll_bytes, "world": 2}, "comm",
-                           [len(ops) - 1] if with_producer[r] else [], (0, 1)))
+        ops.append(
+            GraphOp(
+                "a2a",
+                "collective",
+                "all_to_all",
+                {"bytes": coll_bytes, "world": 2},
+                "comm",
+                [len(ops) - 1] if with_producer[r] else [],
+                (0, 1),
+            )
+        )
         ops.append(GraphOp("after", "compute", "work", {"units": tail_units}, deps=[len(ops) - 1]))
         ops.append(GraphOp("emb_bwd", "compute", "work", {"units": 4.0}, deps=[len(ops) - 1]))
         ranks.append(ops)
-    meta = {"substitutable": [{"name": "emb_a2a", "pair": "embedding_all_to_all", "producer": "emb",
-                               "collective": "a2a", "sliced_with": ["emb_bwd"]}]}
+    meta = {
+        "substitutable": [
+            {
+                "name": "emb_a2a",
+                "pair": "embedding_all_to_all",
+                "producer": "emb",
+                "collective": "a2a",
+                "sliced_with": ["emb_bwd"],
+            }
+        ]
+    }
     return ExecutionGraph(ranks, meta)
 
 
@@ -69,7 +93,9 @@ def test_contention_and_overhead_are_paid_on_the_compute_stream():
     graph = two_rank_graph()
     none = substitute(graph, PAIR, 2, OverlapCosts(comm_compute_share=1.0), slice_params, cost)
     assert iteration_ms(none) == pytest.approx(iteration_ms(graph))  # no overlap: same as unfused
-    half = substitute(graph, PAIR, 2, OverlapCosts(slice_overhead_s=0.5 * MS, comm_compute_share=0.5), slice_params, cost)
+    half = substitute(
+        graph, PAIR, 2, OverlapCosts(slice_overhead_s=0.5 * MS, comm_compute_share=0.5), slice_params, cost
+    )
     # slice0 5, contention 2.5, overhead 0.5, slice1 5 (ends 14); its transfer ends 19
     assert iteration_ms(half) == pytest.approx(1 + 5 + 2.5 + 0.5 + 5 + 5 + 1 + 4)
     dear = substitute(graph, PAIR, 2, OverlapCosts(comm_factor=2.0), slice_params, cost)
@@ -91,7 +117,9 @@ def test_slices_are_never_priced_below_their_share_of_the_whole():
     no_overlap = OverlapCosts(comm_compute_share=1.0)
     assert iteration_ms(substitute(graph, PAIR, 2, no_overlap, too_cheap, cost)) < iteration_ms(graph)
     # priced against the whole producer and collective, k slices without overlap gain nothing
-    assert iteration_ms(substitute(graph, PAIR, 2, no_overlap, too_cheap, cost, cost)) == pytest.approx(iteration_ms(graph))
+    assert iteration_ms(substitute(graph, PAIR, 2, no_overlap, too_cheap, cost, cost)) == pytest.approx(
+        iteration_ms(graph)
+    )
 
 
 def test_transfer_line_fit_recovers_latency_and_bandwidth():
@@ -126,6 +154,7 @@ def _measured_as(costs, shapes):
 
         def predict(c, graph=graph):
             return predict_forms(graph, PAIR, c, cost, slice_params, cost, synchronous=True)
+
         made = predict(costs)
         points.append((predict, {1: made.unfused_s, **made.fused_s}))
     return points
@@ -180,7 +209,9 @@ def test_policy_lists_every_pair_with_both_predictions_and_applies_the_winners()
     graph = two_rank_graph()
     model = FakeModel(OverlapCalibration({"embedding_all_to_all": OverlapCosts(0.1 * MS, 0.2, 1.0)}))
     decision = choose_substitutions(graph, model, slice_params, cost=cost)
-    applied = apply_substitutions(PairPricing(graph, model, slice_params, cost), decision.choice_detail["substitutions"])
+    applied = apply_substitutions(
+        PairPricing(graph, model, slice_params, cost), decision.choice_detail["substitutions"]
+    )
     cand = decision.candidates[0]
     assert decision.choice.startswith("emb_a2a:k")
     assert cand.detail["substitute"] and cand.detail["predicted_unfused_ms"] == pytest.approx(iteration_ms(graph))
@@ -211,11 +242,18 @@ def test_reference_job_graphs_mark_their_pairs_and_simulate_substituted():
     from probes.vocabulary.jobspec import JobSpec
     from probes.vocabulary.transformer_spec import TransformerSpec
 
-    job = JobSpec.from_dict({
-        "name": "g", "workload": "dlrm", "world_size": 2, "batch_size": 32,
-        "dense": {"num_dense_features": 4, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
-        "tables": [{"name": f"t{i}", "num_embeddings": 1000, "embedding_dim": 8, "pooling_factor": 2} for i in range(3)],
-    })
+    job = JobSpec.from_dict(
+        {
+            "name": "g",
+            "workload": "dlrm",
+            "world_size": 2,
+            "batch_size": 32,
+            "dense": {"num_dense_features": 4, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
+            "tables": [
+                {"name": f"t{i}", "num_embeddings": 1000, "embedding_dim": 8, "pooling_factor": 2} for i in range(3)
+            ],
+        }
+    )
     placement = [0, 0, 0]  # rank 1 holds no table: it only receives
     graph = build_dlrm_graph(job, placement)
     [pair] = pairs_in(graph)
@@ -227,12 +265,21 @@ def test_reference_job_graphs_mark_their_pairs_and_simulate_substituted():
     assert sum(o.name.startswith("all_to_all_fwd.slice") for o in fused.ranks[1]) == 4
     simulate(fused, unit, synchronous=True)  # every rank meets every slice
 
-    tf = build_transformer_graph(TransformerSpec(layers=2, hidden=32, heads=4, seq_len=8, batch_size=2, world_size=2,
-                                                 tensor_parallel=2, dropout=0.1))
+    tf = build_transformer_graph(
+        TransformerSpec(
+            layers=2, hidden=32, heads=4, seq_len=8, batch_size=2, world_size=2, tensor_parallel=2, dropout=0.1
+        )
+    )
     names = [p.name for p in pairs_in(tf)]
     assert names == ["b0.out", "b0.fc2", "b1.out", "b1.fc2"]
-    assert pairs_in(build_transformer_graph(TransformerSpec(layers=1, hidden=32, heads=4, seq_len=8, batch_size=2,
-                                                            world_size=2, tensor_parallel=1))) == []
+    assert (
+        pairs_in(
+            build_transformer_graph(
+                TransformerSpec(layers=1, hidden=32, heads=4, seq_len=8, batch_size=2, world_size=2, tensor_parallel=1)
+            )
+        )
+        == []
+    )
 
 
 def test_launcher_refuses_a_substitution_the_job_cannot_run():
@@ -252,17 +299,23 @@ def test_symmetric_memory_kernels_are_a_candidate_priced_by_their_measured_ratio
     unfused pair is fitted per pair kind, and the policy picks them (slices 0) only where the
     simulated iteration with the pair as one fused kernel beats both unfused and sliced."""
     from policies.substitution import SYMM_MEM_SLICES
-    from predictors.pair_estimator import fit_symm_mem
     from predictors.overlap_model import fuse_as_one_kernel
+    from predictors.pair_estimator import fit_symm_mem
     from probes.vocabulary.ops import PAIR_OP, SYMM_MEM_OP
     from probes.vocabulary.pairs import PairPoint
     from probes.vocabulary.records import Measurement
 
     point = PairPoint("gemm_all_reduce", 256, 256, 256).to_params()
-    rows = [Measurement(PAIR_OP, {**point, "k": 1}, 2.0 * MS, 0, 5), Measurement(PAIR_OP, {**point, "k": 2}, 1.9 * MS, 0, 5),
-            Measurement(SYMM_MEM_OP, {**point, "k": 1}, 1.0 * MS, 0, 5)]
+    rows = [
+        Measurement(PAIR_OP, {**point, "k": 1}, 2.0 * MS, 0, 5),
+        Measurement(PAIR_OP, {**point, "k": 2}, 1.9 * MS, 0, 5),
+        Measurement(SYMM_MEM_OP, {**point, "k": 1}, 1.0 * MS, 0, 5),
+    ]
     other = {**point, "rows": 512}
-    rows += [Measurement(PAIR_OP, {**other, "k": 1}, 4.0 * MS, 0, 5), Measurement(SYMM_MEM_OP, {**other, "k": 1}, 1.0 * MS, 0, 5)]
+    rows += [
+        Measurement(PAIR_OP, {**other, "k": 1}, 4.0 * MS, 0, 5),
+        Measurement(SYMM_MEM_OP, {**other, "k": 1}, 1.0 * MS, 0, 5),
+    ]
     fitted = fit_symm_mem(rows)
     assert fitted["gemm_all_reduce"]["n"] == 2
     assert fitted["gemm_all_reduce"]["ratio"] == pytest.approx(math.sqrt(0.5 * 0.25))
@@ -276,7 +329,10 @@ def test_symmetric_memory_kernels_are_a_candidate_priced_by_their_measured_ratio
     model = FakeModel(slow_slices)
     model.symm_mem = {"gemm_all_reduce": {"ratio": 0.5, "n": 2}}
     decision = choose_substitutions(graph, model, slice_params, cost=cost)
-    applied = apply_substitutions(PairPricing(graph, model, slice_params, cost), decision.choice_detail["substitutions"])
+    applied = apply_substitutions(
+        PairPricing(graph, model, slice_params, cost), decision.choice_detail["substitutions"]
+    )
+    assert iteration_ms(applied) == pytest.approx(iteration_ms(one))  # the fused kernels, applied
     assert decision.choice == f"emb_a2a:k{SYMM_MEM_SLICES}"
     assert decision.choice_detail["substitutions"] == {"emb_a2a": SYMM_MEM_SLICES}
     assert decision.candidates[0].detail["predicted_symm_mem_ms"] == pytest.approx(iteration_ms(one))
@@ -285,6 +341,7 @@ def test_symmetric_memory_kernels_are_a_candidate_priced_by_their_measured_ratio
     assert choose_substitutions(graph, model, slice_params, cost=cost).choice == "none"
 
     from orchestrator.launch import _checked_substitutions
+
     assert _checked_substitutions({"b0.out": 0}, {"b0.out"}, {"b0.out"}) == {"b0.out": 0}
     with pytest.raises(ValueError, match="slices must be >= 1"):
         _checked_substitutions({"emb": 0}, {"emb"})

@@ -1,22 +1,30 @@
 """Row-wise, column-wise and data-parallel tables: shards, the graph they build, their memory."""
+
 import pytest
 
 from predictors.dlrm_graph import build_dlrm_graph
 from predictors.memory import dlrm_memory
 from predictors.simulator import simulate
-from probes.vocabulary.table_shards import ShardingPlanError, exchanged_widths, shard_bytes, table_shards
 from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.table_shards import ShardingPlanError, exchanged_widths, shard_bytes, table_shards
 
 RW, DP = {"type": "row_wise"}, {"type": "data_parallel"}
 
 
 def job(dims=(8, 16, 16, 4), world=2, rows=1000, pooling=6, batch=32):
-    return JobSpec.from_dict({
-        "name": "s", "workload": "dlrm", "world_size": world, "batch_size": batch,
-        "dense": {"num_dense_features": 4, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
-        "tables": [{"name": f"t{i}", "num_embeddings": rows + i, "embedding_dim": d, "pooling_factor": pooling}
-                   for i, d in enumerate(dims)],
-    })
+    return JobSpec.from_dict(
+        {
+            "name": "s",
+            "workload": "dlrm",
+            "world_size": world,
+            "batch_size": batch,
+            "dense": {"num_dense_features": 4, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
+            "tables": [
+                {"name": f"t{i}", "num_embeddings": rows + i, "embedding_dim": d, "pooling_factor": pooling}
+                for i, d in enumerate(dims)
+            ],
+        }
+    )
 
 
 def cw(*ranks):
@@ -26,27 +34,39 @@ def cw(*ranks):
 def test_pieces_of_each_sharding_type():
     spec = job(world=3)
     shards = table_shards(spec, [0, RW, cw(0, 1, 2), DP])
-    by = lambda t: [(s.rank, s.shape.num_embeddings, s.shape.embedding_dim, s.shape.pooling_factor)  # noqa: E731
-                    for s in shards if s.table == t]
+
+    def by(table: int) -> list[tuple[int, int, int, int]]:
+        return [
+            (s.rank, s.shape.num_embeddings, s.shape.embedding_dim, s.shape.pooling_factor)
+            for s in shards
+            if s.table == table
+        ]
+
     assert by(0) == [(0, 1000, 8, 6)]
     assert by(1) == [(0, 334, 16, 2), (1, 334, 16, 2), (2, 333, 16, 2)]  # rows split, a third of the lookups each
     assert by(2) == [(0, 1002, 6, 6), (1, 1002, 5, 6), (2, 1002, 5, 6)]  # 16 columns as 6 + 5 + 5
     assert by(3) == [(r, 1003, 4, 6) for r in range(3)]  # a replica per rank
     # the all-to-all carries table- and column-wise pieces only
     assert exchanged_widths(spec, shards) == [8 + 6, 5, 5]
-    assert shard_bytes(shards, 3) == [4 * (1000 * 8 + 334 * 16 + 1002 * 6 + 1003 * 4),
-                                      4 * (334 * 16 + 1002 * 5 + 1003 * 4), 4 * (333 * 16 + 1002 * 5 + 1003 * 4)]
+    assert shard_bytes(shards, 3) == [
+        4 * (1000 * 8 + 334 * 16 + 1002 * 6 + 1003 * 4),
+        4 * (334 * 16 + 1002 * 5 + 1003 * 4),
+        4 * (333 * 16 + 1002 * 5 + 1003 * 4),
+    ]
 
 
-@pytest.mark.parametrize("plan, message", [
-    ([0, 1, 0], "plan places 3 tables, job has 4"),
-    ([0, 2, 0, 1], r"plan\[1\] \(table 't1'\): rank 2 outside 0..1"),
-    ([0, {"type": "diagonal"}, 0, 1], r"plan\[1\] \(table 't1'\).type: 'diagonal' is not one of"),
-    ([0, {"type": "row_wise", "ranks": [1]}, 0, 1], r"row_wise spans every rank"),
-    ([0, cw(0, 0), 0, 1], "must be distinct ranks"),
-    ([0, 1, 0, cw(0, 1, 2, 3, 4)], "must be distinct ranks in 0..1"),
-    ([0, 1, 0, "1"], "expected a rank or a"),
-])
+@pytest.mark.parametrize(
+    "plan, message",
+    [
+        ([0, 1, 0], "plan places 3 tables, job has 4"),
+        ([0, 2, 0, 1], r"plan\[1\] \(table 't1'\): rank 2 outside 0..1"),
+        ([0, {"type": "diagonal"}, 0, 1], r"plan\[1\] \(table 't1'\).type: 'diagonal' is not one of"),
+        ([0, {"type": "row_wise", "ranks": [1]}, 0, 1], r"row_wise spans every rank"),
+        ([0, cw(0, 0), 0, 1], "must be distinct ranks"),
+        ([0, 1, 0, cw(0, 1, 2, 3, 4)], "must be distinct ranks in 0..1"),
+        ([0, 1, 0, "1"], "expected a rank or a"),
+    ],
+)
 def test_bad_plans_name_the_entry(plan, message):
     with pytest.raises(ShardingPlanError, match=message):
         table_shards(job(), plan)
@@ -64,8 +84,12 @@ def test_graph_of_a_mixed_plan():
         assert names[:5] == ["embedding_fwd", "all_to_all_fwd", "reduce_scatter_fwd", "embedding_dp_fwd", "fc0_fwd"]
         cat = next(o for o in rank if o.name == "interaction_cat")
         # the interaction waits for every way embeddings arrive, and for the bottom MLP
-        assert sorted(rank[d].name for d in cat.deps) == ["all_to_all_fwd", "embedding_dp_fwd", "reduce_scatter_fwd",
-                                                          "relu1_fwd"]
+        assert sorted(rank[d].name for d in cat.deps) == [
+            "all_to_all_fwd",
+            "embedding_dp_fwd",
+            "reduce_scatter_fwd",
+            "relu1_fwd",
+        ]
         assert {"all_to_all_bwd", "all_gather_bwd", "embedding_dp_bwd", "dp_table_all_reduce"} <= set(names)
         bwd = next(o for o in rank if o.name == "embedding_bwd")
         assert sorted(rank[d].name for d in bwd.deps) == ["all_gather_bwd", "all_to_all_bwd"]

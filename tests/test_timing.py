@@ -1,5 +1,6 @@
 """probes/timing.py: the device-clock control flow against a fake clock (no GPU needed), the
 CPU path, and on a CUDA machine the real clock against torch.profiler's kernel durations."""
+
 from __future__ import annotations
 
 import sys
@@ -66,6 +67,7 @@ class FakeClock:
         def replay():
             for _ in range(calls):
                 self.log.append(("call",))
+
         return replay
 
     # the timed function
@@ -75,6 +77,7 @@ class FakeClock:
             if wait:
                 time.sleep(wait)
             self.log.append(("call",))
+
         return call
 
 
@@ -143,12 +146,25 @@ def test_batching_rules():
     # A setup forces one call per sample; it runs (and is finished) before the flush.
     clock = FakeClock(call_s=1e-6)
     setups = []
-    t = time_callable(clock.fn(), device="cuda", min_repeats=3, max_repeats=3, flush_l2=False,
-                      setup=lambda: (setups.append(1), clock.log.append(("setup",))), clock=clock)
+    t = time_callable(
+        clock.fn(),
+        device="cuda",
+        min_repeats=3,
+        max_repeats=3,
+        flush_l2=False,
+        setup=lambda: (setups.append(1), clock.log.append(("setup",))),
+        clock=clock,
+    )
     assert t.calls_per_sample == 1
     clock2 = FakeClock()
-    time_callable(clock2.fn(), device="cuda", min_repeats=3, max_repeats=3,
-                  setup=lambda: clock2.log.append(("setup",)), clock=clock2)
+    time_callable(
+        clock2.fn(),
+        device="cuda",
+        min_repeats=3,
+        max_repeats=3,
+        setup=lambda: clock2.log.append(("setup",)),
+        clock=clock2,
+    )
     for before, _ in _samples(clock2.log)[:]:
         kinds = [e[0] for e in before]
         assert kinds[-4:] == ["setup", "sync", "flush", "hide"]
@@ -175,8 +191,9 @@ def test_a_short_spin_grows_after_an_exposed_sample():
 
 def test_a_synchronizing_call_gives_up_launch_hiding():
     clock = FakeClock(early=lambda i: True)
-    t = time_callable(clock.fn(host_s=1e-4, synchronizing=True), device="cuda", warmup=1, min_repeats=5,
-                      max_repeats=5, clock=clock)
+    t = time_callable(
+        clock.fn(host_s=1e-4, synchronizing=True), device="cuda", warmup=1, min_repeats=5, max_repeats=5, clock=clock
+    )
     hides = [i for i, e in enumerate(clock.log) if e[0] == "hide"]
     assert len(hides) == 2  # two exposed samples where the host waited out the spin, then plain events
     assert t.method == "fake_event" and t.repeats == 5
@@ -191,8 +208,9 @@ def test_graph_replays_when_asked_and_the_spin_when_capture_fails():
     t = time_callable(failing.fn(), device="cuda", min_repeats=3, max_repeats=3, graph=True, clock=failing)
     assert ("capture", 1) in failing.log and t.method == "fake_event+spin"
     with_setup = FakeClock()
-    time_callable(with_setup.fn(), device="cuda", min_repeats=3, max_repeats=3, graph=True, setup=lambda: None,
-                  clock=with_setup)
+    time_callable(
+        with_setup.fn(), device="cuda", min_repeats=3, max_repeats=3, graph=True, setup=lambda: None, clock=with_setup
+    )
     assert not any(e[0] == "capture" for e in with_setup.log)  # a setup's fresh inputs cannot be replayed
 
 
@@ -233,6 +251,7 @@ def test_l2_flush_size_falls_back_without_a_device(monkeypatch):
 
 # Settings recorded beside the hardware id (orchestrator/cluster.py), part of the same issue.
 
+
 def test_tf32_settings_and_gpu_clocks_are_software_not_hardware(monkeypatch):
     from orchestrator import cluster
 
@@ -245,11 +264,20 @@ def test_tf32_settings_and_gpu_clocks_are_software_not_hardware(monkeypatch):
 
     clocks = {("app", 1): 1755, ("app", 2): 2619, ("max", 1): 1980, ("max", 2): 2619}
     fake = types.SimpleNamespace(
-        NVMLError=NVMLError, NVML_CLOCK_SM=1, NVML_CLOCK_MEM=2, NVML_P2P_CAPS_INDEX_NVLINK=0, NVML_P2P_STATUS_OK=0,
-        nvmlInit=lambda: None, nvmlShutdown=lambda: None, nvmlSystemGetDriverVersion=lambda: b"550.54",
-        nvmlSystemGetCudaDriverVersion_v2=lambda: 12040, nvmlDeviceGetCount=lambda: 2,
-        nvmlDeviceGetHandleByIndex=lambda i: i, nvmlDeviceGetCudaComputeCapability=lambda h: (9, 0),
-        nvmlDeviceGetName=lambda h: "NVIDIA H100 80GB HBM3", nvmlDeviceGetUUID=lambda h: f"GPU-{h}",
+        NVMLError=NVMLError,
+        NVML_CLOCK_SM=1,
+        NVML_CLOCK_MEM=2,
+        NVML_P2P_CAPS_INDEX_NVLINK=0,
+        NVML_P2P_STATUS_OK=0,
+        nvmlInit=lambda: None,
+        nvmlShutdown=lambda: None,
+        nvmlSystemGetDriverVersion=lambda: b"550.54",
+        nvmlSystemGetCudaDriverVersion_v2=lambda: 12040,
+        nvmlDeviceGetCount=lambda: 2,
+        nvmlDeviceGetHandleByIndex=lambda i: i,
+        nvmlDeviceGetCudaComputeCapability=lambda h: (9, 0),
+        nvmlDeviceGetName=lambda h: "NVIDIA H100 80GB HBM3",
+        nvmlDeviceGetUUID=lambda h: f"GPU-{h}",
         nvmlDeviceGetMemoryInfo=lambda h: types.SimpleNamespace(total=80 << 30),
         nvmlDeviceGetP2PStatus=lambda a, b, c: 0,
         nvmlDeviceGetApplicationsClock=lambda h, kind: clocks[("app", kind)] - (h if kind == 1 else 0),
@@ -275,6 +303,7 @@ def test_tf32_settings_and_gpu_clocks_are_software_not_hardware(monkeypatch):
 
 # On a CUDA machine: the real clock against the profiler's kernel durations.
 
+
 def _profiled_kernel_s(fn, flush: bool = True, calls: int = 30) -> float:
     """Median device time of `fn`'s kernels per call, from torch.profiler (L2 flushed before
     each call, as time_callable does)."""
@@ -292,8 +321,11 @@ def _profiled_kernel_s(fn, flush: bool = True, calls: int = 30) -> float:
             with record_function("timed_target"):
                 fn()
         torch.cuda.synchronize()
-    times = [e.device_time_total * 1e-6 for e in prof.events()
-             if e.name == "timed_target" and e.device_type == DeviceType.CPU]
+    times = [
+        e.device_time_total * 1e-6
+        for e in prof.events()
+        if e.name == "timed_target" and e.device_type == DeviceType.CPU
+    ]
     assert len(times) == calls and min(times) > 0
     return float(np.median(times))
 

@@ -1,4 +1,5 @@
 """Our plans as TorchRec ShardingPlans and back; TorchRec's planner as a plan of ours."""
+
 import pytest
 
 pytest.importorskip("torchrec")
@@ -19,8 +20,11 @@ def test_a_plan_round_trips_through_a_torchrec_sharding_plan(job):
     sharding_plan = to_sharding_plan(job, MIXED)
     module_plan = sharding_plan.plan[""]
     assert {name: (ps.sharding_type, list(ps.ranks) if ps.ranks else None) for name, ps in module_plan.items()} == {
-        "t0": ("table_wise", [1]), "t1": ("row_wise", [0, 1]), "t2": ("column_wise", [1, 0]),
-        "t3": ("data_parallel", [0, 1]), "t4": ("table_wise", [0]),
+        "t0": ("table_wise", [1]),
+        "t1": ("row_wise", [0, 1]),
+        "t2": ("column_wise", [1, 0]),
+        "t3": ("data_parallel", [0, 1]),
+        "t4": ("table_wise", [0]),
     }
     # the column-wise table's shards split its 8 columns between the two ranks
     shards = module_plan["t2"].sharding_spec.shards
@@ -47,18 +51,26 @@ def test_the_measured_estimator_prices_shards_with_our_models(job):
     the embedding model's lookup of that table over the global batch, in milliseconds."""
     from types import SimpleNamespace
 
+    from test_sharding import synthetic_model
     from torchrec.distributed.planner.types import Shard
 
     from policies.torchrec_bridge import measured_estimator
     from probes.vocabulary.tbe_features import expected_features
-    from test_sharding import synthetic_model
 
     model = synthetic_model()
     t = job.tables[2]
-    tw = SimpleNamespace(name=t.name, batch_size=job.batch_size, sharding_type="table_wise",
-                         shards=[Shard(size=[t.num_embeddings, t.embedding_dim], offset=[0, 0])])
-    dp = SimpleNamespace(name=t.name, batch_size=job.batch_size, sharding_type="data_parallel",
-                         shards=[Shard(size=[t.num_embeddings, t.embedding_dim], offset=[0, 0]) for _ in range(2)])
+    tw = SimpleNamespace(
+        name=t.name,
+        batch_size=job.batch_size,
+        sharding_type="table_wise",
+        shards=[Shard(size=[t.num_embeddings, t.embedding_dim], offset=[0, 0])],
+    )
+    dp = SimpleNamespace(
+        name=t.name,
+        batch_size=job.batch_size,
+        sharding_type="data_parallel",
+        shards=[Shard(size=[t.num_embeddings, t.embedding_dim], offset=[0, 0]) for _ in range(2)],
+    )
     measured_estimator(job, model, 2).estimate([tw, dp])
     feats = expected_features([t.shape], 2 * job.batch_size, seed=job.seed)
     assert tw.shards[0].perf.fwd_compute == pytest.approx(1e3 * model.predict("embedding_fwd", **feats))
@@ -78,8 +90,9 @@ def test_torchrecs_planner_runs_on_our_measured_costs(job):
 
 
 def test_the_policy_ranks_torchrecs_plans_among_its_candidates(job):
-    from policies.sharding import TORCHREC, TORCHREC_MEASURED, choose_sharding
     from test_sharding import synthetic_model
+
+    from policies.sharding import TORCHREC, TORCHREC_MEASURED, choose_sharding
 
     decision = choose_sharding(job, synthetic_model(), memory_cap_bytes=2**30)
     by_name = {c.name: c for c in decision.candidates}

@@ -1,5 +1,6 @@
 """Device time of captured ops (probes/trace_capture.py on CUDA) from hand-built profiler events,
 and its use by the in-context rows; a real capture where a GPU exists."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -8,20 +9,44 @@ import pytest
 import torch
 from torch.autograd import DeviceType
 
-from probes.vocabulary.in_context import in_context_rows, op_duration_s
 from probes.overhead_trace import STEP_MARK
 from probes.trace_capture import _one_step, capture_step_trace, device_collectives, device_time_by_op
+from probes.vocabulary.in_context import in_context_rows, op_duration_s
 
 MAIN, AUTOGRAD = 1, 2
 
 
-def _ev(name, start, end, *, id=0, linked=0, thread=MAIN, parent=None, device=False, scope=0, shapes=(),
-        annotation=False, stream=7, activity=None):
-    e = SimpleNamespace(name=name, id=id, linked_correlation_id=linked, thread=thread, cpu_parent=parent,
-                        device_type=DeviceType.CUDA if device else DeviceType.CPU, is_async=False, scope=scope,
-                        is_user_annotation=annotation, time_range=SimpleNamespace(start=start, end=end),
-                        input_shapes=[list(s) for s in shapes], device_resource_id=stream if device else thread,
-                        activity_type=activity or ("kernel" if device else "cpu_op"))
+def _ev(
+    name,
+    start,
+    end,
+    *,
+    id=0,
+    linked=0,
+    thread=MAIN,
+    parent=None,
+    device=False,
+    scope=0,
+    shapes=(),
+    annotation=False,
+    stream=7,
+    activity=None,
+):
+    e = SimpleNamespace(
+        name=name,
+        id=id,
+        linked_correlation_id=linked,
+        thread=thread,
+        cpu_parent=parent,
+        device_type=DeviceType.CUDA if device else DeviceType.CPU,
+        is_async=False,
+        scope=scope,
+        is_user_annotation=annotation,
+        time_range=SimpleNamespace(start=start, end=end),
+        input_shapes=[list(s) for s in shapes],
+        device_resource_id=stream if device else thread,
+        activity_type=activity or ("kernel" if device else "cpu_op"),
+    )
     return e
 
 
@@ -39,8 +64,9 @@ def _step():
     nccl_host = _ev("nccl:all_reduce", 82.0, 88.0, id=8, parent=allreduce)
     view = _ev("aten::view", 92.0, 93.0, id=6, parent=fwd)
     engine = _ev("autograd::engine::evaluate_function: GeluBackward0", 100.0, 150.0, thread=AUTOGRAD)
-    gelu_bwd = _ev("aten::gelu_backward", 101.0, 140.0, id=5, thread=AUTOGRAD, parent=engine,
-                   shapes=[(64, 16), (64, 16)])
+    gelu_bwd = _ev(
+        "aten::gelu_backward", 101.0, 140.0, id=5, thread=AUTOGRAD, parent=engine, shapes=[(64, 16), (64, 16)]
+    )
     kernels = [
         _ev("sm90_gemm", 100.0, 300.0, id=101, linked=2, device=True),
         _ev("vectorized_elementwise_kernel<gelu>", 300.0, 350.0, id=102, linked=3, device=True),
@@ -65,7 +91,7 @@ def test_kernels_are_attributed_to_their_top_level_op():
     assert spans[id(named["aten::gelu_backward"])]["device_us"] == 20.0
     # the NCCL kernel is communication, not the launching op's compute; the orphan has no op
     assert set(spans) == {id(named["aten::linear"]), id(named["aten::gelu"]), id(named["aten::gelu_backward"])}
-    (nccl, launched_at), = device_collectives(host + kernels)
+    ((nccl, launched_at),) = device_collectives(host + kernels)
     assert nccl.name.startswith("ncclDevKernel") and launched_at == 80.0
 
 
@@ -75,8 +101,13 @@ def test_a_cuda_step_uses_kernel_time_and_keeps_the_host_span():
     step = _one_step(events, window, (device_time_by_op(events), device_collectives(events)))
     assert step["device"] == "cuda" and step["step_s"] == pytest.approx(1e-3)
     ops = {o["name"]: o for o in step["ops"]}
-    assert [o["name"] for o in step["ops"]] == ["aten::linear", "aten::gelu", "c10d::allreduce_", "aten::view",
-                                               "aten::gelu_backward"]
+    assert [o["name"] for o in step["ops"]] == [
+        "aten::linear",
+        "aten::gelu",
+        "c10d::allreduce_",
+        "aten::view",
+        "aten::gelu_backward",
+    ]
     linear = ops["aten::linear"]
     assert (linear["start_s"], linear["end_s"]) == pytest.approx((10e-6, 60e-6))  # host: the issue order
     assert linear["device_s"] == pytest.approx(200e-6) and linear["kernels"] == 1
@@ -85,8 +116,14 @@ def test_a_cuda_step_uses_kernel_time_and_keeps_the_host_span():
     assert ops["aten::view"]["device_s"] == 0.0 and ops["aten::view"]["kernels"] == 0
     assert ops["c10d::allreduce_"]["kernels"] == 0
     # the NCCL kernel is the work item (on its stream), the host's bracketing range is not
-    assert step["comm"] == [{"name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL", "start_s": pytest.approx(400e-6),
-                             "end_s": pytest.approx(600e-6), "thread": 13}]
+    assert step["comm"] == [
+        {
+            "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+            "start_s": pytest.approx(400e-6),
+            "end_s": pytest.approx(600e-6),
+            "thread": 13,
+        }
+    ]
 
     rows = in_context_rows([step], "cuda", 1, "test")
     by_op = {r.params["aten_op"]: r for r in rows}

@@ -2,8 +2,8 @@ import pytest
 
 from predictors.simulator import simulate
 from predictors.trace_graph import RESUME, STEP_END, graph_from_traces, measured_iteration_s
-from probes.vocabulary.ops import gemm_params_from_shapes
 from probes.vocabulary.in_context import model_op_for
+from probes.vocabulary.ops import gemm_params_from_shapes
 
 
 def _op(name, start_ms, end_ms, shapes=()):
@@ -15,9 +15,11 @@ def _trace(arrive_ms, comm_start_ms):
     ranks: the late rank arrives at 3.1 and the transfer takes 0.5), then 1 ms more."""
     return {
         "step_s": 4.65e-3,
-        "ops": [_op("aten::mm", 0.0, arrive_ms, [[64, 32], [32, 16]]),
-                _op("c10d::alltoall_base_", arrive_ms, arrive_ms + 0.1),
-                _op("aten::relu", 3.65, 4.65)],
+        "ops": [
+            _op("aten::mm", 0.0, arrive_ms, [[64, 32], [32, 16]]),
+            _op("c10d::alltoall_base_", arrive_ms, arrive_ms + 0.1),
+            _op("aten::relu", 3.65, 4.65),
+        ],
         "comm": [{"name": "gloo:all_to_all", "start_s": comm_start_ms * 1e-3, "end_s": 3.6e-3}],
     }
 
@@ -25,8 +27,14 @@ def _trace(arrive_ms, comm_start_ms):
 def test_imported_two_rank_trace_rebuilds_the_waiting():
     graph = graph_from_traces([_trace(1.0, 1.1), _trace(3.0, 3.1)])
     early = graph.ranks[0]
-    assert [o.name for o in early] == ["aten::mm", "c10d::alltoall_base_", "gloo:all_to_all", RESUME, "aten::relu",
-                                       STEP_END]
+    assert [o.name for o in early] == [
+        "aten::mm",
+        "c10d::alltoall_base_",
+        "gloo:all_to_all",
+        RESUME,
+        "aten::relu",
+        STEP_END,
+    ]
     coll = early[2]
     # The transfer alone: the late rank's 0.5 ms, not the early rank's 2.5 ms of waiting.
     assert coll.kind == "collective" and coll.duration_s == pytest.approx(0.5e-3) and coll.group == (0, 1)

@@ -5,13 +5,12 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
 from spawned import exit_worker
 
 from predictors.simulator import simulate
 from predictors.transformer_graph import block_param_numel, build_transformer_graph
-from probes.workloads.transformer import BlockStack, ParallelTransformer
 from probes.vocabulary.transformer_spec import TransformerSpec, TransformerSpecError
+from probes.workloads.transformer import BlockStack, ParallelTransformer
 
 
 def spec(**kw) -> TransformerSpec:
@@ -59,8 +58,9 @@ def test_simulated_time_grows_with_layers_and_tp_adds_waiting():
     def cost(op):
         return 1e-3 if op.kind == "collective" else compute_only(op)
 
-    one, two = (simulate(build_transformer_graph(spec(layers=n)), compute_only, synchronous=True).iteration_s
-                for n in (1, 2))
+    one, two = (
+        simulate(build_transformer_graph(spec(layers=n)), compute_only, synchronous=True).iteration_s for n in (1, 2)
+    )
     assert 1.8 * one < two < 2.0 * one  # blocks repeat; the loss and final norm do not
     tp = simulate(build_transformer_graph(spec(tensor_parallel=2)), cost, synchronous=True)
     assert tp.iteration_s > 0 and all(t.busy_s["comm"] >= 4 * 2 * 1e-3 - 1e-12 for t in tp.ranks)

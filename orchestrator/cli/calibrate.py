@@ -7,6 +7,7 @@ Measurements are appended to `.autotune/calibrations/<stamp>/measurements.jsonl`
 probe returns and logged to MLflow before the fit runs, so nothing measured is lost to a
 later failure.
 """
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,14 @@ from typing import Sequence
 from orchestrator import registry
 from orchestrator.calibrate import DEFAULT_BUDGET_S, calibrate_cluster, print_summary, refit
 from orchestrator.cli.common import (
-    MAX_BUDGET_S, ArgumentParser, budget_s, calibration_dir, fingerprint, number_in, run_main, seed,
+    MAX_BUDGET_S,
+    ArgumentParser,
+    budget_s,
+    calibration_dir,
+    fingerprint,
+    number_in,
+    run_main,
+    seed,
 )
 from orchestrator.jobfile import load_job
 from probes.vocabulary.jobspec import JobSpecError
@@ -41,18 +49,34 @@ def refit_main(directory: Path, tracking_uri: str | None, seed: int, as_json: bo
 
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m orchestrator.cli.calibrate", description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-s", type=budget_s, default=DEFAULT_BUDGET_S, help="probe time budget (default %(default)s)")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    parser.add_argument(
+        "--budget-s", type=budget_s, default=DEFAULT_BUDGET_S, help="probe time budget (default %(default)s)"
+    )
+    parser.add_argument(
+        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
+    )
     parser.add_argument("--ray-address", help="Ray cluster address (default: $RAY_ADDRESS or a local cluster)")
     parser.add_argument("--job", help="also measure the shapes this job file will be predicted at")
     parser.add_argument("--seed", type=seed, default=0)
-    parser.add_argument("--refit", metavar="DIR", type=calibration_dir, help="measure nothing: fit and register again from a calibration "
-                        "directory's measurements.jsonl (e.g. after the model code improved)")
-    parser.add_argument("--resume", metavar="DIR", help="continue a calibration of this cluster that was cut short: "
-                        "measure only the probe points its directory lacks, then fit and register")
-    parser.add_argument("--lock-timeout-s", type=number_in(0.0, 4 * MAX_BUDGET_S, minimum_allowed=True, unit="seconds"),
-                        default=None, help="wait this long for another calibration of this hardware to finish "
-                             "(default: 3 x the budget + 300 s)")
+    parser.add_argument(
+        "--refit",
+        metavar="DIR",
+        type=calibration_dir,
+        help="measure nothing: fit and register again from a calibration "
+        "directory's measurements.jsonl (e.g. after the model code improved)",
+    )
+    parser.add_argument(
+        "--resume",
+        metavar="DIR",
+        help="continue a calibration of this cluster that was cut short: "
+        "measure only the probe points its directory lacks, then fit and register",
+    )
+    parser.add_argument(
+        "--lock-timeout-s",
+        type=number_in(0.0, 4 * MAX_BUDGET_S, minimum_allowed=True, unit="seconds"),
+        default=None,
+        help="wait this long for another calibration of this hardware to finish (default: 3 x the budget + 300 s)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     args = parser.parse_args(argv)
     if args.refit:
@@ -63,8 +87,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
     if resume is not None and not (resume / "fingerprint.json").exists():
         raise JobSpecError([f"--resume {resume}: not a calibration directory (no fingerprint.json there)"])
     uri = registry.configure(args.tracking_uri)
-    info = calibrate_cluster(fingerprint(args.ray_address, start_ray=True), args.budget_s, job, args.seed, resume,
-                             args.lock_timeout_s)
+    info = calibrate_cluster(
+        fingerprint(args.ray_address, start_ray=True), args.budget_s, job, args.seed, resume, args.lock_timeout_s
+    )
     info["tracking_uri"] = uri
     print_summary(info)
     if args.json:

@@ -5,6 +5,7 @@ stderr; with `--json` the same error is also one JSON object on stdout:
 `{"error": ..., "field": ..., "exit_code": 2}` (plus `fields`/`problems` when a job file has
 several). Options are checked by argparse (`type=` validators below) before anything starts.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,11 +23,11 @@ from orchestrator.progress import say
 from policies.plan import PlanError
 from policies.sharders import NoFeasiblePlanError
 from predictors.network import NetworkError
+from predictors.opmodels import UncalibratedGroupError
 from probes.vocabulary.chunks import ScheduleError
-from probes.vocabulary.table_shards import ShardingPlanError
 from probes.vocabulary.jobspec import JobSpecError
 from probes.vocabulary.placement import PlacementError
-from predictors.opmodels import UncalibratedGroupError
+from probes.vocabulary.table_shards import ShardingPlanError
 
 EXIT_BAD_INPUT, EXIT_NO_MODEL, EXIT_FAILED = 2, 3, 1
 
@@ -66,14 +67,16 @@ def _option_named(message: str) -> str:
     """The option an argparse message is about: `argument --budget-s: ...`, `... required: --job`,
     `unrecognized arguments: --x`, or the first --option it mentions."""
     if message.startswith("argument "):
-        return message[len("argument "):].split(":", 1)[0].split("/")[0].strip()
+        return message[len("argument ") :].split(":", 1)[0].split("/")[0].strip()
     for token in message.replace(",", " ").split():
         if token.startswith("-"):
             return token.split("=", 1)[0]
     return "arguments"
 
 
-def number_in(minimum: float, maximum: float, *, minimum_allowed: bool = False, unit: str = "") -> Callable[[str], float]:
+def number_in(
+    minimum: float, maximum: float, *, minimum_allowed: bool = False, unit: str = ""
+) -> Callable[[str], float]:
     """An argparse `type=`: a finite number in (minimum, maximum] ([minimum, maximum] when
     `minimum_allowed`); NaN, infinities and anything outside are refused naming the range."""
     low = "[" if minimum_allowed else "("
@@ -85,7 +88,9 @@ def number_in(minimum: float, maximum: float, *, minimum_allowed: bool = False, 
             value = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}") from None
-        if not (math.isfinite(value) and (value >= minimum if minimum_allowed else value > minimum) and value <= maximum):
+        if not (
+            math.isfinite(value) and (value >= minimum if minimum_allowed else value > minimum) and value <= maximum
+        ):
             raise argparse.ArgumentTypeError(f"expected {allowed}, got {text!r}")
         return value
 
@@ -118,16 +123,18 @@ def output_file(text: str) -> str:
     """An argparse `type=` for a file to write: refused now if it names a directory (not
     after the work that produces it)."""
     if not text or Path(text).is_dir():
-        raise argparse.ArgumentTypeError(f"expected a file path to write, got {text!r}" +
-                                         (" (a directory)" if text else ""))
+        raise argparse.ArgumentTypeError(
+            f"expected a file path to write, got {text!r}" + (" (a directory)" if text else "")
+        )
     return text
 
 
 def output_dir(text: str) -> str:
     """An argparse `type=` for a directory to write into: refused now if it names a file."""
     if not text or (Path(text).exists() and not Path(text).is_dir()):
-        raise argparse.ArgumentTypeError(f"expected a directory to write into, got {text!r}" +
-                                         (" (an existing file)" if text else ""))
+        raise argparse.ArgumentTypeError(
+            f"expected a directory to write into, got {text!r}" + (" (an existing file)" if text else "")
+        )
     return text
 
 
@@ -138,12 +145,15 @@ def calibration_dir(text: str) -> str:
     if not path.is_dir() or missing:
         raise argparse.ArgumentTypeError(
             f"expected a calibration directory (.autotune/calibrations/<stamp>, holding fingerprint.json and "
-            f"measurements.jsonl), got {text!r}" + (f" (no {', '.join(missing)} there)" if path.is_dir() else ""))
+            f"measurements.jsonl), got {text!r}" + (f" (no {', '.join(missing)} there)" if path.is_dir() else "")
+        )
     return text
 
 
 def add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    parser.add_argument(
+        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
+    )
     parser.add_argument("--ray-address", help="Ray cluster address (default: $RAY_ADDRESS, else a local cluster)")
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
@@ -166,8 +176,10 @@ def fingerprint(ray_address: str | None, start_ray: bool) -> HardwareFingerprint
 def champion_or_exit(hardware_id: str) -> registry.RegisteredBundle:
     found = registry.get_alias(hardware_id, registry.CHAMPION)
     if found is None:
-        message = (f"no champion model for hardware {hardware_id}; run `python -m orchestrator.cli.calibrate` "
-                   f"or `python -m orchestrator.autotune --job J` first")
+        message = (
+            f"no champion model for hardware {hardware_id}; run `python -m orchestrator.cli.calibrate` "
+            f"or `python -m orchestrator.autotune --job J` first"
+        )
         say(message)
         raise NoModelError(message)
     return found
@@ -184,12 +196,13 @@ def wants_json(argv: Sequence[str] | None) -> bool:
     """Whether the command line asks for --json (argparse also takes an unambiguous prefix)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if "--" in args:
-        args = args[:args.index("--")]
+        args = args[: args.index("--")]
     return any(a.startswith("--js") and "--json".startswith(a) for a in args)
 
 
-def bad_input(message: str, field: str, as_json: bool, code: int = EXIT_BAD_INPUT, echo: bool = True,
-              **extra: Any) -> int:
+def bad_input(
+    message: str, field: str, as_json: bool, code: int = EXIT_BAD_INPUT, echo: bool = True, **extra: Any
+) -> int:
     """Report an input error: the message on stderr (unless already there), and with --json one
     JSON object on stdout naming the field; returns the exit code."""
     if echo:
@@ -232,5 +245,6 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
     except registry.RegistryUnavailable as exc:  # failed closed: nothing was promoted on a guess
         return bad_input(f"tracking server unavailable: {exc}", "--tracking-uri", as_json, code=EXIT_FAILED)
     except LeaseTimeout as exc:
-        return bad_input(f"gave up waiting for another calibration: {exc}", "--lock-timeout-s", as_json,
-                         code=EXIT_FAILED)
+        return bad_input(
+            f"gave up waiting for another calibration: {exc}", "--lock-timeout-s", as_json, code=EXIT_FAILED
+        )

@@ -8,6 +8,7 @@ the rolling geomean error over the last N jobs and its trend (the newer half of 
 against the older half). Model drift: every nightly run logged the champion's sentinel error;
 the chart shows both over time, one line per model version, and is logged to MLflow.
 """
+
 from __future__ import annotations
 
 import sys
@@ -26,20 +27,28 @@ def _human(report: dict[str, Any]) -> None:
         say(f"{hw}:")
         for v in data["versions"]:
             ratio = f" (x{v['trend_ratio']:.2f})" if v["trend_ratio"] else ""
-            say(f"  model v{v['version']}: {v['jobs']} job(s), rolling geomean error {v['rolling_geomean_error']:.1%}, "
-                f"trend {v['trend']}{ratio}")
+            say(
+                f"  model v{v['version']}: {v['jobs']} job(s), rolling geomean error {v['rolling_geomean_error']:.1%}, "
+                f"trend {v['trend']}{ratio}"
+            )
         for s in data["sentinel"][-5:]:
-            say(f"  nightly sentinel on v{s['version']}: GMAE {s['gmae']:.1%}"
-                + (f" (stale above {s['bound']:.1%})" if s["bound"] else ""))
+            say(
+                f"  nightly sentinel on v{s['version']}: GMAE {s['gmae']:.1%}"
+                + (f" (stale above {s['bound']:.1%})" if s["bound"] else "")
+            )
         say(f"  chart: {report['charts'][hw]}")
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = ArgumentParser(prog="python -m orchestrator.cli.drift", description=__doc__.splitlines()[0])
     parser.add_argument("--hardware-id", help="only this hardware (default: every one recorded)")
-    parser.add_argument("--last", type=int_in(1, 100_000), default=10, help="jobs in the rolling window (default %(default)s)")
+    parser.add_argument(
+        "--last", type=int_in(1, 100_000), default=10, help="jobs in the rolling window (default %(default)s)"
+    )
     parser.add_argument("--out-dir", type=output_dir, default=".autotune/drift", help="where the PNG charts go")
-    parser.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)")
+    parser.add_argument(
+        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     args = parser.parse_args(argv)
     if args.last < 1:

@@ -15,6 +15,7 @@ Safe to start twice, on any pods: the first holds a lock kept in the tracking se
 (`orchestrator.lease`, renewed while it runs, expiring when its holder stops); the second says
 who holds it and exits 0 without touching anything.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,15 @@ from typing import Any, Sequence
 from orchestrator import registry
 from orchestrator.calibrate import DEFAULT_BUDGET_S
 from orchestrator.cli.common import (
-    ArgumentParser, add_common, age_days, budget_s, emit, fingerprint, number_in, run_main, seed,
+    ArgumentParser,
+    add_common,
+    age_days,
+    budget_s,
+    emit,
+    fingerprint,
+    number_in,
+    run_main,
+    seed,
 )
 from orchestrator.nightly import DEFAULT_LOCK, NightlySettings, nightly_lease, run_nightly
 from orchestrator.progress import say
@@ -34,15 +43,28 @@ from orchestrator.sentinel import DEFAULT_BOUND, DEFAULT_RATIO
 
 def build_parser() -> argparse.ArgumentParser:
     parser = ArgumentParser(prog="python -m orchestrator.cli.nightly", description=__doc__.splitlines()[0])
-    parser.add_argument("--budget-s", type=budget_s, default=DEFAULT_BUDGET_S, help="calibration budget where one is needed")
-    parser.add_argument("--lock", default=os.environ.get("AUTOTUNE_NIGHTLY_LOCK", DEFAULT_LOCK),
-                        help="name of the nightly's lock, held in the tracking server so every scheduler of "
-                             "this cluster sees it (default %(default)s)")
+    parser.add_argument(
+        "--budget-s", type=budget_s, default=DEFAULT_BUDGET_S, help="calibration budget where one is needed"
+    )
+    parser.add_argument(
+        "--lock",
+        default=os.environ.get("AUTOTUNE_NIGHTLY_LOCK", DEFAULT_LOCK),
+        help="name of the nightly's lock, held in the tracking server so every scheduler of "
+        "this cluster sees it (default %(default)s)",
+    )
     parser.add_argument("--max-model-age-days", type=age_days, default=7.0)
-    parser.add_argument("--sentinel-bound", type=number_in(0.0, 100.0), default=DEFAULT_BOUND,
-                        help="sentinel GMAE that marks a champion stale, at least (default %(default)s)")
-    parser.add_argument("--sentinel-ratio", type=number_in(0.0, 1000.0), default=DEFAULT_RATIO,
-                        help="... or this many times its own held-out GMAE (default %(default)s)")
+    parser.add_argument(
+        "--sentinel-bound",
+        type=number_in(0.0, 100.0),
+        default=DEFAULT_BOUND,
+        help="sentinel GMAE that marks a champion stale, at least (default %(default)s)",
+    )
+    parser.add_argument(
+        "--sentinel-ratio",
+        type=number_in(0.0, 1000.0),
+        default=DEFAULT_RATIO,
+        help="... or this many times its own held-out GMAE (default %(default)s)",
+    )
     parser.add_argument("--seed", type=seed, default=0)
     add_common(parser)
     return parser
@@ -62,16 +84,23 @@ def _main(argv: Sequence[str] | None = None) -> int:
         emit({"skipped": True, "lock": args.lock, "holder": who}, args.json, lambda _: None)
         return 0
     try:
-        summary = run_nightly(lambda: fingerprint(args.ray_address, start_ray=True), uri,
-                              NightlySettings(args.budget_s, args.max_model_age_days, args.sentinel_bound,
-                                              args.sentinel_ratio, args.seed))
+        summary = run_nightly(
+            lambda: fingerprint(args.ray_address, start_ray=True),
+            uri,
+            NightlySettings(
+                args.budget_s, args.max_model_age_days, args.sentinel_bound, args.sentinel_ratio, args.seed
+            ),
+        )
     finally:
         lock.release()
 
     def human(s: dict[str, Any]) -> None:
         for c in s["checked"]:
-            what = (f"recalibrated → {c['model']} ({'promoted' if c['promoted'] else 'challenger'}: {c['promotion_reason']})"
-                    if c["recalibrated"] else "fresh, nothing recalibrated")
+            what = (
+                f"recalibrated → {c['model']} ({'promoted' if c['promoted'] else 'challenger'}: {c['promotion_reason']})"
+                if c["recalibrated"]
+                else "fresh, nothing recalibrated"
+            )
             say(f"summary {c['hardware_id']}: {what}")
         for e in s["needs_nightly_on_its_own_hardware"]:
             say(f"summary {e['hardware_id']}: not in this cluster and " + "; ".join(e["reasons"]))

@@ -1,17 +1,26 @@
 """Plan a job with the registered champion, without launching it.
 
-    python -m orchestrator.cli.plan --job J [--out P] [--tracking-uri U] [--ray-address A] [--json]
+python -m orchestrator.cli.plan --job J [--out P] [--tracking-uri U] [--ray-address A] [--json]
 """
+
 from __future__ import annotations
 
 import sys
 from typing import Any, Sequence
 
 from orchestrator import registry
-from orchestrator.cli.common import ArgumentParser, add_common, champion_or_exit, emit, fingerprint, output_file, run_main
+from orchestrator.cli.common import (
+    ArgumentParser,
+    add_common,
+    champion_or_exit,
+    emit,
+    fingerprint,
+    output_file,
+    run_main,
+)
 from orchestrator.jobfile import load_job
-from policies.planning import make_plan
 from orchestrator.progress import say
+from policies.planning import make_plan
 
 
 def _human(plan: dict[str, Any]) -> None:
@@ -26,17 +35,26 @@ def _human(plan: dict[str, Any]) -> None:
             say(f"   {c['name']:20s} infeasible: {c['detail'].get('reason')}")
     search = next((c["detail"].get("search") for c in decision["candidates"] if c["name"] == "search"), None)
     if search:
-        say(f"search from {search['started_from']}: {len(search['moves'])} move(s) kept of {search['evaluations']} "
-            f"plans priced in {search['seconds']:.1f}s" + ("; " + "; ".join(search["moves"][:5]) if search["moves"] else ""))
+        say(
+            f"search from {search['started_from']}: {len(search['moves'])} move(s) kept of {search['evaluations']} "
+            f"plans priced in {search['seconds']:.1f}s"
+            + ("; " + "; ".join(search["moves"][:5]) if search["moves"] else "")
+        )
     say(f"chosen: {decision['choice']} at {plan['predicted_iteration_ms']:.2f} ms/iteration")
     chunking = plan["decisions"].get("chunking")
     if chunking:
         d = chunking["choice_detail"]
         base = d.get("best_baseline", {})
-        say(f"gradient all-reduce {d['collective_bytes'] / 2**20:.1f} MiB on {d['topology']['name']} "
+        say(
+            f"gradient all-reduce {d['collective_bytes'] / 2**20:.1f} MiB on {d['topology']['name']} "
             f"({' x '.join(str(x['peers']) for x in d['topology']['dims'])}): {d['chunks']} chunk(s), {d['schedule']}, "
             f"{chunking['predicted_ms']:.3f} ms, utilisation {d['utilization']:.0%}"
-            + (f"; best baseline {base['name']} {base['predicted_ms']:.3f} ms ({base['speedup']:.2f}x slower)" if base else ""))
+            + (
+                f"; best baseline {base['name']} {base['predicted_ms']:.3f} ms ({base['speedup']:.2f}x slower)"
+                if base
+                else ""
+            )
+        )
 
 
 def _main(argv: Sequence[str] | None = None) -> int:

@@ -1,7 +1,8 @@
 """Predict a job's iteration time under a given plan with the registered champion.
 
-    python -m orchestrator.cli.predict --job J --plan P [--tracking-uri U] [--json]   → {"iteration_ms": ...}
+python -m orchestrator.cli.predict --job J --plan P [--tracking-uri U] [--json]   → {"iteration_ms": ...}
 """
+
 from __future__ import annotations
 
 import sys
@@ -10,10 +11,10 @@ from typing import Sequence
 from orchestrator import registry
 from orchestrator.cli.common import ArgumentParser, add_common, champion_or_exit, emit, fingerprint, run_main
 from orchestrator.jobfile import load_job
-from policies.planning import job_placement
 from orchestrator.progress import say
-from predictors.dlrm_estimator import estimate_iteration
 from policies.plan import Plan
+from policies.planning import job_placement
+from predictors.dlrm_estimator import estimate_iteration
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
@@ -32,9 +33,17 @@ def _main(argv: Sequence[str] | None = None) -> int:
     champion = champion_or_exit(fp.hardware_id)
     placement = plan.rank_placement if plan.placement else job_placement(job, fp)
     cost = estimate_iteration(job, plan.table_to_rank, champion.model, placement=placement)
-    out = {"iteration_ms": cost.iteration_s * 1e3, "breakdown": cost.to_dict(), "hardware_id": fp.hardware_id,
-           "model_version": champion.version}
-    emit(out, args.json, lambda o: say(f"predicted {o['iteration_ms']:.2f} ms/iteration with model v{o['model_version']}"))
+    out = {
+        "iteration_ms": cost.iteration_s * 1e3,
+        "breakdown": cost.to_dict(),
+        "hardware_id": fp.hardware_id,
+        "model_version": champion.version,
+    }
+    emit(
+        out,
+        args.json,
+        lambda o: say(f"predicted {o['iteration_ms']:.2f} ms/iteration with model v{o['model_version']}"),
+    )
     return 0
 
 

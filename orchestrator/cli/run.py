@@ -1,8 +1,9 @@
 """Run a job for real with a given plan on the Ray cluster and report its iteration time.
 
-    python -m orchestrator.cli.run --job J --plan P --iters N [--ray-address A] [--json]
-        → {"iteration_ms": ..., "iterations": N}
+python -m orchestrator.cli.run --job J --plan P --iters N [--ray-address A] [--json]
+    → {"iteration_ms": ..., "iterations": N}
 """
+
 from __future__ import annotations
 
 import sys
@@ -11,9 +12,9 @@ from typing import Sequence
 from orchestrator.cli.common import ArgumentParser, add_common, emit, fingerprint, int_in, run_main
 from orchestrator.jobfile import load_job
 from orchestrator.launch import launch_dlrm
-from policies.planning import job_placement, placement_record
 from orchestrator.progress import say
 from policies.plan import Plan
+from policies.planning import job_placement, placement_record
 from probes.vocabulary.jobspec import MAX_ITERATIONS
 
 
@@ -31,15 +32,33 @@ def _main(argv: Sequence[str] | None = None) -> int:
     # The ranks go where the plan's placement says, on this cluster's nodes as they are now.
     placement = job_placement(job, fp)
     if plan.placement and plan.rank_placement != placement:
-        say(f"note: the plan priced ranks per node {plan.placement.get('ranks_per_node')}; this cluster packs them "
-            f"{placement.to_dict()['ranks_per_node']}")
-    result = launch_dlrm(job, plan.table_to_rank, args.iters, use_gpu=fp.device_kind == "cuda",
-                         chunk_schedule=plan.chunk_schedule, substitutions=plan.substitutions,
-                         placement=placement_record(placement, fp))
-    out = {"iteration_ms": result.iteration_ms, "iterations": result.iterations,
-           "per_iteration_ms": result.per_iteration_ms, "loss_first": result.loss_first, "loss_last": result.loss_last,
-           "rank_nodes": result.rank_nodes, "placement_as_planned": result.placement_as_planned}
-    emit(out, args.json, lambda o: say(f"measured {o['iteration_ms']:.2f} ms/iteration over {o['iterations']} iterations"))
+        say(
+            f"note: the plan priced ranks per node {plan.placement.get('ranks_per_node')}; this cluster packs them "
+            f"{placement.to_dict()['ranks_per_node']}"
+        )
+    result = launch_dlrm(
+        job,
+        plan.table_to_rank,
+        args.iters,
+        use_gpu=fp.device_kind == "cuda",
+        chunk_schedule=plan.chunk_schedule,
+        substitutions=plan.substitutions,
+        placement=placement_record(placement, fp),
+    )
+    out = {
+        "iteration_ms": result.iteration_ms,
+        "iterations": result.iterations,
+        "per_iteration_ms": result.per_iteration_ms,
+        "loss_first": result.loss_first,
+        "loss_last": result.loss_last,
+        "rank_nodes": result.rank_nodes,
+        "placement_as_planned": result.placement_as_planned,
+    }
+    emit(
+        out,
+        args.json,
+        lambda o: say(f"measured {o['iteration_ms']:.2f} ms/iteration over {o['iterations']} iterations"),
+    )
     return 0
 
 

@@ -6,6 +6,7 @@ takes, and the order in which ranks issue the stages, is a `ChunkSchedule`: the 
 chooses it, the network simulator prices it and `probes.workloads` runs it, all from the same
 record.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -43,7 +44,9 @@ class ChunkSchedule:
         seen: dict[int, int] = {}
         for chunk, stage in self.issue:
             if not 0 <= chunk < len(self.orders) or not 0 <= stage < 2 * d:
-                raise ScheduleError(f"issue entry ({chunk}, {stage}) is outside {len(self.orders)} chunks x {2 * d} stages")
+                raise ScheduleError(
+                    f"issue entry ({chunk}, {stage}) is outside {len(self.orders)} chunks x {2 * d} stages"
+                )
             if seen.get(chunk, -1) != stage - 1:
                 raise ScheduleError(f"issue order runs chunk {chunk}'s stage {stage} out of sequence")
             seen[chunk] = stage
@@ -65,14 +68,19 @@ class ChunkSchedule:
         return (order[stage], "rs") if stage < d else (order[2 * d - 1 - stage], "ag")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"dims": list(self.dims), "orders": [list(o) for o in self.orders],
-                "issue": [list(i) for i in self.issue]}
+        return {
+            "dims": list(self.dims),
+            "orders": [list(o) for o in self.orders],
+            "issue": [list(i) for i in self.issue],
+        }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ChunkSchedule":
-        return cls(dims=tuple(int(p) for p in data["dims"]),
-                   orders=tuple(tuple(int(x) for x in o) for o in data["orders"]),
-                   issue=tuple((int(c), int(s)) for c, s in data.get("issue", ())))
+        return cls(
+            dims=tuple(int(p) for p in data["dims"]),
+            orders=tuple(tuple(int(x) for x in o) for o in data["orders"]),
+            issue=tuple((int(c), int(s)) for c, s in data.get("issue", ())),
+        )
 
     @classmethod
     def baseline(cls, dims: Sequence[int], chunks: int) -> "ChunkSchedule":

@@ -1,6 +1,7 @@
 """Files that are never seen half-written: write a sibling temporary file, fsync it, rename it
 over the target (atomic on POSIX), fsync the directory. A crash leaves the old file or the new
 one, never a torn one. Plain stdlib: every layer writes plans, bundles and holders with it."""
+
 from __future__ import annotations
 
 import os

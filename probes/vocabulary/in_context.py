@@ -9,6 +9,7 @@ fitted in-step / isolated ratios are gelu 2.5x, layer_norm 1.85x, GEMMs 1.39x, s
 predictor can learn, per op, how much slower the step really runs it. On CUDA the in-step
 duration is the op's kernel time (`device_s` of the capture), never its host dispatch span.
 """
+
 from __future__ import annotations
 
 import math
@@ -19,10 +20,18 @@ from probes.vocabulary.records import Measurement
 
 # Top-level aten ops whose first input's (rows, last dim) is the probed element-wise shape.
 ELEMENTWISE_ATEN = {
-    "aten::relu": "relu", "aten::gelu": "gelu", "aten::tanh": "tanh", "aten::add": "add", "aten::mul": "mul",
-    "aten::layer_norm": "layer_norm", "aten::softmax": "softmax", "aten::_softmax": "softmax",
-    "aten::dropout": "dropout", "aten::gelu_backward": "gelu_bwd",
-    "aten::native_layer_norm_backward": "layer_norm_bwd", "aten::_softmax_backward_data": "softmax_bwd",
+    "aten::relu": "relu",
+    "aten::gelu": "gelu",
+    "aten::tanh": "tanh",
+    "aten::add": "add",
+    "aten::mul": "mul",
+    "aten::layer_norm": "layer_norm",
+    "aten::softmax": "softmax",
+    "aten::_softmax": "softmax",
+    "aten::dropout": "dropout",
+    "aten::gelu_backward": "gelu_bwd",
+    "aten::native_layer_norm_backward": "layer_norm_bwd",
+    "aten::_softmax_backward_data": "softmax_bwd",
 }
 
 
@@ -67,8 +76,16 @@ def in_context_rows(steps: Sequence[dict[str, Any]], device: str, world_size: in
             if priced is None or duration is None:
                 continue
             model_op, params = priced
-            rows.append(Measurement(IN_CONTEXT_OP, {"model_op": model_op, "aten_op": op["name"], "workload": workload,
-                                                    **params},
-                                    duration, 0.0, 1, device=device,
-                                    world_size=world_size, family="training"))
+            rows.append(
+                Measurement(
+                    IN_CONTEXT_OP,
+                    {"model_op": model_op, "aten_op": op["name"], "workload": workload, **params},
+                    duration,
+                    0.0,
+                    1,
+                    device=device,
+                    world_size=world_size,
+                    family="training",
+                )
+            )
     return rows

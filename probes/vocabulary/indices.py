@@ -5,6 +5,7 @@ only on how many rows are read, so both the probe and the predictor describe a b
 reuse-factor histogram: the share of touched rows hit once, 2-3 times, 4-7 times, ...
 (power-of-two bins, 17 of them).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -58,8 +59,9 @@ def _zipf_cdf(num_rows: int, s: float) -> np.ndarray:
     return cdf / cdf[-1]
 
 
-def sample_indices(num_rows: int, count: int, dist: Distribution, rng: np.random.Generator,
-                   unordered: bool = False) -> np.ndarray:
+def sample_indices(
+    num_rows: int, count: int, dist: Distribution, rng: np.random.Generator, unordered: bool = False
+) -> np.ndarray:
     """`count` row ids in [0, num_rows) drawn from `dist` (int64). `unordered`: the same
     multiset of ids without the batch's order (the uniform draws are sorted, so inverting the
     CDF walks it once): about twice as fast, for statistics such as reuse counts only."""
@@ -70,7 +72,6 @@ def sample_indices(num_rows: int, count: int, dist: Distribution, rng: np.random
         return spread_ranks(ranks_from_draws(load_profile().table(dist.table), num_rows, draws), num_rows)
     ranks = np.searchsorted(_zipf_cdf(num_rows, dist.s), draws, side="right")
     return spread_ranks(np.minimum(ranks, num_rows - 1).astype(np.int64), num_rows)
-
 
 
 def reuse_counts(indices: np.ndarray) -> tuple[int, np.ndarray]:

@@ -47,6 +47,7 @@ of running the planner, the simulator or a calibration until it is killed:
     num_dense_features, MLP widths  1..65536, at most 64 layers per MLP
     memory_cap_gb, network numbers  finite (no .nan / .inf), positive
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

@@ -1,6 +1,7 @@
 """Validation of a job spec (`probes.vocabulary.jobspec`, whose docstring gives the schema and
 the bounds): every problem found, each naming its field, raised together as one `JobSpecError`.
 """
+
 from __future__ import annotations
 
 import math
@@ -46,19 +47,32 @@ class JobSpecValidator:
         minimum, maximum, _ = LIMITS[limit or key]
         if key not in data:
             if default is ...:
-                self.problems.append(f"{path}{key}: required field is missing (an integer >= {minimum}; "
-                                     f"allowed: {minimum}..{maximum})")
+                self.problems.append(
+                    f"{path}{key}: required field is missing (an integer >= {minimum}; allowed: {minimum}..{maximum})"
+                )
                 return minimum
             return default
         value = self.bounded_int(data[key], f"{path}{key}", limit or key)
         return minimum if value is None else value
 
-    def number(self, value: Any, path: str, what: str, minimum: float = 0.0, allow_minimum: bool = False,
-               maximum: float = math.inf) -> bool:
+    def number(
+        self,
+        value: Any,
+        path: str,
+        what: str,
+        minimum: float = 0.0,
+        allow_minimum: bool = False,
+        maximum: float = math.inf,
+    ) -> bool:
         """Whether `value` is a finite number above `minimum` (or equal, if allowed) and at most
         `maximum`; records the problem otherwise (YAML's .nan and .inf included)."""
-        ok = (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
-              and (value >= minimum if allow_minimum else value > minimum) and value <= maximum)
+        ok = (
+            not isinstance(value, bool)
+            and isinstance(value, (int, float))
+            and math.isfinite(value)
+            and (value >= minimum if allow_minimum else value > minimum)
+            and value <= maximum
+        )
         if not ok:
             allowed = f"a finite number {'>=' if allow_minimum else '>'} {minimum:g}"
             self.fail(path, what, value, allowed + (f" and <= {maximum:.0f}" if math.isfinite(maximum) else ""))
@@ -71,8 +85,7 @@ class JobSpecValidator:
             self.fail(f"{path}{key}", "a non-empty list of positive integers", value)
             return (1,)
         if len(value) > maximum:
-            self.fail(f"{path}{key}", f"at most {maximum} layers", len(value),
-                      f"{minimum}..{maximum} layers")
+            self.fail(f"{path}{key}", f"at most {maximum} layers", len(value), f"{minimum}..{maximum} layers")
             return (1,)
         out = []
         for i, v in enumerate(value):
@@ -88,8 +101,17 @@ class JobSpecValidator:
         if not isinstance(data, dict):
             raise JobSpecError([f"(top level): expected a mapping of fields, got {type(data).__name__}"])
         known = {
-            "workload", "world_size", "batch_size", "iterations", "warmup_iterations",
-            "seed", "dense", "tables", "memory_cap_gb", "name", "network",
+            "workload",
+            "world_size",
+            "batch_size",
+            "iterations",
+            "warmup_iterations",
+            "seed",
+            "dense",
+            "tables",
+            "memory_cap_gb",
+            "name",
+            "network",
         }
         for key in data:
             if key not in known:
@@ -103,11 +125,17 @@ class JobSpecValidator:
         warmup = self.int_field(data, "warmup_iterations", "", default=5)
         seed = self.int_field(data, "seed", "", default=0)
         name = data.get("name", "job")
-        if (not isinstance(name, str) or not name or len(name) > 128 or any(c in name for c in "/\\")
-                or not name.isprintable()):
+        if (
+            not isinstance(name, str)
+            or not name
+            or len(name) > 128
+            or any(c in name for c in "/\\")
+            or not name.isprintable()
+        ):
             # it names files (.autotune/plans/<name>-<hardware>.json) and MLflow runs
-            self.fail("name", "a non-empty string usable in a file name", name,
-                      "up to 128 printable characters, no / or \\")
+            self.fail(
+                "name", "a non-empty string usable in a file name", name, "up to 128 printable characters, no / or \\"
+            )
             name = "job"
         cap = data.get("memory_cap_gb")
         if cap is not None and not self.number(cap, "memory_cap_gb", "a positive number of GiB"):
@@ -118,20 +146,33 @@ class JobSpecValidator:
             for i, t in enumerate(tables):
                 lookups = batch * world * t.pooling_factor
                 if lookups > MAX_LOOKUPS_PER_TABLE:
-                    self.fail(f"tables[{i}].pooling_factor",
-                              f"batch_size x world_size x pooling_factor <= {MAX_LOOKUPS_PER_TABLE} (2^30) ids of "
-                              f"one table per iteration, which the planner samples; {batch} x {world} x "
-                              f"{t.pooling_factor} = {lookups}", t.pooling_factor,
-                              f"pooling_factor <= {MAX_LOOKUPS_PER_TABLE // (batch * world)} at this batch_size and "
-                              f"world_size" if batch * world <= MAX_LOOKUPS_PER_TABLE else
-                              f"batch_size x world_size <= {MAX_LOOKUPS_PER_TABLE // t.pooling_factor}")
+                    self.fail(
+                        f"tables[{i}].pooling_factor",
+                        f"batch_size x world_size x pooling_factor <= {MAX_LOOKUPS_PER_TABLE} (2^30) ids of "
+                        f"one table per iteration, which the planner samples; {batch} x {world} x "
+                        f"{t.pooling_factor} = {lookups}",
+                        t.pooling_factor,
+                        f"pooling_factor <= {MAX_LOOKUPS_PER_TABLE // (batch * world)} at this batch_size and "
+                        f"world_size"
+                        if batch * world <= MAX_LOOKUPS_PER_TABLE
+                        else f"batch_size x world_size <= {MAX_LOOKUPS_PER_TABLE // t.pooling_factor}",
+                    )
         network = self.network(data["network"]) if data.get("network") is not None else None
         if self.problems:
             raise JobSpecError(self.problems)
         return JobSpec(
-            workload=str(workload), world_size=world, batch_size=batch, dense=dense, tables=tables,
-            iterations=iterations, warmup_iterations=warmup, seed=seed,
-            memory_cap_gb=float(cap) if cap is not None else None, name=name, network=network, raw=dict(data),
+            workload=str(workload),
+            world_size=world,
+            batch_size=batch,
+            dense=dense,
+            tables=tables,
+            iterations=iterations,
+            warmup_iterations=warmup,
+            seed=seed,
+            memory_cap_gb=float(cap) if cap is not None else None,
+            name=name,
+            network=network,
+            raw=dict(data),
         )
 
     def network(self, data: Any) -> dict[str, Any] | None:
@@ -146,9 +187,12 @@ class JobSpecValidator:
             self.problems.append("network: give exactly one of topology (a preset name or 'calibrated') and dims")
         if "topology" in data and (not isinstance(data["topology"], str) or not data["topology"]):
             self.fail("network.topology", "a preset name or 'calibrated'", data["topology"])
-        if "dims" in data and (not isinstance(data["dims"], list) or not data["dims"]
-                               or not all(isinstance(d, dict) for d in data["dims"])):
-            self.fail("network.dims", "a non-empty list of {peers, bandwidth_gbps, latency_us, algorithm}", data["dims"])
+        if "dims" in data and (
+            not isinstance(data["dims"], list) or not data["dims"] or not all(isinstance(d, dict) for d in data["dims"])
+        ):
+            self.fail(
+                "network.dims", "a non-empty list of {peers, bandwidth_gbps, latency_us, algorithm}", data["dims"]
+            )
         elif "dims" in data:
             # the numbers here; unknown or missing keys and the algorithm: predictors.network
             for i, d in enumerate(data["dims"]):
@@ -158,8 +202,9 @@ class JobSpecValidator:
                 if "bandwidth_gbps" in d:
                     self.number(d["bandwidth_gbps"], f"{path}bandwidth_gbps", "a positive number of GB/s per NPU")
                 if "latency_us" in d:
-                    self.number(d["latency_us"], f"{path}latency_us", "a number of microseconds per step",
-                                allow_minimum=True)
+                    self.number(
+                        d["latency_us"], f"{path}latency_us", "a number of microseconds per step", allow_minimum=True
+                    )
         mb = data.get("collective_mb")
         if mb is not None:
             self.number(mb, "network.collective_mb", "a positive number of MiB", maximum=MAX_COLLECTIVE_MB)
@@ -187,14 +232,20 @@ class JobSpecValidator:
             return ()
         if len(data) > max(LIMITS["tables"][1], TABLES_PER_RANK * self.world_size):
             most = max(LIMITS["tables"][1], TABLES_PER_RANK * self.world_size)
-            self.fail("tables", f"at most max({LIMITS['tables'][1]}, {TABLES_PER_RANK} x world_size) = {most} tables",
-                      len(data), f"1..{most} tables")
+            self.fail(
+                "tables",
+                f"at most max({LIMITS['tables'][1]}, {TABLES_PER_RANK} x world_size) = {most} tables",
+                len(data),
+                f"1..{most} tables",
+            )
             return ()
         out, names = [], set()
         for i, t in enumerate(data):
             path = f"tables[{i}]."
             if not isinstance(t, dict):
-                self.fail(f"tables[{i}]", "a mapping {name, num_embeddings, embedding_dim, pooling_factor, distribution}", t)
+                self.fail(
+                    f"tables[{i}]", "a mapping {name, num_embeddings, embedding_dim, pooling_factor, distribution}", t
+                )
                 continue
             allowed = {"name", "num_embeddings", "embedding_dim", "pooling_factor", "distribution"}
             for key in t:
@@ -215,9 +266,11 @@ class JobSpecValidator:
             except (ValueError, TypeError, KeyError):
                 from probes.vocabulary.reuse_profile import load_profile
 
-                self.fail(f"{path}distribution",
-                          f"'uniform', {{zipf: s}} with s > 0, or {{profile: name}} with name in {load_profile().names}",
-                          dist_value)
+                self.fail(
+                    f"{path}distribution",
+                    f"'uniform', {{zipf: s}} with s > 0, or {{profile: name}} with name in {load_profile().names}",
+                    dist_value,
+                )
                 dist = Distribution()
             out.append(
                 TableSpec(

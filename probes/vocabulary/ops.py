@@ -5,6 +5,7 @@ the same parameters. Both sides call the functions here, so the features a model
 are exactly the features it is asked about, and an op's name is spelled in one place. Nothing
 here needs torch: element sizes are the dtypes' widths in bytes.
 """
+
 from __future__ import annotations
 
 from typing import Any, Sequence
@@ -66,8 +67,16 @@ def gemm_params(m: int, n: int, k: int, dtype: str = "float32", variant: str = "
         elems, flops = elems + n, flops + m * n
     elif variant == "baddbmm":
         elems, flops = elems + batch * m * n, flops + batch * m * n
-    return {"M": int(m), "N": int(n), "K": int(k), "dtype": dtype, "variant": variant, "batch": int(batch),
-            "flops": flops, "bytes": float(size * elems)}
+    return {
+        "M": int(m),
+        "N": int(n),
+        "K": int(k),
+        "dtype": dtype,
+        "variant": variant,
+        "batch": int(batch),
+        "flops": flops,
+        "bytes": float(size * elems),
+    }
 
 
 def linear_layer_gemms(batch: int, in_features: int, out_features: int) -> list[tuple[int, int, int]]:
@@ -87,8 +96,14 @@ def elementwise_params(op: str, rows: int, cols: int, dtype: str = "float32") ->
     size = element_bytes(dtype)
     # inputs read + outputs written (backward: grad_out and the saved tensor in, grad_in out)
     tensors = 3 if op in BINARY_OPS or op in BACKWARD_OPS else 2
-    return {"op": op, "rows": int(rows), "cols": int(cols), "numel": int(numel), "dtype": dtype,
-            "bytes": float(tensors * numel * size)}
+    return {
+        "op": op,
+        "rows": int(rows),
+        "cols": int(cols),
+        "numel": int(numel),
+        "dtype": dtype,
+        "bytes": float(tensors * numel * size),
+    }
 
 
 def memcpy_directions(device_kind: str) -> tuple[str, ...]:

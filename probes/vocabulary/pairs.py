@@ -4,6 +4,7 @@ A `PairPoint` names one pair at one size; an `ExchangeLayout` says which produce
 which rank, and how a source's rows are cut into slices for the overlapped form. The
 substitution policy prices pairs from these records, and `probes.workloads.overlap` runs them.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -23,7 +24,6 @@ FLOAT = 4
 # A substitution's slice count for a pair run by PyTorch's symmetric-memory fused kernels
 # (`symm_mem_gemm_all_reduce`) instead of the sliced pipeline.
 SYMM_MEM_SLICES = 0
-
 
 
 def slice_bounds(rows: int, k: int) -> list[tuple[int, int]]:

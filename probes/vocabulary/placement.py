@@ -6,6 +6,7 @@ placement which scope every group has, the calibration measures both wherever bo
 the launcher pins each rank to the node the prediction assumed. Plain data (no torch): the
 predictors, the policies and the plan all speak it.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -41,7 +42,8 @@ class RankPlacement:
         if world > capacity:
             raise PlacementError(
                 f"world_size: {world} ranks do not fit the cluster's {capacity} device(s) "
-                f"({' + '.join(str(d) for d in devices_per_node) or 'none'} per node); allowed: 1..{capacity}")
+                f"({' + '.join(str(d) for d in devices_per_node) or 'none'} per node); allowed: 1..{capacity}"
+            )
         nodes: list[int] = []
         for index, devices in enumerate(devices_per_node):
             nodes.extend([index] * min(devices, world - len(nodes)))

@@ -1,4 +1,5 @@
 """The `Measurement` record: one timed point of one op on one device (or one group)."""
+
 from __future__ import annotations
 
 import json

@@ -17,6 +17,7 @@ The shipped default (`probes/data/reuse_profile.json`) is synthetic: archetype t
 laws, hot sets, near-uniform, heavy heads) drawn by `synthesize`; replace it with a profile
 of your own traces for calibration that matches your data.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,8 +66,13 @@ class ReuseProfile:
     @classmethod
     def from_dict(cls, data: dict) -> "ReuseProfile":
         tables = tuple(
-            ProfileTable(t["name"], int(t["num_embeddings"]), float(t["pooling_factor"]),
-                         tuple(map(float, t["rank_frac"])), tuple(map(float, t["access_frac"])))
+            ProfileTable(
+                t["name"],
+                int(t["num_embeddings"]),
+                float(t["pooling_factor"]),
+                tuple(map(float, t["rank_frac"])),
+                tuple(map(float, t["access_frac"])),
+            )
             for t in data["tables"]
         )
         return cls(str(data.get("source", "")), tables)
@@ -96,8 +102,13 @@ def table_from_indices(name: str, indices: np.ndarray, num_embeddings: int, pool
     counts = np.sort(np.bincount(indices, minlength=num_embeddings))[::-1]
     cdf = np.cumsum(counts) / counts.sum()
     ranks = np.unique(np.round(np.geomspace(1, num_embeddings, CDF_POINTS)).astype(np.int64))
-    return ProfileTable(name, int(num_embeddings), float(pooling_factor),
-                        tuple((ranks / num_embeddings).tolist()), tuple(cdf[ranks - 1].tolist()))
+    return ProfileTable(
+        name,
+        int(num_embeddings),
+        float(pooling_factor),
+        tuple((ranks / num_embeddings).tolist()),
+        tuple(cdf[ranks - 1].tolist()),
+    )
 
 
 def sample_from_table(table: ProfileTable, num_rows: int, count: int, rng: np.random.Generator) -> np.ndarray:
@@ -124,7 +135,7 @@ def tables_from_dlrm_dataset(path: str | Path) -> list[ProfileTable]:
     out, start = [], 0
     for t, per_sample in enumerate(lengths):
         n = int(per_sample.sum())
-        ids = indices[start:start + n]
+        ids = indices[start : start + n]
         start += n
         if n:
             out.append(table_from_indices(f"t{t}", ids, int(ids.max()) + 1, float(per_sample.mean())))
@@ -140,19 +151,24 @@ def synthesize(seed: int = 0, rows: int = 200_000, samples: int = 400_000) -> Re
         ids = rng.choice(rows, size=samples, p=weights / weights.sum())
         return table_from_indices(name, ids, rows, pooling)
 
-    tables = [from_weights(f"power{s:g}", ranks ** -s, p) for s, p in ((0.5, 20), (0.9, 8), (1.1, 4), (1.3, 1), (1.6, 2))]
+    tables = [from_weights(f"power{s:g}", ranks**-s, p) for s, p in ((0.5, 20), (0.9, 8), (1.1, 4), (1.3, 1), (1.6, 2))]
     for hot_share, hot_frac in ((0.8, 0.001), (0.95, 0.01), (0.6, 0.05)):
         w = np.full(rows, (1 - hot_share) / rows)
         w[: int(rows * hot_frac)] += hot_share / int(rows * hot_frac)
         tables.append(from_weights(f"hot{hot_share:g}in{hot_frac:g}", w, 10))
     tables.append(from_weights("near_uniform", 1 + 0.2 * rng.random(rows), 30))
-    tables.append(from_weights("heavy_head", np.exp(-ranks / 50) + 1e-4 * ranks ** -0.7, 1))
-    return ReuseProfile(f"synthetic archetypes (probes.vocabulary.reuse_profile synthesize, seed {seed}); "
-                        "replace with a profile of your own traces", tuple(tables))
+    tables.append(from_weights("heavy_head", np.exp(-ranks / 50) + 1e-4 * ranks**-0.7, 1))
+    return ReuseProfile(
+        f"synthetic archetypes (probes.vocabulary.reuse_profile synthesize, seed {seed}); "
+        "replace with a profile of your own traces",
+        tuple(tables),
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m probes.vocabulary.reuse_profile", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m probes.vocabulary.reuse_profile", description=__doc__.splitlines()[0]
+    )
     sub = parser.add_subparsers(dest="cmd", required=True)
     syn = sub.add_parser("synthesize")
     syn.add_argument("--out", default=str(DEFAULT_PROFILE))
@@ -172,7 +188,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             tables = tables_from_dlrm_dataset(args.dlrm_dataset)
         elif args.indices:
             ids = np.load(args.indices, allow_pickle=False)
-            tables = [table_from_indices(args.name, ids, args.num_embeddings or int(ids.max()) + 1, args.pooling_factor)]
+            tables = [
+                table_from_indices(args.name, ids, args.num_embeddings or int(ids.max()) + 1, args.pooling_factor)
+            ]
         else:
             parser.error("from-indices needs --indices or --dlrm-dataset")
         profile = ReuseProfile(f"profiled from {args.dlrm_dataset or args.indices}", tuple(tables))

@@ -15,13 +15,13 @@ A plan has one entry per table of the job:
 Row-wise pieces assume lookups spread evenly over the row ranges (uniform indices); a skewed
 table sends more of its lookups to the shard holding the hot rows.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any, Sequence
 
-from probes.vocabulary.jobspec import TableShape
-from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.jobspec import JobSpec, TableShape
 
 TABLE_WISE, ROW_WISE, COLUMN_WISE, DATA_PARALLEL = "table_wise", "row_wise", "column_wise", "data_parallel"
 SHARDING_TYPES = (TABLE_WISE, ROW_WISE, COLUMN_WISE, DATA_PARALLEL)
@@ -67,7 +67,9 @@ def _entry(spec: JobSpec, i: int, entry: PlanEntry) -> tuple[str, list[int]]:
     if kind in (ROW_WISE, DATA_PARALLEL) and sorted(ranks) != list(range(W)):
         raise ShardingPlanError(f"{where}.ranks: {kind} spans every rank (0..{W - 1}), got {ranks}")
     if kind == COLUMN_WISE and len(ranks) > spec.tables[i].embedding_dim:
-        raise ShardingPlanError(f"{where}.ranks: {len(ranks)} column shards of a {spec.tables[i].embedding_dim}-wide table")
+        raise ShardingPlanError(
+            f"{where}.ranks: {len(ranks)} column shards of a {spec.tables[i].embedding_dim}-wide table"
+        )
     return kind, ranks
 
 
@@ -85,7 +87,9 @@ def table_shards(spec: JobSpec, plan: Sequence[PlanEntry]) -> list[TableShard]:
         elif kind == ROW_WISE:
             pooling = max(1, round(shape.pooling_factor / len(ranks)))
             for r, rows in zip(ranks, _even_split(shape.num_embeddings, len(ranks))):
-                shards.append(TableShard(i, r, kind, replace(shape, num_embeddings=max(rows, 1), pooling_factor=pooling)))
+                shards.append(
+                    TableShard(i, r, kind, replace(shape, num_embeddings=max(rows, 1), pooling_factor=pooling))
+                )
         else:  # table-wise, or a full replica per rank
             shards.extend(TableShard(i, r, kind, shape) for r in ranks)
     return shards

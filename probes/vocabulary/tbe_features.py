@@ -5,6 +5,7 @@ rank does in a sharded DLRM. Its features are aggregated over the tables, so one
 any rank's table set, however heterogeneous; `expected_features` gives those of a typical
 batch, for pricing a table set that was never measured.
 """
+
 from __future__ import annotations
 
 import zlib
@@ -23,20 +24,25 @@ WEIGHTS_PRECISIONS = ("fp32", "fp16", "bf16")
 CPU_WEIGHTS_PRECISIONS = ("fp32", "fp16")
 
 
-
-def batch_features(tables: Sequence[TableShape], batch_size: int, per_table: Sequence[np.ndarray],
-                   weights_precision: str = "fp32") -> dict[str, Any]:
+def batch_features(
+    tables: Sequence[TableShape], batch_size: int, per_table: Sequence[np.ndarray], weights_precision: str = "fp32"
+) -> dict[str, Any]:
     """The aggregated features the embedding model is fitted on (plain numbers, and the
     weights' storage precision, which the models are grouped by)."""
     return _features(tables, batch_size, [reuse_counts(idx) for idx in per_table], weights_precision)
 
 
-def _features(tables: Sequence[TableShape], batch_size: int,
-              reuse: Sequence[tuple[int, Sequence[int] | np.ndarray]], weights_precision: str = "fp32") -> dict[str, Any]:
+def _features(
+    tables: Sequence[TableShape],
+    batch_size: int,
+    reuse: Sequence[tuple[int, Sequence[int] | np.ndarray]],
+    weights_precision: str = "fp32",
+) -> dict[str, Any]:
     """Features from each table's (distinct rows, hit-count bin counts): tables' ids are
     disjoint, so the set's reuse histogram is the sum of theirs."""
-    hist = normalised_histogram(np.sum([np.asarray(bins, dtype=np.float64) for _, bins in reuse], axis=0)
-                                if reuse else np.zeros(REUSE_BINS))
+    hist = normalised_histogram(
+        np.sum([np.asarray(bins, dtype=np.float64) for _, bins in reuse], axis=0) if reuse else np.zeros(REUSE_BINS)
+    )
     return {
         "weights_precision": weights_precision,
         "T": len(tables),
@@ -54,8 +60,9 @@ def _features(tables: Sequence[TableShape], batch_size: int,
 
 
 @lru_cache(maxsize=16384)
-def _typical_reuse(num_embeddings: int, pooling_factor: int, distribution: Distribution, batch_size: int,
-                   seed: int) -> tuple[int, tuple[int, ...]]:
+def _typical_reuse(
+    num_embeddings: int, pooling_factor: int, distribution: Distribution, batch_size: int, seed: int
+) -> tuple[int, tuple[int, ...]]:
     """One table's (distinct rows, bin counts) in a typical batch, drawn from a generator seeded
     by the table's shape: the same table gets the same figures in every table set and plan
     it is priced in, and a planner pricing many plans samples each table once."""
@@ -66,8 +73,9 @@ def _typical_reuse(num_embeddings: int, pooling_factor: int, distribution: Distr
     return distinct, tuple(int(b) for b in bins)
 
 
-def expected_features(tables: Sequence[TableShape], batch_size: int, seed: int = 0,
-                      weights_precision: str = "fp32") -> dict[str, Any]:
+def expected_features(
+    tables: Sequence[TableShape], batch_size: int, seed: int = 0, weights_precision: str = "fp32"
+) -> dict[str, Any]:
     """Features of a typical batch, for predicting a table set that was never measured."""
     reuse = [_typical_reuse(t.num_embeddings, t.pooling_factor, t.distribution, batch_size, seed) for t in tables]
     return _features(tables, batch_size, reuse, weights_precision)

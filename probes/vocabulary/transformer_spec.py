@@ -2,6 +2,7 @@
 layout and its training precision. The graph builder, the memory model and the real job all
 read the same record.
 """
+
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
@@ -37,16 +38,22 @@ class TransformerSpec:
     dtype: str = "float32"  # autocast precision of the step; one of DTYPES
 
     def __post_init__(self) -> None:
-        problems = [f"{k}: expected an integer >= 1, got {getattr(self, k)!r}"
-                    for k in ("layers", "hidden", "heads", "seq_len", "batch_size", "world_size", "tensor_parallel")
-                    if not isinstance(getattr(self, k), int) or getattr(self, k) < 1]
+        problems = [
+            f"{k}: expected an integer >= 1, got {getattr(self, k)!r}"
+            for k in ("layers", "hidden", "heads", "seq_len", "batch_size", "world_size", "tensor_parallel")
+            if not isinstance(getattr(self, k), int) or getattr(self, k) < 1
+        ]
         if not problems:
             if self.hidden % self.heads:
                 problems.append(f"heads: expected a divisor of hidden={self.hidden}, got {self.heads}")
             if self.heads % self.tensor_parallel:
-                problems.append(f"tensor_parallel: expected a divisor of heads={self.heads}, got {self.tensor_parallel}")
+                problems.append(
+                    f"tensor_parallel: expected a divisor of heads={self.heads}, got {self.tensor_parallel}"
+                )
             if self.world_size % self.tensor_parallel:
-                problems.append(f"tensor_parallel: expected a divisor of world_size={self.world_size}, got {self.tensor_parallel}")
+                problems.append(
+                    f"tensor_parallel: expected a divisor of world_size={self.world_size}, got {self.tensor_parallel}"
+                )
         if not 0.0 <= self.dropout < 1.0:
             problems.append(f"dropout: expected 0 <= p < 1, got {self.dropout!r}")
         if self.dtype not in DTYPES:
@@ -77,8 +84,9 @@ class TransformerSpec:
     def from_dict(cls, data: dict[str, Any]) -> "TransformerSpec":
         unknown = sorted(set(data) - set(cls.__dataclass_fields__))
         if unknown:
-            raise TransformerSpecError(f"invalid transformer spec:\n  unknown field(s) {unknown}; "
-                                       f"allowed: {sorted(cls.__dataclass_fields__)}")
+            raise TransformerSpecError(
+                f"invalid transformer spec:\n  unknown field(s) {unknown}; allowed: {sorted(cls.__dataclass_fields__)}"
+            )
         return cls(**data)
 
 
@@ -91,7 +99,14 @@ def random_transformer(index: int, world_size: int, tensor_parallel: int, seed: 
     hidden = int(rng.choice([64, 128, 256]))
     heads = int(rng.choice([h for h in (2, 4, 8) if hidden % h == 0 and h % tensor_parallel == 0]))
     return TransformerSpec(
-        layers=int(rng.integers(1, 5)), hidden=hidden, heads=heads, seq_len=int(rng.choice([32, 64, 128])),
-        batch_size=int(rng.choice([2, 4, 8])), world_size=world_size, tensor_parallel=tensor_parallel,
-        dropout=0.1, seed=index, name=f"gpt{index}-tp{tensor_parallel}",
+        layers=int(rng.integers(1, 5)),
+        hidden=hidden,
+        heads=heads,
+        seq_len=int(rng.choice([32, 64, 128])),
+        batch_size=int(rng.choice([2, 4, 8])),
+        world_size=world_size,
+        tensor_parallel=tensor_parallel,
+        dropout=0.1,
+        seed=index,
+        name=f"gpt{index}-tp{tensor_parallel}",
     )

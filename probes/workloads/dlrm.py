@@ -21,6 +21,7 @@ The synthetic loader yields every table's global-batch indices from a per-table 
 ranks holding pieces of one table see the same ids, and a rank's indices are already the ones
 its pieces need (as with a sharded data pipeline): no input all-to-all is run.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -33,14 +34,11 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from probes.vocabulary.chunks import ChunkSchedule
-from probes.workloads.hierarchical_allreduce import HierarchicalAllReduce, hierarchical_allreduce_hook
-from probes.vocabulary.pairs import ExchangeLayout
-from probes.workloads.overlap import overlapped_all_to_all, producer_ranges, slice_runs, tbe_bag_ranges
-
 from probes.embedding import check_weights_precision, make_dense_tbe, make_tbe
+from probes.vocabulary.chunks import ChunkSchedule
 from probes.vocabulary.indices import sample_indices
 from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.pairs import ExchangeLayout
 from probes.vocabulary.table_shards import (
     DATA_PARALLEL,
     EXCHANGED,
@@ -49,6 +47,8 @@ from probes.vocabulary.table_shards import (
     exchanged_widths,
     table_shards,
 )
+from probes.workloads.hierarchical_allreduce import HierarchicalAllReduce, hierarchical_allreduce_hook
+from probes.workloads.overlap import overlapped_all_to_all, producer_ranges, slice_runs, tbe_bag_ranges
 from probes.workloads.timed_steps import RunResult, run_timed_steps
 
 
@@ -162,8 +162,17 @@ class ShardedDLRM:
     """One rank's share of a DLRM sharded per a plan (one entry per table: a rank for
     table-wise, or a row-/column-wise / data-parallel object, see `probes.vocabulary.table_shards`)."""
 
-    def __init__(self, spec: JobSpec, plan: Sequence, rank: int, world: int, device: torch.device,
-                 chunk_schedule: dict | None = None, overlap_slices: int = 1, weights_precision: str = "fp32"):
+    def __init__(
+        self,
+        spec: JobSpec,
+        plan: Sequence,
+        rank: int,
+        world: int,
+        device: torch.device,
+        chunk_schedule: dict | None = None,
+        overlap_slices: int = 1,
+        weights_precision: str = "fp32",
+    ):
         """`chunk_schedule`: a `ChunkSchedule` as a dict (the plan's chunking decision); the dense
         layers' gradients are then averaged by the hierarchical all-reduce it describes instead
         of DDP's own. `overlap_slices`: the slice count of the overlapped lookup + all-to-all
@@ -193,10 +202,16 @@ class ShardedDLRM:
             schedule = ChunkSchedule.from_dict(chunk_schedule)
             self.dense.register_comm_hook(HierarchicalAllReduce(schedule.dims, schedule), hierarchical_allreduce_hook)
         self.weights_precision = weights_precision
-        self.tbe = make_tbe([s.shape for s in self.exchanged], device, weights_precision=weights_precision) \
-            if self.exchanged else None
-        self.rw_tbe = make_tbe([s.shape for s in self.row_wise], device, weights_precision=weights_precision) \
-            if self.row_wise else None
+        self.tbe = (
+            make_tbe([s.shape for s in self.exchanged], device, weights_precision=weights_precision)
+            if self.exchanged
+            else None
+        )
+        self.rw_tbe = (
+            make_tbe([s.shape for s in self.row_wise], device, weights_precision=weights_precision)
+            if self.row_wise
+            else None
+        )
         self.dp_tbe = make_dense_tbe([s.shape for s in self.replicated], device) if self.replicated else None
         params = list(self.dense.parameters())
         if self.dp_tbe is not None:
@@ -210,7 +225,9 @@ class ShardedDLRM:
         """The global batch's ids of one table, [W*B bags x pooling], the same on every rank."""
         t, B, W = self.spec.tables[table], self.spec.batch_size, self.world
         rng = np.random.default_rng([self.spec.seed, step, 20_000 + table])
-        return sample_indices(t.num_embeddings, B * W * t.pooling_factor, t.distribution, rng).reshape(B * W, t.pooling_factor)
+        return sample_indices(t.num_embeddings, B * W * t.pooling_factor, t.distribution, rng).reshape(
+            B * W, t.pooling_factor
+        )
 
     def _make_batches(self, num: int) -> list[dict[str, torch.Tensor]]:
         """A few distinct batches, cycled, so data generation stays off the timed path."""
@@ -226,11 +243,13 @@ class ShardedDLRM:
             if self.exchanged:  # whole global batch
                 batch["indices"], batch["offsets"] = _tbe_input(
                     [ids[s.table].ravel() for s in self.exchanged],
-                    [np.full(B * W, s.shape.pooling_factor) for s in self.exchanged])
+                    [np.full(B * W, s.shape.pooling_factor) for s in self.exchanged],
+                )
                 if self.overlap_slices > 1:  # each slice's bags, cut once per batch as a sliced loader would
                     ranges = producer_ranges(self.layout, r, self.overlap_slices)
-                    batch["slices"] = tbe_bag_ranges(batch["indices"], batch["offsets"], len(self.exchanged),
-                                                     B * W, ranges)
+                    batch["slices"] = tbe_bag_ranges(
+                        batch["indices"], batch["offsets"], len(self.exchanged), B * W, ranges
+                    )
             if self.row_wise:  # the global batch's ids in this rank's rows, shifted to the piece
                 per_table, lengths = [], []
                 for s in self.row_wise:
@@ -243,7 +262,8 @@ class ShardedDLRM:
                 mine = slice(r * B, (r + 1) * B)
                 batch["dp_indices"], batch["dp_offsets"] = _tbe_input(
                     [ids[s.table][mine].ravel() for s in self.replicated],
-                    [np.full(B, s.shape.pooling_factor) for s in self.replicated])
+                    [np.full(B, s.shape.pooling_factor) for s in self.replicated],
+                )
             slices = batch.pop("slices", None)
             batch = {k: v.to(self.device) for k, v in batch.items()}
             if slices is not None:
@@ -271,8 +291,9 @@ class ShardedDLRM:
         else:
             produce = lambda lo, hi: torch.zeros(hi - lo, 0, device=self.device, requires_grad=True)  # noqa: E731
         kept: list[torch.Tensor] = []
-        received = overlapped_all_to_all(produce, self.layout, self.overlap_slices, keep=kept, dtype=torch.float32,
-                                         device=self.device)
+        received = overlapped_all_to_all(
+            produce, self.layout, self.overlap_slices, keep=kept, dtype=torch.float32, device=self.device
+        )
         recv = _JoinOverlappedExchange.apply(received, self.layout, self.overlap_slices, *kept)
         recv_sizes = [B * w for w in self.rank_width]
         parts = [p.view(B, w) for p, w in zip(torch.split(recv, recv_sizes), self.rank_width)]
@@ -310,8 +331,9 @@ class ShardedDLRM:
         return float(loss.detach())
 
     def run(self, iterations: int, warmup: int) -> RunResult:
-        return run_timed_steps(lambda i: self.step(self.batches[i % len(self.batches)]), iterations, warmup,
-                               self.device)
+        return run_timed_steps(
+            lambda i: self.step(self.batches[i % len(self.batches)]), iterations, warmup, self.device
+        )
 
 
 def cycling_step(model: Any) -> Callable[[], float]:

@@ -9,6 +9,7 @@ reverse order. Which order each chunk takes, and the order in which ranks issue 
 is data (`ChunkSchedule`), chosen by the chunk policy; this module only executes it, so a
 schedule that the simulator says is fast is the one that really runs.
 """
+
 from __future__ import annotations
 
 import math
@@ -16,6 +17,7 @@ from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
+
 from probes.vocabulary.chunks import ChunkSchedule, ScheduleError, dimension_lines, rank_coords
 
 
@@ -88,5 +90,7 @@ def hierarchical_allreduce_hook(state, bucket):  # annotations set below, as obj
 # DDP checks a hook's annotations against the real types; with postponed evaluation (PEP 563)
 # they would be strings, so they are set as objects here.
 hierarchical_allreduce_hook.__annotations__ = {
-    "state": HierarchicalAllReduce, "bucket": dist.GradBucket, "return": torch.futures.Future[torch.Tensor],
+    "state": HierarchicalAllReduce,
+    "bucket": dist.GradBucket,
+    "return": torch.futures.Future[torch.Tensor],
 }

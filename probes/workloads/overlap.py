@@ -22,6 +22,7 @@ All-reduce slices are `all_reduce(async_op=True)` on row ranges of the output, w
 by the GEMM (`out=`); when the output has fewer rows than slices (a GEMV), the product is sliced
 along its columns into a transposed buffer instead.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -43,8 +44,9 @@ def all_to_all_reference(produce: Producer, layout: ExchangeLayout, group=None) 
     rank = dist.get_rank(group)
     y = produce(0, layout.rows(rank))
     recv = y.new_empty(sum(layout.recv_sizes(rank)))
-    dist.all_to_all_single(recv, y.reshape(-1).contiguous(), layout.recv_sizes(rank), layout.send_sizes(rank),
-                           group=group)
+    dist.all_to_all_single(
+        recv, y.reshape(-1).contiguous(), layout.recv_sizes(rank), layout.send_sizes(rank), group=group
+    )
     return recv
 
 
@@ -52,9 +54,15 @@ def _global(group, rank: int) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
 
 
-def overlapped_all_to_all(produce: Producer, layout: ExchangeLayout, k: int, group=None,
-                          keep: list[torch.Tensor] | None = None, dtype: torch.dtype = torch.float32,
-                          device: torch.device | str = "cpu") -> torch.Tensor:
+def overlapped_all_to_all(
+    produce: Producer,
+    layout: ExchangeLayout,
+    k: int,
+    group=None,
+    keep: list[torch.Tensor] | None = None,
+    dtype: torch.dtype = torch.float32,
+    device: torch.device | str = "cpu",
+) -> torch.Tensor:
     """Fused: `k` slices of the producer in remote-first order, each slice's remote pieces sent
     as soon as it is computed, every piece received straight into the output's final layout.
     Slice t's sends and the receives of every source's slice t go in one `batch_isend_irecv`
@@ -90,10 +98,10 @@ def overlapped_all_to_all(produce: Producer, layout: ExchangeLayout, k: int, gro
             row = 0
             for p in mine[t]:
                 n = p.hi - p.lo
-                part = y[row:row + n]
+                part = y[row : row + n]
                 row += n
                 if p.dest == rank:
-                    out[own_base + p.dest_lo * width: own_base + (p.dest_lo + n) * width].copy_(part.reshape(-1))
+                    out[own_base + p.dest_lo * width : own_base + (p.dest_lo + n) * width].copy_(part.reshape(-1))
                 elif part.numel():
                     sends.append(("send", part.contiguous().reshape(-1), _global(group, p.dest)))
         with comm_stream(out.device):
@@ -197,8 +205,9 @@ def gemm_producer(x: torch.Tensor, weight: torch.Tensor) -> Producer:
     return lambda lo, hi: x[lo:hi] @ weight
 
 
-def tbe_bag_ranges(indices: torch.Tensor, offsets: torch.Tensor, num_tables: int, bags: int,
-                   ranges: Sequence[tuple[int, int]]) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
+def tbe_bag_ranges(
+    indices: torch.Tensor, offsets: torch.Tensor, num_tables: int, bags: int, ranges: Sequence[tuple[int, int]]
+) -> dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]:
     """TBE inputs restricted to bags lo..hi of every table, for each range. TBE's layout is
     table-major (offsets[t * bags + b]), so a bag range is one run per table; done once per
     batch, as a data loader that emits sliced batches would."""
@@ -209,8 +218,10 @@ def tbe_bag_ranges(indices: torch.Tensor, offsets: torch.Tensor, num_tables: int
         for t in range(num_tables):
             a, b = int(off[t * bags + lo]), int(off[t * bags + hi])
             idx_parts.append(indices[a:b])
-            lengths.append(off[t * bags + lo + 1: t * bags + hi + 1] - off[t * bags + lo: t * bags + hi])
-        new_offsets = torch.cat([torch.zeros(1, dtype=torch.int64, device=off.device), torch.cumsum(torch.cat(lengths), 0)])
+            lengths.append(off[t * bags + lo + 1 : t * bags + hi + 1] - off[t * bags + lo : t * bags + hi])
+        new_offsets = torch.cat(
+            [torch.zeros(1, dtype=torch.int64, device=off.device), torch.cumsum(torch.cat(lengths), 0)]
+        )
         out[(lo, hi)] = (torch.cat(idx_parts).to(indices.dtype), new_offsets.to(offsets.dtype))
     return out
 
@@ -232,7 +243,9 @@ def slice_runs(layout: ExchangeLayout, rank: int, k: int) -> list[list[tuple[int
 
 def tbe_producer(tbe: torch.nn.Module, inputs: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor]]) -> Producer:
     """Pooled embeddings of bags lo..hi from a TBE and inputs prepared by `tbe_bag_ranges`."""
+
     def produce(lo: int, hi: int) -> torch.Tensor:
         indices, offsets = inputs[(lo, hi)]
         return tbe(indices, offsets)
+
     return produce

@@ -10,6 +10,7 @@ a plan's relative time is the median of its rounds', and its time that relative 
 geometric mean of all rounds. A drift between rounds then cancels instead of landing on
 whichever plan ran during it (the paired comparison an A/B test makes).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,8 +43,14 @@ def drift_adjusted(round_medians: np.ndarray) -> np.ndarray:
 
 
 def race_plans(
-    spec: JobSpec, plans: Sequence[Sequence], rank: int, world: int, device: torch.device,
-    rounds: int = 10, steps_per_round: int = 8, warmup: int = 3,
+    spec: JobSpec,
+    plans: Sequence[Sequence],
+    rank: int,
+    world: int,
+    device: torch.device,
+    rounds: int = 10,
+    steps_per_round: int = 8,
+    warmup: int = 3,
 ) -> RaceResult:
     """Build every plan's model, warm each, then time them in rotated rounds."""
     models = [ShardedDLRM(spec, plan, rank, world, device) for plan in plans]
@@ -57,6 +64,7 @@ def race_plans(
             loss = model.step(model.batches[step_no[k] % len(model.batches)])
             step_no[k] += 1
             return loss
+
         return step
 
     for k in range(len(plans)):  # warm every plan first (allocations, thread pools, caches)

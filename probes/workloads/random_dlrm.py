@@ -9,6 +9,7 @@ in seconds on CPU ranks; the mix of table shapes stays the same.
 Tasks are plain job dicts, validated through `JobSpec.from_dict`, so a benchmark runs them
 with the same code path as a user's job file.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -41,14 +42,16 @@ def random_dlrm_job(index: int, world_size: int, seed: int = 0, scale: float = 1
     max_pooling = max(4, int(round(64 * np.sqrt(scale))))  # pooling shrinks slower than rows
     tables = []
     for j in range(n_tables):
-        tables.append({
-            "name": f"t{j}",
-            # Rows log-uniform over three decades, as in production table-size spreads.
-            "num_embeddings": int(np.exp(rng.uniform(np.log(max_rows / 1000), np.log(max_rows)))),
-            "embedding_dim": int(rng.choice(EMBEDDING_DIMS)),
-            "pooling_factor": int(np.clip(round(np.exp(rng.uniform(0, np.log(max_pooling)))), 1, max_pooling)),
-            "distribution": _distribution(rng, profile_names),
-        })
+        tables.append(
+            {
+                "name": f"t{j}",
+                # Rows log-uniform over three decades, as in production table-size spreads.
+                "num_embeddings": int(np.exp(rng.uniform(np.log(max_rows / 1000), np.log(max_rows)))),
+                "embedding_dim": int(rng.choice(EMBEDDING_DIMS)),
+                "pooling_factor": int(np.clip(round(np.exp(rng.uniform(0, np.log(max_pooling)))), 1, max_pooling)),
+                "distribution": _distribution(rng, profile_names),
+            }
+        )
     bottom_depth, top_depth = int(rng.integers(1, 4)), int(rng.integers(1, 4))
     return {
         "name": f"random{index}",

@@ -1,6 +1,7 @@
 """Timing real training steps across ranks the same way for every workload: warm-up, then
 each timed step starts behind a barrier, and each step's time is the slowest rank's (the
 iteration time a synchronous data-parallel job sees)."""
+
 from __future__ import annotations
 
 import time

@@ -10,6 +10,7 @@ parallelism all-reduces gradients with DDP over the ranks holding the same TP sh
 input is a random activation batch and the loss a mean-squared error against a random
 target: the block stack is what is timed, not a tokenizer.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,11 +23,11 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from probes.vocabulary.pairs import SYMM_MEM_SLICES
-from probes.workloads.overlap import overlapped_gemm_all_reduce, symm_mem_gemm_all_reduce
 from probes.comm import destroy_groups
-from probes.workloads.timed_steps import RunResult, run_timed_steps
+from probes.vocabulary.pairs import SYMM_MEM_SLICES
 from probes.vocabulary.transformer_spec import CPU_DTYPES, TransformerSpec
+from probes.workloads.overlap import overlapped_gemm_all_reduce, symm_mem_gemm_all_reduce
+from probes.workloads.timed_steps import RunResult, run_timed_steps
 
 
 class _CopyToTensorParallel(torch.autograd.Function):
@@ -136,8 +137,14 @@ class BlockStack(nn.Module):
     def __init__(self, spec: TransformerSpec, tp_group: Any, overlap_slices: dict[str, int] | None = None):
         """`overlap_slices`: "b{layer}.{out|fc2}" -> slices, as the substitution decision names pairs."""
         super().__init__()
-        per_block = [{name.split(".", 1)[1]: k for name, k in (overlap_slices or {}).items()
-                      if name.split(".", 1)[0] == f"b{layer}"} for layer in range(spec.layers)]
+        per_block = [
+            {
+                name.split(".", 1)[1]: k
+                for name, k in (overlap_slices or {}).items()
+                if name.split(".", 1)[0] == f"b{layer}"
+            }
+            for layer in range(spec.layers)
+        ]
         self.blocks = nn.ModuleList(Block(spec, tp_group, per_block[layer]) for layer in range(spec.layers))
         self.ln_f = nn.LayerNorm(spec.hidden)
 
@@ -150,9 +157,14 @@ class BlockStack(nn.Module):
 class ParallelTransformer:
     """One rank of the block stack on the default process group (gloo or NCCL)."""
 
-    def __init__(self, spec: TransformerSpec, rank: int, device: torch.device,
-                 comm_hook: tuple[Any, Callable[..., Any]] | None = None,
-                 overlap_slices: dict[str, int] | None = None):
+    def __init__(
+        self,
+        spec: TransformerSpec,
+        rank: int,
+        device: torch.device,
+        comm_hook: tuple[Any, Callable[..., Any]] | None = None,
+        overlap_slices: dict[str, int] | None = None,
+    ):
         """`comm_hook`: (state, hook) registered on the DDP module, e.g. the hierarchical
         all-reduce of probes/workloads/hierarchical_allreduce.py; None keeps DDP's own all-reduce.
         `overlap_slices`: the substitution decision's {"b0.out": k, ...}: those row-parallel
@@ -161,14 +173,22 @@ class ParallelTransformer:
             raise ValueError(f"spec wants world_size={spec.world_size}, the process group has {dist.get_world_size()}")
         device = torch.device(device)
         if device.type != "cuda" and spec.dtype not in CPU_DTYPES:
-            raise ValueError(f"dtype: {spec.dtype!r} needs a CUDA device (float16 autocast trains with a GradScaler); "
-                             f"on {device.type} the allowed values are {list(CPU_DTYPES)}")
+            raise ValueError(
+                f"dtype: {spec.dtype!r} needs a CUDA device (float16 autocast trains with a GradScaler); "
+                f"on {device.type} the allowed values are {list(CPU_DTYPES)}"
+            )
         self.spec, self.rank, self.device = spec, rank, device
         # Every rank creates every group, in the same order (torch.distributed requires it).
-        tp_groups = {g: dist.new_group(list(g)) for g in sorted({spec.tp_group_of(r) for r in range(spec.world_size)})} \
-            if spec.tensor_parallel > 1 else {}
-        dp_groups = {g: dist.new_group(list(g)) for g in sorted({spec.dp_group_of(r) for r in range(spec.world_size)})} \
-            if 1 < spec.data_parallel < spec.world_size else {}
+        tp_groups = (
+            {g: dist.new_group(list(g)) for g in sorted({spec.tp_group_of(r) for r in range(spec.world_size)})}
+            if spec.tensor_parallel > 1
+            else {}
+        )
+        dp_groups = (
+            {g: dist.new_group(list(g)) for g in sorted({spec.dp_group_of(r) for r in range(spec.world_size)})}
+            if 1 < spec.data_parallel < spec.world_size
+            else {}
+        )
         torch.manual_seed(spec.seed + rank % spec.tensor_parallel)  # TP shards differ, DP replicas agree
         module = BlockStack(spec, tp_groups.get(spec.tp_group_of(rank)), overlap_slices).to(device)
         if spec.data_parallel > 1:

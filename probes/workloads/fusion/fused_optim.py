@@ -9,6 +9,7 @@ hyper-parameter broadcast from a length-B vector. The arithmetic follows `torch.
 trajectory as the same model trained alone with torch's optimizer (checked in
 tests/test_hfta.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -128,7 +129,7 @@ class FusedOptimizer:
         m, v = state["exp_avg"], state["exp_avg_sq"]
         m.lerp_(g, 1 - beta1)
         v.mul_(beta2).add_((1 - beta2) * g * g)
-        bias1 = 1 - beta1 ** self.steps
-        bias2 = 1 - beta2 ** self.steps
+        bias1 = 1 - beta1**self.steps
+        bias2 = 1 - beta2**self.steps
         denom = (v.sqrt() / bias2.sqrt()).add_(self.eps)
         p.sub_((lr / bias1) * m / denom)

@@ -17,6 +17,7 @@ What vmap alone does not give, and this module adds:
   so the gradient of the sum with respect to model i's slice is model i's own gradient (the
   HFTA paper scales a mean over the fused batch by B to the same effect).
 """
+
 from __future__ import annotations
 
 import copy
@@ -61,8 +62,12 @@ def set_dropout(model: nn.Module, p: float) -> nn.Module:
     return model
 
 
-def build_members(factory: Callable[[], nn.Module], seeds: Sequence[int], dropouts: Sequence[float] | None = None,
-                  device: torch.device | str = "cpu") -> list[nn.Module]:
+def build_members(
+    factory: Callable[[], nn.Module],
+    seeds: Sequence[int],
+    dropouts: Sequence[float] | None = None,
+    device: torch.device | str = "cpu",
+) -> list[nn.Module]:
     """The B separate models a fused job stands for: `factory()` under each seed (the init
     seed is a fusible hyper-parameter), each with its dropout rate."""
     if not seeds:

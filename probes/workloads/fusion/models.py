@@ -8,6 +8,7 @@ gradient is zero up to rounding, which Adam would blow up into full-size random 
 image pattern or token distribution), so losses fall and fused-vs-separate comparisons are
 made on real training, not on noise.
 """
+
 from __future__ import annotations
 
 import math
@@ -44,10 +45,14 @@ class PointNetClassifier(nn.Module):
 
     def __init__(self, num_classes: int = NUM_CLASSES, width: int = 16) -> None:
         super().__init__()
-        self.point_mlp = nn.Sequential(PointwiseBlock(3, width), PointwiseBlock(width, 2 * width),
-                                       PointwiseBlock(2 * width, 4 * width))
+        self.point_mlp = nn.Sequential(
+            PointwiseBlock(3, width), PointwiseBlock(width, 2 * width), PointwiseBlock(2 * width, 4 * width)
+        )
         self.head = nn.Sequential(
-            nn.Linear(4 * width, 2 * width, bias=False), nn.BatchNorm1d(2 * width), nn.ReLU(), RateDropout(),
+            nn.Linear(4 * width, 2 * width, bias=False),
+            nn.BatchNorm1d(2 * width),
+            nn.ReLU(),
+            RateDropout(),
             nn.Linear(2 * width, num_classes),
         )
 
@@ -61,12 +66,18 @@ class SmallCNN(nn.Module):
     def __init__(self, num_classes: int = NUM_CLASSES, channels: int = 8) -> None:
         super().__init__()
         self.features = nn.Sequential(
-            nn.Conv2d(3, channels, 3, padding=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU(), nn.MaxPool2d(2),
-            nn.Conv2d(channels, 2 * channels, 3, padding=1, bias=False), nn.BatchNorm2d(2 * channels), nn.ReLU(),
+            nn.Conv2d(3, channels, 3, padding=1, bias=False),
+            nn.BatchNorm2d(channels),
+            nn.ReLU(),
+            nn.MaxPool2d(2),
+            nn.Conv2d(channels, 2 * channels, 3, padding=1, bias=False),
+            nn.BatchNorm2d(2 * channels),
+            nn.ReLU(),
             nn.MaxPool2d(2),
         )
-        self.head = nn.Sequential(nn.Flatten(), nn.Linear(2 * channels * 4 * 4, 64), nn.ReLU(), RateDropout(),
-                                  nn.Linear(64, num_classes))
+        self.head = nn.Sequential(
+            nn.Flatten(), nn.Linear(2 * channels * 4 * 4, 64), nn.ReLU(), RateDropout(), nn.Linear(64, num_classes)
+        )
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:  # [N, 3, 16, 16]
         return self.head(self.features(images))
@@ -96,8 +107,15 @@ class EncoderLayer(nn.Module):
 class SmallTransformerEncoder(nn.Module):
     """Token + position embeddings, a stack of encoder layers, mean-pooled, a linear head."""
 
-    def __init__(self, num_classes: int = NUM_CLASSES, vocab: int = 128, seq_len: int = 16, hidden: int = 32,
-                 heads: int = 2, layers: int = 2) -> None:
+    def __init__(
+        self,
+        num_classes: int = NUM_CLASSES,
+        vocab: int = 128,
+        seq_len: int = 16,
+        hidden: int = 32,
+        heads: int = 2,
+        layers: int = 2,
+    ) -> None:
         super().__init__()
         self.tokens = nn.Embedding(vocab, hidden)
         self.positions = nn.Parameter(torch.randn(seq_len, hidden) * 0.02)
@@ -116,8 +134,14 @@ def _point_batch(n: int, gen: torch.Generator, points: int = 32) -> tuple[torch.
     y = torch.randint(0, NUM_CLASSES, (n,), generator=gen)
     centres = torch.linspace(-1, 1, NUM_CLASSES)
     # Class c: an anisotropic blob whose scale along x grows with c.
-    scale = torch.stack([0.2 + 0.08 * torch.arange(NUM_CLASSES), torch.full((NUM_CLASSES,), 0.3),
-                         0.5 - 0.03 * torch.arange(NUM_CLASSES)], dim=1)
+    scale = torch.stack(
+        [
+            0.2 + 0.08 * torch.arange(NUM_CLASSES),
+            torch.full((NUM_CLASSES,), 0.3),
+            0.5 - 0.03 * torch.arange(NUM_CLASSES),
+        ],
+        dim=1,
+    )
     cloud = torch.randn(n, points, 3, generator=gen) * scale[y][:, None, :]
     cloud[:, :, 2] += centres[y][:, None]
     return cloud, y
@@ -132,7 +156,9 @@ def _image_batch(n: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tens
     return images.contiguous(), y
 
 
-def _token_batch(n: int, gen: torch.Generator, vocab: int = 128, seq_len: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+def _token_batch(
+    n: int, gen: torch.Generator, vocab: int = 128, seq_len: int = 16
+) -> tuple[torch.Tensor, torch.Tensor]:
     y = torch.randint(0, NUM_CLASSES, (n,), generator=gen)
     # Class c draws most tokens from its own band of the vocabulary, the rest uniformly.
     band = vocab // NUM_CLASSES

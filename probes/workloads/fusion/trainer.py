@@ -1,5 +1,6 @@
 """The training loop of B fused models: each with its own hyper-parameters, all stepping on
 the same batch as one job, shrinking when some are stopped early."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,8 +22,15 @@ class FusedTrainer:
     optimizer: FusedOptimizer
 
     @classmethod
-    def build(cls, work: FusionWorkload, seeds: Sequence[int], hyper: FusedHyperParams, optimizer: str = "adam",
-              dropouts: Sequence[float] | None = None, device: torch.device | str = "cpu") -> "FusedTrainer":
+    def build(
+        cls,
+        work: FusionWorkload,
+        seeds: Sequence[int],
+        hyper: FusedHyperParams,
+        optimizer: str = "adam",
+        dropouts: Sequence[float] | None = None,
+        device: torch.device | str = "cpu",
+    ) -> "FusedTrainer":
         members = build_members(work.build, seeds, dropouts, device)
         fused = FusedModels(members).train()
         return cls(fused, FusedOptimizer(optimizer, fused.params, hyper))
