@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.setup-stamp
 # fbgemm-gpu when a GPU is visible, the CPU build otherwise.
 FBGEMM := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo fbgemm-gpu==1.8.0 || echo fbgemm-gpu-cpu==1.8.0)
 
-.PHONY: setup autotune test test-fast clean postgres gpu-check
+.PHONY: setup autotune lint test test-fast clean postgres gpu-check
 
 setup: $(STAMP)
 
@@ -30,7 +30,13 @@ postgres:
 	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; \
 	  else echo "tests/test_server.py needs PostgreSQL: sudo apt-get install postgresql"; exit 1; fi; }
 
-test: setup postgres
+# Lint and format checks over the tree, type checks over the modelling core (pyproject.toml).
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: setup postgres lint
 	$(PY) -m pytest -q tests
 
 test-fast: setup
