@@ -1,19 +1,9 @@
-"""Nightly recalibration: check this cluster's champion, recalibrate only what is missing,
-stale or drifting, and apply the promotion rule.
+"""The nightly recalibration command: what it checks and when it recalibrates is
+`orchestrator.nightly`'s rule; here are its options, its output and its exit codes.
 
     python -m orchestrator.cli.nightly [--budget-s S] [--lock PATH] [--ray-address A] [--tracking-uri U] [--json]
 
-Per hardware of the Ray cluster: no champion, software (driver / CUDA / NCCL / torch / fbgemm)
-changed, older than the age limit, launched jobs' prediction error drifting, or the sentinel
-points re-measured off by more than their bound → a full calibration, registered as a
-challenger and promoted only if not worse on the new held-out rows. Hardware ids that MLflow
-has seen jobs for but holds no fresh champion of, and that are not in this cluster, are
-listed: they need a nightly on their own hardware. Everything is printed and logged to an
-MLflow run (kind=nightly).
-
-Safe to start twice, on any pods: the first holds a lock kept in the tracking server
-(`orchestrator.lease`, renewed while it runs, expiring when its holder stops); the second says
-who holds it and exits 0 without touching anything.
+Safe to start twice, on any pods: the second says who holds the nightly's lock and exits 0.
 """
 
 from __future__ import annotations
