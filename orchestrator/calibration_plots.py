@@ -13,8 +13,8 @@ from typing import Sequence
 import mlflow
 import numpy as np
 
+from predictors.collective_curves import group_key
 from predictors.collective_model import SigmoidCollectiveModel
-from predictors.opmodels import group_key
 from predictors.performance_model import PerformanceModel
 from probes.vocabulary.records import Measurement
 

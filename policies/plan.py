@@ -35,9 +35,8 @@ def _is_number(value: Any) -> bool:
     return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
 
 
-def _check_decision(name: str, data: Any) -> None:
-    """The shape of one stored decision (what the launcher and predictor read of it)."""
-    where = f"decisions.{name}"
+def _check_decision_fields(where: str, data: Any) -> None:
+    """A decision is a mapping with its required fields, the scalar ones of the right type."""
     _expect(isinstance(data, dict), where, "a mapping {policy, choice, predicted_ms, candidates, choice_detail}", data)
     for key in ("policy", "choice", "predicted_ms", "candidates"):
         _require(data, key, f"{where}.")
@@ -49,9 +48,13 @@ def _check_decision(name: str, data: Any) -> None:
         "a finite number of milliseconds",
         data["predicted_ms"],
     )
-    _expect(isinstance(data["candidates"], list), f"{where}.candidates", "a list of candidates", data["candidates"])
+
+
+def _check_candidates(where: str, candidates: Any) -> None:
+    """A list of {name, predicted_ms, feasible, detail?} mappings."""
+    _expect(isinstance(candidates, list), f"{where}.candidates", "a list of candidates", candidates)
     allowed = {"name", "predicted_ms", "feasible", "detail"}
-    for i, c in enumerate(data["candidates"]):
+    for i, c in enumerate(candidates):
         at = f"{where}.candidates[{i}]"
         _expect(
             isinstance(c, dict) and {"name", "predicted_ms", "feasible"} <= set(c) and set(c) <= allowed,
@@ -66,22 +69,29 @@ def _check_decision(name: str, data: Any) -> None:
             c["predicted_ms"],
         )
         _expect(isinstance(c.get("detail", {}), dict), f"{at}.detail", "a mapping", c.get("detail"))
-    detail = data.get("choice_detail", {})
-    _expect(isinstance(detail, dict), f"{where}.choice_detail", "a mapping", detail)
+
+
+def _check_table_to_rank(where: str, detail: dict) -> None:
+    """The sharding decision's placement: one entry per table, a rank or {type, ranks}."""
+    t2r: Any = detail.get("table_to_rank")
+    _expect(
+        isinstance(t2r, list) and bool(t2r),
+        f"{where}.choice_detail.table_to_rank",
+        "a non-empty list with one entry per table (a rank, or {type, ranks})",
+        t2r,
+    )
+    _expect(
+        all((isinstance(e, int) and not isinstance(e, bool)) or isinstance(e, dict) for e in t2r),
+        f"{where}.choice_detail.table_to_rank",
+        "entries that are a rank or a mapping {type, ranks}",
+        t2r,
+    )
+
+
+def _check_choice_detail(name: str, where: str, detail: dict) -> None:
+    """What the launcher reads of the chosen sharding, chunking or substitution."""
     if name == "sharding":
-        t2r = detail.get("table_to_rank")
-        _expect(
-            isinstance(t2r, list) and bool(t2r),
-            f"{where}.choice_detail.table_to_rank",
-            "a non-empty list with one entry per table (a rank, or {type, ranks})",
-            t2r,
-        )
-        _expect(
-            all((isinstance(e, int) and not isinstance(e, bool)) or isinstance(e, dict) for e in t2r),
-            f"{where}.choice_detail.table_to_rank",
-            "entries that are a rank or a mapping {type, ranks}",
-            t2r,
-        )
+        _check_table_to_rank(where, detail)
     if name == "chunking":
         _expect(
             isinstance(detail.get("chunk_schedule"), dict),
@@ -101,6 +111,16 @@ def _check_decision(name: str, data: Any) -> None:
             "a mapping of pair name to slice count (an integer >= 0)",
             subs,
         )
+
+
+def _check_decision(name: str, data: Any) -> None:
+    """The shape of one stored decision (what the launcher and predictor read of it)."""
+    where = f"decisions.{name}"
+    _check_decision_fields(where, data)
+    _check_candidates(where, data["candidates"])
+    detail = data.get("choice_detail", {})
+    _expect(isinstance(detail, dict), f"{where}.choice_detail", "a mapping", detail)
+    _check_choice_detail(name, where, detail)
 
 
 @dataclass

@@ -26,7 +26,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from policies.sharders import NoFeasiblePlanError
-from probes.vocabulary.jobspec import JobSpec, TableShape
+from probes.vocabulary.jobspec import JobSpec, TableShape, TableSpec
 from probes.vocabulary.placement import INTRA, RankPlacement
 from probes.vocabulary.table_shards import COLUMN_WISE, DATA_PARALLEL, ROW_WISE, PlanEntry, table_shards
 from probes.vocabulary.tbe_features import expected_features
@@ -56,6 +56,47 @@ def embedding_bag_collection(job: JobSpec, device: str = "meta"):
     return EmbeddingBagCollection(tables=configs, device=torch.device(device))
 
 
+_UNFIT_MS = 1e30  # the price of a shard that cannot fit (finite: TorchRec sums prices)
+
+
+class _ShardPricer:
+    """Seconds of one shard's lookups and collectives as our workload runs it, from a `PerformanceModel`."""
+
+    def __init__(self, job: JobSpec, model: Any, world: int, scope: str) -> None:
+        self.job, self.model, self.world, self.scope = job, model, world, scope
+
+    def marginal(self, op: str, nbytes: float) -> float:
+        """The time a collective adds for `nbytes`: its curve at those bytes minus its latency floor."""
+        W, scope = self.world, self.scope
+        floor = self.model.predict(op, bytes=8, world=W, scope=scope)
+        return max(self.model.predict(op, bytes=max(int(nbytes), 8), world=W, scope=scope) - floor, 0.0)
+
+    def lookup(self, shape: TableShape, batch: int) -> tuple[float, float]:
+        """The embedding forward and backward of one table piece over `batch` samples."""
+        feats = expected_features([shape], batch, seed=self.job.seed)
+        return self.model.predict("embedding_fwd", **feats), self.model.predict("embedding_bwd", **feats)
+
+    def price(
+        self, table: TableSpec, kind: str, batch: int, rows: int, cols: int
+    ) -> tuple[float, float, tuple[float, float]]:
+        """(forward, backward, (forward comms, backward comms)) of a `rows` x `cols` shard of
+        `table` sharded as `kind`, `batch` samples per rank."""
+        W = self.world
+        if kind in ("row_wise", "table_row_wise"):
+            shape = TableShape(rows, cols, max(1, round(table.pooling_factor / W)), table.distribution)
+            fwd, bwd = self.lookup(shape, batch * W)
+            exchanged = 4 * batch * W * cols
+            comms = (self.marginal("reduce_scatter", exchanged), self.marginal("all_gather", exchanged))
+        elif kind == "data_parallel":
+            fwd, bwd = self.lookup(TableShape(rows, cols, table.pooling_factor, table.distribution), batch)
+            comms = (0.0, self.marginal("all_reduce", 4 * rows * cols))
+        else:  # table-wise, column-wise: the global batch, pooled columns exchanged
+            fwd, bwd = self.lookup(TableShape(rows, cols, table.pooling_factor, table.distribution), batch * W)
+            a2a = self.marginal("all_to_all", 4 * batch * W * cols)
+            comms = (a2a, a2a)
+        return fwd, bwd, comms
+
+
 def measured_estimator(
     job: JobSpec, model: Any, world_size: int, scope: str = INTRA, max_shard_bytes: float | None = None
 ):
@@ -75,18 +116,8 @@ def measured_estimator(
     """
     from torchrec.distributed.planner.types import Perf, ShardEstimator
 
-    UNFIT_MS = 1e30  # the price of a shard that cannot fit (finite: TorchRec sums prices)
-
     tables = {t.name: t for t in job.tables}
-    W = world_size
-
-    def marginal(op: str, nbytes: float) -> float:
-        floor = model.predict(op, bytes=8, world=W, scope=scope)
-        return max(model.predict(op, bytes=max(int(nbytes), 8), world=W, scope=scope) - floor, 0.0)
-
-    def lookup(shape: TableShape, batch: int) -> tuple[float, float]:
-        feats = expected_features([shape], batch, seed=job.seed)
-        return model.predict("embedding_fwd", **feats), model.predict("embedding_bwd", **feats)
+    pricer = _ShardPricer(job, model, world_size, scope)
 
     class MeasuredPerfEstimator(ShardEstimator):
         def __init__(self, topology: Any = None, constraints: Any = None) -> None:
@@ -100,24 +131,60 @@ def measured_estimator(
                 for shard in option.shards:
                     rows, cols = int(shard.size[0]), int(shard.size[1])
                     if max_shard_bytes is not None and 4 * rows * cols > max_shard_bytes:
-                        shard.perf = Perf(fwd_compute=UNFIT_MS, fwd_comms=0.0, bwd_compute=UNFIT_MS, bwd_comms=0.0)
+                        shard.perf = Perf(fwd_compute=_UNFIT_MS, fwd_comms=0.0, bwd_compute=_UNFIT_MS, bwd_comms=0.0)
                         continue
-                    if kind in ("row_wise", "table_row_wise"):
-                        shape = TableShape(rows, cols, max(1, round(table.pooling_factor / W)), table.distribution)
-                        fwd, bwd = lookup(shape, B * W)
-                        comms = (marginal("reduce_scatter", 4 * B * W * cols), marginal("all_gather", 4 * B * W * cols))
-                    elif kind == "data_parallel":
-                        fwd, bwd = lookup(TableShape(rows, cols, table.pooling_factor, table.distribution), B)
-                        comms = (0.0, marginal("all_reduce", 4 * rows * cols))
-                    else:  # table-wise, column-wise: the global batch, pooled columns exchanged
-                        fwd, bwd = lookup(TableShape(rows, cols, table.pooling_factor, table.distribution), B * W)
-                        a2a = marginal("all_to_all", 4 * B * W * cols)
-                        comms = (a2a, a2a)
+                    fwd, bwd, comms = pricer.price(table, kind, B, rows, cols)
                     shard.perf = Perf(
                         fwd_compute=fwd * 1e3, fwd_comms=comms[0] * 1e3, bwd_compute=bwd * 1e3, bwd_comms=comms[1] * 1e3
                     )
 
     return MeasuredPerfEstimator()
+
+
+def _planner_topology(world: int, placement: RankPlacement, memory_cap_bytes: float, compute_device: str) -> Any:
+    """TorchRec's view of the ranks: world size, ranks per node, and the cap as each one's HBM."""
+    from torchrec.distributed.planner.types import KernelConfig, TopologyFactory, TrainerConfig
+
+    return TopologyFactory.create_topology(
+        trainer_config=TrainerConfig(
+            world_size=world,
+            local_world_size=max(placement.ranks_per_node().values()),
+            hbm_cap_bytes=int(min(memory_cap_bytes, 2**50)),
+        ),
+        kernel_config=KernelConfig(compute_device=compute_device),
+    )
+
+
+def _table_constraints(job: JobSpec, model: Any) -> dict[str, Any]:
+    """Per table, the sharding types the planner may choose (no row-wise pieces when `model`
+    cannot price their collectives) and its pooling factor."""
+    from torchrec.distributed.planner import ParameterConstraints
+
+    types = list(TORCHREC_TYPES)
+    if model is not None and not {"reduce_scatter", "all_gather"} <= set(model.models):
+        types = [t for t in types if "row_wise" not in t]  # row-wise pieces could not be priced
+    return {
+        t.name: ParameterConstraints(sharding_types=types, pooling_factors=[float(t.pooling_factor)])
+        for t in job.tables
+    }
+
+
+def _measured_enumerator(
+    job: JobSpec, model: Any, topology: Any, constraints: dict[str, Any], scope: str, memory_cap_bytes: float
+) -> Any:
+    """TorchRec's enumerator, its shards priced by our measurements and sized by TorchRec."""
+    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
+    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+
+    return EmbeddingEnumerator(
+        topology=topology,
+        batch_size=job.batch_size,
+        constraints=constraints,
+        estimator=[
+            measured_estimator(job, model, job.world_size, scope, max_shard_bytes=memory_cap_bytes),
+            EmbeddingStorageEstimator(topology, constraints),
+        ],
+    )
 
 
 def torchrec_plan(
@@ -136,42 +203,18 @@ def torchrec_plan(
     measurements instead (`measured_estimator`); storage is still TorchRec's estimate.
     """
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints
-    from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
-    from torchrec.distributed.planner.shard_estimators import EmbeddingStorageEstimator
+    from torchrec.distributed.planner import EmbeddingShardingPlanner
     from torchrec.distributed.planner.storage_reservations import FixedPercentageStorageReservation
-    from torchrec.distributed.planner.types import KernelConfig, PlannerError, TopologyFactory, TrainerConfig
+    from torchrec.distributed.planner.types import PlannerError
 
-    W = job.world_size
-    placement = placement or RankPlacement.single_node(W)
-    topology = TopologyFactory.create_topology(
-        trainer_config=TrainerConfig(
-            world_size=W,
-            local_world_size=max(placement.ranks_per_node().values()),
-            hbm_cap_bytes=int(min(memory_cap_bytes, 2**50)),
-        ),
-        kernel_config=KernelConfig(compute_device=compute_device),
-    )
-    types = list(TORCHREC_TYPES)
-    if model is not None and not {"reduce_scatter", "all_gather"} <= set(model.models):
-        types = [t for t in types if "row_wise" not in t]  # row-wise pieces could not be priced
-    constraints = {
-        t.name: ParameterConstraints(sharding_types=types, pooling_factors=[float(t.pooling_factor)])
-        for t in job.tables
-    }
+    placement = placement or RankPlacement.single_node(job.world_size)
+    topology = _planner_topology(job.world_size, placement, memory_cap_bytes, compute_device)
+    constraints = _table_constraints(job, model)
     # The cap already is the embeddings' share of a device (policies.planning), so nothing
     # more is reserved; debug=False skips the planner's printed stats table.
     enumerator = None
     if model is not None:
-        enumerator = EmbeddingEnumerator(
-            topology=topology,
-            batch_size=job.batch_size,
-            constraints=constraints,
-            estimator=[
-                measured_estimator(job, model, W, placement.scope(), max_shard_bytes=memory_cap_bytes),
-                EmbeddingStorageEstimator(topology, constraints),
-            ],
-        )
+        enumerator = _measured_enumerator(job, model, topology, constraints, placement.scope(), memory_cap_bytes)
     planner = EmbeddingShardingPlanner(
         topology=topology,
         batch_size=job.batch_size,

@@ -21,7 +21,8 @@ from typing import Any, Sequence
 import numpy as np
 from scipy.optimize import least_squares
 
-from predictors.opmodels import OpModel, UncalibratedGroupError, curve_key, group_key
+from predictors.collective_curves import UncalibratedGroupError, curve_key, group_key
+from predictors.opmodels import OpModel
 from probes.vocabulary.records import Measurement
 
 

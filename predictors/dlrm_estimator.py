@@ -16,7 +16,7 @@ thread slow each other in proportion to the work; the fitted coefficient is that
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from probes.vocabulary.jobspec import JobSpec
 from probes.vocabulary.ops import DLRM_OVERHEAD_OP, DLRM_STEP_OP, gemm_params, linear_layer_gemms
 from probes.vocabulary.placement import RankPlacement, placement_of
 from probes.vocabulary.records import Measurement
-from probes.vocabulary.table_shards import DATA_PARALLEL, PlanEntry, row_wise_width, table_shards
+from probes.vocabulary.table_shards import DATA_PARALLEL, PlanEntry, TableShard, row_wise_width, table_shards
 from probes.vocabulary.tbe_features import expected_features
 
 OVERHEAD_FEATURES = ["one", "dense_layers", "tables_total", "split_pieces", "kernels_s"]
@@ -72,6 +72,88 @@ def overhead_params(spec: JobSpec, kernels_s: float, plan: Sequence[PlanEntry] =
     }
 
 
+Predict = Callable[..., float]  # op name and its params -> seconds, recording any out-of-range params
+
+
+def _embedding_times(spec: JobSpec, shards: Sequence[TableShard], predict: Predict) -> tuple[list[float], list[float]]:
+    """Per rank, the embedding forward and backward of its own (not replicated) table pieces."""
+    emb_fwd, emb_bwd = [], []
+    for r in range(spec.world_size):
+        local = [s.shape for s in shards if s.rank == r and s.kind != DATA_PARALLEL]
+        if not local:
+            emb_fwd.append(0.0)
+            emb_bwd.append(0.0)
+            continue
+        feats = expected_features(local, spec.batch_size * spec.world_size, seed=spec.seed)
+        emb_fwd.append(predict("embedding_fwd", **feats))
+        emb_bwd.append(predict("embedding_bwd", **feats))
+    return emb_fwd, emb_bwd
+
+
+def _dense_time(spec: JobSpec, predict: Predict) -> float:
+    """The dense MLP's GEMMs: each layer's forward and both backward products."""
+    dense = 0.0
+    for fan_in, fan_out in spec.dense_layers():
+        for m, n, k in linear_layer_gemms(spec.batch_size, fan_in, fan_out):
+            dense += predict("gemm", **gemm_params(m, n, k))
+    return dense
+
+
+def _exchange_time(
+    spec: JobSpec, table_to_rank: Sequence[PlanEntry], shards: Sequence[TableShard], scope: str, predict: Predict
+) -> float:
+    """Pooled-embedding all-to-all, forward and backward (the largest per-rank send or
+    receive), plus row-wise tables' reduce-scatter forward and all-gather backward."""
+    W, B = spec.world_size, spec.batch_size
+    a2a = 2 * predict("all_to_all", **all_to_all_params(spec, table_to_rank, scope)) if W > 1 else 0.0
+    rw = FLOAT * B * W * row_wise_width(shards)
+    if W > 1 and rw:
+        a2a += predict("reduce_scatter", bytes=rw, world=W, scope=scope) + predict(
+            "all_gather", bytes=rw, world=W, scope=scope
+        )
+    return a2a
+
+
+def _all_reduce_time(spec: JobSpec, scope: str, predict: Predict) -> float:
+    """DDP's gradient all-reduce of the dense parameters, one collective per bucket."""
+    W = spec.world_size
+    param_bytes = 4 * sum(i * o + o for i, o in spec.dense_layers())
+    return sum(predict("all_reduce", bytes=b, world=W, scope=scope) for b in ddp_buckets(param_bytes)) if W > 1 else 0.0
+
+
+def _simulated_kernels(
+    spec: JobSpec,
+    table_to_rank: Sequence[PlanEntry],
+    placement: RankPlacement,
+    model: PerformanceModel,
+    problems: list[str],
+) -> float:
+    """The kernels' critical path over the job's execution graph; ops without a model are
+    priced at 0 and noted in `problems`."""
+    graph = build_dlrm_graph(spec, table_to_rank, placement)
+    unpriced: set[str] = set()
+    kernels = simulate(graph, model_cost(model, unpriced), synchronous=model.synchronous).iteration_s
+    problems.extend(f"no model for {op}: priced at 0, the estimate is a lower bound" for op in unpriced)
+    return kernels
+
+
+def _step_overhead(
+    spec: JobSpec,
+    kernels: float,
+    table_to_rank: Sequence[PlanEntry],
+    model: PerformanceModel,
+    include_overhead: bool,
+    problems: list[str],
+) -> float:
+    """The fitted per-step CPU overhead (0 without one, or when not included)."""
+    step_overhead = model.step_overheads.get("dlrm") if include_overhead else None
+    if step_overhead is None:
+        return 0.0
+    params = overhead_params(spec, kernels, table_to_rank)
+    problems.extend(step_overhead.out_of_range(params))
+    return step_overhead.predict(params)
+
+
 def estimate_iteration(
     spec: JobSpec,
     table_to_rank: Sequence[PlanEntry],
@@ -84,8 +166,7 @@ def estimate_iteration(
     graph (`simulate_graph`), or as the plain sum below (the baseline); plus the fitted
     per-step CPU overhead. `placement`: the node of every rank (default: one node); the job's
     collectives span all ranks, so it decides whether they run within a node or across nodes."""
-    W, B = spec.world_size, spec.batch_size
-    placement = placement or RankPlacement.single_node(W)
+    placement = placement or RankPlacement.single_node(spec.world_size)
     scope = placement.scope()
     problems: list[str] = []
 
@@ -94,48 +175,15 @@ def estimate_iteration(
         return model.predict(op, **params)
 
     shards = table_shards(spec, table_to_rank)
-    emb_fwd, emb_bwd = [], []
-    for r in range(W):
-        local = [s.shape for s in shards if s.rank == r and s.kind != DATA_PARALLEL]
-        if not local:
-            emb_fwd.append(0.0)
-            emb_bwd.append(0.0)
-            continue
-        feats = expected_features(local, B * W, seed=spec.seed)
-        emb_fwd.append(predict("embedding_fwd", **feats))
-        emb_bwd.append(predict("embedding_bwd", **feats))
-
-    dense = 0.0
-    for fan_in, fan_out in spec.dense_layers():
-        for m, n, k in linear_layer_gemms(B, fan_in, fan_out):
-            dense += predict("gemm", **gemm_params(m, n, k))
-
-    # Pooled-embedding all-to-all, forward and backward (the largest per-rank send or receive).
-    a2a = 2 * predict("all_to_all", **all_to_all_params(spec, table_to_rank, scope)) if W > 1 else 0.0
-    rw = FLOAT * B * W * row_wise_width(shards)
-    if W > 1 and rw:  # row-wise tables: reduce-scatter forward, all-gather backward
-        a2a += predict("reduce_scatter", bytes=rw, world=W, scope=scope) + predict(
-            "all_gather", bytes=rw, world=W, scope=scope
-        )
-
-    param_bytes = 4 * sum(i * o + o for i, o in spec.dense_layers())
-    allreduce = (
-        sum(predict("all_reduce", bytes=b, world=W, scope=scope) for b in ddp_buckets(param_bytes)) if W > 1 else 0.0
-    )
-
+    emb_fwd, emb_bwd = _embedding_times(spec, shards, predict)
+    dense = _dense_time(spec, predict)
+    a2a = _exchange_time(spec, table_to_rank, shards, scope, predict)
+    allreduce = _all_reduce_time(spec, scope, predict)
     if simulate_graph:
-        graph = build_dlrm_graph(spec, table_to_rank, placement)
-        unpriced: set[str] = set()
-        kernels = simulate(graph, model_cost(model, unpriced), synchronous=model.synchronous).iteration_s
-        problems.extend(f"no model for {op}: priced at 0, the estimate is a lower bound" for op in unpriced)
+        kernels = _simulated_kernels(spec, table_to_rank, placement, model, problems)
     else:
         kernels = max(f + b for f, b in zip(emb_fwd, emb_bwd)) + dense + a2a + allreduce
-    overhead = 0.0
-    step_overhead = model.step_overheads.get("dlrm") if include_overhead else None
-    if step_overhead is not None:
-        params = overhead_params(spec, kernels, table_to_rank)
-        problems.extend(step_overhead.out_of_range(params))
-        overhead = step_overhead.predict(params)
+    overhead = _step_overhead(spec, kernels, table_to_rank, model, include_overhead, problems)
     total = kernels + overhead
     return CostBreakdown(total, emb_fwd, emb_bwd, dense, a2a, allreduce, overhead, sorted(set(problems)))
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from predictors.collective_curves import AlphaBetaModel, CurveModel  # noqa: F401  (CurveModel: registers its kind)
 from predictors.collective_model import SigmoidCollectiveModel
 from predictors.context_model import ContextFactorModel  # noqa: F401  (registers its kind for loading)
 from predictors.learned_model import EMBEDDING_DESIGN, GEMM_DESIGN, ROW_OP_DESIGN, LearnedKernelModel
-from predictors.opmodels import AlphaBetaModel, GroupedCostModel, OpModel
+from predictors.opmodels import GroupedCostModel, OpModel
 from predictors.overhead_model import OverheadModel
 
 COLLECTIVES = ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "broadcast")

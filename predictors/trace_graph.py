@@ -37,89 +37,96 @@ def _collective_durations(traces: Sequence[dict[str, Any]]) -> list[float]:
     return [min(t["comm"][k]["end_s"] - t["comm"][k]["start_s"] for t in traces) for k in range(counts.pop())]
 
 
+def _comm_channels(comm: Sequence[dict[str, Any]]) -> dict[Any, str]:
+    """Each backend worker thread is a channel: gloo runs collectives on a few threads at once."""
+    threads = sorted({item.get("thread", 0) for item in comm})
+    return {t: "comm" if i == 0 else f"comm:{i}" for i, t in enumerate(threads)}
+
+
+def _collectives_waited_for(
+    comm: Sequence[dict[str, Any]], comm_index: dict[int, int], launched: int, prev_end: float, start_s: float
+) -> tuple[list[int], float]:
+    """The op indices of the launched collectives that finished in the gap before an op
+    starting at `start_s`, and when the last of them (or the previous op) ended."""
+    deps, issue_from = [], prev_end
+    for k in range(launched):
+        end = comm[k]["end_s"]
+        if prev_end < end <= start_s and k in comm_index:
+            deps.append(comm_index[k])
+            issue_from = max(issue_from, end)
+    return deps, issue_from
+
+
+def _resume_op(deps: list[int], gap: float) -> GraphOp:
+    """Blocked in `wait`: the thread resumes `gap` after the collectives end. As an op of its
+    own, this wake-up is charged after the wait, not hidden behind it."""
+    return GraphOp(RESUME, "compute", RESUME, {}, deps=sorted(set(deps)), duration_s=gap, issue_s=0.0, blocking=True)
+
+
+def _traced_op(op: dict[str, Any], deps: list[int], gap: float) -> GraphOp:
+    """A top-level op of the step's thread, issued `gap` after the thread was free."""
+    host_s = op["end_s"] - op["start_s"]
+    params = {"shapes": op.get("shapes", [])}
+    if op.get("device_s") is not None:  # a CUDA capture: the kernels run asynchronously for device_s,
+        # the host's span is what issuing them cost the CPU thread
+        return GraphOp(
+            op["name"],
+            "compute",
+            op["name"],
+            params,
+            deps=deps,
+            duration_s=float(op["device_s"]),
+            issue_s=gap + host_s,
+            blocking=False,
+        )
+    return GraphOp(op["name"], "compute", op["name"], params, deps=deps, duration_s=host_s, issue_s=gap, blocking=True)
+
+
+def _collective_op(item: dict[str, Any], channel: str, launcher: int, world: int, transfer_s: float) -> GraphOp:
+    """A collective work item, launched by op `launcher`, over all ranks, taking `transfer_s`."""
+    return GraphOp(
+        item["name"],
+        "collective",
+        item["name"].split(":")[-1],
+        {},
+        channel,
+        [launcher],
+        tuple(range(world)),
+        duration_s=transfer_s,
+        issue_s=0.0,
+        blocking=False,
+    )
+
+
 def _rank_ops(trace: dict[str, Any], world: int, transfer_s: Sequence[float], offset_s: float) -> list[GraphOp]:
     ops: list[GraphOp] = []
     comm = trace["comm"]
     comm_index: dict[int, int] = {}  # k-th collective → its op index
-    # Each backend worker thread is a channel: gloo runs collectives on a few threads at once.
-    threads = sorted({item.get("thread", 0) for item in comm})
-    channel = {t: "comm" if i == 0 else f"comm:{i}" for i, t in enumerate(threads)}
+    channel = _comm_channels(comm)
     next_comm = 0
     prev_end = 0.0
     # The step's end is one more (empty) op, so a tail spent waiting for the last collective,
     # or in Python after the last dispatcher op, is part of the rank's time as it was measured.
     end_mark = {"name": STEP_END, "start_s": trace["step_s"], "end_s": trace["step_s"], "shapes": []}
     for op in list(trace["ops"]) + [end_mark]:
-        deps, issue_from = [], prev_end
-        for k in range(next_comm):
-            end = comm[k]["end_s"]
-            if prev_end < end <= op["start_s"] and k in comm_index:
-                deps.append(comm_index[k])
-                issue_from = max(issue_from, end)
+        deps, issue_from = _collectives_waited_for(comm, comm_index, next_comm, prev_end, op["start_s"])
         gap = max(op["start_s"] - issue_from, 0.0) + (offset_s if not ops else 0.0)
         if deps:
-            # Blocked in `wait`: the thread resumes `gap` after the collective ends. As an op
-            # of its own, this wake-up is charged after the wait, not hidden behind it.
-            ops.append(
-                GraphOp(
-                    RESUME, "compute", RESUME, {}, deps=sorted(set(deps)), duration_s=gap, issue_s=0.0, blocking=True
-                )
-            )
+            ops.append(_resume_op(deps, gap))
             deps, gap = [len(ops) - 1], 0.0
-        host_s = op["end_s"] - op["start_s"]
-        if op.get("device_s") is not None:  # a CUDA capture: the kernels run asynchronously for device_s,
-            # the host's span is what issuing them cost the CPU thread
-            ops.append(
-                GraphOp(
-                    op["name"],
-                    "compute",
-                    op["name"],
-                    {"shapes": op.get("shapes", [])},
-                    deps=deps,
-                    duration_s=float(op["device_s"]),
-                    issue_s=gap + host_s,
-                    blocking=False,
-                )
-            )
-        else:
-            ops.append(
-                GraphOp(
-                    op["name"],
-                    "compute",
-                    op["name"],
-                    {"shapes": op.get("shapes", [])},
-                    deps=deps,
-                    duration_s=host_s,
-                    issue_s=gap,
-                    blocking=True,
-                )
-            )
+        ops.append(_traced_op(op, deps, gap))
         launcher = len(ops) - 1
         prev_end = op["end_s"]
-        # Collectives this launch started (work items starting before the next op starts).
-        while (
+        # The collective this launch started: the next work item, if it started no earlier than the launch.
+        if (
             op["name"].startswith(LAUNCH_PREFIX)
             and next_comm < len(comm)
             and comm[next_comm]["start_s"] >= op["start_s"]
         ):
             item = comm[next_comm]
-            ops.append(
-                GraphOp(
-                    item["name"],
-                    "collective",
-                    item["name"].split(":")[-1],
-                    {},
-                    channel[item.get("thread", 0)],
-                    [launcher],
-                    tuple(range(world)),
-                    duration_s=transfer_s[next_comm],
-                    issue_s=0.0,
-                    blocking=False,
-                )
-            )
+            ops.append(_collective_op(item, channel[item.get("thread", 0)], launcher, world, transfer_s[next_comm]))
             comm_index[next_comm] = len(ops) - 1
             next_comm += 1
-            break
     if next_comm != len(comm):
         raise ValueError(f"{len(comm) - next_comm} collective work item(s) have no launching c10d op")
     return ops

@@ -62,8 +62,8 @@ def test_autotune_cycle_on_a_cluster_whose_head_offers_no_devices(tmp_path, tiny
 
     from orchestrator import registry
     from policies.plan import Plan
+    from predictors.collective_curves import UncalibratedGroupError
     from predictors.dlrm_estimator import estimate_iteration
-    from predictors.opmodels import UncalibratedGroupError
     from probes.vocabulary.jobspec import JobSpec
     from probes.vocabulary.placement import RankPlacement
 

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 from predictors import OutOfRangeError, PerformanceModel, fit_performance_model
+from predictors.collective_curves import AlphaBetaModel, CurveModel
 from predictors.collective_model import SigmoidCollectiveModel
 from predictors.evaluation import split_by_op
-from predictors.opmodels import AlphaBetaModel, CurveModel, LinearCostModel, OpModel
+from predictors.opmodels import LinearCostModel, OpModel
 from probes.gemm import measure_gemm
 from probes.vocabulary.ops import gemm_params
 from probes.vocabulary.records import Measurement

@@ -9,9 +9,9 @@ from orchestrator.cli.common import EXIT_BAD_INPUT, run_main
 from orchestrator.cluster import GIB, DeviceInfo, HardwareFingerprint, NodeFingerprint
 from policies.planning import job_placement, make_plan
 from predictors import fit_performance_model
+from predictors.collective_curves import UncalibratedGroupError
 from predictors.dlrm_estimator import estimate_iteration
 from predictors.dlrm_graph import build_dlrm_graph
-from predictors.opmodels import UncalibratedGroupError
 from predictors.transformer_graph import build_transformer_graph
 from probes.vocabulary.jobspec import JobSpec, JobSpecError, TableShape
 from probes.vocabulary.ops import collective_params, elementwise_params, memcpy_params

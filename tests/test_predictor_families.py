@@ -5,9 +5,10 @@ import json
 import numpy as np
 import pytest
 
+from predictors.collective_curves import AlphaBetaModel
 from predictors.collective_model import SigmoidCollectiveModel, SigmoidCurve, fit_sigmoid_curve
 from predictors.learned_model import LearnedKernelModel
-from predictors.opmodels import AlphaBetaModel, OpModel
+from predictors.opmodels import OpModel
 from predictors.regressors import ArrayMLP, ArrayTrees
 from probes.vocabulary.ops import gemm_params
 from probes.vocabulary.records import Measurement

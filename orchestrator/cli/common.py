@@ -22,8 +22,8 @@ from orchestrator.lease import LeaseTimeout
 from orchestrator.progress import say
 from policies.plan import PlanError
 from policies.sharders import NoFeasiblePlanError
+from predictors.collective_curves import UncalibratedGroupError
 from predictors.network import NetworkError
-from predictors.opmodels import UncalibratedGroupError
 from probes.vocabulary.chunks import ScheduleError
 from probes.vocabulary.jobspec import JobSpecError
 from probes.vocabulary.placement import PlacementError

@@ -97,9 +97,8 @@ class JobSpecValidator:
             out.append(v)
         return tuple(out)
 
-    def job(self, data: Any) -> JobSpec:
-        if not isinstance(data, dict):
-            raise JobSpecError([f"(top level): expected a mapping of fields, got {type(data).__name__}"])
+    def _unknown_fields(self, data: dict) -> None:
+        """Records every top-level key that is not a job spec field."""
         known = {
             "workload",
             "world_size",
@@ -116,15 +115,9 @@ class JobSpecValidator:
         for key in data:
             if key not in known:
                 self.problems.append(f"{key}: unknown field; allowed fields are {sorted(known)}")
-        workload = data.get("workload")
-        if workload not in WORKLOADS:
-            self.fail("workload", f"one of {list(WORKLOADS)}", workload)
-        world = self.world_size = self.int_field(data, "world_size", "")
-        batch = self.int_field(data, "batch_size", "")
-        iterations = self.int_field(data, "iterations", "", default=20)
-        warmup = self.int_field(data, "warmup_iterations", "", default=5)
-        seed = self.int_field(data, "seed", "", default=0)
-        name = data.get("name", "job")
+
+    def _job_name(self, name: Any) -> str:
+        """`name` if usable in a file name, else "job" with the problem recorded."""
         if (
             not isinstance(name, str)
             or not name
@@ -136,27 +129,49 @@ class JobSpecValidator:
             self.fail(
                 "name", "a non-empty string usable in a file name", name, "up to 128 printable characters, no / or \\"
             )
-            name = "job"
-        cap = data.get("memory_cap_gb")
+            return "job"
+        return name
+
+    def _memory_cap(self, cap: Any) -> Any:
+        """`cap` (GiB) if absent or a positive number, else None with the problem recorded."""
         if cap is not None and not self.number(cap, "memory_cap_gb", "a positive number of GiB"):
-            cap = None
+            return None
+        return cap
+
+    def _check_lookups(self, tables: tuple[TableSpec, ...], batch: int, world: int) -> None:
+        """Records every table whose ids per iteration exceed what the planner samples."""
+        for i, t in enumerate(tables):
+            lookups = batch * world * t.pooling_factor
+            if lookups > MAX_LOOKUPS_PER_TABLE:
+                self.fail(
+                    f"tables[{i}].pooling_factor",
+                    f"batch_size x world_size x pooling_factor <= {MAX_LOOKUPS_PER_TABLE} (2^30) ids of "
+                    f"one table per iteration, which the planner samples; {batch} x {world} x "
+                    f"{t.pooling_factor} = {lookups}",
+                    t.pooling_factor,
+                    f"pooling_factor <= {MAX_LOOKUPS_PER_TABLE // (batch * world)} at this batch_size and world_size"
+                    if batch * world <= MAX_LOOKUPS_PER_TABLE
+                    else f"batch_size x world_size <= {MAX_LOOKUPS_PER_TABLE // t.pooling_factor}",
+                )
+
+    def job(self, data: Any) -> JobSpec:
+        if not isinstance(data, dict):
+            raise JobSpecError([f"(top level): expected a mapping of fields, got {type(data).__name__}"])
+        self._unknown_fields(data)
+        workload = data.get("workload")
+        if workload not in WORKLOADS:
+            self.fail("workload", f"one of {list(WORKLOADS)}", workload)
+        world = self.world_size = self.int_field(data, "world_size", "")
+        batch = self.int_field(data, "batch_size", "")
+        iterations = self.int_field(data, "iterations", "", default=20)
+        warmup = self.int_field(data, "warmup_iterations", "", default=5)
+        seed = self.int_field(data, "seed", "", default=0)
+        name = self._job_name(data.get("name", "job"))
+        cap = self._memory_cap(data.get("memory_cap_gb"))
         dense = self.dense(data.get("dense"))
         tables = self.tables(data.get("tables"))
         if not self.problems:
-            for i, t in enumerate(tables):
-                lookups = batch * world * t.pooling_factor
-                if lookups > MAX_LOOKUPS_PER_TABLE:
-                    self.fail(
-                        f"tables[{i}].pooling_factor",
-                        f"batch_size x world_size x pooling_factor <= {MAX_LOOKUPS_PER_TABLE} (2^30) ids of "
-                        f"one table per iteration, which the planner samples; {batch} x {world} x "
-                        f"{t.pooling_factor} = {lookups}",
-                        t.pooling_factor,
-                        f"pooling_factor <= {MAX_LOOKUPS_PER_TABLE // (batch * world)} at this batch_size and "
-                        f"world_size"
-                        if batch * world <= MAX_LOOKUPS_PER_TABLE
-                        else f"batch_size x world_size <= {MAX_LOOKUPS_PER_TABLE // t.pooling_factor}",
-                    )
+            self._check_lookups(tables, batch, world)
         network = self.network(data["network"]) if data.get("network") is not None else None
         if self.problems:
             raise JobSpecError(self.problems)

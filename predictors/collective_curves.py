@@ -1,0 +1,170 @@
+"""Collective models per measured group (group size and scope), serialised as plain data.
+
+- `CurveModel`: per (group size, scope) the measured time-vs-bytes curve, interpolated in
+  log-log space; beyond the largest size it extends with the last measured bandwidth.
+- `AlphaBetaModel`: t = alpha + bytes * beta per group, the baseline collectives must beat.
+
+`group_key` / `curve_key` name the measured group a collective's params fall in;
+`UncalibratedGroupError` is a collective over a group that was never measured.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Sequence
+
+import numpy as np
+from sklearn.isotonic import IsotonicRegression
+
+from predictors.opmodels import LinearCostModel, OpModel, Params
+from probes.vocabulary.records import Measurement
+
+
+def group_key(params: Params) -> str:
+    """A collective's curve: group size and scope; an uneven all-to-all (per-pair splits that
+    differ, measured at its largest per-rank send or receive) has curves of its own."""
+    key = f"{int(params['world'])}:{params.get('scope', 'intra')}"
+    return key + ":uneven" if params.get("uneven") else key
+
+
+class UncalibratedGroupError(KeyError):
+    """A collective over a group (size, scope) the calibration never measured. A KeyError, so
+    a candidate plan that needs it is listed as unpriceable; its message says what to
+    calibrate, because guessing the curve of another scope would be off by the network."""
+
+    def __init__(self, key: str, measured: Sequence[str], op: str = ""):
+        self.key, self.measured, self.op = key, sorted(measured), op
+        world, scope = (key.split(":") + ["", ""])[:2]
+        where = "on one node" if scope == "intra" else "spanning nodes"
+        super().__init__(
+            f"{op + ': ' if op else ''}no measurements for group {key} ({world} ranks {where}); measured groups: "
+            f"{', '.join(self.measured) or 'none'}. Calibrate on a cluster that holds a group of {world} ranks "
+            f"{where} (python -m orchestrator.cli.calibrate --ray-address <cluster>), or choose a world_size whose "
+            f"groups were measured"
+        )
+
+    def __str__(self) -> str:  # KeyError's own quotes its message
+        return str(self.args[0])
+
+    def with_op(self, op: str) -> "UncalibratedGroupError":
+        return UncalibratedGroupError(self.key, self.measured, op)
+
+
+def curve_key(curves: Any, params: Params) -> str:
+    """The measured group for `params`: its own, or for an uneven all-to-all with no uneven
+    measurements, the even curve of the same group size and scope."""
+    key = group_key(params)
+    if key not in curves and params.get("uneven"):
+        key = group_key({**params, "uneven": False})
+    if key not in curves:
+        raise UncalibratedGroupError(key, list(curves))
+    return key
+
+
+class CurveModel(OpModel):
+    """Measured latency curve per collective group: isotonic in log2(bytes)-log(time).
+
+    Isotonic regression (time never falls as messages grow) averages noise away instead of
+    following it; the fitted step points are stored as plain arrays and interpolated.
+    """
+
+    kind = "loglog_curve"
+
+    def __init__(self, op: str):
+        super().__init__(op)
+        self.curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+
+    def fit(self, rows: Sequence[Measurement]) -> "CurveModel":
+        grouped: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+        for r in rows:
+            grouped[group_key(r.params)][np.log2(r.params["bytes"])].append(np.log(r.median_s))
+        for key, points in grouped.items():
+            xs = np.array(sorted(points))
+            ys = np.array([np.median(points[x]) for x in xs])
+            fitted = IsotonicRegression(increasing=True).fit_transform(xs, ys)
+            self.curves[key] = (xs, np.asarray(fitted, dtype=np.float64))
+        return self
+
+    def _curve(self, params: Params) -> tuple[np.ndarray, np.ndarray]:
+        try:
+            return self.curves[curve_key(self.curves, params)]
+        except UncalibratedGroupError as exc:
+            raise exc.with_op(self.op) from None
+
+    def predict(self, params: Params) -> float:
+        xs, ys = self._curve(params)
+        x = np.log2(max(float(params["bytes"]), 1.0))
+        if x <= xs[0]:
+            return float(np.exp(ys[0]))
+        if x >= xs[-1] and len(xs) >= 2:
+            # Extend with the bandwidth of the last measured step: t grows linearly in bytes.
+            t_last, t_prev = np.exp(ys[-1]), np.exp(ys[-2])
+            per_byte = max((t_last - t_prev) / (2 ** xs[-1] - 2 ** xs[-2]), 0.0)
+            return float(t_last + per_byte * (2**x - 2 ** xs[-1]))
+        return float(np.exp(np.interp(x, xs, ys)))
+
+    def out_of_range(self, params: Params) -> list[str]:
+        try:
+            xs, _ = self._curve(params)
+        except KeyError as exc:
+            return [exc.args[0]]
+        x = np.log2(max(float(params["bytes"]), 1.0))
+        if x > xs[-1] + 2:
+            return [f"{self.op}.bytes={params['bytes']:.3g} beyond measured max {2 ** xs[-1]:.3g}"]
+        return []
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "op": self.op,
+            "curves": {
+                k: {"log2_bytes": xs.tolist(), "log_seconds": ys.tolist()} for k, (xs, ys) in self.curves.items()
+            },
+        }
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> "CurveModel":
+        model = cls(data["op"])
+        model.curves = {
+            k: (np.asarray(v["log2_bytes"]), np.asarray(v["log_seconds"])) for k, v in data["curves"].items()
+        }
+        return model
+
+
+class AlphaBetaModel(OpModel):
+    """t = alpha + beta * bytes per group, fitted on relative error: the collective baseline."""
+
+    kind = "alpha_beta"
+
+    def __init__(self, op: str):
+        super().__init__(op)
+        self.groups: dict[str, LinearCostModel] = {}
+
+    def fit(self, rows: Sequence[Measurement]) -> "AlphaBetaModel":
+        grouped: dict[str, list[Measurement]] = defaultdict(list)
+        for r in rows:
+            grouped[group_key(r.params)].append(r)
+        self.groups = {k: LinearCostModel(self.op, ["one", "bytes"]).fit(v) for k, v in grouped.items()}
+        return self
+
+    def predict(self, params: Params) -> float:
+        try:
+            key = curve_key(self.groups, params)
+        except UncalibratedGroupError as exc:
+            raise exc.with_op(self.op) from None
+        return self.groups[key].predict(params)
+
+    def out_of_range(self, params: Params) -> list[str]:
+        try:
+            return self.groups[curve_key(self.groups, params)].out_of_range(params)
+        except KeyError as exc:
+            return [exc.args[0]]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "op": self.op, "groups": {k: m.to_dict() for k, m in self.groups.items()}}
+
+    @classmethod
+    def _from_dict(cls, data: dict[str, Any]) -> "AlphaBetaModel":
+        model = cls(data["op"])
+        model.groups = {k: LinearCostModel._from_dict(v) for k, v in data["groups"].items()}
+        return model
