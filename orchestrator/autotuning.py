@@ -18,16 +18,8 @@ from typing import Any
 
 import mlflow
 
+from orchestrator import calibrate as calibration
 from orchestrator import registry
-from orchestrator.calibrate import (
-    DEFAULT_BUDGET_S,
-    calibrate,
-    describe,
-    lock_timeout_s,
-    print_summary,
-    promotion_lease,
-    waiting,
-)
 from orchestrator.cluster import HardwareFingerprint
 from orchestrator.progress import say
 from policies.planning import make_plan
@@ -47,7 +39,7 @@ class AutotuneSettings:
 
     recalibrate: str = "auto"
     max_model_age_days: float = 7.0
-    calibration_budget_s: float = DEFAULT_BUDGET_S
+    calibration_budget_s: float = calibration.DEFAULT_BUDGET_S
     lock_timeout_s: float | None = None
     plan_out: str | None = None
     dry_run: bool = False
@@ -75,8 +67,9 @@ def autotune(
         if needed:
             # One calibration of a hardware at a time, across pods: the others wait for it and
             # then reuse what it promoted, unless it is still not fresh for them.
-            with promotion_lease(hw).hold(
-                settings.lock_timeout_s or lock_timeout_s(settings.calibration_budget_s), on_wait=waiting
+            with calibration.promotion_lease(hw).hold(
+                settings.lock_timeout_s or calibration.lock_timeout_s(settings.calibration_budget_s),
+                on_wait=calibration.waiting,
             ) as lease:
                 if settings.recalibrate == "auto":
                     champion = registry.get_alias(hw, registry.CHAMPION)
@@ -90,8 +83,10 @@ def autotune(
                     )
                     say(f"recalibrating: {why}")
                     mlflow.set_tag("recalibration_reason", why)
-                    info = describe(calibrate(fp, settings.calibration_budget_s, job, job.seed, lease=lease))
-                    print_summary(info)
+                    info = calibration.describe(
+                        calibration.calibrate(fp, settings.calibration_budget_s, job, job.seed, lease=lease)
+                    )
+                    calibration.print_summary(info)
                     summary["calibration"] = info
                     champion = registry.get_alias(hw, registry.CHAMPION)
                 else:

@@ -22,16 +22,8 @@ from typing import Any, Callable
 
 import mlflow
 
+from orchestrator import calibrate as calibration
 from orchestrator import registry
-from orchestrator.calibrate import (
-    DEFAULT_BUDGET_S,
-    calibrate,
-    describe,
-    lock_timeout_s,
-    print_summary,
-    promotion_lease,
-    waiting,
-)
 from orchestrator.cluster import HardwareFingerprint
 from orchestrator.lease import Lease
 from orchestrator.progress import say
@@ -55,7 +47,7 @@ class NightlySettings:
     """What a nightly run is told: its calibration budget, the model age limit, the sentinel
     bounds and the calibration's seed."""
 
-    budget_s: float = DEFAULT_BUDGET_S
+    budget_s: float = calibration.DEFAULT_BUDGET_S
     max_model_age_days: float = 7.0
     sentinel_bound: float = DEFAULT_BOUND
     sentinel_ratio: float = DEFAULT_RATIO
@@ -106,7 +98,9 @@ def check_hardware(fp: HardwareFingerprint, settings: NightlySettings) -> dict[s
         return out
     say(f"{hw}: recalibrating: " + "; ".join(reasons))
     mlflow.set_tag("recalibration_reason", "; ".join(reasons))
-    with promotion_lease(hw).hold(lock_timeout_s(settings.budget_s), on_wait=waiting) as lease:
+    with calibration.promotion_lease(hw).hold(
+        calibration.lock_timeout_s(settings.budget_s), on_wait=calibration.waiting
+    ) as lease:
         latest = registry.get_alias(hw, registry.CHAMPION)
         if latest is not None and (champion is None or latest.version != champion.version):
             say(f"{hw}: another process promoted v{latest.version} meanwhile; nothing to recalibrate")
@@ -114,8 +108,8 @@ def check_hardware(fp: HardwareFingerprint, settings: NightlySettings) -> dict[s
                 reasons=reasons + [f"superseded by v{latest.version}"], champion=f"{latest.name}/{latest.version}"
             )
             return out
-        info = describe(calibrate(fp, settings.budget_s, seed=settings.seed, lease=lease))
-    print_summary(info)
+        info = calibration.describe(calibration.calibrate(fp, settings.budget_s, seed=settings.seed, lease=lease))
+    calibration.print_summary(info)
     out.update(
         {
             "recalibrated": True,
@@ -130,7 +124,7 @@ def check_hardware(fp: HardwareFingerprint, settings: NightlySettings) -> dict[s
 def nightly_lease(name: str, budget_s: float) -> Lease:
     """The nightly's own lock: renewed while it runs, for at most its calibration's wait and a
     calibration of every device kind it may find, and it expires `ttl_s` after its holder stops."""
-    return Lease(f"nightly:{name}", max_hold_s=lock_timeout_s(budget_s) * 3)
+    return Lease(f"nightly:{name}", max_hold_s=calibration.lock_timeout_s(budget_s) * 3)
 
 
 def run_nightly(fingerprint: Callable[[], HardwareFingerprint], uri: str, settings: NightlySettings) -> dict[str, Any]:

@@ -200,14 +200,7 @@ def fit_overhead(
     residuals = []
     for row in train:
         job = JobSpec.from_dict(row.params["job"])
-        kernels = estimate_iteration(
-            job,
-            row.params["table_to_rank"],
-            model,
-            include_overhead=False,
-            simulate_graph=simulate_graph,
-            placement=placement_of(row.params, job.world_size),
-        ).iteration_s
+        kernels = _predicted_step_s(model, row, include_overhead=False, simulate_graph=simulate_graph)
         # A step cannot cost less than its kernels; floor the residual at 2% of the step.
         residuals.append(
             Measurement(
@@ -236,14 +229,15 @@ def score_steps(
     """Relative error of whole predicted training steps against measured `dlrm_step` rows."""
     errors = []
     for row in step_rows:
-        job = JobSpec.from_dict(row.params["job"])
-        predicted = estimate_iteration(
-            job,
-            row.params["table_to_rank"],
-            model,
-            include_overhead,
-            simulate_graph,
-            placement_of(row.params, job.world_size),
-        ).iteration_s
+        predicted = _predicted_step_s(model, row, include_overhead, simulate_graph)
         errors.append(abs(predicted - row.median_s) / row.median_s)
     return error_stats(np.asarray(errors))
+
+
+def _predicted_step_s(model: PerformanceModel, row: Measurement, include_overhead: bool, simulate_graph: bool) -> float:
+    """The predicted iteration time of a measured `dlrm_step` row's job, plan and placement."""
+    job = JobSpec.from_dict(row.params["job"])
+    placement = placement_of(row.params, job.world_size)
+    return estimate_iteration(
+        job, row.params["table_to_rank"], model, include_overhead, simulate_graph, placement
+    ).iteration_s

@@ -13,17 +13,7 @@ from spawned import exit_worker
 from probes.embedding import make_batch, make_tbe
 from probes.vocabulary.jobspec import TableShape
 from probes.vocabulary.pairs import ExchangeLayout, slice_bounds
-from probes.workloads.overlap import (
-    all_to_all_reference,
-    gemm_all_reduce_reference,
-    gemm_producer,
-    overlapped_all_to_all,
-    overlapped_gemm_all_reduce,
-    producer_ranges,
-    sliced_all_reduce,
-    tbe_bag_ranges,
-    tbe_producer,
-)
+from probes.workloads import overlap
 
 SLICES = (1, 2, 3, 4, 8)
 
@@ -58,9 +48,9 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         g = torch.Generator().manual_seed(100 + rank)
         x = torch.randn(layout.rows(rank), 6, generator=g)
         w = torch.randn(6, layout.widths[rank], generator=g)
-        ref = all_to_all_reference(gemm_producer(x, w), layout)
+        ref = overlap.all_to_all_reference(overlap.gemm_producer(x, w), layout)
         for k in SLICES:
-            got = overlapped_all_to_all(gemm_producer(x, w), layout, k)
+            got = overlap.overlapped_all_to_all(overlap.gemm_producer(x, w), layout, k)
             errors[f"gemm_a2a_k{k}"] = float((got - ref).abs().max()) if ref.numel() else 0.0
         errors["gemm_a2a_numel"] = float(ref.numel() - sum(layout.recv_sizes(rank)))
 
@@ -75,9 +65,11 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         idx, off = torch.from_numpy(indices), torch.from_numpy(offsets)
         with torch.no_grad():
             for k in SLICES:
-                inputs = tbe_bag_ranges(idx, off, len(tables), B * world, producer_ranges(emb_layout, rank, k))
-                ref = all_to_all_reference(tbe_producer(tbe, inputs), emb_layout)
-                got = overlapped_all_to_all(tbe_producer(tbe, inputs), emb_layout, k)
+                inputs = overlap.tbe_bag_ranges(
+                    idx, off, len(tables), B * world, overlap.producer_ranges(emb_layout, rank, k)
+                )
+                ref = overlap.all_to_all_reference(overlap.tbe_producer(tbe, inputs), emb_layout)
+                got = overlap.overlapped_all_to_all(overlap.tbe_producer(tbe, inputs), emb_layout, k)
                 errors[f"emb_a2a_k{k}"] = float((got - ref).abs().max())
 
         # GEMM + all-reduce sliced along rows (33 x 20, and a wide 30 x 40 over a short inner
@@ -85,12 +77,12 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str) -> None:
         for m, inner, n in ((33, 12, 20), (30, 3, 40), (2, 12, 20)):
             x = torch.randn(m, inner, generator=g)
             w = torch.randn(inner, n, generator=g)
-            ref = gemm_all_reduce_reference(x, w)
+            ref = overlap.gemm_all_reduce_reference(x, w)
             for k in SLICES:
-                got = overlapped_gemm_all_reduce(x, w, k)
+                got = overlap.overlapped_gemm_all_reduce(x, w, k)
                 errors[f"gemm_ar_m{m}_k{k}"] = float((got - ref).abs().max() / ref.abs().max())
             for k in SLICES:  # the transfer-only form the cost model is calibrated on
-                got = sliced_all_reduce(x @ w, k)
+                got = overlap.sliced_all_reduce(x @ w, k)
                 errors[f"sliced_ar_m{m}_k{k}"] = float((got - ref).abs().max() / ref.abs().max())
         _report(out_dir, rank, errors)
     finally:
