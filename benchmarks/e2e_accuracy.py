@@ -74,6 +74,29 @@ def geomean(errors: list[float]) -> float:
     return math.exp(sum(math.log(max(e, 1e-6)) for e in errors) / len(errors))
 
 
+def add_dlrm_task_arguments(parser: argparse.ArgumentParser, tasks: int) -> None:
+    """The options of a benchmark over random DLRM tasks priced by a champion: how many tasks,
+    their world size and scale, and where the champion comes from."""
+    parser.add_argument("--tasks", type=int, default=tasks)
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--scale", type=float, default=0.05, help="shrinks table rows (and pooling) to fit CPU ranks")
+    parser.add_argument("--budget-s", type=float, default=300, help="calibration budget when no --tracking-uri")
+    parser.add_argument("--tracking-uri", help="use the champion registered here instead of calibrating")
+
+
+def error_summary(errors: list[float]) -> dict[str, float]:
+    """The geomean error with its spread (see `spread`), as a result's keys."""
+    return {"geomean_error": geomean(errors), **spread(errors)}
+
+
+def write_result(path: str, result: dict) -> Path:
+    """Write a benchmark's result JSON to `path` (making its folder); returns the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    return out
+
+
 def spread(errors: list[float]) -> dict[str, float]:
     """Median, mean and max error beside the geomean: one task predicted within 0.1% pulls a
     geomean of a dozen errors down by a third, so the geomean is never reported alone."""
@@ -85,11 +108,7 @@ def spread(errors: list[float]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=int, default=12)
-    parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--scale", type=float, default=0.05, help="shrinks table rows (and pooling) to fit CPU ranks")
-    parser.add_argument("--budget-s", type=float, default=300, help="calibration budget when no --tracking-uri")
-    parser.add_argument("--tracking-uri", help="use the champion registered here instead of calibrating")
+    add_dlrm_task_arguments(parser, tasks=12)
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/e2e_accuracy_dlrm.json"))
@@ -147,15 +166,12 @@ def main() -> None:
         "world_size": args.world_size,
         "model_ops": sorted(model.models),
         "tasks": rows,
-        "geomean_error": geomean([r["error"] for r in rows]),
-        **spread([r["error"] for r in rows]),
+        **error_summary([r["error"] for r in rows]),
         "mean_signed_error": sum((r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] for r in rows) / len(rows),
         "sum_overhead_geomean_error": geomean([r["sum_overhead_error"] for r in rows]),
         "baseline_geomean_error": geomean([r["baseline_error"] for r in rows]),
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    out = write_result(args.out, result)
     print(
         f"simulator error: geomean {result['geomean_error']:.1%}, median {result['median_error']:.1%}, mean "
         f"{result['mean_error']:.1%}, max {result['max_error']:.1%}, mean signed {result['mean_signed_error']:+.1%}"

@@ -13,7 +13,6 @@ rank's kernels. Writes benchmarks/results/e2e_accuracy_transformer.json.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.e2e_accuracy import champion_on_ray, geomean, spread  # noqa: E402
+from benchmarks.e2e_accuracy import champion_on_ray, error_summary, geomean, spread, write_result  # noqa: E402
 from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.launch import launch_transformer  # noqa: E402
 from predictors.transformer_estimator import estimate_transformer_iteration  # noqa: E402
@@ -85,17 +84,14 @@ def main() -> None:
         "command": f"python benchmarks/e2e_accuracy_transformer.py --tasks {args.tasks} --tp-tasks {args.tp_tasks} "
         f"--budget-s {args.budget_s:g} --seed {args.seed}" + (" --tracking-uri URI" if args.tracking_uri else ""),
         "tasks": dp,
-        "geomean_error": geomean([r["error"] for r in dp]),
-        **spread([r["error"] for r in dp]),
+        **error_summary([r["error"] for r in dp]),
         "baseline_geomean_error": geomean([r["baseline_error"] for r in dp]),
         "tensor_parallel_tasks": tp,
         "tensor_parallel_geomean_error": geomean([r["error"] for r in tp]) if tp else None,
         "tensor_parallel": spread([r["error"] for r in tp]) if tp else None,
         "tensor_parallel_baseline_geomean_error": geomean([r["baseline_error"] for r in tp]) if tp else None,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    out = write_result(args.out, result)
     print(
         f"data parallel: geomean error {result['geomean_error']:.1%} (median {result['median_error']:.1%}, "
         f"mean {result['mean_error']:.1%}, max {result['max_error']:.1%}; kernel-sum baseline "

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from e2e_accuracy import champion_on_ray  # noqa: E402
+from e2e_accuracy import add_dlrm_task_arguments, champion_on_ray, write_result  # noqa: E402
 
 from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.launch import race_dlrm_plans  # noqa: E402
@@ -51,11 +51,7 @@ def geomean(values: list[float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--tasks", type=int, default=10)
-    parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--scale", type=float, default=0.05, help="shrinks table rows (and pooling) to fit CPU ranks")
-    parser.add_argument("--budget-s", type=float, default=300, help="calibration budget when no --tracking-uri")
-    parser.add_argument("--tracking-uri", help="use the champion registered here instead of calibrating")
+    add_dlrm_task_arguments(parser, tasks=10)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps-per-round", type=int, default=8)
     parser.add_argument("--seed", type=int, default=100, help="task seed (the e2e benchmarks use 0)")
@@ -155,9 +151,7 @@ def main() -> None:
         "median_control_gap": sorted(r["control_gap"] for r in rows)[len(rows) // 2],
         "tasks": rows,
     }
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    out = write_result(args.out, result)
     vs = result["geomean_time_vs_torchrec"]
     print(
         f"success {result['success_rate']:.0%} (best classic sharder alone {result['best_sharder_success_rate']:.0%}) "

@@ -152,19 +152,9 @@ def test_memory_cap_nan_exits_2_before_anything_starts(scratch, capsys, tiny_job
 
 
 def small_job(world=2, rows=1000, cap=None):
-    return JobSpec.from_dict(
-        {
-            "workload": "dlrm",
-            "world_size": world,
-            "batch_size": 64,
-            "memory_cap_gb": cap,
-            "dense": {"num_dense_features": 4, "bottom_mlp": [16], "top_mlp": [8, 1]},
-            "tables": [
-                {"name": f"t{i}", "num_embeddings": rows if i == 0 else 1000, "embedding_dim": 16, "pooling_factor": 2}
-                for i in range(4)
-            ],
-        }
-    )
+    from test_sharding import job
+
+    return job([(rows, 16, 2)] + [(1000, 16, 2)] * 3, world, cap)
 
 
 def test_a_torchrec_planner_that_finds_no_plan_leaves_the_other_candidates_competing(monkeypatch):
