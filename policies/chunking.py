@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Iterable, Sequence
 
 from policies.plan import Candidate, Decision
-from policies.policy import Estimator, decide, predicted
+from policies.policy import Estimator, decide, decision_for, predicted
 from predictors.chunk_sim import DEFAULT_MAX_ACTIVE, SCHEDULES, ChunkSimError, simulate_all_reduce
 from predictors.network import NetworkTopology
 from probes.vocabulary.chunks import ChunkSchedule
@@ -110,13 +110,7 @@ class ChunkingPolicy:
                 "predicted_ms": baseline[0].predicted_ms,
                 "speedup": predicted(baseline[0]) / predicted(first),
             }
-        return Decision(
-            policy=self.name,
-            choice=first.name,
-            predicted_ms=predicted(first),
-            candidates=candidates,
-            choice_detail=detail,
-        )
+        return decision_for(self.name, first, candidates, detail)
 
 
 def choose_chunking(

@@ -27,7 +27,7 @@ import math
 from typing import Any, Iterable, Sequence
 
 from policies.plan import Candidate, Decision
-from policies.policy import Estimator, decide, predicted
+from policies.policy import Estimator, decide, decision_for
 from predictors.fusion_model import FusionModel
 
 # Hyper-parameters that can differ between fused models (HFTA's fusible set).
@@ -130,13 +130,7 @@ class FusionWidthPolicy:
             "tolerance": self.tolerance,
             "extrapolated": chosen.detail["extrapolated"],
         }
-        return Decision(
-            policy=self.name,
-            choice=chosen.name,
-            predicted_ms=predicted(chosen),
-            candidates=candidates,
-            choice_detail=detail,
-        )
+        return decision_for(self.name, chosen, candidates, detail)
 
 
 def choose_width(

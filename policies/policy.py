@@ -10,7 +10,7 @@ candidate stays in the `Decision`, ranked, so a plan shows the whole table of al
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Protocol, TypeVar
+from typing import Any, Callable, Iterable, Protocol, TypeVar
 
 from policies.plan import Candidate, Decision
 
@@ -54,3 +54,8 @@ def predicted(candidate: Candidate) -> float:
     if candidate.predicted_ms is None:
         raise ValueError(f"candidate {candidate.name!r} has no predicted time: {candidate.detail.get('reason')}")
     return candidate.predicted_ms
+
+
+def decision_for(policy: str, chosen: Candidate, candidates: list[Candidate], detail: dict[str, Any]) -> Decision:
+    """`policy`'s decision for `chosen` at its predicted time, beside every priced candidate."""
+    return Decision(policy, chosen.name, predicted(chosen), candidates, detail)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Sequence
 
 from policies.plan import Candidate, Decision
-from policies.policy import Estimator, decide, predicted, ranked
+from policies.policy import Estimator, decide, decision_for, predicted, ranked
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from policies.sharding_search import local_search
 from predictors.dlrm_estimator import CostBreakdown, estimate_iteration
@@ -156,7 +156,7 @@ class ShardingPolicy:
                 + "\n  ".join(f"{c.name}: {c.detail.get('reason')}" for c in candidates)
             )
         best = order[0]
-        return Decision(self.name, best.name, predicted(best), order, {"table_to_rank": best.detail["table_to_rank"]})
+        return decision_for(self.name, best, order, {"table_to_rank": best.detail["table_to_rank"]})
 
     def _searched(self, start: Candidate, estimate: Estimator[list[PlanEntry]], seen: dict[str, str]) -> Candidate:
         """The local search's plan from `start`, priced; costs from the estimator's `seconds`
