@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from probes.probe import LocalProbe, ProbeSpec, log_uniform
+from probes.probe import LocalProbe, ProbeSpec, log_uniform, timed_measurement
 from probes.timing import time_callable
 from probes.vocabulary.ops import BACKWARD_OPS, ELEMENTWISE_OPS, elementwise_params
 from probes.vocabulary.records import Measurement
@@ -78,15 +78,7 @@ def measure_elementwise(
     y = torch.randn(rows, cols, device=device, dtype=torch_dtype)
     out = torch.empty_like(x)
     t = time_callable(_kernel(op, x, y, out), device=device, max_seconds=max_seconds)
-    return Measurement(
-        op,
-        elementwise_params(op, rows, cols, dtype),
-        t.median_s,
-        t.spread_s,
-        t.repeats,
-        device=str(device),
-        family="elementwise",
-    )
+    return timed_measurement(op, elementwise_params(op, rows, cols, dtype), t, device, "elementwise")
 
 
 def _measure(p: dict[str, Any], device: str) -> list[Measurement]:

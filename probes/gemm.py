@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from probes.probe import LocalProbe, ProbeSpec, log_uniform
+from probes.probe import LocalProbe, ProbeSpec, log_uniform, timed_measurement
 from probes.timing import time_callable
 from probes.vocabulary.ops import GEMM_OP, PRODUCTS, gemm_params
 from probes.vocabulary.records import Measurement
@@ -61,7 +61,7 @@ def measure_gemm(
         params["product"] = product
     fn = _kernel(variant, m, n, k, batch, DTYPES[dtype], device)
     t = time_callable(fn, device=device, max_seconds=max_seconds)
-    return Measurement(GEMM_OP, params, t.median_s, t.spread_s, t.repeats, device=str(device), family="gemm")
+    return timed_measurement(GEMM_OP, params, t, device, "gemm")
 
 
 def _measure(p: dict[str, Any], device: str) -> list[Measurement]:

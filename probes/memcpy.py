@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from probes.probe import LocalProbe, ProbeSpec, log_uniform
+from probes.probe import LocalProbe, ProbeSpec, log_uniform, timed_measurement
 from probes.timing import time_callable
 from probes.vocabulary.ops import MEMCPY_OP, memcpy_directions, memcpy_params
 from probes.vocabulary.records import Measurement
@@ -37,15 +37,7 @@ def measure_memcpy(
     else:
         src, dst = torch.randn(numel, device=device), host()
     t = time_callable(lambda: dst.copy_(src, non_blocking=pinned), device=device, max_seconds=max_seconds)
-    return Measurement(
-        MEMCPY_OP,
-        memcpy_params(direction, numel * 4),
-        t.median_s,
-        t.spread_s,
-        t.repeats,
-        device=str(device),
-        family="memcpy",
-    )
+    return timed_measurement(MEMCPY_OP, memcpy_params(direction, numel * 4), t, device, "memcpy")
 
 
 def _measure(p: dict[str, Any], device: str) -> list[Measurement]:

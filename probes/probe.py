@@ -13,12 +13,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, Hashable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Hashable, Protocol, Sequence
 
 import numpy as np
 
 from probes.vocabulary.placement import RankPlacement
 from probes.vocabulary.records import Measurement
+
+if TYPE_CHECKING:
+    from probes.timing import Timing
 
 
 @dataclass(frozen=True)
@@ -80,3 +83,8 @@ class LocalProbe:
 def log_uniform(rng: np.random.Generator, lo: int, hi: int) -> int:
     """An integer drawn log-uniformly from [lo, hi] (the sweep generators' size distribution)."""
     return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))
+
+
+def timed_measurement(op: str, params: dict[str, Any], t: Timing, device: object, family: str) -> Measurement:
+    """A local probe's row: `op` at `params`, timed by `time_callable` on `device`."""
+    return Measurement(op, params, t.median_s, t.spread_s, t.repeats, device=str(device), family=family)
