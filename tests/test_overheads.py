@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.distributed as dist
 from dlrm_overheads import local_process_group, profile_dlrm_overheads
+from synthetic_rows import small_dlrm_job
 from torch import nn
 
 from predictors.opmodels import OpModel
@@ -40,16 +41,7 @@ def mlp_rows():
 
 @pytest.fixture(scope="module")
 def dlrm_run(tmp_path_factory):
-    job = {
-        "name": "tiny",
-        "workload": "dlrm",
-        "world_size": 1,
-        "batch_size": 32,
-        "dense": {"num_dense_features": 4, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
-        "tables": [
-            {"name": f"t{i}", "num_embeddings": 1000, "embedding_dim": 8, "pooling_factor": 2} for i in range(3)
-        ],
-    }
+    job = small_dlrm_job("tiny", world_size=1)
     trace = tmp_path_factory.mktemp("et") / "dlrm_et.json"
     rows = profile_dlrm_overheads(job, iterations=ITERATIONS, warmup=2, trace_path=str(trace))
     return rows, trace

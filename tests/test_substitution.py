@@ -3,6 +3,7 @@
 import math
 
 import pytest
+from synthetic_rows import small_dlrm_job
 
 from policies.substitution import PairPricing, apply_substitutions, choose_substitutions, decide
 from predictors.graph import ExecutionGraph, GraphOp
@@ -242,18 +243,7 @@ def test_reference_job_graphs_mark_their_pairs_and_simulate_substituted():
     from probes.vocabulary.jobspec import JobSpec
     from probes.vocabulary.transformer_spec import TransformerSpec
 
-    job = JobSpec.from_dict(
-        {
-            "name": "g",
-            "workload": "dlrm",
-            "world_size": 2,
-            "batch_size": 32,
-            "dense": {"num_dense_features": 4, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
-            "tables": [
-                {"name": f"t{i}", "num_embeddings": 1000, "embedding_dim": 8, "pooling_factor": 2} for i in range(3)
-            ],
-        }
-    )
+    job = JobSpec.from_dict(small_dlrm_job("g", world_size=2))
     placement = [0, 0, 0]  # rank 1 holds no table: it only receives
     graph = build_dlrm_graph(job, placement)
     [pair] = pairs_in(graph)
