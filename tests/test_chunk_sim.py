@@ -31,47 +31,62 @@ def timeline(result, dim: int, unit: float) -> list[tuple[int, str, float, float
     ]
 
 
-def test_worked_example_baseline_takes_eight_units_with_dim2_idle_at_both_ends():
+@pytest.mark.parametrize(
+    "schedule, orders, units, dim1, dim2, utilization",
+    [
+        # Baseline: eight units, dim2 idle at both ends. dim1 runs the four 64 MB reduce-scatters,
+        # then the four all-gathers, back to back; dim2 each chunk's 16 MB all-reduce
+        # (0.5 + 0.5 units), busy only over [1, 5].
+        (
+            "baseline",
+            None,
+            8.0,
+            [
+                (1, "rs", 0, 1),
+                (2, "rs", 1, 2),
+                (3, "rs", 2, 3),
+                (4, "rs", 3, 4),
+                (1, "ag", 4, 5),
+                (2, "ag", 5, 6),
+                (3, "ag", 6, 7),
+                (4, "ag", 7, 8),
+            ],
+            [(1, "ar", 1, 2), (2, "ar", 2, 3), (3, "ar", 3, 4), (4, "ar", 4, 5)],
+            (2 * 1.0 + 1 * 0.5) / 3,
+        ),
+        # Themis sends chunk two through dim2 first and takes seven units. Load tracker: chunk 1
+        # takes the baseline order (loads equal), leaving dim1 = 2, dim2 = 1 units; chunk 2 then
+        # starts on the less loaded dim2, after which dim1 is least loaded again.
+        # The paper's Fig 5b: dim1 runs C1.1, C3.1, C2.2+C2.3, C4.1, C1.4, C3.4, C4.4 and idles at
+        # the end; dim2 runs C2.1 (2 units), the all-reduces of C1, C3, C4, then C2.4 (2 units),
+        # ending at 7.
+        (
+            "themis_scf",
+            [[0, 1], [1, 0], [0, 1], [0, 1]],
+            7.0,
+            [
+                (1, "rs", 0, 1),
+                (3, "rs", 1, 2),
+                (2, "ar", 2, 2.5),
+                (4, "rs", 2.5, 3.5),
+                (1, "ag", 3.5, 4.5),
+                (3, "ag", 4.5, 5.5),
+                (4, "ag", 5.5, 6.5),
+            ],
+            [(2, "rs", 0, 2), (1, "ar", 2, 3), (3, "ar", 3, 4), (4, "ar", 4, 5), (2, "ag", 5, 7)],
+            (2 * 6.5 / 7 + 1) / 3,
+        ),
+    ],
+)
+def test_worked_example_timelines(schedule, orders, units, dim1, dim2, utilization):
     topology, unit = worked_example()
-    r = simulate_all_reduce(topology, 256 * MB, 4, "baseline", keep_phases=True)
-    assert r.time_s / unit == pytest.approx(8.0)
-    # dim1: the four 64 MB reduce-scatters, then the four all-gathers, back to back.
-    assert timeline(r, 0, unit) == [
-        (1, "rs", 0, 1),
-        (2, "rs", 1, 2),
-        (3, "rs", 2, 3),
-        (4, "rs", 3, 4),
-        (1, "ag", 4, 5),
-        (2, "ag", 5, 6),
-        (3, "ag", 6, 7),
-        (4, "ag", 7, 8),
-    ]
-    # dim2: each chunk's 16 MB all-reduce (0.5 + 0.5 units), busy only over [1, 5].
-    assert timeline(r, 1, unit) == [(1, "ar", 1, 2), (2, "ar", 2, 3), (3, "ar", 3, 4), (4, "ar", 4, 5)]
-    assert r.utilization == pytest.approx((2 * 1.0 + 1 * 0.5) / 3)
-
-
-def test_worked_example_themis_sends_chunk_two_through_dim2_first_and_takes_seven_units():
-    topology, unit = worked_example()
-    # Load tracker: chunk 1 takes the baseline order (loads equal), leaving dim1 = 2, dim2 = 1
-    # units; chunk 2 then starts on the less loaded dim2, after which dim1 is least loaded again.
-    orders = chunk_orders(topology, 4, 64 * MB, "themis_scf")
-    assert orders == [[0, 1], [1, 0], [0, 1], [0, 1]]
-    r = simulate_all_reduce(topology, 256 * MB, 4, "themis_scf", keep_phases=True)
-    assert r.time_s / unit == pytest.approx(7.0)
-    # The paper's Fig 5b: dim1 runs C1.1, C3.1, C2.2+C2.3, C4.1, C1.4, C3.4, C4.4 and idles at the end;
-    # dim2 runs C2.1 (2 units), the all-reduces of C1, C3, C4, then C2.4 (2 units), ending at 7.
-    assert timeline(r, 0, unit) == [
-        (1, "rs", 0, 1),
-        (3, "rs", 1, 2),
-        (2, "ar", 2, 2.5),
-        (4, "rs", 2.5, 3.5),
-        (1, "ag", 3.5, 4.5),
-        (3, "ag", 4.5, 5.5),
-        (4, "ag", 5.5, 6.5),
-    ]
-    assert timeline(r, 1, unit) == [(2, "rs", 0, 2), (1, "ar", 2, 3), (3, "ar", 3, 4), (4, "ar", 4, 5), (2, "ag", 5, 7)]
-    assert r.utilization == pytest.approx((2 * 6.5 / 7 + 1) / 3)
+    if orders is not None:
+        assert chunk_orders(topology, 4, 64 * MB, schedule) == orders
+    r = simulate_all_reduce(topology, 256 * MB, 4, schedule, keep_phases=True)
+    assert r.time_s / unit == pytest.approx(units)
+    assert timeline(r, 0, unit) == dim1
+    assert timeline(r, 1, unit) == dim2
+    assert r.utilization == pytest.approx(utilization)
 
 
 def test_one_dimension_ring_matches_the_closed_form_and_schedules_agree():
