@@ -32,6 +32,13 @@ def last_json(stdout: str) -> dict:
     return json.loads(stdout.strip().splitlines()[-1])
 
 
+def run_three_iterations(job: str, plan: str, cwd: Path) -> dict:
+    """`orchestrator.cli.run` of `job` under `plan` for three timed iterations: its JSON."""
+    return last_json(
+        cli("orchestrator.cli.run", "--job", job, "--plan", plan, "--iters", "3", "--json", cwd=cwd).stdout
+    )
+
+
 def test_invalid_job_exits_2_naming_the_field(tmp_path, tiny_job_dict):
     tiny_job_dict["tables"][1]["distribution"] = "gaussian"
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(tiny_job_dict))
@@ -107,38 +114,14 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     )
     assert net_plan["decisions"]["chunking"]["choice_detail"]["chunk_schedule"]["dims"] == [2]
     # ... and the real job runs its dense all-reduce with that schedule.
-    ran = last_json(
-        cli(
-            "orchestrator.cli.run",
-            "--job",
-            "net.yaml",
-            "--plan",
-            "net_plan.json",
-            "--iters",
-            "3",
-            "--json",
-            cwd=tmp_path,
-        ).stdout
-    )
+    ran = run_three_iterations("net.yaml", "net_plan.json", tmp_path)
     assert ran["iterations"] == 3 and ran["loss_last"] > 0
     plan_path = Path(tmp_path) / second["plan"]
     predicted = last_json(
         cli("orchestrator.cli.predict", "--job", "tiny.yaml", "--plan", str(plan_path), "--json", cwd=tmp_path).stdout
     )
     assert predicted["iteration_ms"] == pytest.approx(second["predicted_iteration_ms"])
-    ran = last_json(
-        cli(
-            "orchestrator.cli.run",
-            "--job",
-            "tiny.yaml",
-            "--plan",
-            str(plan_path),
-            "--iters",
-            "3",
-            "--json",
-            cwd=tmp_path,
-        ).stdout
-    )
+    ran = run_three_iterations("tiny.yaml", str(plan_path), tmp_path)
     assert ran["iterations"] == 3 and ran["iteration_ms"] > 0
 
     # Refit from the stored measurements: nothing is probed, a new version is registered.

@@ -24,6 +24,7 @@ from probes.workloads.fusion.models import WORKLOADS
 
 def build_parser() -> argparse.ArgumentParser:
     parser = common.ArgumentParser(prog="python -m orchestrator.cli.fuse", description=__doc__.splitlines()[0])
+    seconds = common.number_in(0.0, 3600.0, unit="seconds")  # --step-cap-s and --probe-seconds
     parser.add_argument("--workload", required=True, choices=sorted(WORKLOADS))
     parser.add_argument(
         "--max-width", type=common.int_in(1, 4096), default=64, help="largest width to probe and choose"
@@ -33,22 +34,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=common.number_in(0.0, 2.0**20, unit="GiB"),
         help="per-device cap (default: 60%% of a device's memory)",
     )
-    parser.add_argument(
-        "--step-cap-s",
-        type=common.number_in(0.0, 3600.0, unit="seconds"),
-        default=2.0,
-        help="stop widening past this step time",
-    )
+    parser.add_argument("--step-cap-s", type=seconds, default=2.0, help="stop widening past this step time")
     parser.add_argument(
         "--batch-size", type=common.int_in(1, 2**20), help="per-model batch size (default: the workload's)"
     )
     parser.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw"])
-    parser.add_argument(
-        "--probe-seconds",
-        type=common.number_in(0.0, 3600.0, unit="seconds"),
-        default=2.0,
-        help="timed seconds per width",
-    )
+    parser.add_argument("--probe-seconds", type=seconds, default=2.0, help="timed seconds per width")
     parser.add_argument(
         "--trials", type=common.int_in(1, 1_000_000), help="also split a sweep of this many trials into fused groups"
     )
