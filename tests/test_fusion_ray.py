@@ -12,18 +12,23 @@ from predictors.fusion_model import fit_fusion_models
 pytestmark = pytest.mark.slow
 
 
-def test_probe_widths_fit_and_choose(ray_local, tmp_path) -> None:
-    store = MeasurementStore(tmp_path / "fusion")
-    rows = probe_fusion(
+def _probe_pointnet(store, *, max_width, memory_cap_bytes, parallel, max_seconds):
+    """The width probe of pointnet (batch 8, widening stopped past a 5 s step)."""
+    return probe_fusion(
         ["pointnet"],
         store,
-        max_width=4,
-        memory_cap_bytes=4 * 2**30,
+        max_width=max_width,
+        memory_cap_bytes=memory_cap_bytes,
         step_cap_s=5.0,
-        parallel=2,
-        max_seconds=0.3,
+        parallel=parallel,
+        max_seconds=max_seconds,
         batch_size=8,
     )
+
+
+def test_probe_widths_fit_and_choose(ray_local, tmp_path) -> None:
+    store = MeasurementStore(tmp_path / "fusion")
+    rows = _probe_pointnet(store, max_width=4, memory_cap_bytes=4 * 2**30, parallel=2, max_seconds=0.3)
     assert [r.params["width"] for r in rows] == [1, 2, 4]
     assert len(store.rows()) == 3  # persisted as they came
     # Fresh processes: each width's own peak, growing with the width.
@@ -37,16 +42,8 @@ def test_probe_widths_fit_and_choose(ray_local, tmp_path) -> None:
 
 
 def test_probe_stops_at_the_memory_cap_and_records_why(ray_local, tmp_path) -> None:
-    store = MeasurementStore(tmp_path / "fusion")
-    rows = probe_fusion(
-        ["pointnet"],
-        store,
-        max_width=64,
-        memory_cap_bytes=1.0,
-        step_cap_s=5.0,
-        parallel=1,
-        max_seconds=0.2,
-        batch_size=8,
+    rows = _probe_pointnet(
+        MeasurementStore(tmp_path / "fusion"), max_width=64, memory_cap_bytes=1.0, parallel=1, max_seconds=0.2
     )
     assert [r.params["width"] for r in rows] == [1]  # width 1 already holds more than 1 byte
 
