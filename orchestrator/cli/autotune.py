@@ -27,11 +27,11 @@ from orchestrator.cli.common import (
     add_common,
     age_days,
     budget_s,
+    entry_point,
     fingerprint,
     int_in,
     number_in,
     output_file,
-    run_main,
 )
 from orchestrator.jobfile import load_job
 from orchestrator.progress import say
@@ -98,8 +98,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(_main, argv)
+main = entry_point(_main)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ from orchestrator.cli.common import (
     ArgumentParser,
     budget_s,
     calibration_dir,
+    entry_point,
     fingerprint,
     number_in,
-    run_main,
     seed,
 )
 from orchestrator.jobfile import load_job
@@ -97,8 +97,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(_main, argv)
+main = entry_point(_main)
 
 
 if __name__ == "__main__":

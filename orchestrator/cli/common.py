@@ -14,7 +14,7 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Sequence
+from typing import Any, Callable, NoReturn, Protocol, Sequence
 
 from orchestrator import registry
 from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint
@@ -61,6 +61,14 @@ class ArgumentParser(argparse.ArgumentParser):
         self.print_usage(sys.stderr)
         print(f"{self.prog}: error: {message}", file=sys.stderr)
         raise UsageError(message, _option_named(message))
+
+
+def job_parser(module: str, doc: str) -> ArgumentParser:
+    """The parser of `python -m <module>`, described by the first line of its `doc`, with the
+    required --job option."""
+    parser = ArgumentParser(prog=f"python -m {module}", description=doc.splitlines()[0])
+    parser.add_argument("--job", required=True)
+    return parser
 
 
 def _option_named(message: str) -> str:
@@ -248,3 +256,16 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
         return bad_input(
             f"gave up waiting for another calibration: {exc}", "--lock-timeout-s", as_json, code=EXIT_FAILED
         )
+
+
+class Main(Protocol):
+    def __call__(self, argv: Sequence[str] | None = None) -> int: ...
+
+
+def entry_point(impl: Callable[[Sequence[str] | None], int]) -> Main:
+    """A CLI's `main(argv=None)`: `impl` under `run_main`."""
+
+    def main(argv: Sequence[str] | None = None) -> int:
+        return run_main(impl, argv)
+
+    return main

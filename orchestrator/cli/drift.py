@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from orchestrator import drift, registry
-from orchestrator.cli.common import ArgumentParser, emit, int_in, output_dir, run_main
+from orchestrator.cli.common import ArgumentParser, emit, entry_point, int_in, output_dir
 from orchestrator.progress import say
 
 
@@ -59,8 +59,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(_main, argv)
+main = entry_point(_main)
 
 
 if __name__ == "__main__":

@@ -47,10 +47,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return common.run_main(_main, argv)
-
-
 def _main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     fp = common.fingerprint(args.ray_address, start_ray=True)
@@ -80,6 +76,9 @@ def _human(out: dict[str, Any]) -> None:
     )
     if "groups" in out:
         print(f"a sweep of {sum(out['groups'])} trials runs as {len(out['groups'])} fused jobs of {out['groups']}")
+
+
+main = common.entry_point(_main)
 
 
 if __name__ == "__main__":

@@ -21,9 +21,9 @@ from orchestrator.cli.common import (
     age_days,
     budget_s,
     emit,
+    entry_point,
     fingerprint,
     number_in,
-    run_main,
     seed,
 )
 from orchestrator.nightly import DEFAULT_LOCK, NightlySettings, nightly_lease, run_nightly
@@ -100,8 +100,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(_main, argv)
+main = entry_point(_main)
 
 
 if __name__ == "__main__":

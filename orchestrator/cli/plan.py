@@ -10,13 +10,13 @@ from typing import Any, Sequence
 
 from orchestrator import registry
 from orchestrator.cli.common import (
-    ArgumentParser,
     add_common,
     champion_or_exit,
     emit,
+    entry_point,
     fingerprint,
+    job_parser,
     output_file,
-    run_main,
 )
 from orchestrator.jobfile import load_job
 from orchestrator.progress import say
@@ -58,8 +58,7 @@ def _human(plan: dict[str, Any]) -> None:
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m orchestrator.cli.plan", description=__doc__.splitlines()[0])
-    parser.add_argument("--job", required=True)
+    parser = job_parser("orchestrator.cli.plan", __doc__)
     parser.add_argument("--out", type=output_file, help="also write the plan JSON to this file")
     add_common(parser)
     args = parser.parse_args(argv)
@@ -74,8 +73,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(_main, argv)
+main = entry_point(_main)
 
 
 if __name__ == "__main__":

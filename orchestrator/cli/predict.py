@@ -9,7 +9,7 @@ import sys
 from typing import Sequence
 
 from orchestrator import registry
-from orchestrator.cli.common import ArgumentParser, add_common, champion_or_exit, emit, fingerprint, run_main
+from orchestrator.cli.common import add_common, champion_or_exit, emit, entry_point, fingerprint, job_parser
 from orchestrator.jobfile import load_job
 from orchestrator.progress import say
 from policies.plan import Plan
@@ -18,8 +18,7 @@ from predictors.dlrm_estimator import estimate_iteration
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m orchestrator.cli.predict", description=__doc__.splitlines()[0])
-    parser.add_argument("--job", required=True)
+    parser = job_parser("orchestrator.cli.predict", __doc__)
     parser.add_argument("--plan", required=True, help="a plan JSON written by autotune or plan")
     add_common(parser)
     args = parser.parse_args(argv)
@@ -47,8 +46,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(_main, argv)
+main = entry_point(_main)
 
 
 if __name__ == "__main__":

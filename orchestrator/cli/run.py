@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from orchestrator.cli.common import ArgumentParser, add_common, emit, fingerprint, int_in, run_main
+from orchestrator.cli.common import add_common, emit, entry_point, fingerprint, int_in, job_parser
 from orchestrator.jobfile import load_job
 from orchestrator.launch import launch_dlrm
 from orchestrator.progress import say
@@ -19,8 +19,7 @@ from probes.vocabulary.jobspec import MAX_ITERATIONS
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m orchestrator.cli.run", description=__doc__.splitlines()[0])
-    parser.add_argument("--job", required=True)
+    parser = job_parser("orchestrator.cli.run", __doc__)
     parser.add_argument("--plan", required=True)
     parser.add_argument("--iters", type=int_in(1, MAX_ITERATIONS), help="timed iterations (default: the job's)")
     add_common(parser)
@@ -62,8 +61,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    return run_main(_main, argv)
+main = entry_point(_main)
 
 
 if __name__ == "__main__":
