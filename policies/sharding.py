@@ -129,6 +129,7 @@ class ShardingPolicy:
 
     def options(self) -> Iterable[tuple[str, list[PlanEntry]]]:
         W = self.spec.world_size
+        self.refused = []  # enumerated afresh: listing the options twice must not list a refusal twice
         plans: dict[str, list[PlanEntry]] = {}
         for name, sharder in SHARDERS.items():
             try:
