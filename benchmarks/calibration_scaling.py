@@ -47,6 +47,7 @@ from ray.cluster_utils import Cluster  # noqa: E402
 from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint  # noqa: E402
 from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes  # noqa: E402
 from orchestrator.measurement_store import MeasurementStore  # noqa: E402
+from orchestrator.ray_runtime import set_worker_niceness  # noqa: E402
 from probes.collective_sweep import collective_groups, collective_specs  # noqa: E402
 from probes.embedding import embedding_specs  # noqa: E402
 from probes.gemm import gemm_specs  # noqa: E402
@@ -81,6 +82,7 @@ def collective_sweep(nodes: Sequence[str], points: int) -> list[ProbeSpec]:
 def start_cluster(num_nodes: int) -> Cluster:
     """A head node plus `num_nodes - 1` workers, one CPU each, and this driver connected to it."""
     node_args = {"num_cpus": 1, "object_store_memory": OBJECT_STORE_BYTES}
+    set_worker_niceness()  # as the product's own clusters run their workers
     cluster = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False})
     for _ in range(num_nodes - 1):
         cluster.add_node(**node_args)

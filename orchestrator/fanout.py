@@ -353,16 +353,20 @@ def run_collective_probes(
                 for attempt in (0, 1):
                     try:
                         t0 = time.monotonic()
-                        rows = gang.run(batch, timing if multi_pass else None, until=deadline + grace_s)
+                        # A collective batch stops by itself at the deadline (its members agree
+                        # on it), measuring a prefix of its points, so nobody is killed for it.
+                        settings = {**timing, "stop_at": time.time() + deadline - t0} if multi_pass else None
+                        rows = gang.run(batch, settings, until=deadline + grace_s)
                         store.add(rows)
+                        reached = len(rows) if multi_pass else len(batch)  # one row per measured point
                         if visit == 0:
-                            store.mark_done([s.to_dict() for s in plain])
-                        if multi_pass:
-                            visit_s = max(visit_s, (time.monotonic() - t0) / len(batch))
-                        if visit == 0:
+                            store.mark_done([s.to_dict() for s in plain[:reached]])
+                        if multi_pass and reached:
+                            visit_s = max(visit_s, (time.monotonic() - t0) / reached)
+                        if visit == 0 and reached:
                             measured.add(index)
-                            done += len(batch)
-                        progress and progress(len(batch), 0)
+                            done += reached
+                        progress and progress(reached, 0)
                         break
                     except (RayError, GetTimeoutError) as exc:
                         why = (

@@ -23,6 +23,7 @@ the size that bounds its time.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
@@ -134,6 +135,7 @@ def measure_collectives(
     min_repeats: int = MIN_REPEATS,
     max_repeats: int = MAX_REPEATS,
     warmup: int = 3,
+    stop_at: float | None = None,
 ) -> list[Measurement]:
     """Time a batch of collective points over one rank group, their windows interleaved.
 
@@ -146,8 +148,15 @@ def measure_collectives(
     several points, where the median drops it, instead of in every window of one point,
     where it would be recorded as that point's time.
 
+    `stop_at` (epoch seconds): before every window the members agree whether any of them is
+    past it, and if so all stop there together, so a batch cut by its phase's deadline ends
+    cleanly instead of being killed (a killed probe actor takes tens of seconds to replace on a
+    loaded host). Points with at least one window get a row, a prefix of `points` in their
+    order; the rest are left unmeasured.
+
     `uneven` (all_to_all only) draws skewed per-pair splits. Every process of the default
-    group must call this with the same points; only the group's first rank returns rows."""
+    group must call this with the same points; only the group's first rank returns rows, one
+    per measured point, in the order of `points`."""
     if not points:
         return []
     groups = {p.ranks for p in points}
@@ -165,37 +174,63 @@ def measure_collectives(
     splits = [uneven_splits(numel, n, p.seed) if p.uneven else None for p, numel in zip(points, numels)]
     fns = [_op_call(p.op, numel, n, pos, group, device, members[0], s) for p, numel, s in zip(points, numels, splits)]
 
-    # Everyone must run the same number of repeats: size each point's count from a few
-    # warm-up runs (about `target_s` of work) and agree on the largest across members.
+    agreed = _agreed_repeats(fns, group, device, target_s, min_repeats, max_repeats, warmup)
+    n_windows = [max(1, min(int(windows), w // 2)) for w in agreed]
+    per_window = [max(2, -(-w // k)) for w, k in zip(agreed, n_windows)]
+    medians = torch.zeros(len(points), max(n_windows), dtype=torch.float64, device=device)
+    done = [0] * len(points)  # windows timed per point
+    for w, i in ((w, i) for w in range(max(n_windows)) for i in range(len(fns)) if w < n_windows[i]):
+        if _anyone_past(stop_at, group, device):  # doubles as the barrier before the window
+            break
+        t = time_callable(
+            fns[i], device=device, warmup=0, min_repeats=per_window[i], max_repeats=per_window[i], max_seconds=1e9
+        )
+        medians[i, w] = t.median_s
+        done[i] += 1
+    dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=group)  # per window: the slowest member
+    if pos != 0:
+        return []
+    medians = on_host(medians)
+    return [
+        _row(p, numel, s, medians[i, : done[i]].numpy(), done[i] * per_window[i], n, members, device)
+        for i, (p, numel, s) in enumerate(zip(points, numels, splits))
+        if done[i]
+    ]
+
+
+def _agreed_repeats(
+    fns: Sequence[Callable[[], object]],
+    group: object,
+    device: torch.device,
+    target_s: float,
+    min_repeats: int,
+    max_repeats: int,
+    warmup: int,
+) -> list[int]:
+    """Repeats per point: everyone must run the same number, so each member sizes every
+    point's count from a few warm-up runs (about `target_s` of work) and the group agrees on
+    the largest."""
     dist.barrier(group=group)
-    want = torch.zeros(len(points), dtype=torch.int64, device=device)  # on the group's device (probes.comm)
+    want = torch.zeros(len(fns), dtype=torch.int64, device=device)  # on the group's device (probes.comm)
     for i, fn in enumerate(fns):
         probe = time_callable(
             fn, device=device, warmup=warmup, min_repeats=2, max_repeats=2, max_seconds=1e9, min_sample_s=0.0
         )
         want[i] = min(max(int(target_s / max(probe.median_s, 1e-7)), min_repeats), max_repeats)
     dist.all_reduce(want, op=dist.ReduceOp.MAX, group=group)
-    agreed = [int(w) for w in want.tolist()]
-    n_windows = [max(1, min(int(windows), w // 2)) for w in agreed]
-    per_window = [max(2, -(-w // k)) for w, k in zip(agreed, n_windows)]
-    medians = torch.zeros(len(points), max(n_windows), dtype=torch.float64, device=device)
-    for w in range(max(n_windows)):
-        for i, fn in enumerate(fns):
-            if w >= n_windows[i]:
-                continue
-            dist.barrier(group=group)
-            t = time_callable(
-                fn, device=device, warmup=0, min_repeats=per_window[i], max_repeats=per_window[i], max_seconds=1e9
-            )
-            medians[i, w] = t.median_s
-    dist.all_reduce(medians, op=dist.ReduceOp.MAX, group=group)  # per window: the slowest member
-    if pos != 0:
-        return []
-    medians = on_host(medians)
-    return [
-        _row(p, numel, s, medians[i, : n_windows[i]].numpy(), n_windows[i] * per_window[i], n, members, device)
-        for i, (p, numel, s) in enumerate(zip(points, numels, splits))
-    ]
+    return [int(w) for w in want.tolist()]
+
+
+def _anyone_past(stop_at: float | None, group: object, device: torch.device) -> bool:
+    """Whether any member of `group` is past `stop_at` (epoch seconds; clocks of a cluster's
+    nodes agree to well under a window), asked of every member at once so that all give the
+    same answer; a plain barrier when there is no `stop_at`."""
+    if stop_at is None:
+        dist.barrier(group=group)
+        return False
+    late = torch.tensor([int(time.time() >= stop_at)], dtype=torch.int32, device=device)
+    dist.all_reduce(late, op=dist.ReduceOp.MAX, group=group)
+    return bool(late.item())
 
 
 def window_estimate(window_medians: Sequence[float]) -> float:

@@ -42,7 +42,10 @@ class Probe(Protocol):
 
     family: str  # the `ProbeSpec.family` of its points
     gang: bool  # False: one device measures a point alone; True: every member of a process group runs its batches
-    multi_pass: bool  # its points are visited in every pass of a gang sweep, each visit timing a share of the repeats
+    # Its points are visited in every pass of a gang sweep, each visit timing a share of the
+    # repeats; its `run` honours `timing["stop_at"]` (epoch seconds) and returns one row per
+    # measured point, a prefix of the batch in order.
+    multi_pass: bool
 
     def batch_key(self, spec: ProbeSpec) -> Hashable | None:
         """Consecutive points with the same key (not None) may run as one batch; None: a

@@ -7,11 +7,16 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.ray_runtime import set_worker_niceness
+
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE_JOB = REPO / "examples" / "dlrm_small.yaml"
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 os.environ.setdefault("TQDM_DISABLE", "1")
+# The clusters tests start (local, simulated multi-node, and those the CLIs start) run their
+# workers at the niceness the product's own clusters do (orchestrator/ray_runtime.py).
+set_worker_niceness()
 
 
 @pytest.fixture()

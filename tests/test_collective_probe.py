@@ -2,6 +2,7 @@
 
 import json
 import tempfile
+import types
 
 import numpy as np
 import pytest
@@ -9,7 +10,16 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from spawned import exit_worker
 
-from probes.collective import forget_groups, measure_collective, merge_passes, message_numel, window_estimate
+import probes.collective
+from probes.collective import (
+    CollectivePoint,
+    forget_groups,
+    measure_collective,
+    measure_collectives,
+    merge_passes,
+    message_numel,
+    window_estimate,
+)
 from probes.collective_sweep import collective_groups, collective_specs
 from probes.probe import ProbeSpec
 from probes.sweep import collective_batches
@@ -43,6 +53,35 @@ def test_subgroups_and_uneven_all_to_all():
     assert got[1] == [["reduce_scatter", 2, 4096, False]]
     assert got[2] == []
     assert biggest > (4096 // 4 // 3 * 3) * 4  # skewed: some rank moves more than an even send buffer
+
+
+def _stopping_worker(rank: int, init_file: str, out_dir: str) -> None:
+    """Rank 0's clock passes `stop_at` at its third window; rank 1's never does."""
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
+    calls = iter(range(1, 1000))
+    probes.collective.time = types.SimpleNamespace(time=lambda: next(calls) if rank == 0 else 0.0)
+    try:
+        points = [CollectivePoint(op, 1024 * (i + 1)) for i, op in enumerate(["all_reduce", "broadcast", "all_gather"])]
+        cut = measure_collectives(points, "cpu", target_s=0.01, windows=2, stop_at=2.5)
+        whole = measure_collectives(points, "cpu", target_s=0.01, windows=2, stop_at=1e9)
+        with open(f"{out_dir}/{rank}.json", "w") as f:
+            json.dump({"cut": [[r.op, len(r.extra["window_medians"])] for r in cut], "whole": len(whole)}, f)
+    finally:
+        forget_groups()
+        dist.destroy_process_group()
+    exit_worker()
+
+
+@pytest.mark.timeout(120)
+def test_a_batch_cut_at_stop_at_stops_every_member_together_and_keeps_what_it_measured():
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_stopping_worker, args=(f"{tmp}/init", tmp), nprocs=2)
+        got = {rank: json.load(open(f"{tmp}/{rank}.json")) for rank in range(2)}
+    # Windows run round-robin (window 1 of every point first): the third is cut, on both ranks
+    # (rank 1 would have gone on alone and hung), so the first two points have one window each.
+    assert got[0]["cut"] == [["all_reduce", 1], ["broadcast", 1]]
+    assert got[0]["whole"] == 3
+    assert got[1] == {"cut": [], "whole": 0}
 
 
 def test_bus_bandwidth_conventions():
