@@ -45,8 +45,9 @@ import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 
 from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint  # noqa: E402
-from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes  # noqa: E402
+from orchestrator.fanout import Phase, run_collective_probes, run_local_probes  # noqa: E402
 from orchestrator.measurement_store import MeasurementStore  # noqa: E402
+from orchestrator.probe_pool import ActorPool  # noqa: E402
 from orchestrator.ray_runtime import set_worker_niceness  # noqa: E402
 from probes.collective_sweep import collective_groups, collective_specs  # noqa: E402
 from probes.embedding import embedding_specs  # noqa: E402
@@ -100,7 +101,7 @@ def timed_sweep(run: Any, pool: ActorPool, specs: Sequence[ProbeSpec], directory
     """Run `specs` with `run` (local or collective fan-out) into a fresh store; wall time and counts."""
     store = MeasurementStore(directory)
     t0 = time.perf_counter()
-    done, failed = run(pool, specs, store, math.inf)
+    done, failed = run(Phase(pool, specs, store, math.inf))
     wall = time.perf_counter() - t0
     rows = store.rows()
     return {

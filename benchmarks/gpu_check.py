@@ -60,6 +60,8 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
+from orchestrator.cluster import cpu_model, total_memory_bytes  # noqa: E402  (stdlib only: no Ray on a GPU check box)
+
 PASSED, FAILED, SKIPPED, RUNNING = "passed", "failed", "skipped", "running"
 TRACEBACK_LINES = 12
 US, MS = 1e-6, 1e-3
@@ -280,8 +282,8 @@ def step_device_info(check: Check) -> dict[str, Any]:
             {
                 "name": "cpu",
                 "slug": "cpu",
-                "memory_bytes": _host_memory(),
-                "cpu_model": _cpu_model(),
+                "memory_bytes": total_memory_bytes(),
+                "cpu_model": cpu_model(),
                 "threads": torch.get_num_threads(),
             }
         )
@@ -318,21 +320,6 @@ def _quiet_warnings():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         yield
-
-
-def _host_memory() -> int:
-    try:
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        return 0
-
-
-def _cpu_model() -> str:
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    return platform.processor() or platform.machine()
 
 
 # --- 2. probe families -----------------------------------------------------------------------
@@ -895,7 +882,7 @@ def step_fusion(check: Check) -> dict[str, Any]:
         if check.device.type == "cuda":
             cap = 0.8 * torch.cuda.mem_get_info(check.device)[0]
         else:
-            cap = 0.25 * (_host_memory() or 2**33)
+            cap = 0.25 * (total_memory_bytes() or 2**33)
         decision = choose_width(model, cap, max_width=64)
         figures["policy"] = {
             "choice": decision.choice,

@@ -22,9 +22,10 @@ import numpy as np
 from orchestrator import registry
 from orchestrator.calibration_plots import log_calibration_plots
 from orchestrator.cluster import HardwareFingerprint
-from orchestrator.fanout import ActorPool, Gang, collective_visits, run_collective_probes, run_local_probes
+from orchestrator.fanout import Phase, collective_visits, run_collective_probes, run_local_probes
 from orchestrator.lease import Lease
 from orchestrator.measurement_store import MeasurementStore, spec_key
+from orchestrator.probe_pool import ActorPool, Gang
 from orchestrator.progress import Progress, say
 from orchestrator.sentinel import choose_sentinels
 from policies.sharders import SHARDERS, NoFeasiblePlanError
@@ -205,7 +206,7 @@ def measure(
         )
         if coll:
             bar = Progress("collectives", collective_visits(coll), budget_s * COLLECTIVE_SHARE)
-            d, f = run_collective_probes(pool, coll, store, start + budget_s * COLLECTIVE_SHARE, bar.update)
+            d, f = run_collective_probes(Phase(pool, coll, store, start + budget_s * COLLECTIVE_SHARE, bar.update))
             bar.close()
             done, failed = done + d, failed + f
         for specs, members, label in (
@@ -216,12 +217,14 @@ def measure(
                 continue
             share = budget_s * TRAINING_SHARE * len(specs) / (len(whole) + len(within))
             bar = Progress(label, len(specs), share)
-            d, f = run_collective_probes(pool, specs, store, time.monotonic() + share, bar.update, members=members)
+            d, f = run_collective_probes(
+                Phase(pool, specs, store, time.monotonic() + share, bar.update), members=members
+            )
             bar.close()
             done, failed = done + d, failed + f
         remaining = max(budget_s - (time.monotonic() - start), budget_s * KERNEL_MIN_SHARE)
         bar = Progress("kernels", len(local), remaining)
-        d, f = run_local_probes(pool, local, store, time.monotonic() + remaining, bar.update)
+        d, f = run_local_probes(Phase(pool, local, store, time.monotonic() + remaining, bar.update))
         bar.close()
         done, failed = done + d, failed + f
     finally:

@@ -184,7 +184,8 @@ def _slug(text: str) -> str:
     return re.sub(r"[^a-z0-9]+", "", text.lower().replace("nvidia", ""))[:16] or "gpu"
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """This host's CPU model name."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -195,7 +196,8 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
-def _total_memory() -> int:
+def total_memory_bytes() -> int:
+    """This host's physical memory (0 when the OS does not say)."""
     try:
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
@@ -321,8 +323,8 @@ def local_node_fingerprint(cpu_slots: int | None = None, gpu_slots: int | None =
     affinity mask shows, and one started with `--num-cpus=0` offers none."""
     gpus, links, gpu_software = _nvml_devices()
     cores = _usable_cores()
-    memory = _total_memory()
-    cpu = _cpu_model()
+    memory = total_memory_bytes()
+    cpu = cpu_model()
     if gpu_slots is not None:
         gpus, links = gpus[:gpu_slots], [row[:gpu_slots] for row in links[:gpu_slots]]
         gpus += [

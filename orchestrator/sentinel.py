@@ -17,8 +17,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes
+from orchestrator.fanout import Phase, run_collective_probes, run_local_probes
 from orchestrator.measurement_store import MeasurementStore
+from orchestrator.probe_pool import ActorPool
 from predictors.evaluation import geomean
 from predictors.performance_model import PerformanceModel
 from probes.elementwise import elementwise_specs
@@ -127,8 +128,8 @@ def run_sentinels(
     try:
         failed = 0
         if collective:
-            failed += run_collective_probes(pool, collective, store, time.monotonic() + deadline_s / 2)[1]
-        failed += run_local_probes(pool, local, store, time.monotonic() + deadline_s)[1]
+            failed += run_collective_probes(Phase(pool, collective, store, time.monotonic() + deadline_s / 2))[1]
+        failed += run_local_probes(Phase(pool, local, store, time.monotonic() + deadline_s))[1]
     finally:
         pool.stop()
     report = score_sentinels(model, store.rows(), bound, ratio, failures=failed)

@@ -27,6 +27,14 @@ def group_key(params: Params) -> str:
     return key + ":uneven" if params.get("uneven") else key
 
 
+def rows_by_group(rows: Sequence[Measurement]) -> dict[str, list[Measurement]]:
+    """A collective's rows by `group_key`: each group has a curve of its own."""
+    grouped: dict[str, list[Measurement]] = defaultdict(list)
+    for r in rows:
+        grouped[group_key(r.params)].append(r)
+    return grouped
+
+
 class UncalibratedGroupError(KeyError):
     """A collective over a group (size, scope) the calibration never measured. A KeyError, so
     a candidate plan that needs it is listed as unpriceable; its message says what to
@@ -113,13 +121,11 @@ class CurveModel(OpModel):
             return [f"{self.op}.bytes={params['bytes']:.3g} beyond measured max {2 ** xs[-1]:.3g}"]
         return []
 
-    def to_dict(self) -> dict[str, Any]:
+    def state(self) -> dict[str, Any]:
         return {
-            "kind": self.kind,
-            "op": self.op,
             "curves": {
                 k: {"log2_bytes": xs.tolist(), "log_seconds": ys.tolist()} for k, (xs, ys) in self.curves.items()
-            },
+            }
         }
 
     @classmethod
@@ -141,10 +147,7 @@ class AlphaBetaModel(OpModel):
         self.groups: dict[str, LinearCostModel] = {}
 
     def fit(self, rows: Sequence[Measurement]) -> "AlphaBetaModel":
-        grouped: dict[str, list[Measurement]] = defaultdict(list)
-        for r in rows:
-            grouped[group_key(r.params)].append(r)
-        self.groups = {k: LinearCostModel(self.op, ["one", "bytes"]).fit(v) for k, v in grouped.items()}
+        self.groups = {k: LinearCostModel(self.op, ["one", "bytes"]).fit(v) for k, v in rows_by_group(rows).items()}
         return self
 
     def predict(self, params: Params) -> float:
@@ -160,8 +163,8 @@ class AlphaBetaModel(OpModel):
         except KeyError as exc:
             return [exc.args[0]]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "op": self.op, "groups": {k: m.to_dict() for k, m in self.groups.items()}}
+    def state(self) -> dict[str, Any]:
+        return {"groups": {k: m.to_dict() for k, m in self.groups.items()}}
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> "AlphaBetaModel":

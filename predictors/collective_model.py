@@ -14,14 +14,13 @@ better than a single start-up + bandwidth line, that line (alpha-beta, the basel
 from __future__ import annotations
 
 import warnings
-from collections import defaultdict
 from dataclasses import asdict, dataclass
 from typing import Any, Sequence
 
 import numpy as np
 from scipy.optimize import least_squares
 
-from predictors.collective_curves import UncalibratedGroupError, curve_key, group_key
+from predictors.collective_curves import UncalibratedGroupError, curve_key, rows_by_group
 from predictors.opmodels import OpModel
 from probes.vocabulary.records import Measurement
 
@@ -177,10 +176,7 @@ class SigmoidCollectiveModel(OpModel):
         self.curves: dict[str, SigmoidCurve] = {}
 
     def fit(self, rows: Sequence[Measurement]) -> "SigmoidCollectiveModel":
-        grouped: dict[str, list[Measurement]] = defaultdict(list)
-        for r in rows:
-            grouped[group_key(r.params)].append(r)
-        for key, items in grouped.items():
+        for key, items in rows_by_group(rows).items():
             x = np.log2([max(float(r.params["bytes"]), 1.0) for r in items])
             t = np.array([r.median_s for r in items])
             self.curves[key] = fit_sigmoid_curve(x, t)
@@ -206,8 +202,8 @@ class SigmoidCollectiveModel(OpModel):
             return [f"{self.op}.bytes={params['bytes']:.3g} beyond measured max {2**curve.x_max:.3g}"]
         return []
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "op": self.op, "curves": {k: asdict(c) for k, c in self.curves.items()}}
+    def state(self) -> dict[str, Any]:
+        return {"curves": {k: asdict(c) for k, c in self.curves.items()}}
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> "SigmoidCollectiveModel":

@@ -81,8 +81,8 @@ class ContextFactorModel(OpModel):
         op = str(params.get("model_op"))
         return [] if op in self.factors else [f"{self.op}: {op} never seen inside a training step; factor 1"]
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "op": self.op, "factors": self.factors, "adds": self.adds, "counts": self.counts}
+    def state(self) -> dict[str, Any]:
+        return {"factors": self.factors, "adds": self.adds, "counts": self.counts}
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> "ContextFactorModel":

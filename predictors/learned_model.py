@@ -93,10 +93,8 @@ class LearnedKernelModel(OpModel):
     def out_of_range(self, params: dict[str, Any]) -> list[str]:
         return self.base.out_of_range(params)
 
-    def to_dict(self) -> dict[str, Any]:
+    def state(self) -> dict[str, Any]:
         return {
-            "kind": self.kind,
-            "op": self.op,
             "base": self.base.to_dict(),
             "design": self.design,
             "seed": self.seed,

@@ -53,8 +53,14 @@ class OpModel(ABC):
     def out_of_range(self, params: Params) -> list[str]:
         """Why `params` lies far outside what was measured (empty when it does not)."""
 
+    def to_dict(self) -> dict[str, Any]:
+        """The model as plain data: its kind and op (what `from_dict` dispatches on), then its
+        `state`."""
+        return {"kind": self.kind, "op": self.op, **self.state()}
+
     @abstractmethod
-    def to_dict(self) -> dict[str, Any]: ...
+    def state(self) -> dict[str, Any]:
+        """What `_from_dict` needs besides kind and op, as JSON-able data."""
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "OpModel":
@@ -103,15 +109,8 @@ class LinearCostModel(OpModel):
                 out.append(f"{self.op}.{name}={v:.3g} outside measured [{lo:.3g}, {hi:.3g}]")
         return out
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "op": self.op,
-            "features": self.features,
-            "coef": self.coef.tolist(),
-            "lo": self.lo.tolist(),
-            "hi": self.hi.tolist(),
-        }
+    def state(self) -> dict[str, Any]:
+        return {"features": self.features, "coef": self.coef.tolist(), "lo": self.lo.tolist(), "hi": self.hi.tolist()}
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> "LinearCostModel":
@@ -181,10 +180,8 @@ class GroupedCostModel(OpModel):
             return [f"{self.op}.{self.key}={group!r} never measured (measured: {sorted(self.groups)})"]
         return self.groups[group].out_of_range(params)
 
-    def to_dict(self) -> dict[str, Any]:
+    def state(self) -> dict[str, Any]:
         return {
-            "kind": self.kind,
-            "op": self.op,
             "features": self.features,
             "key": self.key,
             "default": self.default,

@@ -113,11 +113,9 @@ class OverheadModel(OpModel):
             return [f"{self.op}: {kind} of {name!r} never measured; using the pooled {kind} distribution"]
         return []
 
-    def to_dict(self) -> dict[str, Any]:
+    def state(self) -> dict[str, Any]:
         return {
-            "kind": self.kind,
-            "op": self.op,
-            "table": {k: {name: asdict(q) for name, q in sorted(ops.items())} for k, ops in sorted(self.table.items())},
+            "table": {k: {name: asdict(q) for name, q in sorted(ops.items())} for k, ops in sorted(self.table.items())}
         }
 
     @classmethod

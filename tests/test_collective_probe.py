@@ -1,19 +1,14 @@
 """Collective probes on subgroups and with uneven splits, in three real gloo processes."""
 
-import json
-import tempfile
 import types
 
 import numpy as np
 import pytest
-import torch.distributed as dist
-import torch.multiprocessing as mp
-from spawned import exit_worker
+from spawned import on_gloo_ranks
 
 import probes.collective
 from probes.collective import (
     CollectivePoint,
-    forget_groups,
     measure_collective,
     measure_collectives,
     merge_passes,
@@ -27,25 +22,16 @@ from probes.vocabulary.ops import bus_bandwidth, uneven_splits
 from probes.vocabulary.records import Measurement
 
 
-def _worker(rank: int, init_file: str, out_dir: str) -> None:
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=3)
-    try:
-        rows = measure_collective("all_reduce", 4096, ranks=[0, 2], target_s=0.01)
-        rows += measure_collective("all_to_all", 4096, uneven=True, seed=5, target_s=0.01)
-        rows += measure_collective("reduce_scatter", 4096, ranks=[1, 2], target_s=0.01)
-        with open(f"{out_dir}/{rank}.json", "w") as f:
-            json.dump([[r.op, r.params["world"], r.params["bytes"], r.params.get("uneven", False)] for r in rows], f)
-    finally:
-        forget_groups()
-        dist.destroy_process_group()
-    exit_worker()
+def _subgroup_rows(rank: int) -> list:
+    rows = measure_collective("all_reduce", 4096, ranks=[0, 2], target_s=0.01)
+    rows += measure_collective("all_to_all", 4096, uneven=True, seed=5, target_s=0.01)
+    rows += measure_collective("reduce_scatter", 4096, ranks=[1, 2], target_s=0.01)
+    return [[r.op, r.params["world"], r.params["bytes"], r.params.get("uneven", False)] for r in rows]
 
 
 @pytest.mark.timeout(120)
 def test_subgroups_and_uneven_all_to_all():
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(f"{tmp}/init", tmp), nprocs=3)
-        got = {rank: json.load(open(f"{tmp}/{rank}.json")) for rank in range(3)}
+    got = on_gloo_ranks(_subgroup_rows, 3)
     splits = uneven_splits(4096 // 4 // 3 * 3, 3, 5)
     biggest = int(max(splits.sum(axis=1).max(), splits.sum(axis=0).max())) * 4
     # The first member of each group reports: rank 0 for [0, 2] and the world, rank 1 for [1, 2].
@@ -55,28 +41,19 @@ def test_subgroups_and_uneven_all_to_all():
     assert biggest > (4096 // 4 // 3 * 3) * 4  # skewed: some rank moves more than an even send buffer
 
 
-def _stopping_worker(rank: int, init_file: str, out_dir: str) -> None:
+def _cut_and_whole(rank: int) -> dict:
     """Rank 0's clock passes `stop_at` at its third window; rank 1's never does."""
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=2)
     calls = iter(range(1, 1000))
     probes.collective.time = types.SimpleNamespace(time=lambda: next(calls) if rank == 0 else 0.0)
-    try:
-        points = [CollectivePoint(op, 1024 * (i + 1)) for i, op in enumerate(["all_reduce", "broadcast", "all_gather"])]
-        cut = measure_collectives(points, "cpu", target_s=0.01, windows=2, stop_at=2.5)
-        whole = measure_collectives(points, "cpu", target_s=0.01, windows=2, stop_at=1e9)
-        with open(f"{out_dir}/{rank}.json", "w") as f:
-            json.dump({"cut": [[r.op, len(r.extra["window_medians"])] for r in cut], "whole": len(whole)}, f)
-    finally:
-        forget_groups()
-        dist.destroy_process_group()
-    exit_worker()
+    points = [CollectivePoint(op, 1024 * (i + 1)) for i, op in enumerate(["all_reduce", "broadcast", "all_gather"])]
+    cut = measure_collectives(points, "cpu", target_s=0.01, windows=2, stop_at=2.5)
+    whole = measure_collectives(points, "cpu", target_s=0.01, windows=2, stop_at=1e9)
+    return {"cut": [[r.op, len(r.extra["window_medians"])] for r in cut], "whole": len(whole)}
 
 
 @pytest.mark.timeout(120)
 def test_a_batch_cut_at_stop_at_stops_every_member_together_and_keeps_what_it_measured():
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_stopping_worker, args=(f"{tmp}/init", tmp), nprocs=2)
-        got = {rank: json.load(open(f"{tmp}/{rank}.json")) for rank in range(2)}
+    got = on_gloo_ranks(_cut_and_whole, 2)
     # Windows run round-robin (window 1 of every point first): the third is cut, on both ranks
     # (rank 1 would have gone on alone and hung), so the first two points have one window each.
     assert got[0]["cut"] == [["all_reduce", 1], ["broadcast", 1]]

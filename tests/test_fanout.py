@@ -5,8 +5,9 @@ import time
 import pytest
 import ray
 
-from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes
+from orchestrator.fanout import Phase, run_collective_probes, run_local_probes
 from orchestrator.measurement_store import MeasurementStore
+from orchestrator.probe_pool import ActorPool
 from probes.collective import window_estimate
 from probes.collective_sweep import COLLECTIVE_PASSES, collective_specs
 from probes.gemm import gemm_specs
@@ -20,7 +21,7 @@ def test_two_actor_gloo_collective_probe(ray_local, tmp_path):
     store = MeasurementStore(tmp_path)
     try:
         specs = [s for s in collective_specs([(0, 1)], 2**20) if s.params["bytes"] in (4, 2**12, 2**20)]
-        done, failed = run_collective_probes(pool, specs, store, time.monotonic() + 120)
+        done, failed = run_collective_probes(Phase(pool, specs, store, time.monotonic() + 120))
     finally:
         pool.stop()
     assert (done, failed) == (18, 0)  # 3 sizes x (5 collectives + an uneven all-to-all)
@@ -57,7 +58,7 @@ def test_killed_actor_is_replaced_and_nothing_is_lost(ray_local, tmp_path):
             killed.append(victim)
 
     try:
-        done, failed = run_local_probes(pool, specs, store, time.monotonic() + 120, kill_once)
+        done, failed = run_local_probes(Phase(pool, specs, store, time.monotonic() + 120, kill_once))
     finally:
         pool.stop()
     assert killed and pool.replaced >= 1
@@ -71,7 +72,9 @@ def test_probe_that_always_fails_is_recorded_not_dropped(ray_local, tmp_path):
     store = MeasurementStore(tmp_path)
     bad = ProbeSpec("no_such_family", {"x": 1}, "bad")
     try:
-        done, failed = run_local_probes(pool, [bad] + gemm_specs(2, seed=0, max_dim=64), store, time.monotonic() + 60)
+        done, failed = run_local_probes(
+            Phase(pool, [bad] + gemm_specs(2, seed=0, max_dim=64), store, time.monotonic() + 60)
+        )
     finally:
         pool.stop()
     assert (done, failed) == (2, 1)
@@ -85,7 +88,7 @@ def test_training_probe_runs_on_the_gang(ray_local, tmp_path):
     store = MeasurementStore(tmp_path)
     try:
         specs = training_specs(1, seed=0, world=2) + transformer_training_specs(1, seed=0, world=2)
-        done, failed = run_collective_probes(pool, specs, store, time.monotonic() + 120)
+        done, failed = run_collective_probes(Phase(pool, specs, store, time.monotonic() + 120))
     finally:
         pool.stop()
     assert (done, failed) == (2, 0)

@@ -24,8 +24,9 @@ import pytest
 import ray
 import yaml
 
-from orchestrator.fanout import ActorPool, run_collective_probes, run_local_probes
+from orchestrator.fanout import Phase, run_collective_probes, run_local_probes
 from orchestrator.measurement_store import MeasurementStore
+from orchestrator.probe_pool import ActorPool
 from probes.collective_sweep import collective_specs
 from probes.gemm import gemm_specs
 
@@ -44,7 +45,7 @@ def test_an_actor_killed_mid_collective_loses_nothing(ray_local, tmp_path):
     killer = threading.Thread(target=kill_soon)
     try:
         killer.start()
-        done, failed = run_collective_probes(pool, specs, store, time.monotonic() + 120, passes=1)
+        done, failed = run_collective_probes(Phase(pool, specs, store, time.monotonic() + 120), passes=1)
     finally:
         killer.join()
         pool.stop()
@@ -68,7 +69,9 @@ def test_a_stopped_probe_actor_is_cut_at_the_deadline_and_its_point_recorded(ray
 
     t0 = time.monotonic()
     try:
-        done, failed = run_local_probes(pool, specs, store, t0 + 6.0, stop_once, grace_s=2.0, probe_timeout_s=3.0)
+        done, failed = run_local_probes(
+            Phase(pool, specs, store, t0 + 6.0, stop_once, grace_s=2.0), probe_timeout_s=3.0
+        )
     finally:
         try:
             os.kill(stopped, signal.SIGCONT)

@@ -12,7 +12,6 @@ point, what `ray job submit` runs) and `python -m orchestrator.cli.autotune` are
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from typing import Sequence
@@ -22,15 +21,15 @@ from orchestrator.autotuning import AutotuneSettings, autotune
 from orchestrator.calibrate import DEFAULT_BUDGET_S
 from orchestrator.cli.common import (
     EXIT_NO_MODEL,
-    MAX_BUDGET_S,
     ArgumentParser,
     add_common,
+    add_lock_timeout,
     age_days,
     budget_s,
+    emit,
     entry_point,
     fingerprint,
     int_in,
-    number_in,
     output_file,
 )
 from orchestrator.jobfile import load_job
@@ -57,12 +56,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--iterations", type=int_in(1, MAX_ITERATIONS), help="timed iterations when launching (default: the job's)"
     )
-    parser.add_argument(
-        "--lock-timeout-s",
-        type=number_in(0.0, 4 * MAX_BUDGET_S, minimum_allowed=True, unit="seconds"),
-        default=None,
-        help="wait this long for another calibration of this hardware (default: 3 x the budget + 300 s)",
-    )
+    add_lock_timeout(parser)
     add_common(parser)
     return parser.parse_args(argv)
 
@@ -92,9 +86,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     if summary is None:
         return EXIT_NO_MODEL
-    say(f"done in {summary['wall_s']}s; browse with: mlflow ui --backend-store-uri {uri}")
-    if args.json:
-        print(json.dumps(summary))
+    emit(summary, args.json, lambda s: say(f"done in {s['wall_s']}s; browse with: mlflow ui --backend-store-uri {uri}"))
     return 0
 
 

@@ -10,7 +10,6 @@ later failure.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Sequence
@@ -18,13 +17,14 @@ from typing import Sequence
 from orchestrator import registry
 from orchestrator.calibrate import DEFAULT_BUDGET_S, calibrate_cluster, print_summary, refit
 from orchestrator.cli.common import (
-    MAX_BUDGET_S,
     ArgumentParser,
+    add_common,
+    add_lock_timeout,
     budget_s,
     calibration_dir,
+    emit,
     entry_point,
     fingerprint,
-    number_in,
     seed,
 )
 from orchestrator.jobfile import load_job
@@ -39,11 +39,7 @@ def refit_main(directory: Path, tracking_uri: str | None, seed: int, as_json: bo
     if not (directory / "fingerprint.json").exists():
         raise SystemExit(f"--refit {directory}: no fingerprint.json there (the hardware the measurements came from)")
     uri = registry.configure(tracking_uri)
-    info = refit(directory, seed)
-    info["tracking_uri"] = uri
-    print_summary(info)
-    if as_json:
-        print(json.dumps(info))
+    emit({**refit(directory, seed), "tracking_uri": uri}, as_json, print_summary)
     return 0
 
 
@@ -52,10 +48,6 @@ def _main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--budget-s", type=budget_s, default=DEFAULT_BUDGET_S, help="probe time budget (default %(default)s)"
     )
-    parser.add_argument(
-        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
-    )
-    parser.add_argument("--ray-address", help="Ray cluster address (default: $RAY_ADDRESS or a local cluster)")
     parser.add_argument("--job", help="also measure the shapes this job file will be predicted at")
     parser.add_argument("--seed", type=seed, default=0)
     parser.add_argument(
@@ -71,13 +63,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
         help="continue a calibration of this cluster that was cut short: "
         "measure only the probe points its directory lacks, then fit and register",
     )
-    parser.add_argument(
-        "--lock-timeout-s",
-        type=number_in(0.0, 4 * MAX_BUDGET_S, minimum_allowed=True, unit="seconds"),
-        default=None,
-        help="wait this long for another calibration of this hardware to finish (default: 3 x the budget + 300 s)",
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    add_lock_timeout(parser)
+    add_common(parser)
     args = parser.parse_args(argv)
     if args.refit:
         return refit_main(Path(args.refit), args.tracking_uri, args.seed, args.json)
@@ -90,10 +77,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     info = calibrate_cluster(
         fingerprint(args.ray_address, start_ray=True), args.budget_s, job, args.seed, resume, args.lock_timeout_s
     )
-    info["tracking_uri"] = uri
-    print_summary(info)
-    if args.json:
-        print(json.dumps(info))
+    emit({**info, "tracking_uri": uri}, args.json, print_summary)
     return 0
 
 

@@ -65,9 +65,10 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def job_parser(module: str, doc: str) -> ArgumentParser:
     """The parser of `python -m <module>`, described by the first line of its `doc`, with the
-    required --job option."""
+    required --job option and the common ones (`add_common`)."""
     parser = ArgumentParser(prog=f"python -m {module}", description=doc.splitlines()[0])
     parser.add_argument("--job", required=True)
+    add_common(parser)
     return parser
 
 
@@ -158,6 +159,16 @@ def calibration_dir(text: str) -> str:
     return text
 
 
+def add_lock_timeout(parser: argparse.ArgumentParser) -> None:
+    """--lock-timeout-s of the commands that calibrate under the hardware's promotion lease."""
+    parser.add_argument(
+        "--lock-timeout-s",
+        type=number_in(0.0, 4 * MAX_BUDGET_S, minimum_allowed=True, unit="seconds"),
+        default=None,
+        help="wait this long for another calibration of this hardware to finish (default: 3 x the budget + 300 s)",
+    )
+
+
 def add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
@@ -194,10 +205,11 @@ def champion_or_exit(hardware_id: str) -> registry.RegisteredBundle:
 
 
 def emit(obj: dict[str, Any], as_json: bool, human: Callable[[dict[str, Any]], None]) -> None:
+    """A command's result: `human(obj)` says it on stderr, and with --json `obj` is also the one
+    JSON object on stdout."""
+    human(obj)
     if as_json:
         print(json.dumps(obj))
-    else:
-        human(obj)
 
 
 def wants_json(argv: Sequence[str] | None) -> bool:

@@ -15,26 +15,16 @@ from typing import Any, Sequence
 
 from orchestrator import registry
 from orchestrator.calibrate import DEFAULT_BUDGET_S
-from orchestrator.cli.common import (
-    ArgumentParser,
-    add_common,
-    age_days,
-    budget_s,
-    emit,
-    entry_point,
-    fingerprint,
-    number_in,
-    seed,
-)
+from orchestrator.cli import common
 from orchestrator.nightly import DEFAULT_LOCK, NightlySettings, nightly_lease, run_nightly
 from orchestrator.progress import say
 from orchestrator.sentinel import DEFAULT_BOUND, DEFAULT_RATIO
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = ArgumentParser(prog="python -m orchestrator.cli.nightly", description=__doc__.splitlines()[0])
+    parser = common.ArgumentParser(prog="python -m orchestrator.cli.nightly", description=__doc__.splitlines()[0])
     parser.add_argument(
-        "--budget-s", type=budget_s, default=DEFAULT_BUDGET_S, help="calibration budget where one is needed"
+        "--budget-s", type=common.budget_s, default=DEFAULT_BUDGET_S, help="calibration budget where one is needed"
     )
     parser.add_argument(
         "--lock",
@@ -42,21 +32,21 @@ def build_parser() -> argparse.ArgumentParser:
         help="name of the nightly's lock, held in the tracking server so every scheduler of "
         "this cluster sees it (default %(default)s)",
     )
-    parser.add_argument("--max-model-age-days", type=age_days, default=7.0)
+    parser.add_argument("--max-model-age-days", type=common.age_days, default=7.0)
     parser.add_argument(
         "--sentinel-bound",
-        type=number_in(0.0, 100.0),
+        type=common.number_in(0.0, 100.0),
         default=DEFAULT_BOUND,
         help="sentinel GMAE that marks a champion stale, at least (default %(default)s)",
     )
     parser.add_argument(
         "--sentinel-ratio",
-        type=number_in(0.0, 1000.0),
+        type=common.number_in(0.0, 1000.0),
         default=DEFAULT_RATIO,
         help="... or this many times its own held-out GMAE (default %(default)s)",
     )
-    parser.add_argument("--seed", type=seed, default=0)
-    add_common(parser)
+    parser.add_argument("--seed", type=common.seed, default=0)
+    common.add_common(parser)
     return parser
 
 
@@ -71,11 +61,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
         current = lock.current()
         who = current[0] if current else "unknown"
         say(f"another nightly run holds {args.lock} ({who}); exiting without doing anything")
-        emit({"skipped": True, "lock": args.lock, "holder": who}, args.json, lambda _: None)
+        common.emit({"skipped": True, "lock": args.lock, "holder": who}, args.json, lambda _: None)
         return 0
     try:
         summary = run_nightly(
-            lambda: fingerprint(args.ray_address, start_ray=True),
+            lambda: common.fingerprint(args.ray_address, start_ray=True),
             uri,
             NightlySettings(
                 args.budget_s, args.max_model_age_days, args.sentinel_bound, args.sentinel_ratio, args.seed
@@ -96,11 +86,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
             say(f"summary {e['hardware_id']}: not in this cluster and " + "; ".join(e["reasons"]))
         say(f"nightly done in {s['wall_s']}s: {s['recalibrated']} recalibrated, {s['promoted']} promoted")
 
-    emit(summary, args.json, human)
+    common.emit(summary, args.json, human)
     return 0
 
 
-main = entry_point(_main)
+main = common.entry_point(_main)
 
 
 if __name__ == "__main__":

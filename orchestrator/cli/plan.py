@@ -9,15 +9,7 @@ import sys
 from typing import Any, Sequence
 
 from orchestrator import registry
-from orchestrator.cli.common import (
-    add_common,
-    champion_or_exit,
-    emit,
-    entry_point,
-    fingerprint,
-    job_parser,
-    output_file,
-)
+from orchestrator.cli.common import champion_or_exit, emit, entry_point, fingerprint, job_parser, output_file
 from orchestrator.jobfile import load_job
 from orchestrator.progress import say
 from policies.planning import make_plan
@@ -60,7 +52,6 @@ def _human(plan: dict[str, Any]) -> None:
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = job_parser("orchestrator.cli.plan", __doc__)
     parser.add_argument("--out", type=output_file, help="also write the plan JSON to this file")
-    add_common(parser)
     args = parser.parse_args(argv)
     job = load_job(args.job)
     registry.configure(args.tracking_uri)

@@ -9,7 +9,7 @@ import sys
 from typing import Sequence
 
 from orchestrator import registry
-from orchestrator.cli.common import add_common, champion_or_exit, emit, entry_point, fingerprint, job_parser
+from orchestrator.cli.common import champion_or_exit, emit, entry_point, fingerprint, job_parser
 from orchestrator.jobfile import load_job
 from orchestrator.progress import say
 from policies.plan import Plan
@@ -17,10 +17,13 @@ from policies.planning import job_placement
 from predictors.dlrm_estimator import estimate_iteration
 
 
+def _human(out: dict) -> None:
+    say(f"predicted {out['iteration_ms']:.2f} ms/iteration with model v{out['model_version']}")
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = job_parser("orchestrator.cli.predict", __doc__)
     parser.add_argument("--plan", required=True, help="a plan JSON written by autotune or plan")
-    add_common(parser)
     args = parser.parse_args(argv)
     job = load_job(args.job)
     plan = Plan.load(args.plan)
@@ -38,11 +41,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         "hardware_id": fp.hardware_id,
         "model_version": champion.version,
     }
-    emit(
-        out,
-        args.json,
-        lambda o: say(f"predicted {o['iteration_ms']:.2f} ms/iteration with model v{o['model_version']}"),
-    )
+    emit(out, args.json, _human)
     return 0
 
 

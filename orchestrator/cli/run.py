@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
-from orchestrator.cli.common import add_common, emit, entry_point, fingerprint, int_in, job_parser
+from orchestrator.cli.common import emit, entry_point, fingerprint, int_in, job_parser
 from orchestrator.jobfile import load_job
 from orchestrator.launch import launch_dlrm
 from orchestrator.progress import say
@@ -18,11 +18,14 @@ from policies.planning import job_placement, placement_record
 from probes.vocabulary.jobspec import MAX_ITERATIONS
 
 
+def _human(out: dict) -> None:
+    say(f"measured {out['iteration_ms']:.2f} ms/iteration over {out['iterations']} iterations")
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = job_parser("orchestrator.cli.run", __doc__)
     parser.add_argument("--plan", required=True)
     parser.add_argument("--iters", type=int_in(1, MAX_ITERATIONS), help="timed iterations (default: the job's)")
-    add_common(parser)
     args = parser.parse_args(argv)
     job = load_job(args.job)
     plan = Plan.load(args.plan)
@@ -53,11 +56,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         "rank_nodes": result.rank_nodes,
         "placement_as_planned": result.placement_as_planned,
     }
-    emit(
-        out,
-        args.json,
-        lambda o: say(f"measured {o['iteration_ms']:.2f} ms/iteration over {o['iterations']} iterations"),
-    )
+    emit(out, args.json, _human)
     return 0
 
 
