@@ -84,7 +84,9 @@ def autotune(
                     say(f"recalibrating: {why}")
                     mlflow.set_tag("recalibration_reason", why)
                     info = calibration.describe(
-                        calibration.calibrate(fp, settings.calibration_budget_s, job, job.seed, lease=lease)
+                        calibration.calibrate(
+                            fp, calibration.CalibrationRequest(settings.calibration_budget_s, job, job.seed), lease
+                        )
                     )
                     calibration.print_summary(info)
                     summary["calibration"] = info

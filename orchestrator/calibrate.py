@@ -59,6 +59,18 @@ DEFAULT_BUDGET_S = 120.0
 STORE_ROOT = Path(".autotune/calibrations")
 
 
+@dataclass(frozen=True)
+class CalibrationRequest:
+    """What a calibration measures: for how long (probing time), the shapes of which job too,
+    from which seed, and whether it continues one cut short (`resume`: its directory, of this
+    hardware; only what it lacks is measured, into it)."""
+
+    budget_s: float = DEFAULT_BUDGET_S
+    job: JobSpec | None = None
+    seed: int = 0
+    resume: Path | None = None
+
+
 @dataclass
 class CalibrationResult:
     hardware_id: str
@@ -315,16 +327,11 @@ def score_bundle(bundle: PerformanceModel, rows: Sequence[Measurement]) -> dict[
 
 
 def calibrate(
-    fingerprint: HardwareFingerprint,
-    budget_s: float = DEFAULT_BUDGET_S,
-    job: JobSpec | None = None,
-    seed: int = 0,
-    resume: Path | None = None,
-    lease: Any = None,
+    fingerprint: HardwareFingerprint, request: CalibrationRequest = CalibrationRequest(), lease: Any = None
 ) -> CalibrationResult:
-    """Measure, fit and register inside the active MLflow run. `resume`: a calibration
-    directory of this hardware cut short; only what it lacks is measured, into it. `lease`: the
-    promotion lock the caller holds (`orchestrator.lease`)."""
+    """Measure, fit and register inside the active MLflow run. `lease`: the promotion lock the
+    caller holds (`orchestrator.lease`)."""
+    budget_s, job, seed, resume = request.budget_s, request.job, request.seed, request.resume
     t0 = time.monotonic()
     directory = resume or STORE_ROOT / f"{time.strftime('%Y%m%d-%H%M%S')}-{fingerprint.hardware_id}"
     if resume is not None:
@@ -392,23 +399,18 @@ def print_summary(info: dict[str, Any]) -> None:
 
 
 def calibrate_cluster(
-    fingerprint: HardwareFingerprint,
-    budget_s: float = DEFAULT_BUDGET_S,
-    job: JobSpec | None = None,
-    seed: int = 0,
-    resume: Path | None = None,
-    lock_wait_s: float | None = None,
+    fingerprint: HardwareFingerprint, request: CalibrationRequest, lock_wait_s: float | None = None
 ) -> dict[str, Any]:
     """A calibration on its own (not inside an autotune run): under the hardware's promotion
     lease (waiting at most `lock_wait_s`, default `lock_timeout_s(budget_s)`), in an MLflow run
     of kind=calibration; returns `describe`'s summary."""
-    timeout = lock_wait_s if lock_wait_s is not None else lock_timeout_s(budget_s)
+    timeout = lock_wait_s if lock_wait_s is not None else lock_timeout_s(request.budget_s)
     with (
         promotion_lease(fingerprint.hardware_id).hold(timeout, on_wait=waiting) as lease,
         mlflow.start_run(run_name=f"calibrate-{fingerprint.hardware_id}"),
     ):
         mlflow.set_tags({"kind": "calibration", "hardware_id": fingerprint.hardware_id})
-        return describe(calibrate(fingerprint, budget_s, job, seed, resume, lease))
+        return describe(calibrate(fingerprint, request, lease))
 
 
 def refit(directory: Path, seed: int = 0) -> dict[str, Any]:

@@ -108,7 +108,9 @@ def check_hardware(fp: HardwareFingerprint, settings: NightlySettings) -> dict[s
                 reasons=reasons + [f"superseded by v{latest.version}"], champion=f"{latest.name}/{latest.version}"
             )
             return out
-        info = calibration.describe(calibration.calibrate(fp, settings.budget_s, seed=settings.seed, lease=lease))
+        info = calibration.describe(
+            calibration.calibrate(fp, calibration.CalibrationRequest(settings.budget_s, seed=settings.seed), lease)
+        )
     calibration.print_summary(info)
     out.update(
         {

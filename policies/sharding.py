@@ -12,6 +12,7 @@ embedding load and memory.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
 from policies.plan import Candidate, Decision
@@ -106,26 +107,22 @@ class PlanPricer:
         return Candidate(name, cost.iteration_s * 1e3, True, detail)
 
 
+@dataclass
 class ShardingPolicy:
     """Every sharder's plan, the uniform plans, TorchRec's planner's, and a local search from
     the best of them; the fastest feasible plan wins."""
 
-    name = "sharding"
-
-    def __init__(
-        self,
-        spec: JobSpec,
-        model: PerformanceModel,
-        memory_cap_bytes: float,
-        seed: int = 0,
-        search: bool = True,
-        search_seconds: float = 20.0,
-        torchrec: bool = True,
-        placement: RankPlacement | None = None,
-    ):
-        self.spec, self.model, self.memory_cap_bytes, self.seed = spec, model, memory_cap_bytes, seed
-        self.search, self.search_seconds, self.torchrec, self.placement = search, search_seconds, torchrec, placement
-        self.refused: list[Candidate] = []  # options that produced no plan at all, with the reason
+    spec: JobSpec
+    model: PerformanceModel
+    memory_cap_bytes: float
+    seed: int = 0
+    search: bool = True
+    search_seconds: float = 20.0
+    torchrec: bool = True
+    placement: RankPlacement | None = None
+    # options that produced no plan at all, with the reason
+    refused: list[Candidate] = field(default_factory=list, init=False)
+    name: str = field(default="sharding", init=False)
 
     def options(self) -> Iterable[tuple[str, list[PlanEntry]]]:
         W = self.spec.world_size

@@ -12,7 +12,7 @@ predictions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Iterable, Sequence
 
 from policies.plan import Candidate, Decision
@@ -145,19 +145,22 @@ class SubstitutionPolicy:
 
     def choose(self, priced: list[Candidate], estimate: Estimator[SubstitutablePair]) -> Decision:
         chosen: dict[str, int] = {}
+        judged = []  # the priced candidates with their verdicts (the estimator's records stay as they were)
         for candidate in priced:
             if candidate.feasible:
                 choice = self._choice(candidate.detail)
-                candidate.detail.update(substitute=choice.substitute, slices=choice.slices, reason=choice.reason)
+                verdict = {"substitute": choice.substitute, "slices": choice.slices, "reason": choice.reason}
+                candidate = replace(candidate, detail={**candidate.detail, **verdict})
                 if choice.substitute:
                     chosen[candidate.name] = choice.slices
+            judged.append(candidate)
         applied = apply_substitutions(self.pricing, chosen)
         unfused_ms = self.pricing.unfused_s * 1e3
         return Decision(
             self.name,
             ",".join(f"{n}:k{k}" for n, k in chosen.items()) or "none",
             self.pricing.simulate(applied) * 1e3,
-            priced,
+            judged,
             {"substitutions": chosen, "threshold": self.threshold, "unfused_ms": unfused_ms},
         )
 

@@ -3,6 +3,8 @@
 - `CurveModel`: per (group size, scope) the measured time-vs-bytes curve, interpolated in
   log-log space; beyond the largest size it extends with the last measured bandwidth.
 - `AlphaBetaModel`: t = alpha + bytes * beta per group, the baseline collectives must beat.
+- `GroupCurveModel`: what they (and `collective_model.SigmoidCollectiveModel`) share: a curve
+  per group, fitted group by group.
 
 `group_key` / `curve_key` name the measured group a collective's params fall in;
 `UncalibratedGroupError` is a collective over a group that was never measured.
@@ -10,14 +12,17 @@
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections import defaultdict
-from typing import Any, Sequence
+from typing import Any, Generic, Sequence, TypeVar
 
 import numpy as np
 from sklearn.isotonic import IsotonicRegression
 
 from predictors.opmodels import LinearCostModel, OpModel, Params
 from probes.vocabulary.records import Measurement
+
+Curve = TypeVar("Curve")  # what a group's fit gives: arrays, a line, a sigmoid
 
 
 def group_key(params: Params) -> str:
@@ -69,7 +74,37 @@ def curve_key(curves: Any, params: Params) -> str:
     return key
 
 
-class CurveModel(OpModel):
+class GroupCurveModel(OpModel, Generic[Curve]):
+    """A collective model of one curve per rank group (`group_key`): fitted group by group
+    (`fit_curve`); a prediction reads its group's curve (`curve_key`), and a group never
+    measured is refused naming what to calibrate."""
+
+    def __init__(self, op: str):
+        super().__init__(op)
+        self.curves: dict[str, Curve] = {}
+
+    @abstractmethod
+    def fit_curve(self, rows: Sequence[Measurement]) -> Curve:
+        """One group's curve from its rows."""
+
+    def fit(self, rows: Sequence[Measurement]) -> "GroupCurveModel[Curve]":
+        self.curves = {key: self.fit_curve(items) for key, items in rows_by_group(rows).items()}
+        return self
+
+    def _curve(self, params: Params) -> Curve:
+        try:
+            return self.curves[curve_key(self.curves, params)]
+        except UncalibratedGroupError as exc:
+            raise exc.with_op(self.op) from None
+
+    def _beyond(self, params: Params, log2_max: float) -> list[str]:
+        """Why `params` lies far beyond the largest message measured (empty when it does not)."""
+        if np.log2(max(float(params["bytes"]), 1.0)) > log2_max + 2:
+            return [f"{self.op}.bytes={params['bytes']:.3g} beyond measured max {2**log2_max:.3g}"]
+        return []
+
+
+class CurveModel(GroupCurveModel[tuple[np.ndarray, np.ndarray]]):
     """Measured latency curve per collective group: isotonic in log2(bytes)-log(time).
 
     Isotonic regression (time never falls as messages grow) averages noise away instead of
@@ -78,26 +113,13 @@ class CurveModel(OpModel):
 
     kind = "loglog_curve"
 
-    def __init__(self, op: str):
-        super().__init__(op)
-        self.curves: dict[str, tuple[np.ndarray, np.ndarray]] = {}
-
-    def fit(self, rows: Sequence[Measurement]) -> "CurveModel":
-        grouped: dict[str, dict[float, list[float]]] = defaultdict(lambda: defaultdict(list))
+    def fit_curve(self, rows: Sequence[Measurement]) -> tuple[np.ndarray, np.ndarray]:
+        points: dict[float, list[float]] = defaultdict(list)
         for r in rows:
-            grouped[group_key(r.params)][np.log2(r.params["bytes"])].append(np.log(r.median_s))
-        for key, points in grouped.items():
-            xs = np.array(sorted(points))
-            ys = np.array([np.median(points[x]) for x in xs])
-            fitted = IsotonicRegression(increasing=True).fit_transform(xs, ys)
-            self.curves[key] = (xs, np.asarray(fitted, dtype=np.float64))
-        return self
-
-    def _curve(self, params: Params) -> tuple[np.ndarray, np.ndarray]:
-        try:
-            return self.curves[curve_key(self.curves, params)]
-        except UncalibratedGroupError as exc:
-            raise exc.with_op(self.op) from None
+            points[np.log2(r.params["bytes"])].append(np.log(r.median_s))
+        xs = np.array(sorted(points))
+        ys = np.array([np.median(points[x]) for x in xs])
+        return xs, np.asarray(IsotonicRegression(increasing=True).fit_transform(xs, ys), dtype=np.float64)
 
     def predict(self, params: Params) -> float:
         xs, ys = self._curve(params)
@@ -116,10 +138,7 @@ class CurveModel(OpModel):
             xs, _ = self._curve(params)
         except KeyError as exc:
             return [exc.args[0]]
-        x = np.log2(max(float(params["bytes"]), 1.0))
-        if x > xs[-1] + 2:
-            return [f"{self.op}.bytes={params['bytes']:.3g} beyond measured max {2 ** xs[-1]:.3g}"]
-        return []
+        return self._beyond(params, float(xs[-1]))
 
     def state(self) -> dict[str, Any]:
         return {
@@ -137,37 +156,28 @@ class CurveModel(OpModel):
         return model
 
 
-class AlphaBetaModel(OpModel):
+class AlphaBetaModel(GroupCurveModel[LinearCostModel]):
     """t = alpha + beta * bytes per group, fitted on relative error: the collective baseline."""
 
     kind = "alpha_beta"
 
-    def __init__(self, op: str):
-        super().__init__(op)
-        self.groups: dict[str, LinearCostModel] = {}
-
-    def fit(self, rows: Sequence[Measurement]) -> "AlphaBetaModel":
-        self.groups = {k: LinearCostModel(self.op, ["one", "bytes"]).fit(v) for k, v in rows_by_group(rows).items()}
-        return self
+    def fit_curve(self, rows: Sequence[Measurement]) -> LinearCostModel:
+        return LinearCostModel(self.op, ["one", "bytes"]).fit(rows)
 
     def predict(self, params: Params) -> float:
-        try:
-            key = curve_key(self.groups, params)
-        except UncalibratedGroupError as exc:
-            raise exc.with_op(self.op) from None
-        return self.groups[key].predict(params)
+        return self._curve(params).predict(params)
 
     def out_of_range(self, params: Params) -> list[str]:
         try:
-            return self.groups[curve_key(self.groups, params)].out_of_range(params)
+            return self._curve(params).out_of_range(params)
         except KeyError as exc:
             return [exc.args[0]]
 
     def state(self) -> dict[str, Any]:
-        return {"groups": {k: m.to_dict() for k, m in self.groups.items()}}
+        return {"groups": {k: m.to_dict() for k, m in self.curves.items()}}
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> "AlphaBetaModel":
         model = cls(data["op"])
-        model.groups = {k: LinearCostModel._from_dict(v) for k, v in data["groups"].items()}
+        model.curves = {k: LinearCostModel._from_dict(v) for k, v in data["groups"].items()}
         return model

@@ -20,8 +20,7 @@ from typing import Any, Sequence
 import numpy as np
 from scipy.optimize import least_squares
 
-from predictors.collective_curves import UncalibratedGroupError, curve_key, rows_by_group
-from predictors.opmodels import OpModel
+from predictors.collective_curves import GroupCurveModel
 from probes.vocabulary.records import Measurement
 
 
@@ -168,25 +167,12 @@ def fit_sigmoid_curve(x: np.ndarray, t: np.ndarray, folds: int = 4, seed: int = 
     return _fit_given_breaks(x, t, levels[bi], levels[bj])
 
 
-class SigmoidCollectiveModel(OpModel):
+class SigmoidCollectiveModel(GroupCurveModel[SigmoidCurve]):
     kind = "sigmoid_collective"
 
-    def __init__(self, op: str):
-        super().__init__(op)
-        self.curves: dict[str, SigmoidCurve] = {}
-
-    def fit(self, rows: Sequence[Measurement]) -> "SigmoidCollectiveModel":
-        for key, items in rows_by_group(rows).items():
-            x = np.log2([max(float(r.params["bytes"]), 1.0) for r in items])
-            t = np.array([r.median_s for r in items])
-            self.curves[key] = fit_sigmoid_curve(x, t)
-        return self
-
-    def _curve(self, params: dict[str, Any]) -> SigmoidCurve:
-        try:
-            return self.curves[curve_key(self.curves, params)]
-        except UncalibratedGroupError as exc:
-            raise exc.with_op(self.op) from None
+    def fit_curve(self, rows: Sequence[Measurement]) -> SigmoidCurve:
+        x = np.log2([max(float(r.params["bytes"]), 1.0) for r in rows])
+        return fit_sigmoid_curve(x, np.array([r.median_s for r in rows]))
 
     def predict(self, params: dict[str, Any]) -> float:
         x = np.log2(max(float(params["bytes"]), 1.0))
@@ -197,10 +183,7 @@ class SigmoidCollectiveModel(OpModel):
             curve = self._curve(params)
         except KeyError as exc:
             return [exc.args[0]]
-        x = np.log2(max(float(params["bytes"]), 1.0))
-        if x > curve.x_max + 2:
-            return [f"{self.op}.bytes={params['bytes']:.3g} beyond measured max {2**curve.x_max:.3g}"]
-        return []
+        return self._beyond(params, curve.x_max)
 
     def state(self) -> dict[str, Any]:
         return {"curves": {k: asdict(c) for k, c in self.curves.items()}}

@@ -129,31 +129,16 @@ class ArrayTrees:
             node = np.where(go_left, self.left[trees, node], self.right[trees, node])
         return self.init + self.rate * self.value[trees, node].sum(axis=1)
 
+    ARRAYS = {"left": np.int64, "right": np.int64, "feature": np.int64, "threshold": np.float64, "value": np.float64}
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "init": self.init,
-            "rate": self.rate,
-            "depth": self.depth,
-            "left": self.left.tolist(),
-            "right": self.right.tolist(),
-            "feature": self.feature.tolist(),
-            "threshold": self.threshold.tolist(),
-            "value": self.value.tolist(),
-        }
+        arrays = {name: getattr(self, name).tolist() for name in self.ARRAYS}
+        return {"kind": self.kind, "init": self.init, "rate": self.rate, "depth": self.depth, **arrays}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "ArrayTrees":
-        return cls(
-            d["init"],
-            d["rate"],
-            np.asarray(d["left"], dtype=np.int64),
-            np.asarray(d["right"], dtype=np.int64),
-            np.asarray(d["feature"], dtype=np.int64),
-            np.asarray(d["threshold"]),
-            np.asarray(d["value"]),
-            d["depth"],
-        )
+        arrays = {name: np.asarray(d[name], dtype=dtype) for name, dtype in cls.ARRAYS.items()}
+        return cls(d["init"], d["rate"], depth=d["depth"], **arrays)
 
 
 RegressorKind = type[ArrayMLP] | type[ArrayTrees]

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -25,7 +25,7 @@ import torch.distributed as dist
 from probes.collective import group_for, window_estimate
 from probes.comm import on_host
 from probes.embedding import make_batch, make_tbe
-from probes.probe import ProbeSpec
+from probes.probe import ProbeSpec, SoloGangProbe
 from probes.vocabulary.ops import PAIR_OP, SYMM_MEM_OP, TRANSFER_OP
 from probes.vocabulary.pairs import SYMM_MEM_FORM, PairPoint
 from probes.vocabulary.placement import RankPlacement
@@ -233,16 +233,11 @@ def overlap_specs(world: int) -> list[ProbeSpec]:
 
 
 @dataclass(frozen=True)
-class OverlapProbe:
+class OverlapProbe(SoloGangProbe):
     """A compute + collective pair on a gang: a batch of one point, run once, on ranks
     0..world-1 (the other members wait); a point records the scope of those ranks."""
 
     family: str = "overlap"
-    gang: bool = True
-    multi_pass: bool = False
-
-    def batch_key(self, spec: ProbeSpec) -> Hashable | None:
-        return None
 
     def placed(self, spec: ProbeSpec, placement: RankPlacement) -> ProbeSpec:
         world = int(spec.params.get("world", 2))

@@ -83,6 +83,20 @@ class LocalProbe:
         return [row for spec in specs for row in self.measure(spec.params, device)]
 
 
+@dataclass(frozen=True)
+class SoloGangProbe:
+    """A gang probe whose points run alone and once: each point is a batch of its own, not
+    visited again in later passes (a training step, an overlapped pair). Subclasses name their
+    family and say how a point is placed and run."""
+
+    family: str
+    gang: bool = True
+    multi_pass: bool = False
+
+    def batch_key(self, spec: ProbeSpec) -> Hashable | None:
+        return None
+
+
 def log_uniform(rng: np.random.Generator, lo: int, hi: int) -> int:
     """An integer drawn log-uniformly from [lo, hi] (the sweep generators' size distribution)."""
     return int(round(math.exp(rng.uniform(math.log(lo), math.log(hi)))))

@@ -7,13 +7,13 @@ for the kernels' slowdown beside each other)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
 
 from probes.overheads import profile_overheads
-from probes.probe import ProbeSpec
+from probes.probe import ProbeSpec, SoloGangProbe
 from probes.trace_capture import capture_step_trace
 from probes.vocabulary.in_context import in_context_rows
 from probes.vocabulary.placement import RankPlacement
@@ -213,16 +213,11 @@ def float32_step(spec: ProbeSpec) -> bool:
 
 
 @dataclass(frozen=True)
-class TrainingProbe:
+class TrainingProbe(SoloGangProbe):
     """Training steps on a gang: a batch of one point, run once (not per pass); a point records
     the node of every rank, so its step is priced on the curves of the scopes it ran at."""
 
     family: str = "training"
-    gang: bool = True
-    multi_pass: bool = False
-
-    def batch_key(self, spec: ProbeSpec) -> Hashable | None:
-        return None
 
     def placed(self, spec: ProbeSpec, placement: RankPlacement) -> ProbeSpec:
         return ProbeSpec(spec.family, {**spec.params, "placement": placement.to_dict()}, spec.key)

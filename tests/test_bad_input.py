@@ -359,42 +359,47 @@ def test_plan_from_dict_round_trips_and_raises_plan_error(tiny_job_dict):
 # --- 7. options: budgets, ages, iterations -----------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "module, argv, field, expected",
-    [
-        ("calibrate", ["--budget-s", "nan"], "--budget-s", "expected a finite number of seconds in (0, 604800]"),
-        ("calibrate", ["--budget-s", "-5"], "--budget-s", "got '-5'"),
-        ("calibrate", ["--budget-s", "inf"], "--budget-s", "got 'inf'"),
-        ("calibrate", ["--seed", "-1"], "--seed", "expected an integer in 0..4294967295"),
-        ("calibrate", ["--refit", "."], "--refit", "expected a calibration directory"),
-        ("autotune", ["--job", "good.yaml", "--calibration-budget-s", "0"], "--calibration-budget-s", "got '0'"),
-        ("autotune", ["--job", "good.yaml", "--calibration-budget-s", "1e400"], "--calibration-budget-s", "1e400"),
-        (
-            "autotune",
-            ["--job", "good.yaml", "--max-model-age-days", "nan"],
-            "--max-model-age-days",
-            "expected a finite number of days in (0, 3650]",
-        ),
-        ("autotune", ["--job", "good.yaml", "--iterations", "0"], "--iterations", "expected an integer in 1..100000"),
-        ("autotune", ["--job", "good.yaml", "--iterations", "-3"], "--iterations", "got '-3'"),
-        ("autotune", ["--job", "good.yaml", "--plan-out", "."], "--plan-out", "(a directory)"),
-        (
-            "run",
-            ["--job", "good.yaml", "--plan", "p.json", "--iters", "0"],
-            "--iters",
-            "expected an integer in 1..100000",
-        ),
-        ("nightly", ["--budget-s", "nan"], "--budget-s", "expected a finite number of seconds"),
-        ("nightly", ["--max-model-age-days", "-1"], "--max-model-age-days", "got '-1'"),
-        ("nightly", ["--sentinel-ratio", "inf"], "--sentinel-ratio", "got 'inf'"),
-        ("drift", ["--last", "0"], "--last", "expected an integer in 1..100000"),
-        ("drift", ["--out-dir", "good.yaml"], "--out-dir", "(an existing file)"),
-        ("fuse", ["--workload", "cnn", "--max-width", "0"], "--max-width", "expected an integer in 1..4096"),
-        ("fuse", ["--workload", "cnn", "--memory-cap-gb", "nan"], "--memory-cap-gb", "got 'nan'"),
-        ("fuse", ["--workload", "nope"], "--workload", "invalid choice: 'nope'"),
-        ("plan", [], "--job", "the following arguments are required: --job"),
-        ("plan", ["--job", "good.yaml", "--bogus"], "--bogus", "unrecognized arguments: --bogus"),
+# Per command: (arguments, the option the error names, what it says about the allowed values).
+BAD_OPTIONS = {
+    "calibrate": [
+        (["--budget-s", "nan"], "--budget-s", "expected a finite number of seconds in (0, 604800]"),
+        (["--budget-s", "-5"], "--budget-s", "got '-5'"),
+        (["--budget-s", "inf"], "--budget-s", "got 'inf'"),
+        (["--seed", "-1"], "--seed", "expected an integer in 0..4294967295"),
+        (["--refit", "."], "--refit", "expected a calibration directory"),
     ],
+    "autotune": [
+        (["--job", "good.yaml", "--calibration-budget-s", "0"], "--calibration-budget-s", "got '0'"),
+        (["--job", "good.yaml", "--calibration-budget-s", "1e400"], "--calibration-budget-s", "1e400"),
+        (["--job", "good.yaml", "--max-model-age-days", "nan"], "--max-model-age-days", "days in (0, 3650]"),
+        (["--job", "good.yaml", "--iterations", "0"], "--iterations", "expected an integer in 1..100000"),
+        (["--job", "good.yaml", "--iterations", "-3"], "--iterations", "got '-3'"),
+        (["--job", "good.yaml", "--plan-out", "."], "--plan-out", "(a directory)"),
+    ],
+    "run": [(["--job", "good.yaml", "--plan", "p.json", "--iters", "0"], "--iters", "an integer in 1..100000")],
+    "nightly": [
+        (["--budget-s", "nan"], "--budget-s", "expected a finite number of seconds"),
+        (["--max-model-age-days", "-1"], "--max-model-age-days", "got '-1'"),
+        (["--sentinel-ratio", "inf"], "--sentinel-ratio", "got 'inf'"),
+    ],
+    "drift": [
+        (["--last", "0"], "--last", "expected an integer in 1..100000"),
+        (["--out-dir", "good.yaml"], "--out-dir", "(an existing file)"),
+    ],
+    "fuse": [
+        (["--workload", "cnn", "--max-width", "0"], "--max-width", "expected an integer in 1..4096"),
+        (["--workload", "cnn", "--memory-cap-gb", "nan"], "--memory-cap-gb", "got 'nan'"),
+        (["--workload", "nope"], "--workload", "invalid choice: 'nope'"),
+    ],
+    "plan": [
+        ([], "--job", "the following arguments are required: --job"),
+        (["--job", "good.yaml", "--bogus"], "--bogus", "unrecognized arguments: --bogus"),
+    ],
+}
+
+
+@pytest.mark.parametrize(
+    "module, argv, field, expected", [(module, *case) for module, cases in BAD_OPTIONS.items() for case in cases]
 )
 def test_bad_options_exit_2_naming_the_option_and_range(scratch, capsys, module, argv, field, expected):
     obj = check_refused(capsys, cli_main(module)(argv + ["--json"]), field, expected, "usage:")

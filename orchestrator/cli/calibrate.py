@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Sequence
 
 from orchestrator import registry
-from orchestrator.calibrate import DEFAULT_BUDGET_S, calibrate_cluster, print_summary, refit
+from orchestrator.calibrate import DEFAULT_BUDGET_S, CalibrationRequest, calibrate_cluster, print_summary, refit
 from orchestrator.cli.common import (
     ArgumentParser,
     add_common,
@@ -74,9 +74,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
     if resume is not None and not (resume / "fingerprint.json").exists():
         raise JobSpecError([f"--resume {resume}: not a calibration directory (no fingerprint.json there)"])
     uri = registry.configure(args.tracking_uri)
-    info = calibrate_cluster(
-        fingerprint(args.ray_address, start_ray=True), args.budget_s, job, args.seed, resume, args.lock_timeout_s
-    )
+    request = CalibrationRequest(args.budget_s, job, args.seed, resume)
+    info = calibrate_cluster(fingerprint(args.ray_address, start_ray=True), request, args.lock_timeout_s)
     emit({**info, "tracking_uri": uri}, args.json, print_summary)
     return 0
 

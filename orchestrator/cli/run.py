@@ -47,15 +47,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         substitutions=plan.substitutions,
         placement=placement_record(placement, fp),
     )
-    out = {
-        "iteration_ms": result.iteration_ms,
-        "iterations": result.iterations,
-        "per_iteration_ms": result.per_iteration_ms,
-        "loss_first": result.loss_first,
-        "loss_last": result.loss_last,
-        "rank_nodes": result.rank_nodes,
-        "placement_as_planned": result.placement_as_planned,
-    }
+    out = result.to_dict()  # with how long the host took to go quiet, and where each rank ran
     emit(out, args.json, _human)
     return 0
 

@@ -50,7 +50,7 @@ of running the planner, the simulator or a calibration until it is killed:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from probes.vocabulary.indices import Distribution
@@ -126,6 +126,19 @@ class DenseSpec:
     top_mlp: tuple[int, ...]
 
 
+# The fields of a job that are plain values, in the order a job file lists them.
+SCALAR_FIELDS = (
+    "name",
+    "workload",
+    "world_size",
+    "batch_size",
+    "iterations",
+    "warmup_iterations",
+    "seed",
+    "memory_cap_gb",
+)
+
+
 @dataclass(frozen=True)
 class JobSpec:
     workload: str
@@ -163,29 +176,15 @@ class JobSpec:
         return layers
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "workload": self.workload,
-            "world_size": self.world_size,
-            "batch_size": self.batch_size,
-            "iterations": self.iterations,
-            "warmup_iterations": self.warmup_iterations,
-            "seed": self.seed,
-            "memory_cap_gb": self.memory_cap_gb,
-            **({"network": self.network} if self.network is not None else {}),
-            "dense": {
-                "num_dense_features": self.dense.num_dense_features,
-                "bottom_mlp": list(self.dense.bottom_mlp),
-                "top_mlp": list(self.dense.top_mlp),
-            },
-            "tables": [
-                {
-                    "name": t.name,
-                    "num_embeddings": t.num_embeddings,
-                    "embedding_dim": t.embedding_dim,
-                    "pooling_factor": t.pooling_factor,
-                    "distribution": t.distribution.to_json(),
-                }
-                for t in self.tables
-            ],
+        """The job as its file would give it (what `from_dict` reads back)."""
+        out = {name: getattr(self, name) for name in SCALAR_FIELDS}
+        if self.network is not None:
+            out["network"] = self.network
+        dense = self.dense
+        out["dense"] = {
+            "num_dense_features": dense.num_dense_features,
+            "bottom_mlp": list(dense.bottom_mlp),
+            "top_mlp": list(dense.top_mlp),
         }
+        out["tables"] = [{**asdict(t), "distribution": t.distribution.to_json()} for t in self.tables]
+        return out

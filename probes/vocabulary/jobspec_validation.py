@@ -12,6 +12,7 @@ from probes.vocabulary.jobspec import (
     LIMITS,
     MAX_COLLECTIVE_MB,
     MAX_LOOKUPS_PER_TABLE,
+    SCALAR_FIELDS,
     TABLES_PER_RANK,
     WORKLOADS,
     DenseSpec,
@@ -99,19 +100,7 @@ class JobSpecValidator:
 
     def _unknown_fields(self, data: dict) -> None:
         """Records every top-level key that is not a job spec field."""
-        known = {
-            "workload",
-            "world_size",
-            "batch_size",
-            "iterations",
-            "warmup_iterations",
-            "seed",
-            "dense",
-            "tables",
-            "memory_cap_gb",
-            "name",
-            "network",
-        }
+        known = {*SCALAR_FIELDS, "dense", "tables", "network"}
         for key in data:
             if key not in known:
                 self.problems.append(f"{key}: unknown field; allowed fields are {sorted(known)}")
