@@ -377,7 +377,11 @@ def describe(result: CalibrationResult) -> dict[str, Any]:
         "rows_per_op": result.rows_per_op(),
         "failures": len(result.failures),
         "heldout": {
-            op: {k: v for k, v in s.items() if k in ("gmae", "mape", "baseline_gmae", "n")}
+            op: {
+                k: v
+                for k, v in s.items()
+                if k in ("gmae", "gmae_low", "gmae_high", "mape", "baseline_gmae", "n", "chosen")
+            }
             for op, s in result.model.metrics.items()
         },
         "model": f"{result.registration.name}/{result.registration.version}",
@@ -394,7 +398,9 @@ def print_summary(info: dict[str, Any]) -> None:
     say("rows per op: " + ", ".join(f"{op}={n}" for op, n in info["rows_per_op"].items()))
     for op, s in info["heldout"].items():
         base = f", baseline {s['baseline_gmae']:.1%}" if s.get("baseline_gmae") is not None else ""
-        say(f"  held-out {op:14s} GMAE {s['gmae']:.1%}  MAPE {s['mape']:.1%}  (n={s['n']}{base})")
+        chosen = f", {s['chosen']}" if s.get("chosen") else ""
+        interval = f" [{s['gmae_low']:.1%}, {s['gmae_high']:.1%}]" if s.get("gmae_low") is not None else ""
+        say(f"  held-out {op:14s} GMAE {s['gmae']:.1%}{interval}  MAPE {s['mape']:.1%}  (n={s['n']}{base}{chosen})")
     say(f"registered {info['model']}: {'champion' if info['promoted'] else 'challenger'} ({info['promotion_reason']})")
 
 

@@ -228,7 +228,7 @@ def log_measurements(rows: Sequence[Measurement], hardware_id: str, failures: Se
 def log_model_metrics(model: PerformanceModel) -> None:
     metrics = {}
     for op, stats in model.metrics.items():
-        for key in ("gmae", "mape", "std", "baseline_gmae"):
+        for key in ("gmae", "mape", "std", "baseline_gmae", "gmae_low", "gmae_high"):
             value = stats.get(key)
             if value is not None and math.isfinite(value):
                 metrics[f"heldout.{op}.{key}"] = float(value)

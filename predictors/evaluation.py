@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Callable, Sequence
 
 import numpy as np
+from scipy.stats import t as t_dist
 
 from probes.vocabulary.records import Measurement
 
@@ -17,6 +18,10 @@ class ErrorStats:
     mape: float  # arithmetic mean of the same
     std: float
     n: int
+    # 95% interval of the GMAE (a t-interval on the mean log error): how far a figure from n
+    # held-out rows can be trusted; None below two rows
+    gmae_low: float | None = None
+    gmae_high: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -41,7 +46,12 @@ def geomean(values: Sequence[float] | np.ndarray) -> float:
 def error_stats(errors: np.ndarray) -> ErrorStats:
     if len(errors) == 0:
         return ErrorStats(float("nan"), float("nan"), float("nan"), 0)
-    return ErrorStats(gmae=geomean(errors), mape=float(np.mean(errors)), std=float(np.std(errors)), n=int(len(errors)))
+    stats = ErrorStats(gmae=geomean(errors), mape=float(np.mean(errors)), std=float(np.std(errors)), n=int(len(errors)))
+    if len(errors) >= 2:
+        logs = np.log(np.maximum(np.asarray(errors, dtype=np.float64), ERROR_FLOOR))
+        half = float(t_dist.ppf(0.975, len(logs) - 1) * np.std(logs, ddof=1) / np.sqrt(len(logs)))
+        stats.gmae_low, stats.gmae_high = float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
+    return stats
 
 
 def split_by_op(

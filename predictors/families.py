@@ -28,8 +28,10 @@ TBE_DESIGN = EMBEDDING_DESIGN + ["is:weights_precision=fp16", "is:weights_precis
 
 
 def default_model_for(op: str, seed: int = 0) -> OpModel:
+    # Elsewhere the learned model's base is the op's baseline already (a candidate it must beat);
+    # GEMM's baseline (launch + flops) is simpler than its base, so it competes on its own.
     if op == "gemm":
-        return LearnedKernelModel(op, GEMM_FEATURES, GEMM_DESIGN, seed, group_by=("dtype", "float32"))
+        return LearnedKernelModel(op, GEMM_FEATURES, GEMM_DESIGN, seed, group_by=DTYPE_GROUP, baseline=gemm_roofline)
     if op.startswith("embedding_"):
         return LearnedKernelModel(op, EMBEDDING_FEATURES, TBE_DESIGN, seed, group_by=PRECISION_GROUP)
     if op in COLLECTIVES:
@@ -45,6 +47,11 @@ def default_model_for(op: str, seed: int = 0) -> OpModel:
     raise ValueError(f"no model family for op {op!r}")
 
 
+def gemm_roofline() -> GroupedCostModel:
+    """GEMM's baseline: launch + flops per dtype."""
+    return GroupedCostModel("gemm", ["one", "flops"], *DTYPE_GROUP)
+
+
 def baseline_model_for(op: str) -> OpModel | None:
     """Collectives: alpha-beta. GEMM: launch + flops roofline. Embeddings and element-wise /
     row ops: the additive linear roofline the learned model starts from (per weights
@@ -52,7 +59,7 @@ def baseline_model_for(op: str) -> OpModel | None:
     if op in COLLECTIVES:
         return AlphaBetaModel(op)
     if op == "gemm":
-        return GroupedCostModel(op, ["one", "flops"], "dtype", "float32")
+        return gemm_roofline()
     if op.startswith("embedding_"):
         return GroupedCostModel(op, EMBEDDING_FEATURES, *PRECISION_GROUP)
     if op in STREAMING_OPS or op in ROW_OPS:

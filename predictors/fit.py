@@ -112,6 +112,7 @@ def fit_performance_model(
             except (ValueError, KeyError):
                 stats["baseline_gmae"] = None
         stats["n_train"] = len(op_rows)
+        stats["chosen"] = getattr(model, "chosen", None)  # a learned model's pick: a correction, its base, the baseline
         metrics[op] = stats
     meta = {"seed": seed, "test_fraction": test_fraction, "n_rows": len(rows), "unfitted": unfitted}
     dispatch = models.pop(CPU_OVERHEAD_OP, None)

@@ -155,3 +155,16 @@ def test_uneven_all_to_all_has_its_own_curve_and_falls_back_to_the_even_one():
         assert only_even.predict({**big, "uneven": True}) == only_even.predict(big)
         with pytest.raises(KeyError, match="no measurements for group 4:intra"):
             only_even.predict({**big, "world": 4})
+
+
+def test_held_out_errors_carry_a_95_percent_interval_that_narrows_with_more_rows():
+    from predictors.evaluation import error_stats
+
+    rng = np.random.default_rng(0)
+    few, many = (np.exp(rng.normal(np.log(0.1), 0.5, size=n)) for n in (8, 800))
+    a, b = error_stats(few), error_stats(many)
+    assert a.gmae_low < a.gmae < a.gmae_high and b.gmae_low < b.gmae < b.gmae_high
+    assert (b.gmae_high - b.gmae_low) < 0.5 * (a.gmae_high - a.gmae_low)
+    assert b.gmae_low < 0.1 < b.gmae_high  # the true geometric mean lies inside
+    one = error_stats(np.array([0.2]))
+    assert one.n == 1 and one.gmae_low is None and one.gmae_high is None

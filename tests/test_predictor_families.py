@@ -101,3 +101,46 @@ def test_learned_model_fits_a_bent_curve_the_roofline_misses():
     assert set(model.validation) == {"mlp", "gbt", "base"}
     clone = OpModel.from_dict(json.loads(json.dumps(model.to_dict())))
     assert [clone.predict(r.params) for r in test] == [model.predict(r.params) for r in test]
+
+
+def _bent_gemm_rows(n: int, seed: int) -> list[Measurement]:
+    """GEMMs whose time is launch + flops at one rate: the plain roofline is exact."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        m, n_, k = (int(v) for v in np.exp(rng.uniform(np.log(8), np.log(2048), size=3)))
+        p = gemm_params(m, n_, k)
+        rows.append(Measurement("gemm", p, 2e-6 + p["flops"] / 4e10, 0.0, 15))
+    return rows
+
+
+def test_the_plain_baseline_is_kept_when_nothing_learned_beats_it():
+    """A base that cannot represent the times (a constant) and a baseline that is exact: the
+    cross-validated choice keeps the baseline, predicts with it, and stores it."""
+    from predictors.families import gemm_roofline
+
+    train, test = _bent_gemm_rows(120, 0), _bent_gemm_rows(20, 1)
+    model = LearnedKernelModel("gemm", ["one"], ["log:flops"], baseline=gemm_roofline).fit(train)
+    assert model.chosen == "baseline" and set(model.validation) == {"base", "mlp", "gbt", "baseline"}
+    assert model.validation["baseline"] < min(model.validation[n] for n in ("base", "mlp", "gbt"))
+    assert all(model.predict(r.params) == pytest.approx(r.median_s, rel=1e-6) for r in test)
+    clone = OpModel.from_dict(json.loads(json.dumps(model.to_dict())))
+    assert [clone.predict(r.params) for r in test] == [model.predict(r.params) for r in test]
+
+
+def test_few_rows_are_judged_by_cross_validation_over_every_row(monkeypatch):
+    """Under 200 rows every row is held back once (five folds), so the choice rests on all of
+    them rather than on a fifth; the choice is reproducible from the seed."""
+    rows = _bent_gemm_rows(60, 3)
+    seen: list[int] = []
+    original = LearnedKernelModel._validate
+
+    def counting(self, train, val):
+        seen.extend(id(r) for r in val)
+        return original(self, train, val)
+
+    monkeypatch.setattr(LearnedKernelModel, "_validate", counting)
+    a = LearnedKernelModel("gemm", ["one", "flops"], ["log:flops"], seed=4).fit(rows)
+    assert sorted(seen) == sorted(id(r) for r in rows)
+    b = LearnedKernelModel("gemm", ["one", "flops"], ["log:flops"], seed=4).fit(rows)
+    assert a.chosen == b.chosen and a.validation == b.validation
