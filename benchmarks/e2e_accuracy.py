@@ -1,6 +1,6 @@
 """Whole-iteration accuracy of the critical-path simulator on random DLRM tasks run for real.
 
-    .venv/bin/python benchmarks/e2e_accuracy.py [--tasks 12] [--budget-s 300] [--tracking-uri URI]
+    .venv/bin/python benchmarks/e2e_accuracy.py [--tasks 12] [--budget-s 300] [--tracking-uri URI] [--seed S]
 
 Calibrates this machine (generic sweep, no knowledge of the tasks) into a scratch MLflow store,
 or uses the champion already registered under `--tracking-uri`. Then draws random DLRM tasks
@@ -11,6 +11,9 @@ Train launcher as `orchestrator.cli.run` (2 ranks, gloo on CPU) and predicts it 
   (what the policies use);
 - `sum+overhead`: kernels summed without synchronisation, plus the same overhead;
 - `baseline`: the plain sum of kernel times (the anchor's baseline).
+Tasks are drawn from `--seed` (default: a fresh one, printed and recorded, so a figure is not
+one seed stream's) at full size (`--scale` 1) unless the host cannot hold a task's tables, then
+at the largest halving that fits. The signed error is reported beside the absolute one.
 Prints a row per task and writes benchmarks/results/e2e_accuracy_dlrm.json.
 """
 
@@ -20,6 +23,7 @@ import argparse
 import json
 import math
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -79,9 +83,38 @@ def add_dlrm_task_arguments(parser: argparse.ArgumentParser, tasks: int) -> None
     their world size and scale, and where the champion comes from."""
     parser.add_argument("--tasks", type=int, default=tasks)
     parser.add_argument("--world-size", type=int, default=2)
-    parser.add_argument("--scale", type=float, default=0.05, help="shrinks table rows (and pooling) to fit CPU ranks")
+    parser.add_argument(
+        "--scale",
+        type=float,
+        default=None,
+        help="shrink table rows (and pooling) by this; default: full size, halved while the host cannot hold a task",
+    )
     parser.add_argument("--budget-s", type=float, default=300, help="calibration budget when no --tracking-uri")
     parser.add_argument("--tracking-uri", help="use the champion registered here instead of calibrating")
+
+
+def full_size_scale(n: int, world_size: int, seed: int, host_bytes: int) -> float:
+    """1.0, halved until every task's tables (weights, gradients and optimizer state, about
+    3x their bytes) take at most a third of the host's memory."""
+    scale = 1.0
+    while scale > 1e-3:
+        biggest = max(sum(t.bytes for t in spec.tables) for spec in random_dlrm_tasks(n, world_size, seed, scale))
+        if 3 * biggest <= host_bytes / 3:
+            return scale
+        scale /= 2
+    return scale
+
+
+def draw_tasks(args: argparse.Namespace) -> list:
+    """The benchmark's tasks: `args.seed` (a fresh one when not given) and `args.scale` (see
+    `full_size_scale` when not given), both written back into `args` for the record."""
+    if args.seed is None:
+        args.seed = secrets.randbelow(2**31)
+    if args.scale is None:
+        host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        args.scale = full_size_scale(args.tasks, args.world_size, args.seed, host)
+    print(f"tasks: {args.tasks} drawn with --seed {args.seed} at --scale {args.scale:g}", flush=True)
+    return random_dlrm_tasks(args.tasks, args.world_size, args.seed, args.scale)
 
 
 def error_summary(errors: list[float]) -> dict[str, float]:
@@ -110,17 +143,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_dlrm_task_arguments(parser, tasks=12)
     parser.add_argument("--iterations", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None, help="task seed (default: a fresh one, recorded)")
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/e2e_accuracy_dlrm.json"))
     args = parser.parse_args()
+    tasks = draw_tasks(args)
 
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
-        fingerprint, model = champion_on_ray(scratch, args.tracking_uri, args.budget_s, args.seed)
+        fingerprint, model = champion_on_ray(scratch, args.tracking_uri, args.budget_s, 0)
 
         rows = []
         sharders = list(SHARDERS)
-        for i, spec in enumerate(random_dlrm_tasks(args.tasks, args.world_size, args.seed, args.scale)):
+        for i, spec in enumerate(tasks):
             sharder = sharders[i % len(sharders)]
             placement = SHARDERS[sharder](spec.tables, spec.world_size, MEMORY_CAP_BYTES, seed=args.seed)
             t0 = time.perf_counter()
@@ -164,6 +198,8 @@ def main() -> None:
         "command": f"python benchmarks/e2e_accuracy.py --tasks {args.tasks} --budget-s {args.budget_s:g} "
         f"--scale {args.scale:g} --seed {args.seed}" + (" --tracking-uri URI" if args.tracking_uri else ""),
         "world_size": args.world_size,
+        "task_seed": args.seed,
+        "scale": args.scale,
         "model_ops": sorted(model.models),
         "tasks": rows,
         **error_summary([r["error"] for r in rows]),

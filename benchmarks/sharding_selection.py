@@ -33,14 +33,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from e2e_accuracy import add_dlrm_task_arguments, champion_on_ray, write_result  # noqa: E402
+from e2e_accuracy import add_dlrm_task_arguments, champion_on_ray, draw_tasks, write_result  # noqa: E402
 
 from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.launch import race_dlrm_plans  # noqa: E402
 from policies.planning import memory_cap_bytes  # noqa: E402
 from policies.sharders import SHARDERS  # noqa: E402
 from policies.sharding import TORCHREC, choose_sharding  # noqa: E402
-from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
 
 SUCCESS_WITHIN = 0.10
 
@@ -62,7 +61,7 @@ def main() -> None:
         scratch = Path(tmp)
         fingerprint, model = champion_on_ray(scratch, args.tracking_uri, args.budget_s, 0)
         rows = []
-        for spec in random_dlrm_tasks(args.tasks, args.world_size, args.seed, args.scale):
+        for spec in draw_tasks(args):
             cap = memory_cap_bytes(spec, fingerprint)
             t0 = time.perf_counter()
             decision = choose_sharding(
