@@ -53,7 +53,7 @@ def main() -> None:
     add_dlrm_task_arguments(parser, tasks=10)
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--steps-per-round", type=int, default=8)
-    parser.add_argument("--seed", type=int, default=100, help="task seed (the e2e benchmarks use 0)")
+    parser.add_argument("--seed", type=int, default=None, help="task seed (default: a fresh one, recorded)")
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/sharding_selection.json"))
     args = parser.parse_args()
 

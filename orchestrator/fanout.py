@@ -200,7 +200,8 @@ class _GangSweep:
     timing: dict
     done: int = 0
     failed: int = 0
-    measured: set[int] = field(default_factory=set)  # batches measured in the first pass
+    # batch index -> points of it the first pass measured (a batch cut at the deadline: a prefix)
+    measured: dict[int, int] = field(default_factory=dict)
     visit_s: float = 0.0
 
     def run(self, passes: int) -> None:
@@ -216,6 +217,8 @@ class _GangSweep:
                 multi_pass = probe_for(batch[0].family).multi_pass
                 if visit > 0 and (not multi_pass or index not in self.measured):
                     continue  # training points run once; a failed batch is not retried per pass
+                if visit > 0:
+                    batch = batch[: self.measured[index]]  # later passes revisit what the first measured
                 if not self._visit(visit, index, self._fitting(batch), multi_pass):
                     return  # past the deadline (or no gang left): the phase ends
 
@@ -262,7 +265,7 @@ class _GangSweep:
         if multi_pass and reached:
             self.visit_s = max(self.visit_s, (time.monotonic() - t0) / reached)
         if visit == 0 and reached:
-            self.measured.add(index)
+            self.measured[index] = reached
             self.done += reached
         phase.progress and phase.progress(reached, 0)
 

@@ -95,7 +95,11 @@ class LearnedKernelModel(OpModel):
             return self
         errors: dict[str, list[np.ndarray]] = {}
         for train, val in self._splits(len(rows)):
-            for name, err in self._validate([rows[i] for i in train], [rows[i] for i in val]).items():
+            try:
+                judged = self._validate([rows[i] for i in train], [rows[i] for i in val])
+            except (ValueError, KeyError):  # this fold's share leaves some candidate unfittable: skip it
+                continue
+            for name, err in judged.items():
                 errors.setdefault(name, []).append(err)
         self.validation = {name: _gmae_of(np.concatenate(errs)) for name, errs in errors.items()}
         self.chosen = min(self.validation, key=lambda n: self.validation[n]) if self.validation else "base"
@@ -148,7 +152,7 @@ class LearnedKernelModel(OpModel):
         return np.exp(x[:, -1] + self._correction(x))
 
     def out_of_range(self, params: dict[str, Any]) -> list[str]:
-        return self.base.out_of_range(params)
+        return (self.fallback or self.base).out_of_range(params)
 
     def state(self) -> dict[str, Any]:
         return {

@@ -148,8 +148,8 @@ def measure_collectives(
     several points, where the median drops it, instead of in every window of one point,
     where it would be recorded as that point's time.
 
-    `stop_at` (epoch seconds): before every window the members agree whether any of them is
-    past it, and if so all stop there together, so a batch cut by its phase's deadline ends
+    `stop_at` (epoch seconds): before every point's sizing and every window the members agree
+    whether any of them is past it, and if so all stop there together, so a batch cut by its phase's deadline ends
     cleanly instead of being killed (a killed probe actor takes tens of seconds to replace on a
     loaded host). Points with at least one window get a row, a prefix of `points` in their
     order; the rest are left unmeasured.
@@ -174,12 +174,14 @@ def measure_collectives(
     splits = [uneven_splits(numel, n, p.seed) if p.uneven else None for p, numel in zip(points, numels)]
     fns = [_op_call(p.op, numel, n, pos, group, device, members[0], s) for p, numel, s in zip(points, numels, splits)]
 
-    agreed = _agreed_repeats(fns, group, device, target_s, min_repeats, max_repeats, warmup)
+    agreed = _agreed_repeats(fns, group, device, (target_s, min_repeats, max_repeats, warmup), stop_at)
+    if not agreed:  # every member found the deadline passed before the first point was sized
+        return []
     n_windows = [max(1, min(int(windows), w // 2)) for w in agreed]
     per_window = [max(2, -(-w // k)) for w, k in zip(agreed, n_windows)]
-    medians = torch.zeros(len(points), max(n_windows), dtype=torch.float64, device=device)
-    done = [0] * len(points)  # windows timed per point
-    for w, i in ((w, i) for w in range(max(n_windows)) for i in range(len(fns)) if w < n_windows[i]):
+    medians = torch.zeros(len(agreed), max(n_windows), dtype=torch.float64, device=device)
+    done = [0] * len(agreed)  # windows timed per sized point
+    for w, i in ((w, i) for w in range(max(n_windows)) for i in range(len(agreed)) if w < n_windows[i]):
         if _anyone_past(stop_at, group, device):  # doubles as the barrier before the window
             break
         t = time_callable(
@@ -193,7 +195,7 @@ def measure_collectives(
     medians = on_host(medians)
     return [
         _row(p, numel, s, medians[i, : done[i]].numpy(), done[i] * per_window[i], n, members, device)
-        for i, (p, numel, s) in enumerate(zip(points, numels, splits))
+        for i, (p, numel, s) in enumerate(zip(points[: len(agreed)], numels, splits))
         if done[i]
     ]
 
@@ -202,21 +204,27 @@ def _agreed_repeats(
     fns: Sequence[Callable[[], object]],
     group: object,
     device: torch.device,
-    target_s: float,
-    min_repeats: int,
-    max_repeats: int,
-    warmup: int,
+    sizing: tuple[float, int, int, int],
+    stop_at: float | None,
 ) -> list[int]:
     """Repeats per point: everyone must run the same number, so each member sizes every
-    point's count from a few warm-up runs (about `target_s` of work) and the group agrees on
-    the largest."""
-    dist.barrier(group=group)
-    want = torch.zeros(len(fns), dtype=torch.int64, device=device)  # on the group's device (probes.comm)
+    point's count from a few warm-up runs (about `target_s` of work, within `min_repeats`..
+    `max_repeats`, after `warmup` runs: `sizing`) and the group agrees on the largest. Before
+    each point the members agree whether one is past `stop_at`: then only the points sized so
+    far are measured (a batch of large messages on a loaded host can take longer to size than
+    its phase has left)."""
+    target_s, min_repeats, max_repeats, warmup = sizing
+    wants: list[int] = []
     for i, fn in enumerate(fns):
+        if (i == 0 or stop_at is not None) and _anyone_past(stop_at, group, device):
+            break
         probe = time_callable(
             fn, device=device, warmup=warmup, min_repeats=2, max_repeats=2, max_seconds=1e9, min_sample_s=0.0
         )
-        want[i] = min(max(int(target_s / max(probe.median_s, 1e-7)), min_repeats), max_repeats)
+        wants.append(min(max(int(target_s / max(probe.median_s, 1e-7)), min_repeats), max_repeats))
+    if not wants:
+        return []
+    want = torch.tensor(wants, dtype=torch.int64, device=device)  # on the group's device (probes.comm)
     dist.all_reduce(want, op=dist.ReduceOp.MAX, group=group)
     return [int(w) for w in want.tolist()]
 

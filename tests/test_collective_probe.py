@@ -42,23 +42,29 @@ def test_subgroups_and_uneven_all_to_all():
 
 
 def _cut_and_whole(rank: int) -> dict:
-    """Rank 0's clock passes `stop_at` at its third window; rank 1's never does."""
-    calls = iter(range(1, 1000))
-    probes.collective.time = types.SimpleNamespace(time=lambda: next(calls) if rank == 0 else 0.0)
+    """Rank 0's clock ticks once per look (one before each point's sizing, then one before
+    each window); rank 1's never passes `stop_at`."""
     points = [CollectivePoint(op, 1024 * (i + 1)) for i, op in enumerate(["all_reduce", "broadcast", "all_gather"])]
-    cut = measure_collectives(points, "cpu", target_s=0.01, windows=2, stop_at=2.5)
-    whole = measure_collectives(points, "cpu", target_s=0.01, windows=2, stop_at=1e9)
-    return {"cut": [[r.op, len(r.extra["window_medians"])] for r in cut], "whole": len(whole)}
+    out = {}
+    for name, stop_at in (("in_windows", 5.5), ("in_sizing", 2.5), ("whole", 1e9)):
+        calls = iter(range(1, 1000))
+        probes.collective.time = types.SimpleNamespace(time=lambda: next(calls) if rank == 0 else 0.0)
+        rows = measure_collectives(points, "cpu", target_s=0.01, windows=2, stop_at=stop_at)
+        out[name] = [[r.op, len(r.extra["window_medians"])] for r in rows]
+    return out
 
 
 @pytest.mark.timeout(120)
 def test_a_batch_cut_at_stop_at_stops_every_member_together_and_keeps_what_it_measured():
     got = on_gloo_ranks(_cut_and_whole, 2)
-    # Windows run round-robin (window 1 of every point first): the third is cut, on both ranks
-    # (rank 1 would have gone on alone and hung), so the first two points have one window each.
-    assert got[0]["cut"] == [["all_reduce", 1], ["broadcast", 1]]
-    assert got[0]["whole"] == 3
-    assert got[1] == {"cut": [], "whole": 0}
+    # Three points sized (looks 1-3), then windows round-robin, window 1 of every point first:
+    # the third window (look 6) is cut on both ranks (rank 1 alone would have gone on and
+    # hung), so the first two points have one window each.
+    assert got[0]["in_windows"] == [["all_reduce", 1], ["broadcast", 1]]
+    # Cut while sizing (look 3): nothing was timed, nothing is reported, nobody hangs.
+    assert got[0]["in_sizing"] == []
+    assert [op for op, _ in got[0]["whole"]] == ["all_reduce", "broadcast", "all_gather"]
+    assert got[1] == {"in_windows": [], "in_sizing": [], "whole": []}
 
 
 def test_bus_bandwidth_conventions():

@@ -19,6 +19,7 @@ from typing import Any, Sequence
 from orchestrator import registry
 from orchestrator.cli import common
 from orchestrator.fusion import plan_fusion_width
+from orchestrator.progress import say
 from probes.workloads.fusion.models import WORKLOADS
 
 
@@ -68,14 +69,14 @@ def _main(argv: Sequence[str] | None = None) -> int:
 
 def _human(out: dict[str, Any]) -> None:
     measured = ", ".join(f"B={w}: {s:.0f}/s" for w, s in out["measured"].items())
-    print(f"measured {measured}")
-    print(
+    say(f"measured {measured}")
+    say(
         f"fuse {out['width']} x {out['workload']} per device: predicted {out['samples_per_s']:.0f} samples/s "
         f"({out['speedup_vs_one']:.2f}x one model), peak {out['peak_memory_bytes'] / 2**20:.0f} MiB "
         f"(cap {out['memory_cap_bytes'] / 2**20:.0f} MiB, limited by {out['limited_by']})"
     )
     if "groups" in out:
-        print(f"a sweep of {sum(out['groups'])} trials runs as {len(out['groups'])} fused jobs of {out['groups']}")
+        say(f"a sweep of {sum(out['groups'])} trials runs as {len(out['groups'])} fused jobs of {out['groups']}")
 
 
 main = common.entry_point(_main)
