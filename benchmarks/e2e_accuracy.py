@@ -38,7 +38,7 @@ from orchestrator.cluster import cluster_fingerprint  # noqa: E402
 from orchestrator.launch import launch_dlrm  # noqa: E402
 from policies.sharders import SHARDERS, rank_memory  # noqa: E402
 from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
-from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
+from probes.workloads.random_dlrm import fitting_scale, random_dlrm_tasks  # noqa: E402
 
 MEMORY_CAP_BYTES = 4 * 2**30
 
@@ -93,26 +93,14 @@ def add_dlrm_task_arguments(parser: argparse.ArgumentParser, tasks: int) -> None
     parser.add_argument("--tracking-uri", help="use the champion registered here instead of calibrating")
 
 
-def full_size_scale(n: int, world_size: int, seed: int, host_bytes: int) -> float:
-    """1.0, halved until every task's tables (weights, gradients and optimizer state, about
-    3x their bytes) take at most a third of the host's memory."""
-    scale = 1.0
-    while scale > 1e-3:
-        biggest = max(sum(t.bytes for t in spec.tables) for spec in random_dlrm_tasks(n, world_size, seed, scale))
-        if 3 * biggest <= host_bytes / 3:
-            return scale
-        scale /= 2
-    return scale
-
-
 def draw_tasks(args: argparse.Namespace) -> list:
     """The benchmark's tasks: `args.seed` (a fresh one when not given) and `args.scale` (see
-    `full_size_scale` when not given), both written back into `args` for the record."""
+    `fitting_scale`, the host's memory shared by all ranks, when not given), both written back into `args` for the record."""
     if args.seed is None:
         args.seed = secrets.randbelow(2**31)
     if args.scale is None:
         host = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-        args.scale = full_size_scale(args.tasks, args.world_size, args.seed, host)
+        args.scale = fitting_scale(range(args.tasks), args.world_size, args.seed, host)
     print(f"tasks: {args.tasks} drawn with --seed {args.seed} at --scale {args.scale:g}", flush=True)
     return random_dlrm_tasks(args.tasks, args.world_size, args.seed, args.scale)
 

@@ -41,14 +41,18 @@ from probes.memcpy import memcpy_specs
 from probes.overlap import overlap_specs
 from probes.probe import ProbeSpec
 from probes.sweep import interleave, job_specs
-from probes.training import training_specs, transformer_training_specs
+from probes.training import CALIBRATION_TASK_STREAM, task_indices, training_specs, transformer_training_specs
 from probes.vocabulary.files import atomic_write_text
 from probes.vocabulary.jobspec import JobSpec, JobSpecError
 from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP
 from probes.vocabulary.records import Measurement
+from probes.workloads.random_dlrm import fitting_scale
 
-COLLECTIVE_SHARE = 0.35  # of the budget: six collective variants per group need ~50 sizes each
-TRAINING_SHARE = 0.2
+COLLECTIVE_SHARE = 0.3  # of the budget: six collective variants per group need ~50 sizes each
+# Real steps: the step overhead is fitted on five features, so it needs a dozen or more steps
+# (at 0.2 of a 300 s budget a 2-device host measured four DLRM steps, and the fit fell back to
+# a constant).
+TRAINING_SHARE = 0.3
 # The kernel phase always gets at least this share, even when the phases before it ran over
 # their deadlines (a probe started just before one finishes after it): without kernel rows
 # nothing can be fitted.
@@ -117,6 +121,17 @@ def node_members(gang: Gang) -> list[int]:
     if len(counts) < 2 or count < 2:
         return []
     return [m for m, n in zip(gang.members, gang.nodes) if n == node]
+
+
+def training_task_scale(fingerprint: HardwareFingerprint, world: int, seed: int) -> float:
+    """The task-shaped training probes' scale: full size unless `world` of the smallest
+    devices cannot hold them (CPU devices share the host's memory)."""
+    return fitting_scale(
+        task_indices(TRAINING_PROBES),
+        world,
+        seed + CALIBRATION_TASK_STREAM,
+        world * fingerprint.min_device_memory_bytes,
+    )
 
 
 COVERAGE_POINTS = 6  # per op the planner prices, measured before the rest of the kernel sweep
@@ -193,7 +208,9 @@ def measure(
         coll = collective_specs(collective_groups(gang.nodes), pool.max_collective_bytes()) if devices > 1 else []
         whole = (
             interleave(
-                training_specs(TRAINING_PROBES, seed, devices, place_by_sharder),
+                training_specs(
+                    TRAINING_PROBES, seed, devices, place_by_sharder, training_task_scale(fingerprint, devices, seed)
+                ),
                 transformer_training_specs(TRANSFORMER_PROBES, seed, devices, device),
                 overlap_specs(devices),
             )
@@ -202,7 +219,13 @@ def measure(
         )
         within = (
             interleave(
-                training_specs(TRAINING_PROBES // 2, seed + 1, len(one_node), place_by_sharder),
+                training_specs(
+                    TRAINING_PROBES // 2,
+                    seed + 1,
+                    len(one_node),
+                    place_by_sharder,
+                    training_task_scale(fingerprint, len(one_node), seed + 1),
+                ),
                 transformer_training_specs(TRANSFORMER_PROBES // 2, seed + 1, len(one_node), device),
             )
             if one_node

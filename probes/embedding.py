@@ -99,7 +99,9 @@ def measure_tbe(
     stored in `weights_precision` ("fp32", "fp16"; "bf16" on CUDA only).
 
     Repeats cycle through `distinct_batches` different index batches: timing one batch over
-    and over keeps its rows in cache and under-reports a real training step by ~1.7x.
+    and over keeps its rows in cache and under-reports a real training step by ~1.7x. The
+    backward is timed with the cache flushed after its setup forward (`time_callable`'s
+    `flush_after_setup`), as it is in a step.
     """
     device = torch.device(device)
     rng = np.random.default_rng(seed)
@@ -132,7 +134,12 @@ def measure_tbe(
     def backward() -> None:
         state["out"].backward(state["grad"])
 
-    bwd = time_callable(backward, device=device, max_seconds=max_seconds, setup=forward_for_backward)
+    # The setup's forward leaves the rows it read in cache; in a step the exchange and the dense
+    # layers run between a lookup and its backward, which then finds them cold (on the host
+    # too: flushed, a backward measured ~1.5-2x its warm time on 0.1-0.6 GB table sets).
+    bwd = time_callable(
+        backward, device=device, max_seconds=max_seconds, setup=forward_for_backward, flush_after_setup=True
+    )
     common = dict(device=str(device), family="embedding")
     return [
         Measurement(EMBEDDING_FWD_OP, features, fwd.median_s, fwd.spread_s, fwd.repeats, **common),
@@ -177,12 +184,21 @@ _TBE_PRECISION_SHARE = {"cpu": {"fp32": 0.8, "fp16": 0.2}, "cuda": {"fp32": 0.5,
 _FLOAT32_TABLE_SETS = 32  # the first table sets are fp32 (as long as the element-wise float32 passes)
 
 
+# The job space a sweep spans, as users shard it: a rank's table set of up to 16 tables (a
+# table-wise DLRM puts ~13 tables on a GPU), pooling to 128 (production features pool up to
+# ~100 ids), rows to 2M and a global batch to 8192 (a rank looks up the whole batch of the
+# tables it holds); `max_table_bytes` keeps a set inside one device's memory.
+MAX_TABLES_PER_SET = 16
+MAX_POOLING = 128
+MAX_LOOKUPS = 4_000_000  # ids in one batch of a set (8 batches are held at once)
+
+
 def embedding_specs(
     n: int,
     seed: int,
-    max_rows: int = 500_000,
-    max_batch: int = 4096,
-    max_table_bytes: int = 256 * 2**20,
+    max_rows: int = 2_000_000,
+    max_batch: int = 8192,
+    max_table_bytes: int = 2**30,
     device_kind: str = "cpu",
 ) -> list[ProbeSpec]:
     """Random table sets: T tables each with its own rows, dim, pooling and distribution; the
@@ -190,7 +206,7 @@ def embedding_specs(
     those the sweep always drew), after `_FLOAT32_TABLE_SETS` fp32 sets.
 
     A set whose weights exceed `max_table_bytes` (at 4 bytes an element, whatever the precision)
-    is drawn again, so probes stay inside memory.
+    or whose batch holds over `MAX_LOOKUPS` ids is drawn again, so probes stay inside memory.
     """
     kind = "cuda" if device_kind.startswith("cuda") else "cpu"
     rng = np.random.default_rng(seed + 1)
@@ -200,20 +216,21 @@ def embedding_specs(
     out = []
     for i in range(n):
         precision = str(precision_rng.choice(precisions, p=p_p)) if i >= _FLOAT32_TABLE_SETS else "fp32"
-        T = int(rng.integers(1, 9))
+        T = int(rng.integers(1, MAX_TABLES_PER_SET + 1))
+        B = log_uniform(rng, 64, max_batch)
         while True:
             tables = [
                 [
                     log_uniform(rng, 1_000, max_rows),
                     int(rng.choice([8, 16, 32, 64, 128])),
-                    log_uniform(rng, 1, 64),
+                    log_uniform(rng, 1, MAX_POOLING),
                     dists[int(rng.integers(0, len(dists)))],
                 ]
                 for _ in range(T)
             ]
-            if sum(e * d * 4 for e, d, _, _ in tables) <= max_table_bytes:
+            fits = sum(e * d * 4 for e, d, _, _ in tables) <= max_table_bytes
+            if fits and B * sum(pooling for _, _, pooling, _ in tables) <= MAX_LOOKUPS:
                 break
-        B = log_uniform(rng, 64, max_batch)
         out.append(
             ProbeSpec(
                 "embedding",

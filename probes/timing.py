@@ -24,6 +24,10 @@ brackets the timed calls, and two things keep that window device-true:
   A sample of back-to-back calls would be warm after its first call, so with the flush a CUDA
   sample is one call (events resolve ~0.5 us, and the hidden launch removes the host from the
   window); without it, short calls are batched as on CPU.
+  On CPU nothing is flushed unless the call's `setup` just touched what the call reads
+  (`flush_after_setup`: a TBE backward after its forward updates the rows the forward read);
+  then a scratch buffer of 2x the host's last-level cache is written after the setup, because
+  in a training step other work (the exchange, the dense layers) runs between the two.
 
 The device-clock control flow goes through the small `DeviceClock` interface, so it can be
 tested without a GPU (tests/test_timing.py drives it with a fake clock).
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Protocol
 
 import numpy as np
@@ -43,6 +48,8 @@ SPIN_MARGIN_S = 50e-6  # + the host's own work between the spin and the first ca
 MAX_SPIN_S = 50e-3  # never spin longer than this per sample
 DEFAULT_LAUNCH_S = 100e-6  # host launch time assumed before any was measured (warmup=0, graph replay)
 FALLBACK_L2_BYTES = 128 << 20  # 2x -> a 256 MiB scratch buffer when the L2 size is unknown
+FALLBACK_HOST_CACHE_BYTES = 32 << 20  # 2x -> a 64 MiB scratch buffer when the host's LLC is unknown
+HOST_CACHES = "/sys/devices/system/cpu/cpu0/cache"
 
 
 @dataclass
@@ -52,7 +59,7 @@ class Timing:
     repeats: int
     method: str = "perf_counter"  # perf_counter | cuda_event+spin | cuda_graph+spin | cuda_event
     calls_per_sample: int = 1  # calls of `fn` in one timed sample (the median is per call)
-    l2_flushed: bool = False  # the device's L2 was flushed before every sample
+    l2_flushed: bool = False  # the cache was flushed before every sample (a device's L2, the host's LLC)
     exposed: int = 0  # samples whose window may hold host launch time (spin too short)
 
 
@@ -89,19 +96,39 @@ class DeviceClock(Protocol):
         """A replayable capture of `calls` calls of `fn` (a CUDA graph), or None if it fails."""
 
 
+def host_cache_bytes(caches: str = HOST_CACHES) -> int:
+    """The host's last-level cache in bytes (Linux sysfs; `FALLBACK_HOST_CACHE_BYTES` unknown)."""
+    levels = []
+    for index in Path(caches).glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            size = (index / "size").read_text().strip()
+        except (OSError, ValueError):
+            continue
+        units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+        number, unit = (size[:-1], units[size[-1]]) if size and size[-1] in units else (size, 1)
+        if number.isdigit():
+            levels.append((level, int(number) * unit))
+    return max(levels)[1] if levels else FALLBACK_HOST_CACHE_BYTES
+
+
 class _HostClock:
-    """The host's clock: what CPU probes are timed with (nothing to flush or hide)."""
+    """The host's clock: what CPU probes are timed with (nothing to hide; a flush writes a
+    scratch buffer of 2x the last-level cache)."""
 
     method = "perf_counter"
 
     def __init__(self) -> None:
         self._t0 = self._t1 = 0.0
+        self._scratch: torch.Tensor | None = None
 
     def sync(self) -> None:
         pass
 
     def flush(self) -> None:
-        pass
+        if self._scratch is None:
+            self._scratch = torch.empty(2 * host_cache_bytes() // 4, dtype=torch.int32)
+        self._scratch.zero_()
 
     def hide_launch(self, seconds: float) -> None:
         pass
@@ -246,6 +273,7 @@ def time_callable(
     min_sample_s: float = 200e-6,
     *,
     flush_l2: bool = True,
+    flush_after_setup: bool = False,
     graph: bool = False,
     clock: DeviceClock | None = None,
 ) -> Timing:
@@ -261,7 +289,8 @@ def time_callable(
     `setup`, and on a device with `flush_l2` every call, are timed one at a time.
 
     On CUDA (or with a device `clock`) see the module docstring: events, launch hidden behind a
-    spin kernel, L2 flushed before each sample (`flush_l2`, no effect on CPU), CUDA-graph
+    spin kernel, L2 flushed before each sample (`flush_l2`; on CPU only with a `setup` and
+    `flush_after_setup`, see the module docstring), CUDA-graph
     replays when `graph=True` (never for calls that communicate or synchronize). `fn` is called
     exactly `warmup` + samples x calls-per-sample times (plus the capture's calls with a graph),
     whatever happens, so ranks timing a collective stay in step.
@@ -270,7 +299,7 @@ def time_callable(
     if clock is None:
         clock = CudaClock(device) if device.type == "cuda" else _HostClock()
     on_device = not isinstance(clock, _HostClock)
-    flush = flush_l2 and on_device
+    flush = (flush_l2 and on_device) or (flush_after_setup and setup is not None)
 
     t_warm = time.perf_counter()
     launch_times: list[float] = []  # host seconds per call (launch time on an asynchronous device)
@@ -353,4 +382,4 @@ def time_callable(
     )
 
 
-__all__ = ["CudaClock", "DeviceClock", "Timing", "l2_flush_bytes", "time_callable"]
+__all__ = ["CudaClock", "DeviceClock", "Timing", "host_cache_bytes", "l2_flush_bytes", "time_callable"]

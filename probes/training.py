@@ -25,7 +25,6 @@ from probes.workloads.random_dlrm import random_dlrm_job
 # The random-task generator's seed stream for calibration probes: disjoint from the streams
 # the evaluation benchmarks draw their tasks from (their seeds are small integers).
 CALIBRATION_TASK_STREAM = 1_000_003
-CALIBRATION_TASK_SCALE = 0.05  # the CPU-rank scale of the shipped random tasks
 
 
 def random_plan(job: dict, world: int, rng: np.random.Generator, mixed: bool) -> list:
@@ -45,15 +44,19 @@ def random_plan(job: dict, world: int, rng: np.random.Generator, mixed: bool) ->
 TaskPlacer = Callable[[dict, int, int], list]  # (job dict, world, k) -> a table-wise plan
 
 
-def training_specs(n: int, seed: int, world: int, place_task: TaskPlacer | None = None) -> list[ProbeSpec]:
+def training_specs(
+    n: int, seed: int, world: int, place_task: TaskPlacer | None = None, task_scale: float = 1.0
+) -> list[ProbeSpec]:
     """Real DLRM training steps, alternating two kinds so the step model sees both ends:
 
     - small random DLRMs whose kernels are tiny, so the gap between a measured step and the
       sum of its predicted kernels is the per-iteration, per-layer and per-table framework
       overhead;
     - production-shaped tasks from the random-task generator (`random_dlrm_job`, its own
-      seed stream), whose steps are dominated by kernels and collectives, so the slowdown
-      they suffer beside each other in a real step is measured, not extrapolated; every
+      seed stream) at `task_scale` (full size unless the devices cannot hold them:
+      `task_indices` and `random_dlrm.fitting_scale`), whose steps are dominated by kernels
+      and collectives, so the slowdown they suffer beside each other in a real step, on
+      tables as large as users have, is measured, not extrapolated; every
       other one with a mixed plan (`random_plan`), the rest table-wise, placed by
       `place_task` (the orchestrator passes the classic sharders, in turn: balanced plans
       like those the policies price, where both ranks compute at once and slow each other
@@ -63,7 +66,7 @@ def training_specs(n: int, seed: int, world: int, place_task: TaskPlacer | None 
     out = []
     for i in range(n):
         if i % 2:
-            job = random_dlrm_job(i, world, seed=seed + CALIBRATION_TASK_STREAM, scale=CALIBRATION_TASK_SCALE)
+            job = random_dlrm_job(i, world, seed=seed + CALIBRATION_TASK_STREAM, scale=task_scale)
             job["name"] = f"task{i}"
             # every other task-shaped probe mixes in row-/column-wise and replicated tables, so the
             # step model has seen the collectives and TBEs of the plans the sharding search tries
@@ -98,6 +101,11 @@ def training_specs(n: int, seed: int, world: int, place_task: TaskPlacer | None 
         placement = [int(r) for r in rng.integers(0, world, size=n_tables)]
         out.append(ProbeSpec("training", {"job": job, "table_to_rank": placement}, f"train:{i}"))
     return out
+
+
+def task_indices(n: int) -> range:
+    """The indices of `training_specs(n, ...)`'s task-shaped points (the odd ones)."""
+    return range(1, n, 2)
 
 
 # Which transformer probes (by index mod 4) train under bfloat16 autocast: on a GPU half of

@@ -38,3 +38,14 @@ def test_task_shaped_training_probes_take_the_sharders_plans() -> None:
     assert [s.params["table_to_rank"] for i, s in enumerate(plain) if i % 4 != 1] == [
         s.params["table_to_rank"] for i, s in enumerate(specs) if i % 4 != 1
     ]
+
+
+def test_tasks_run_at_full_size_unless_the_memory_cannot_hold_them() -> None:
+    from probes.workloads.random_dlrm import fitting_scale
+
+    biggest = max(sum(t.bytes for t in spec.tables) for spec in random_dlrm_tasks(4, 2, seed=5))
+    assert fitting_scale(range(4), 2, 5, memory_bytes=9 * biggest) == 1.0
+    assert fitting_scale(range(4), 2, 5, memory_bytes=0) == 1.0  # unknown memory: full size
+    smaller = fitting_scale(range(4), 2, 5, memory_bytes=9 * biggest // 3)
+    assert smaller < 1.0
+    assert max(sum(t.bytes for t in s.tables) for s in random_dlrm_tasks(4, 2, 5, smaller)) * 9 <= 9 * biggest // 3

@@ -118,6 +118,31 @@ def test_no_flush_when_asked_and_none_on_cpu():
     assert not cpu.l2_flushed and cpu.method == "perf_counter"
 
 
+def test_on_cpu_a_setup_that_touched_the_inputs_is_flushed_out_before_each_sample(monkeypatch):
+    order: list[str] = []
+    monkeypatch.setattr(timing._HostClock, "flush", lambda self: order.append("flush"))
+    t = time_callable(
+        lambda: order.append("call"),
+        device="cpu",
+        warmup=1,
+        min_repeats=3,
+        max_repeats=3,
+        setup=lambda: order.append("setup"),
+        flush_after_setup=True,
+    )
+    assert t.l2_flushed and t.calls_per_sample == 1
+    assert order == ["setup", "call"] + ["setup", "flush", "call"] * 3  # not in the warm-up, not timed
+
+
+def test_host_cache_size_is_the_last_level_from_sysfs(tmp_path):
+    for index, level, size in (("index0", "1", "48K"), ("index2", "2", "1024K"), ("index3", "3", "32768K")):
+        (tmp_path / index).mkdir()
+        (tmp_path / index / "level").write_text(level + "\n")
+        (tmp_path / index / "size").write_text(size + "\n")
+    assert timing.host_cache_bytes(str(tmp_path)) == 32 << 20
+    assert timing.host_cache_bytes(str(tmp_path / "missing")) == timing.FALLBACK_HOST_CACHE_BYTES
+
+
 def test_launch_hiding_is_enqueued_before_the_start_and_covers_the_sample():
     clock = FakeClock()
     host_s = 2e-3  # each call takes 2 ms of host time to launch

@@ -12,7 +12,7 @@ with the same code path as a user's job file.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -72,3 +72,22 @@ def random_dlrm_job(index: int, world_size: int, seed: int = 0, scale: float = 1
 
 def random_dlrm_tasks(n: int, world_size: int, seed: int = 0, scale: float = 1.0) -> list[JobSpec]:
     return [JobSpec.from_dict(random_dlrm_job(i, world_size, seed, scale)) for i in range(n)]
+
+
+def fitting_scale(indices: Sequence[int], world_size: int, seed: int, memory_bytes: int) -> float:
+    """1.0 (full size), halved until each of the tasks `indices` has its tables (weights,
+    gradients and optimizer state, about 3x their bytes) in at most a third of `memory_bytes`,
+    the memory the task's ranks share; 1.0 when `memory_bytes` is unknown (0)."""
+    scale = 1.0
+    while memory_bytes > 0 and scale > 1e-3:
+        biggest = max(
+            (
+                sum(t.bytes for t in JobSpec.from_dict(random_dlrm_job(i, world_size, seed, scale)).tables)
+                for i in indices
+            ),
+            default=0,
+        )
+        if 3 * biggest <= memory_bytes / 3:
+            return scale
+        scale /= 2
+    return scale
