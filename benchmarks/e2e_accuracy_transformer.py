@@ -3,7 +3,8 @@ run for real over 2 ranks (data parallel, and tensor parallel for comparison).
 
     .venv/bin/python benchmarks/e2e_accuracy_transformer.py [--tasks 12] [--budget-s 300] [--tracking-uri URI]
 
-Calibrates this machine with the generic sweep into a scratch MLflow store (or uses the
+Tasks are drawn from `--seed` (default: a fresh one, printed and recorded); the signed error is
+reported beside the absolute one. Calibrates this machine with the generic sweep into a scratch MLflow store (or uses the
 champion under `--tracking-uri`), draws random block stacks (layers, hidden, heads, sequence
 length, batch), runs each through the Ray Train launcher and predicts it with the simulator
 over `predictors/transformer_graph.py`'s graph; the baseline is the plain sum of the slowest
@@ -13,6 +14,7 @@ rank's kernels. Writes benchmarks/results/e2e_accuracy_transformer.json.
 from __future__ import annotations
 
 import argparse
+import secrets
 import sys
 import tempfile
 import time
@@ -21,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.e2e_accuracy import champion_on_ray, error_summary, geomean, spread, write_result  # noqa: E402
+from benchmarks.e2e_accuracy import champion_on_ray, error_summary, geomean, signed_error, spread, write_result  # noqa: E402
 from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.launch import launch_transformer  # noqa: E402
 from predictors.transformer_estimator import estimate_transformer_iteration  # noqa: E402
@@ -36,9 +38,12 @@ def main() -> None:
     parser.add_argument("--budget-s", type=float, default=300)
     parser.add_argument("--tracking-uri")
     parser.add_argument("--iterations", type=int, default=20)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=None, help="task seed (default: a fresh one, recorded)")
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/e2e_accuracy_transformer.json"))
     args = parser.parse_args()
+    if args.seed is None:
+        args.seed = secrets.randbelow(2**31)
+    print(f"tasks: {args.tasks} + {args.tp_tasks} drawn with --seed {args.seed}", flush=True)
 
     specs = [random_transformer(i, args.world_size, 1, args.seed) for i in range(args.tasks)]
     specs += [random_transformer(100 + i, args.world_size, args.world_size, args.seed) for i in range(args.tp_tasks)]
@@ -83,18 +88,22 @@ def main() -> None:
         "hardware_id": fingerprint.hardware_id,
         "command": f"python benchmarks/e2e_accuracy_transformer.py --tasks {args.tasks} --tp-tasks {args.tp_tasks} "
         f"--budget-s {args.budget_s:g} --seed {args.seed}" + (" --tracking-uri URI" if args.tracking_uri else ""),
+        "task_seed": args.seed,
         "tasks": dp,
         **error_summary([r["error"] for r in dp]),
+        "mean_signed_error": signed_error(dp),
         "baseline_geomean_error": geomean([r["baseline_error"] for r in dp]),
         "tensor_parallel_tasks": tp,
         "tensor_parallel_geomean_error": geomean([r["error"] for r in tp]) if tp else None,
+        "tensor_parallel_mean_signed_error": signed_error(tp) if tp else None,
         "tensor_parallel": spread([r["error"] for r in tp]) if tp else None,
         "tensor_parallel_baseline_geomean_error": geomean([r["baseline_error"] for r in tp]) if tp else None,
     }
     out = write_result(args.out, result)
     print(
         f"data parallel: geomean error {result['geomean_error']:.1%} (median {result['median_error']:.1%}, "
-        f"mean {result['mean_error']:.1%}, max {result['max_error']:.1%}; kernel-sum baseline "
+        f"mean {result['mean_error']:.1%}, max {result['max_error']:.1%}, mean signed "
+        f"{result['mean_signed_error']:+.1%}; kernel-sum baseline "
         f"{result['baseline_geomean_error']:.1%}) over {len(dp)} tasks"
     )
     if tp:

@@ -48,11 +48,11 @@ from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP
 from probes.vocabulary.records import Measurement
 from probes.workloads.random_dlrm import fitting_scale
 
-COLLECTIVE_SHARE = 0.3  # of the budget: six collective variants per group need ~50 sizes each
+COLLECTIVE_SHARE = 0.25  # of the budget: six collective variants per group need ~50 sizes each
 # Real steps: the step overhead is fitted on five features, so it needs a dozen or more steps
 # (at 0.2 of a 300 s budget a 2-device host measured four DLRM steps, and the fit fell back to
-# a constant).
-TRAINING_SHARE = 0.3
+# a constant; at 0.3, with full-size tasks, six).
+TRAINING_SHARE = 0.35
 # The kernel phase always gets at least this share, even when the phases before it ran over
 # their deadlines (a probe started just before one finishes after it): without kernel rows
 # nothing can be fitted.
@@ -206,13 +206,16 @@ def measure(
         gang = Gang(pool)  # ranks numbered node by node, as a job's are
         one_node = node_members(gang)
         coll = collective_specs(collective_groups(gang.nodes), pool.max_collective_bytes()) if devices > 1 else []
+        # every other point a DLRM step: the step overhead's fit needs the most of them (in turn
+        # with the transformer steps and the overlap pairs, a 300 s budget measured six)
         whole = (
             interleave(
                 training_specs(
                     TRAINING_PROBES, seed, devices, place_by_sharder, training_task_scale(fingerprint, devices, seed)
                 ),
-                transformer_training_specs(TRANSFORMER_PROBES, seed, devices, device),
-                overlap_specs(devices),
+                interleave(
+                    transformer_training_specs(TRANSFORMER_PROBES, seed, devices, device), overlap_specs(devices)
+                ),
             )
             if devices > 1
             else []
@@ -403,7 +406,7 @@ def describe(result: CalibrationResult) -> dict[str, Any]:
             op: {
                 k: v
                 for k, v in s.items()
-                if k in ("gmae", "gmae_low", "gmae_high", "mape", "baseline_gmae", "n", "chosen")
+                if k in ("gmae", "gmae_low", "gmae_high", "mape", "baseline_gmae", "n", "chosen", "cv")
             }
             for op, s in result.model.metrics.items()
         },
@@ -424,6 +427,10 @@ def print_summary(info: dict[str, Any]) -> None:
         chosen = f", {s['chosen']}" if s.get("chosen") else ""
         interval = f" [{s['gmae_low']:.1%}, {s['gmae_high']:.1%}]" if s.get("gmae_low") is not None else ""
         say(f"  held-out {op:14s} GMAE {s['gmae']:.1%}{interval}  MAPE {s['mape']:.1%}  (n={s['n']}{base}{chosen})")
+        cv = s.get("cv")
+        if cv and cv.get("n"):
+            interval = f" [{cv['gmae_low']:.1%}, {cv['gmae_high']:.1%}]" if cv.get("gmae_low") is not None else ""
+            say(f"  leave-one-out {op:9s} GMAE {cv['gmae']:.1%}{interval}  MAPE {cv['mape']:.1%}  (n={cv['n']})")
     say(f"registered {info['model']}: {'champion' if info['promoted'] else 'challenger'} ({info['promotion_reason']})")
 
 

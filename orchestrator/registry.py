@@ -233,6 +233,11 @@ def log_model_metrics(model: PerformanceModel) -> None:
             if value is not None and math.isfinite(value):
                 metrics[f"heldout.{op}.{key}"] = float(value)
         metrics[f"heldout.{op}.n_test"] = float(stats.get("n", 0))
+        cv = stats.get("cv") or {}
+        for key in ("gmae", "gmae_low", "gmae_high", "n"):
+            value = cv.get(key)
+            if value is not None and math.isfinite(value):
+                metrics[f"leave_one_out.{op}.{key}"] = float(value)
     mlflow.log_metrics(metrics)
 
 

@@ -21,8 +21,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from predictors.dlrm_graph import FLOAT, all_to_all_params, build_dlrm_graph, ddp_buckets
-from predictors.evaluation import ErrorStats, error_stats, split_by_op
-from predictors.opmodels import fit_linear_or_constant
+from predictors.evaluation import ErrorStats, error_stats, leave_one_out, split_by_op
+from predictors.opmodels import LinearCostModel, fit_linear_or_constant
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import model_cost, simulate
 from probes.vocabulary.jobspec import JobSpec
@@ -194,30 +194,39 @@ def fit_overhead(
     """Fit the step overhead on a seeded split of training-probe rows; score whole steps.
 
     Sets `model.step_overheads["dlrm"]` and held-out `dlrm_step` metrics (whole-iteration
-    error, with the kernels-only sum as the baseline). Returns the held-out step rows.
+    error, with the kernels-only sum as the baseline), and under `cv` the leave-one-out error
+    over every step row. Returns the held-out step rows.
     """
     train, test = split_by_op(step_rows, seed)
-    residuals = []
-    for row in train:
-        job = JobSpec.from_dict(row.params["job"])
-        kernels = _predicted_step_s(model, row, include_overhead=False, simulate_graph=simulate_graph)
-        # A step cannot cost less than its kernels; floor the residual at 2% of the step.
-        residuals.append(
-            Measurement(
-                DLRM_OVERHEAD_OP,
-                overhead_params(job, kernels, row.params["table_to_rank"]),
-                max(row.median_s - kernels, 0.02 * row.median_s),
-                0.0,
-                row.repeats,
-            )
-        )
-    model.step_overheads["dlrm"] = fit_linear_or_constant(DLRM_OVERHEAD_OP, OVERHEAD_FEATURES, residuals)
+    kernels = [
+        _predicted_step_s(model, row, include_overhead=False, simulate_graph=simulate_graph) for row in step_rows
+    ]
+    residuals = [_residual(row, k) for row, k in zip(step_rows, kernels)]
+    held_out = {id(r) for r in test}
 
+    def fit(rows: Sequence[Measurement]) -> LinearCostModel:
+        return fit_linear_or_constant(DLRM_OVERHEAD_OP, OVERHEAD_FEATURES, rows)
+
+    model.step_overheads["dlrm"] = fit([res for row, res in zip(step_rows, residuals) if id(row) not in held_out])
     stats = score_steps(model, test, simulate_graph=simulate_graph).to_dict()
     stats["baseline_gmae"] = score_steps(model, test, include_overhead=False).gmae if test else None
     stats["n_train"] = len(train)
+    stats["cv"] = leave_one_out(residuals, kernels, [r.median_s for r in step_rows], fit).to_dict()
     model.metrics[DLRM_STEP_OP] = stats
     return test
+
+
+def _residual(row: Measurement, kernels_s: float) -> Measurement:
+    """A measured step's overhead: what it leaves over after its kernels (a step cannot cost
+    less than its kernels: floored at 2% of the step)."""
+    job = JobSpec.from_dict(row.params["job"])
+    return Measurement(
+        DLRM_OVERHEAD_OP,
+        overhead_params(job, kernels_s, row.params["table_to_rank"]),
+        max(row.median_s - kernels_s, 0.02 * row.median_s),
+        0.0,
+        row.repeats,
+    )
 
 
 def score_steps(

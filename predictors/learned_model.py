@@ -9,7 +9,8 @@ plain `baseline` (the simple model it is scored against) when one is given. A co
 kept only where it pays: on few rows the choice is made by 5-fold cross-validation (one
 20% split of a few dozen rows judged a correction by a handful of points, and one calibration
 kept a correction that was 12.7% off held out against 2.6% for the baseline), on many by one
-seeded 20% split. The winner is refitted on every training row. Outside the measured range the
+seeded 20% split; and a candidate must beat the plain model by more than `CHOICE_SE`
+standard errors of the paired row errors (picking the best of several flatters it). The winner is refitted on every training row. Outside the measured range the
 base model's range check applies.
 """
 
@@ -32,6 +33,10 @@ MIN_ROWS_FOR_CORRECTION = 20
 # enough rows to judge, and fitting the regressors five times would cost more than it tells.
 CROSS_VALIDATE_BELOW = 200
 FOLDS = 5
+# How many standard errors a candidate must gain over the plain model to be chosen: three are
+# compared with it (MLP, trees, base), and a one-sided 5% test corrected for three
+# comparisons (Bonferroni) needs ~2.1.
+CHOICE_SE = 2.0
 
 
 def _gmae(pred_log: np.ndarray, true_log: np.ndarray) -> float:
@@ -48,6 +53,23 @@ def _prices(model: OpModel, row: Measurement) -> bool:
     except KeyError:  # a group (dtype, precision) the model's rows never had
         return False
     return True
+
+
+def _choose(errors: dict[str, np.ndarray]) -> str:
+    """The candidate that predicts the validation rows best, if it beats the plain model (the
+    baseline, else the base) by more than `CHOICE_SE` standard errors of the rows' paired log
+    errors; else the plain model. The best of several candidates validates a little better
+    than it will predict (it was picked for it), and a held-out set of a few dozen rows cannot
+    tell a small gain from that luck."""
+    if not errors:
+        return "base"
+    best = min(errors, key=lambda n: _gmae_of(errors[n]))
+    reference = "baseline" if "baseline" in errors else "base"
+    if best == reference or reference not in errors:
+        return best
+    gain = np.log(np.maximum(errors[reference], 1e-6)) - np.log(np.maximum(errors[best], 1e-6))
+    standard_error = float(np.std(gain, ddof=1) / np.sqrt(len(gain))) if len(gain) > 1 else np.inf
+    return best if float(np.mean(gain)) > CHOICE_SE * standard_error else reference
 
 
 class LearnedKernelModel(OpModel):
@@ -101,8 +123,9 @@ class LearnedKernelModel(OpModel):
                 continue
             for name, err in judged.items():
                 errors.setdefault(name, []).append(err)
-        self.validation = {name: _gmae_of(np.concatenate(errs)) for name, errs in errors.items()}
-        self.chosen = min(self.validation, key=lambda n: self.validation[n]) if self.validation else "base"
+        joined = {name: np.concatenate(errs) for name, errs in errors.items()}
+        self.validation = {name: _gmae_of(errs) for name, errs in joined.items()}
+        self.chosen = _choose(joined)
         if self.chosen in CANDIDATES:
             x = self._x([r.params for r in rows])
             self.regressor = CANDIDATES[self.chosen].fit(x, y_log - x[:, -1], seed=self.seed)

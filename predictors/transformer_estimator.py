@@ -12,9 +12,9 @@ from typing import Sequence
 
 import numpy as np
 
-from predictors.evaluation import ErrorStats, error_stats, split_by_op
+from predictors.evaluation import ErrorStats, error_stats, leave_one_out, split_by_op
 from predictors.memory import MemoryEstimate, transformer_memory
-from predictors.opmodels import fit_linear_or_constant
+from predictors.opmodels import LinearCostModel, fit_linear_or_constant
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import SimResult, model_cost, model_cpu_overhead, simulate
 from predictors.transformer_graph import build_transformer_graph
@@ -71,27 +71,37 @@ def fit_transformer_overhead(
     model: PerformanceModel, step_rows: Sequence[Measurement], seed: int = 0
 ) -> list[Measurement]:
     """Fit the per-step overhead on a seeded split of `transformer_step` rows (residual of the
-    measured step over the simulated one, floored at 2% of the step); score whole steps."""
+    measured step over the simulated one, floored at 2% of the step); score whole steps, held
+    out and (under `cv`) leave-one-out over every step row."""
     train, test = split_by_op(step_rows, seed)
-    residuals = []
-    for row in train:
+    simulated, residuals = [], []
+    for row in step_rows:
         spec = TransformerSpec.from_dict(row.params["transformer"])
-        simulated = estimate_transformer_iteration(
+        kernels = estimate_transformer_iteration(
             spec, model, include_overhead=False, placement=placement_of(row.params, spec.world_size)
         ).iteration_s
+        simulated.append(kernels)
         residuals.append(
             Measurement(
                 TRANSFORMER_OVERHEAD_OP,
                 {"layers": spec.layers},
-                max(row.median_s - simulated, 0.02 * row.median_s),
+                max(row.median_s - kernels, 0.02 * row.median_s),
                 0.0,
                 row.repeats,
             )
         )
-    model.step_overheads["transformer"] = fit_linear_or_constant(TRANSFORMER_OVERHEAD_OP, OVERHEAD_FEATURES, residuals)
+    held_out = {id(r) for r in test}
+
+    def fit(rows: Sequence[Measurement]) -> LinearCostModel:
+        return fit_linear_or_constant(TRANSFORMER_OVERHEAD_OP, OVERHEAD_FEATURES, rows)
+
+    model.step_overheads["transformer"] = fit(
+        [res for row, res in zip(step_rows, residuals) if id(row) not in held_out]
+    )
     stats = score_transformer_steps(model, test).to_dict()
     stats["baseline_gmae"] = score_transformer_steps(model, test, baseline=True).gmae if test else None
     stats["n_train"] = len(train)
+    stats["cv"] = leave_one_out(residuals, simulated, [r.median_s for r in step_rows], fit).to_dict()
     model.metrics[TRANSFORMER_STEP_OP] = stats
     return test
 

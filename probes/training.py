@@ -20,7 +20,7 @@ from probes.vocabulary.placement import RankPlacement
 from probes.vocabulary.records import Measurement
 from probes.vocabulary.table_shards import split_kinds
 from probes.workloads.dlrm import cycling_step
-from probes.workloads.random_dlrm import random_dlrm_job
+from probes.workloads.random_dlrm import BATCH_SIZES, random_dlrm_job
 
 # The random-task generator's seed stream for calibration probes: disjoint from the streams
 # the evaluation benchmarks draw their tasks from (their seeds are small integers).
@@ -56,7 +56,8 @@ def training_specs(
       seed stream) at `task_scale` (full size unless the devices cannot hold them:
       `task_indices` and `random_dlrm.fitting_scale`), whose steps are dominated by kernels
       and collectives, so the slowdown they suffer beside each other in a real step, on
-      tables as large as users have, is measured, not extrapolated; every
+      tables as large as users have and at every batch size in turn, is measured, not
+      extrapolated; every
       other one with a mixed plan (`random_plan`), the rest table-wise, placed by
       `place_task` (the orchestrator passes the classic sharders, in turn: balanced plans
       like those the policies price, where both ranks compute at once and slow each other
@@ -68,6 +69,10 @@ def training_specs(
         if i % 2:
             job = random_dlrm_job(i, world, seed=seed + CALIBRATION_TASK_STREAM, scale=task_scale)
             job["name"] = f"task{i}"
+            # the batch sizes in turn: a draw can give one size to every early probe (a 300 s
+            # calibration measured three task probes, all at 1024), and small batches on large
+            # tables are where a step's framework and exchange waits weigh most
+            job["batch_size"] = BATCH_SIZES[(i // 2) % len(BATCH_SIZES)]
             # every other task-shaped probe mixes in row-/column-wise and replicated tables, so the
             # step model has seen the collectives and TBEs of the plans the sharding search tries
             placement = random_plan(job, world, rng, mixed=i % 4 == 3)

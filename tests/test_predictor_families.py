@@ -156,3 +156,18 @@ def test_noise_on_a_straight_line_buys_no_transition():
         rows = curve_rows(line, noise=0.05, seed=seed)
         fitted = fit_sigmoid_curve(np.log2([r.params["bytes"] for r in rows]), np.array([r.median_s for r in rows]))
         assert np.allclose(fitted.predict_log2(grid), line.predict_log2(grid), rtol=0.03)
+
+
+def test_a_learned_candidate_must_beat_the_plain_model_by_more_than_luck():
+    """The best of several candidates validates a little better by chance: a 2% edge that
+    varies row by row keeps the baseline; a clear halving of every row's error picks the
+    candidate. Without a baseline the base is the plain model."""
+    from predictors.learned_model import _choose
+
+    rng = np.random.default_rng(0)
+    plain = np.abs(rng.normal(0.1, 0.05, size=40)) + 1e-3
+    luck = plain * np.exp(rng.normal(-0.02, 0.3, size=40))
+    assert _choose({"baseline": plain, "base": plain * 1.5, "mlp": luck, "gbt": plain * 1.1}) == "baseline"
+    assert _choose({"baseline": plain, "base": plain * 1.5, "mlp": plain * 0.5, "gbt": plain}) == "mlp"
+    assert _choose({"base": plain, "mlp": luck, "gbt": plain * 1.2}) == "base"
+    assert _choose({}) == "base"

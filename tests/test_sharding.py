@@ -148,7 +148,29 @@ def test_step_overhead_learns_the_in_step_slowdown_of_the_kernels(model):
     assert coef["kernels_s"] == pytest.approx(0.4, rel=0.02)
     assert coef["tables_total"] == pytest.approx(3e-4, rel=0.05)
     assert held_out and bundle.metrics[DLRM_STEP_OP]["gmae"] < 0.01
+    cv = bundle.metrics[DLRM_STEP_OP]["cv"]  # every step judged by an overhead fitted without it
+    assert cv["n"] == len(rows) and cv["gmae"] < 0.01 and cv["gmae_low"] <= cv["gmae"] <= cv["gmae_high"]
     assert "dlrm" not in model.step_overheads  # the shared fixture is untouched
+
+
+def test_leave_one_out_judges_each_step_without_its_own_residual():
+    """Overheads of 1, 1, 1 and 5 ms: a mean fitted on all four would predict the odd step
+    from its own residual; left out, it is predicted at 1 ms (the mean of the others)."""
+    from predictors.evaluation import leave_one_out
+
+    class Mean:
+        def __init__(self, rows):
+            self.value = sum(r.median_s for r in rows) / len(rows)
+
+        def predict(self, params):
+            return self.value
+
+    residuals = [Measurement("dlrm_overhead", {}, s, 0.0, 5) for s in (1e-3, 1e-3, 1e-3, 5e-3)]
+    kernels = [4e-3] * 4
+    measured = [k + r.median_s for k, r in zip(kernels, residuals)]
+    stats = leave_one_out(residuals, kernels, measured, Mean)
+    assert stats.n == 4
+    assert stats.mape == pytest.approx((3 * (4 / 3e3) / 5e-3 + 4e-3 / 9e-3) / 4, rel=1e-3)
 
 
 def test_a_plan_whose_predicted_peak_exceeds_the_device_is_infeasible(model):
