@@ -23,7 +23,10 @@ from probes.vocabulary.placement import RankPlacement, placement_of
 from probes.vocabulary.records import Measurement
 from probes.vocabulary.transformer_spec import TransformerSpec
 
-OVERHEAD_FEATURES = ["one", "layers"]
+# Per step, per layer, and a slowdown in proportion to the simulated kernels (on a shared host
+# gloo's threads and the compute thread slow each other; steps measured 1.2-2x their kernels,
+# and a per-layer term alone left a 4-layer stack's overhead 4x short), as the DLRM's.
+OVERHEAD_FEATURES = ["one", "layers", "kernels_s"]
 
 
 @dataclass
@@ -61,7 +64,11 @@ def estimate_transformer_iteration(
         }
     )
     problems += [f"no model for {op}: priced at 0, the estimate is a lower bound" for op in sorted(unpriced)]
-    overhead = model.step_overhead_s("transformer", {"layers": spec.layers}) if include_overhead else 0.0
+    overhead = (
+        model.step_overhead_s("transformer", {"layers": spec.layers, "kernels_s": result.iteration_s})
+        if include_overhead
+        else 0.0
+    )
     return TransformerEstimate(
         result.iteration_s + overhead, kernel_sum, result, overhead, problems, transformer_memory(spec)
     )
@@ -84,7 +91,7 @@ def fit_transformer_overhead(
         residuals.append(
             Measurement(
                 TRANSFORMER_OVERHEAD_OP,
-                {"layers": spec.layers},
+                {"layers": spec.layers, "kernels_s": kernels},
                 max(row.median_s - kernels, 0.02 * row.median_s),
                 0.0,
                 row.repeats,

@@ -91,3 +91,27 @@ def test_real_two_rank_runs_train_in_both_layouts(tp):
         assert g["losses"][-1] < g["losses"][0]
     if tp == 2:  # both TP ranks compute the same (all-reduced) output, so the same loss
         assert got[0]["losses"] == pytest.approx(got[1]["losses"], rel=1e-5)
+
+
+def test_transformer_step_overhead_learns_the_in_step_slowdown_of_the_kernels():
+    """Steps measured as 1.3 x their simulated kernels + 0.5 ms per layer: the fitted overhead
+    recovers both terms (a per-layer term alone left a 4-layer stack's overhead 4x short)."""
+    import numpy as np
+    from synthetic_rows import gemm_rows
+
+    from predictors.fit import fit_performance_model
+    from predictors.transformer_estimator import estimate_transformer_iteration, fit_transformer_overhead
+    from probes.vocabulary.ops import TRANSFORMER_STEP_OP
+    from probes.vocabulary.records import Measurement
+
+    model, _ = fit_performance_model(gemm_rows(np.random.default_rng(0), 300), "synthetic")
+    rows = []
+    for layers, hidden, seq in [(1, 64, 16), (2, 128, 32), (4, 64, 64), (3, 256, 16), (2, 256, 64), (4, 128, 32)]:
+        s = spec(layers=layers, hidden=hidden, seq_len=seq, world_size=2, batch_size=4)
+        kernels = estimate_transformer_iteration(s, model, include_overhead=False).iteration_s
+        rows.append(Measurement(TRANSFORMER_STEP_OP, {"transformer": s.to_dict()}, 1.3 * kernels + 5e-4 * layers, 0, 9))
+    fit_transformer_overhead(model, rows, seed=0)
+    overhead = model.step_overheads["transformer"]
+    coef = dict(zip(overhead.features, overhead.coef))
+    assert coef["kernels_s"] == pytest.approx(0.3, rel=0.02) and coef["layers"] == pytest.approx(5e-4, rel=0.05)
+    assert model.metrics[TRANSFORMER_STEP_OP]["cv"]["n"] == len(rows)
