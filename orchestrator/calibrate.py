@@ -135,11 +135,25 @@ def training_task_scale(fingerprint: HardwareFingerprint, world: int, seed: int)
 
 
 COVERAGE_POINTS = 6  # per op the planner prices, measured before the rest of the kernel sweep
+# Coverage table sets small enough to measure in a short budget: the sweep's sets reach 1 GiB
+# and 4M ids a batch (seconds each on a CPU device), and a 20 s calibration measured too few
+# of them to fit the lookups at all.
+COVERAGE_TABLE_BYTES = 64 * 2**20
+COVERAGE_LOOKUPS = 2**18
+
+
+def _quick(spec: ProbeSpec) -> bool:
+    """Whether a point is cheap enough for the coverage set (every point but large table sets)."""
+    if spec.family != "embedding":
+        return True
+    tables = spec.params["tables"]
+    lookups = spec.params["B"] * sum(pooling for _, _, pooling, _ in tables)
+    return sum(e * d * 4 for e, d, _, _ in tables) <= COVERAGE_TABLE_BYTES and lookups <= COVERAGE_LOOKUPS
 
 
 def planner_coverage(specs: Sequence[ProbeSpec], per_op: int = COVERAGE_POINTS) -> list[ProbeSpec]:
-    """The first `per_op` float32 points of each kernel op a DLRM plan prices (GEMM, lookups,
-    relu / mul / add, copies), taken out of `specs` to run first: without them a bundle cannot
+    """The first `per_op` float32 points of each kernel op a DLRM plan prices (GEMM, lookups
+    of small table sets, relu / mul / add, copies), taken out of `specs` to run first: without them a bundle cannot
     plan and is never promoted (`quality_problems`), however short the budget. They are moved,
     not repeated: the rest of the sweep follows in its own order."""
     wanted = {
@@ -157,7 +171,7 @@ def planner_coverage(specs: Sequence[ProbeSpec], per_op: int = COVERAGE_POINTS) 
         op = p.get("op") if spec.family == "elementwise" else spec.family
         if wanted.get(op) != spec.family or taken.get(op, 0) >= per_op:
             continue
-        if p.get("dtype", "float32") != "float32" or p.get("weights_precision", "fp32") != "fp32":
+        if p.get("dtype", "float32") != "float32" or p.get("weights_precision", "fp32") != "fp32" or not _quick(spec):
             continue
         taken[op] = taken.get(op, 0) + 1
         out.append(spec)

@@ -241,3 +241,12 @@ def test_local_search_is_deterministic_and_stops_at_its_budget(model):
     assert a.predicted_s < a.start_s and not a.exhausted
     short = local_search(spec, [0] * 10, pricer.seconds, seed=3, max_evaluations=5)
     assert short.exhausted and short.evaluations == 5
+
+
+def test_an_op_without_a_model_is_priced_at_zero_and_said(model):
+    """A short calibration may not model the lookups: the estimate (and fitting the step
+    overhead on it) goes on, with the op priced at 0 and named, as the simulator does."""
+    bundle = type(model)(model.hardware_id, {k: v for k, v in model.models.items() if not k.startswith("embedding")})
+    estimate = estimate_iteration(job([(1000, 16, 4)] * 4), [0, 1, 0, 1], bundle)
+    assert estimate.iteration_s > 0 and estimate.embedding_fwd_s == [0.0, 0.0]
+    assert "no model for embedding_fwd: priced at 0, the estimate is a lower bound" in estimate.out_of_range
