@@ -171,9 +171,6 @@ def estimate_iteration(
     problems: list[str] = []
 
     def predict(op: str, **params) -> float:
-        if op not in model.models:  # as the simulator prices it (`model_cost`): 0, and said
-            problems.append(f"no model for {op}: priced at 0, the estimate is a lower bound")
-            return 0.0
         problems.extend(model.out_of_range(op, **params))
         return model.predict(op, **params)
 

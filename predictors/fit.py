@@ -63,7 +63,10 @@ def fit_bundle(
     if by_op[IN_CONTEXT_OP]:  # its held-out rows score kernels in context, not the bundle's ops
         fit_context_factors(model, by_op[IN_CONTEXT_OP], seed=seed)
     if by_op[DLRM_STEP_OP]:
-        held_out += fit_overhead(model, by_op[DLRM_STEP_OP], seed=seed)
+        try:
+            held_out += fit_overhead(model, by_op[DLRM_STEP_OP], seed=seed)
+        except KeyError as exc:  # a kernel of the steps has no model (a short sweep): nothing to fit on
+            model.meta["unfitted"][DLRM_STEP_OP] = f"its steps' kernels cannot be priced: no model for {exc.args[0]}"
     if len(by_op[TRANSFORMER_STEP_OP]) >= MIN_TRANSFORMER_STEPS:
         held_out += fit_transformer_overhead(model, by_op[TRANSFORMER_STEP_OP], seed=seed)
     model.symm_mem = fit_symm_mem(by_op[PAIR_OP] + by_op[SYMM_MEM_OP])
