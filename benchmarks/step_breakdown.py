@@ -7,8 +7,10 @@ For each picked task of `benchmarks/e2e_accuracy.py`'s draw (the same seed, shar
 full size): the predicted iteration and step overhead; per rank, the execution graph's ops
 priced by the registered model (in-step factors applied) beside the time the traced steps
 spent in each top-level op (mean over the captured steps, `benchmarks/trace_roundtrip.py`'s
-capture: 2 gloo ranks, one thread each) and the idle time between them; and the rank's own
-table set timed alone (`probes.embedding.measure_tbe`) beside the model's forward and backward.
+capture: 2 gloo ranks, one thread each) and the idle time between them, and each collective's
+work item from issue to completion; and the rank's own table set timed alone
+(`probes.embedding.measure_tbe`; the backward also warm, as probed before issue #26) beside the
+model's forward and backward.
 The gap between the traced ops and the step is what no kernel explains: waiting for the
 other rank and the collectives, and the framework. This is how issue #26 found that the TBE
 backward ran ~2x its warm-cache probe time inside a step. Writes
@@ -35,11 +37,22 @@ from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
 from predictors.dlrm_graph import build_dlrm_graph  # noqa: E402
 from predictors.simulator import model_cost  # noqa: E402
 from probes.embedding import measure_tbe  # noqa: E402
+from probes.vocabulary.ops import EMBEDDING_BWD_OP  # noqa: E402
 from probes.vocabulary.table_shards import DATA_PARALLEL, table_shards  # noqa: E402
 from probes.vocabulary.tbe_features import expected_features  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
 
 TOP_OPS = 8
+
+
+def traced_collectives(trace: dict) -> dict[str, float]:
+    """Per collective work item name (e.g. `gloo:all_to_all`) its mean milliseconds per step,
+    from issue to completion on the backend's thread."""
+    per_item: Counter = Counter()
+    for step in trace["steps"]:
+        for c in step["comm"]:
+            per_item[c["name"]] += (c["end_s"] - c["start_s"]) * 1e3 / len(trace["steps"])
+    return dict(per_item)
 
 
 def traced_ops(trace: dict) -> tuple[Counter, float, float]:
@@ -68,11 +81,14 @@ def isolated_tbe(spec, plan, model, rank: int) -> dict:
     batch = spec.batch_size * spec.world_size
     features = expected_features(local, batch, seed=spec.seed)
     out = {}
+    warm = {row.op: row.median_s for row in measure_tbe(local, batch, max_seconds=2.0, cold_backward=False)}
     for row in measure_tbe(local, batch, max_seconds=2.0):
         predicted = model.predict_params(row.op, features)
         if model.in_step is not None:
             predicted = model.in_step.in_step(row.op, predicted)
         out[row.op] = {"alone_ms": row.median_s * 1e3, "model_ms": predicted * 1e3}
+        if row.op == EMBEDDING_BWD_OP:  # the probe before issue #26: the setup forward's rows still cached
+            out[row.op]["alone_warm_ms"] = warm[row.op] * 1e3
     return out
 
 
@@ -116,6 +132,7 @@ def main() -> None:
                     "traced_ops_ms": dict(per_op.most_common(TOP_OPS)),
                     "traced_step_ms": step_ms,
                     "traced_idle_ms": idle_ms,
+                    "traced_collectives_ms": traced_collectives(trace),
                     "tbe": isolated_tbe(spec, plan, model, r),
                 }
             )
@@ -144,8 +161,10 @@ def main() -> None:
                 f"  rank {r} traced (step {rank['traced_step_ms']:.2f}, idle {rank['traced_idle_ms']:.2f}): "
                 f"{fmt(rank['traced_ops_ms'])}"
             )
+            print(f"  rank {r} traced collectives: {fmt(rank['traced_collectives_ms'])}")
             for op, t in rank["tbe"].items():
-                print(f"  rank {r} {op}: alone {t['alone_ms']:.2f} ms, model {t['model_ms']:.2f} ms")
+                warm = f" (warm, as probed before: {t['alone_warm_ms']:.2f})" if "alone_warm_ms" in t else ""
+                print(f"  rank {r} {op}: alone {t['alone_ms']:.2f} ms{warm}, model {t['model_ms']:.2f} ms")
     result = {
         "command": f"python benchmarks/step_breakdown.py --tracking-uri URI --seed {args.seed} --tasks {args.tasks} "
         f"--pick {args.pick} --scale {args.scale:g}",

@@ -22,6 +22,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from predictors.collective_curves import GroupCurveModel
+from predictors.evaluation import clearly_better
 from probes.vocabulary.records import Measurement
 
 # How many standard errors the best breakpoint pair must gain over the line: about 100 pairs
@@ -166,10 +167,9 @@ def fit_sigmoid_curve(x: np.ndarray, t: np.ndarray, folds: int = 4, seed: int = 
     _, (bi, bj) = search(coarse, coarse)
     near = lambda c: [k for k in range(max(0, c - 3), min(n, c + 4))]  # noqa: E731
     _, (bi, bj) = search(near(bi), near(bj))
-    gain = _cv_errors(x, t, assignment, folds, None, None) - _cv_errors(x, t, assignment, folds, levels[bi], levels[bj])
-    standard_error = float(np.std(gain, ddof=1) / np.sqrt(len(gain))) if len(gain) > 1 else np.inf
-    if float(np.mean(gain)) <= SELECTION_SE * standard_error:  # too few or too noisy points for a transition
-        return _fit_alpha_beta(x, t)
+    line = _cv_errors(x, t, assignment, folds, None, None)
+    if not clearly_better(line, _cv_errors(x, t, assignment, folds, levels[bi], levels[bj]), SELECTION_SE):
+        return _fit_alpha_beta(x, t)  # too few or too noisy points for a transition
     return _fit_given_breaks(x, t, levels[bi], levels[bj])
 
 

@@ -21,8 +21,8 @@ from typing import Callable, Sequence
 import numpy as np
 
 from predictors.dlrm_graph import FLOAT, all_to_all_params, build_dlrm_graph, ddp_buckets
-from predictors.evaluation import ErrorStats, error_stats, leave_one_out, split_by_op
-from predictors.opmodels import LinearCostModel, fit_linear_or_constant
+from predictors.evaluation import ErrorStats, error_stats
+from predictors.opmodels import fit_step_overhead
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import model_cost, simulate
 from probes.vocabulary.jobspec import JobSpec
@@ -197,21 +197,17 @@ def fit_overhead(
     error, with the kernels-only sum as the baseline), and under `cv` the leave-one-out error
     over every step row. Returns the held-out step rows.
     """
-    train, test = split_by_op(step_rows, seed)
     kernels = [
         _predicted_step_s(model, row, include_overhead=False, simulate_graph=simulate_graph) for row in step_rows
     ]
     residuals = [_residual(row, k) for row, k in zip(step_rows, kernels)]
-    held_out = {id(r) for r in test}
-
-    def fit(rows: Sequence[Measurement]) -> LinearCostModel:
-        return fit_linear_or_constant(DLRM_OVERHEAD_OP, OVERHEAD_FEATURES, rows)
-
-    model.step_overheads["dlrm"] = fit([res for row, res in zip(step_rows, residuals) if id(row) not in held_out])
+    fitted = fit_step_overhead(DLRM_OVERHEAD_OP, OVERHEAD_FEATURES, step_rows, kernels, residuals, seed)
+    model.step_overheads["dlrm"] = fitted.model
+    test = fitted.test
     stats = score_steps(model, test, simulate_graph=simulate_graph).to_dict()
     stats["baseline_gmae"] = score_steps(model, test, include_overhead=False).gmae if test else None
-    stats["n_train"] = len(train)
-    stats["cv"] = leave_one_out(residuals, kernels, [r.median_s for r in step_rows], fit).to_dict()
+    stats["n_train"] = len(fitted.train)
+    stats["cv"] = fitted.cv.to_dict()
     model.metrics[DLRM_STEP_OP] = stats
     return test
 

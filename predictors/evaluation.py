@@ -54,6 +54,17 @@ def error_stats(errors: np.ndarray) -> ErrorStats:
     return stats
 
 
+def clearly_better(reference_loss: np.ndarray, candidate_loss: np.ndarray, standard_errors: float) -> bool:
+    """Whether a candidate's per-row losses beat the reference's on the same rows by more than
+    `standard_errors` standard errors of the paired differences. A candidate picked as the best
+    of several validates a little better than it will predict; a bar above one standard error,
+    raised with the number of candidates compared, keeps the plain model unless the gain is real."""
+    gain = np.asarray(reference_loss, dtype=np.float64) - np.asarray(candidate_loss, dtype=np.float64)
+    if len(gain) < 2:
+        return False
+    return float(np.mean(gain)) > standard_errors * float(np.std(gain, ddof=1) / np.sqrt(len(gain)))
+
+
 def leave_one_out(
     residuals: Sequence[Measurement],
     kernels_s: Sequence[float],

@@ -20,6 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from predictors.evaluation import clearly_better
 from predictors.features import design_row
 from predictors.opmodels import GroupedCostModel, LinearCostModel, OpModel
 from predictors.regressors import ArrayMLP, ArrayTrees, RegressorKind, regressor_from_dict
@@ -67,9 +68,8 @@ def _choose(errors: dict[str, np.ndarray]) -> str:
     reference = "baseline" if "baseline" in errors else "base"
     if best == reference or reference not in errors:
         return best
-    gain = np.log(np.maximum(errors[reference], 1e-6)) - np.log(np.maximum(errors[best], 1e-6))
-    standard_error = float(np.std(gain, ddof=1) / np.sqrt(len(gain))) if len(gain) > 1 else np.inf
-    return best if float(np.mean(gain)) > CHOICE_SE * standard_error else reference
+    log_error = lambda name: np.log(np.maximum(errors[name], 1e-6))  # noqa: E731
+    return best if clearly_better(log_error(reference), log_error(best), CHOICE_SE) else reference
 
 
 class LearnedKernelModel(OpModel):

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
 from scipy.optimize import nnls
 
+from predictors.evaluation import ErrorStats, leave_one_out, split_by_op
 from predictors.features import feature_vector
 from probes.vocabulary.records import Measurement
 
@@ -127,6 +129,35 @@ def fit_linear_or_constant(op: str, features: Sequence[str], rows: Sequence[Meas
     if not rows:
         raise ValueError(f"{op}: no measurements to fit")
     return LinearCostModel(op, ["one"]).fit(rows)
+
+
+@dataclass
+class StepOverheadFit:
+    model: "LinearCostModel"  # fitted on the training split's residuals
+    train: list[Measurement]
+    test: list[Measurement]  # the held-out steps
+    cv: ErrorStats  # leave-one-out over every step
+
+
+def fit_step_overhead(
+    op: str,
+    features: Sequence[str],
+    step_rows: Sequence[Measurement],
+    kernels_s: Sequence[float],
+    residuals: Sequence[Measurement],
+    seed: int,
+) -> StepOverheadFit:
+    """A workload's per-step overhead: fitted on a seeded split of its measured steps'
+    `residuals` (each step over its simulated `kernels_s`), and judged leave-one-out over all."""
+    train, test = split_by_op(step_rows, seed)
+    held_out = {id(r) for r in test}
+
+    def fit(rows: Sequence[Measurement]) -> LinearCostModel:
+        return fit_linear_or_constant(op, features, rows)
+
+    model = fit([res for row, res in zip(step_rows, residuals) if id(row) not in held_out])
+    cv = leave_one_out(residuals, kernels_s, [r.median_s for r in step_rows], fit)
+    return StepOverheadFit(model, train, test, cv)
 
 
 class GroupedCostModel(OpModel):

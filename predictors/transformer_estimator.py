@@ -12,9 +12,9 @@ from typing import Sequence
 
 import numpy as np
 
-from predictors.evaluation import ErrorStats, error_stats, leave_one_out, split_by_op
+from predictors.evaluation import ErrorStats, error_stats
 from predictors.memory import MemoryEstimate, transformer_memory
-from predictors.opmodels import LinearCostModel, fit_linear_or_constant
+from predictors.opmodels import fit_step_overhead
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import SimResult, model_cost, model_cpu_overhead, simulate
 from predictors.transformer_graph import build_transformer_graph
@@ -80,7 +80,6 @@ def fit_transformer_overhead(
     """Fit the per-step overhead on a seeded split of `transformer_step` rows (residual of the
     measured step over the simulated one, floored at 2% of the step); score whole steps, held
     out and (under `cv`) leave-one-out over every step row."""
-    train, test = split_by_op(step_rows, seed)
     simulated, residuals = [], []
     for row in step_rows:
         spec = TransformerSpec.from_dict(row.params["transformer"])
@@ -97,18 +96,13 @@ def fit_transformer_overhead(
                 row.repeats,
             )
         )
-    held_out = {id(r) for r in test}
-
-    def fit(rows: Sequence[Measurement]) -> LinearCostModel:
-        return fit_linear_or_constant(TRANSFORMER_OVERHEAD_OP, OVERHEAD_FEATURES, rows)
-
-    model.step_overheads["transformer"] = fit(
-        [res for row, res in zip(step_rows, residuals) if id(row) not in held_out]
-    )
+    fitted = fit_step_overhead(TRANSFORMER_OVERHEAD_OP, OVERHEAD_FEATURES, step_rows, simulated, residuals, seed)
+    model.step_overheads["transformer"] = fitted.model
+    test = fitted.test
     stats = score_transformer_steps(model, test).to_dict()
     stats["baseline_gmae"] = score_transformer_steps(model, test, baseline=True).gmae if test else None
-    stats["n_train"] = len(train)
-    stats["cv"] = leave_one_out(residuals, simulated, [r.median_s for r in step_rows], fit).to_dict()
+    stats["n_train"] = len(fitted.train)
+    stats["cv"] = fitted.cv.to_dict()
     model.metrics[TRANSFORMER_STEP_OP] = stats
     return test
 

@@ -94,6 +94,7 @@ def measure_tbe(
     max_seconds: float = 1.5,
     distinct_batches: int = 8,
     weights_precision: str = "fp32",
+    cold_backward: bool = True,
 ) -> list[Measurement]:
     """Time forward and backward (with the fused SGD update) of TBE batches, the tables
     stored in `weights_precision` ("fp32", "fp16"; "bf16" on CUDA only).
@@ -101,7 +102,8 @@ def measure_tbe(
     Repeats cycle through `distinct_batches` different index batches: timing one batch over
     and over keeps its rows in cache and under-reports a real training step by ~1.7x. The
     backward is timed with the cache flushed after its setup forward (`time_callable`'s
-    `flush_after_setup`), as it is in a step.
+    `flush_after_setup`), as it is in a step; `cold_backward=False` times it warm (only for
+    showing the difference: `benchmarks/step_breakdown.py`).
     """
     device = torch.device(device)
     rng = np.random.default_rng(seed)
@@ -138,7 +140,7 @@ def measure_tbe(
     # layers run between a lookup and its backward, which then finds them cold (on the host
     # too: flushed, a backward measured ~1.5-2x its warm time on 0.1-0.6 GB table sets).
     bwd = time_callable(
-        backward, device=device, max_seconds=max_seconds, setup=forward_for_backward, flush_after_setup=True
+        backward, device=device, max_seconds=max_seconds, setup=forward_for_backward, flush_after_setup=cold_backward
     )
     common = dict(device=str(device), family="embedding")
     return [

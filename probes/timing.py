@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Protocol
 
@@ -112,6 +113,13 @@ def host_cache_bytes(caches: str = HOST_CACHES) -> int:
     return max(levels)[1] if levels else FALLBACK_HOST_CACHE_BYTES
 
 
+@lru_cache(maxsize=1)
+def _host_scratch() -> torch.Tensor:
+    """The buffer a host flush writes (2x the last-level cache), made once per process: a clock
+    is made per timed call, and a sweep times thousands."""
+    return torch.empty(2 * host_cache_bytes() // 4, dtype=torch.int32)
+
+
 class _HostClock:
     """The host's clock: what CPU probes are timed with (nothing to hide; a flush writes a
     scratch buffer of 2x the last-level cache)."""
@@ -120,15 +128,12 @@ class _HostClock:
 
     def __init__(self) -> None:
         self._t0 = self._t1 = 0.0
-        self._scratch: torch.Tensor | None = None
 
     def sync(self) -> None:
         pass
 
     def flush(self) -> None:
-        if self._scratch is None:
-            self._scratch = torch.empty(2 * host_cache_bytes() // 4, dtype=torch.int32)
-        self._scratch.zero_()
+        _host_scratch().zero_()
 
     def hide_launch(self, seconds: float) -> None:
         pass
