@@ -31,6 +31,9 @@ class GraphOp:
     duration_s: float | None = None  # a measured duration (imported traces) overrides the model
     issue_s: float | None = None  # measured CPU time spent issuing it (imported traces)
     blocking: bool | None = None  # holds the issuing CPU until done; None: the device's rule
+    # A point-to-point send (isend, e.g. a pipeline stage's activations): the rank goes on once
+    # it is issued; the transfer runs when the receiver arrives, without holding the CPU.
+    posted: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:

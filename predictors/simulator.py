@@ -9,6 +9,8 @@ front per stream:
   members together — the inter-rank synchronisation;
 - on a synchronous device (a CPU, or gloo collectives) an op also holds the CPU until it
   ends, so nothing overlaps it on that rank;
+- a posted collective (a point-to-point send, `GraphOp.posted`) does not stop its rank: the
+  rank goes on once it is issued, and the transfer runs when its receiver arrives;
 - collectives on different communication streams of a rank (a DP all-reduce beside a TP
   one, several gloo channels) share that rank's link for their scope (intra- or
   inter-node): with `share_links`, one that starts while another still holds a member's
@@ -128,6 +130,9 @@ class _Simulation:
         stuck = [r for r in range(len(ranks)) if position[r] < len(ranks[r])]
         if stuck:
             raise DeadlockError(f"ranks {stuck} wait at {[ranks[r][position[r]].name for r in stuck]}")
+        unmatched = sorted(ranks[r][a[1]].name for arrived in self.arrivals.values() for r, a in arrived.items())
+        if unmatched:
+            raise DeadlockError(f"posted sends never received: {unmatched[:10]}")
 
     def advance(self, r: int) -> None:
         """Issue rank `r`'s ops in order until it ends or waits at a collective."""
@@ -145,7 +150,12 @@ class _Simulation:
                 self.cpu[r] += self.overhead(o)
                 t, who = self.ready_time(r, o)
                 arrived[r] = (t, i, who)
+                if o.posted:  # the rank goes on; the transfer is placed when its receiver arrives
+                    self.seen_on_group[r][o.group] += 1
+                    self.position[r] += 1
             if len(arrived) < len(o.group):
+                if o.posted:
+                    continue
                 break  # wait for the others; they will re-queue this rank
             self.retire(r, o, arrived)
             del self.arrivals[key]
@@ -174,6 +184,9 @@ class _Simulation:
         self.blamed[r][i] = who
         self.fronts[r][o.stream] = end
         self.last_on_stream[r][o.stream] = i
+        if o.posted:  # the rank went on past it: it neither holds the CPU nor orders later issues
+            self.timelines[r].busy_s[o.stream] += end - start
+            return
         self.last_issued[r] = i
         if o.blocking if o.blocking is not None else self.synchronous:
             self.cpu[r] = end
@@ -199,6 +212,8 @@ class _Simulation:
             self.finish(member, idx, m_op, start, start + dur, blame)
             self.link_free[member][scope] = start + dur
             self.link_holder[member][scope] = (member, idx)
+            if m_op.posted:  # its rank moved past it when it was issued
+                continue
             self.seen_on_group[member][o.group] += 1
             self.position[member] += 1
             if member != r:

@@ -132,7 +132,7 @@ class _Sizes:
 
     @classmethod
     def of(cls, spec: TransformerSpec) -> "_Sizes":
-        B, S, H, tp = spec.batch_size, spec.seq_len, spec.hidden, spec.tensor_parallel
+        B, S, H, tp = spec.micro_batch_size, spec.seq_len, spec.hidden, spec.tensor_parallel
         return cls(
             T=B * S,
             S=S,
@@ -147,25 +147,53 @@ class _Sizes:
         )
 
 
+def stage_param_numel(spec: TransformerSpec, stage: int) -> int:
+    """Parameters one rank of pipeline stage `stage` holds (its TP shard of its blocks; the
+    embedding on the first stage, the final layer norm and LM head on the last)."""
+    numel = block_param_numel(spec) * len(spec.stage_layers(stage))
+    vocab = spec.vocab_size * spec.hidden
+    if stage == 0:
+        numel += vocab
+    if stage == spec.pipeline_parallel - 1:
+        numel += 2 * spec.hidden + vocab
+    return numel
+
+
+def one_f_one_b(stages: int, stage: int, micro_batches: int) -> list[tuple[str, int]]:
+    """Stage `stage`'s order of micro-batch forwards ("F", i) and backwards ("B", i) under the
+    1F1B schedule: as many warm-up forwards as stages after it, then one forward and one
+    backward in turn, then the remaining backwards. One stage: forward then backward of each
+    micro-batch (gradient accumulation)."""
+    warmup = min(stages - stage - 1, micro_batches)
+    order = [("F", i) for i in range(warmup)]
+    for i in range(micro_batches - warmup):
+        order += [("F", warmup + i), ("B", i)]
+    order += [("B", i) for i in range(micro_batches - warmup, micro_batches)]
+    return order
+
+
 def build_transformer_graph(
     spec: TransformerSpec, placement: RankPlacement | None = None, bucket_bytes: int = DDP_BUCKET_BYTES
 ) -> ExecutionGraph:
-    """`placement`: the node of every rank (default: one node); each TP and DP group's
-    collectives are priced on the curve of their own scope."""
+    """`placement`: the node of every rank (default: one node); each TP, DP and pipeline
+    group's collectives are priced on the curve of their own scope."""
     placement = placement or RankPlacement.single_node(spec.world_size)
     if placement.world != spec.world_size:
         raise PlacementError(f"placement: {placement.world} ranks placed, the job has world_size={spec.world_size}")
-    ranks = [_rank_ops(spec, r, placement, bucket_bytes) for r in range(spec.world_size)]
+    ranks = [_Iteration(spec, r, placement, bucket_bytes).ops() for r in range(spec.world_size)]
     meta = {
         "job": spec.name,
         "workload": "transformer",
+        "layout": spec.layout,
         "tensor_parallel": spec.tensor_parallel,
         "data_parallel": spec.data_parallel,
+        "pipeline_parallel": spec.pipeline_parallel,
         "placement": placement.to_dict(),
     }
-    if (
-        spec.tensor_parallel > 1
-    ):  # each row-parallel product and the all-reduce of its partial sums (predictors/overlap_model.py)
+    plain = spec.pipeline_parallel == 1 and spec.micro_batches == 1 and not spec.recompute
+    if spec.tensor_parallel > 1 and plain:
+        # each row-parallel product and the all-reduce of its partial sums (predictors/overlap_model.py);
+        # the real job overlaps them in the plain layout only (one forward of each block a step)
         meta["substitutable"] = [
             {
                 "name": f"b{layer}.{linear}",
@@ -179,39 +207,168 @@ def build_transformer_graph(
     return ExecutionGraph(ranks, meta=meta)
 
 
-def _rank_ops(spec: TransformerSpec, r: int, placement: RankPlacement, bucket_bytes: int) -> list[GraphOp]:
-    """Rank `r`'s iteration: the blocks forward, the loss, the blocks backward, then SGD."""
-    g, x = _Rank(spec, r, placement), _Sizes.of(spec)
-    for layer in range(spec.layers):
-        _block_forward(g, x, f"b{layer}.")
-    g.elementwise("ln_f", "layer_norm", x.T, x.H)
-    g.elementwise("mse_loss", "mul", x.T, x.H)
-    g.elementwise("mse_loss_bwd", "mul", x.T, x.H)
-    g.elementwise("ln_f_bwd", "layer_norm_bwd", x.T, x.H)
-    per_block_bytes = FLOAT * block_param_numel(spec)
-    buckets = (
-        ddp_buckets(per_block_bytes * spec.layers + FLOAT * 2 * x.H, bucket_bytes) if spec.data_parallel > 1 else []
-    )
-    ddp = _Ddp(g, BucketFill(buckets, FLOAT * 2 * x.H))
-    for layer in range(spec.layers - 1, -1, -1):
-        _block_backward(g, x, ddp, f"b{layer}.")
-    params_numel = per_block_bytes * spec.layers // FLOAT + 2 * x.H
-    cols = 1024
-    g.add(
-        "optimizer_step",
-        "compute",
-        "add",
-        elementwise_params("add", -(-params_numel // cols), cols),
-        tuple(ddp.reduces),
-    )
-    return g.ops
+class _Iteration:
+    """Rank `r`'s iteration: its stage's micro-batches forward and backward in schedule order
+    (receiving and sending activations and gradients between stages), the data-parallel
+    gradient reduction, then SGD."""
+
+    def __init__(self, spec: TransformerSpec, r: int, placement: RankPlacement, bucket_bytes: int) -> None:
+        self.spec, self.r, self.placement = spec, r, placement
+        self.g, self.x = _Rank(spec, r, placement), _Sizes.of(spec)
+        self.stage = spec.stage_of(r)
+        self.first, self.last = self.stage == 0, self.stage == spec.pipeline_parallel - 1
+        self.layers = spec.stage_layers(self.stage)
+        self.numel = stage_param_numel(spec, self.stage)
+        self.sharded = spec.fsdp != "none" and spec.data_parallel > 1
+        ddp = spec.data_parallel > 1 and not self.sharded and spec.pipeline_parallel == 1
+        buckets = ddp_buckets(FLOAT * self.numel, bucket_bytes) if ddp else []
+        self.ddp = _Ddp(self.g, BucketFill(buckets))
+        self.bucket_bytes = bucket_bytes
+        pipeline = spec.pp_group_of(r)
+        self.prev = pipeline[self.stage - 1] if not self.first else None
+        self.next = pipeline[self.stage + 1] if not self.last else None
+
+    def ops(self) -> list[GraphOp]:
+        spec, g = self.spec, self.g
+        m = spec.micro_batches
+        for kind, i in one_f_one_b(spec.pipeline_parallel, self.stage, m):
+            prefix = f"mb{i}." if m > 1 else ""
+            if kind == "F":
+                self.forward(prefix)
+            else:
+                self.ddp.active = i == m - 1
+                self.backward(prefix, sync=i == m - 1)
+        if spec.pipeline_parallel > 1 and spec.data_parallel > 1:
+            self.pipeline_gradient_all_reduce()
+        numel = -(-self.numel // spec.data_parallel) if self.sharded else self.numel
+        cols = 1024
+        g.add(
+            "optimizer_step",
+            "compute",
+            "add",
+            elementwise_params("add", -(-numel // cols), cols),
+            tuple(self.ddp.reduces),
+        )
+        return g.ops
+
+    # -- pipeline transfers and sharded data parallel -----------------------------------
+    def p2p(self, name: str, source: int, target: int) -> None:
+        """A micro-batch's activations (or their gradient) between adjacent stages: float32
+        [tokens, hidden], priced as a two-rank broadcast; the sender's is posted (isend)."""
+        g = self.g
+        nbytes = FLOAT * self.x.T * self.x.H
+        params = {"bytes": nbytes, "world": 2, "scope": self.placement.scope((source, target))}
+        sending = source == self.r
+        g.add(
+            name,
+            "collective",
+            "broadcast",
+            params,
+            stream="comm:send" if sending else "comm",
+            group=(source, target),
+            chain=not sending,
+        )
+        if sending:
+            g.ops[-1].posted = True
+
+    def gather(self, name: str, numel: int) -> int | None:
+        """FSDP's all-gather of one unit's parameters (the output: the whole unit, float32)."""
+        if not self.sharded or numel == 0:
+            return None
+        g, spec = self.g, self.spec
+        params = {"bytes": FLOAT * numel, "world": spec.data_parallel, "scope": g.dp_scope}
+        return g.add(name, "collective", "all_gather", params, stream="comm", group=g.dp_group, chain=False)
+
+    def reduce_scatter(self, name: str, numel: int, after: int | None) -> None:
+        if numel == 0:
+            return
+        g, spec = self.g, self.spec
+        params = {"bytes": FLOAT * numel, "world": spec.data_parallel, "scope": g.dp_scope}
+        self.ddp.reduces.append(
+            g.add(name, "collective", "reduce_scatter", params, (after,), stream="comm", group=g.dp_group, chain=False)
+        )
+
+    def pipeline_gradient_all_reduce(self) -> None:
+        """A stage's data-parallel gradient average after its last backward, in DDP-sized
+        buckets, one after the other (the workload's `_all_reduce_gradients`)."""
+        g = self.g
+        for k, size in enumerate(ddp_buckets(FLOAT * self.numel, self.bucket_bytes)):
+            params = {"bytes": size, "world": self.spec.data_parallel, "scope": g.dp_scope}
+            self.ddp.reduces.append(g.add(f"dp_all_reduce{k}", "collective", "all_reduce", params, group=g.dp_group))
+
+    # -- one micro-batch ------------------------------------------------------------------
+    def root_numel(self) -> int:
+        """The parameters outside the blocks (FSDP's root unit)."""
+        return self.numel - block_param_numel(self.spec) * len(self.layers)
+
+    def forward(self, p: str) -> None:
+        spec, g, x = self.spec, self.g, self.x
+        gathered = self.gather(p + "root_all_gather", self.root_numel())
+        if self.prev is not None:
+            self.p2p(p + "recv_activations", self.prev, self.r)
+        if self.first and spec.vocab_size:
+            g.add(p + "embedding", "memory", "memcpy", memcpy_params("d2d", FLOAT * x.T * x.H), (gathered,))
+        waits: dict[int, int | None] = {}
+        for k, layer in enumerate(self.layers):
+            if k == 0:
+                waits[layer] = self.gather(f"{p}b{layer}.all_gather", block_param_numel(spec))
+            if k + 1 < len(self.layers):  # FSDP prefetches the next block's parameters
+                following = self.layers[k + 1]
+                waits[following] = self.gather(f"{p}b{following}.all_gather", block_param_numel(spec))
+            _block_forward(g, x, f"{p}b{layer}.", waits[layer])
+        if self.last:
+            g.add(p + "ln_f", "compute", "layer_norm", elementwise_params("layer_norm", x.T, x.H), (gathered,))
+            if spec.vocab_size:
+                g.linear_forward(p + "head", x.T, spec.vocab_size, x.H, "mm", bias=False, float32_input=True)
+                g.cast(p + "logits_cast", x.T * spec.vocab_size)
+                g.elementwise(p + "cross_entropy", "softmax", x.T, spec.vocab_size)
+            else:
+                g.elementwise(p + "mse_loss", "mul", x.T, x.H)
+        if self.next is not None:
+            self.p2p(p + "send_activations", self.r, self.next)
+
+    def backward(self, p: str, sync: bool) -> None:
+        """`sync`: the micro-batch whose backward reduces the gradients (DDP's buckets, FSDP's
+        reduce-scatters); the others only accumulate."""
+        spec, g, x = self.spec, self.g, self.x
+        if self.next is not None:
+            self.p2p(p + "recv_gradients", self.next, self.r)
+        if self.last:
+            if spec.vocab_size:
+                g.elementwise(p + "cross_entropy_bwd", "softmax_bwd", x.T, spec.vocab_size)
+                g.cast(p + "logits_grad_cast", x.T * spec.vocab_size)
+                _linear_backward(g, x, self.ddp, p + "head", x.H, spec.vocab_size, float32_input=True)
+            else:
+                g.elementwise(p + "mse_loss_bwd", "mul", x.T, x.H)
+            g.elementwise(p + "ln_f_bwd", "layer_norm_bwd", x.T, x.H)
+            self.ddp.gradients_ready(FLOAT * 2 * x.H, g.prev)
+        for layer in reversed(self.layers):
+            name = f"{p}b{layer}."
+            waited = (
+                self.gather(name + "all_gather_bwd", block_param_numel(spec)) if spec.fsdp == "full_shard" else None
+            )
+            if spec.recompute:
+                _block_forward(g, x, "recompute." + name, waited)
+                waited = None
+            _block_backward(g, x, self.ddp, name, waited)
+            if self.sharded and sync:
+                self.reduce_scatter(name + "reduce_scatter", block_param_numel(spec), g.prev)
+        if self.first and spec.vocab_size:
+            g.add(p + "embedding_grad_zero", "memory", "memcpy", memcpy_params("d2d", FLOAT * spec.vocab_size * x.H))
+            g.elementwise(p + "embedding_bwd", "add", x.T, x.H)
+            self.ddp.gradients_ready(FLOAT * spec.vocab_size * x.H, g.prev)
+        if self.sharded and sync:
+            self.reduce_scatter(p + "root_reduce_scatter", self.root_numel(), g.prev)
+        if self.prev is not None:
+            self.p2p(p + "send_gradients", self.r, self.prev)
 
 
-def _block_forward(g: _Rank, x: _Sizes, p: str) -> None:
-    """One block forward: attention, then the MLP, each a residual branch."""
+def _block_forward(g: _Rank, x: _Sizes, p: str, waits: int | None = None) -> None:
+    """One block forward: attention, then the MLP, each a residual branch; `waits`: the op
+    its parameters come from (FSDP's all-gather)."""
     T, S, H, local, d, BH, low = x.T, x.S, x.H, x.local, x.d, x.BH, x.low
     residual = g.prev
-    g.elementwise(p + "ln1", "layer_norm", T, H)
+    g.add(p + "ln1", "compute", "layer_norm", elementwise_params("layer_norm", T, H), (waits,))
     g.linear_forward(p + "qkv", T, 3 * local, H, "addmm", bias=True, float32_input=True)
     g.add(p + "qkv_permute", "memory", "memcpy", memcpy_params("d2d", low * T * 3 * local))
     g.elementwise(p + "q_scale", "mul", T, local, low=True)
@@ -235,9 +392,12 @@ class _Ddp:
     def __init__(self, g: _Rank, buckets: BucketFill) -> None:
         self.g, self.buckets = g, buckets
         self.reduces: list[int] = []
+        self.active = True  # False: a micro-batch under no_sync (gradients accumulate, no reduction)
 
     def gradients_ready(self, nbytes: int, after: int | None) -> None:
         g = self.g
+        if not self.active:
+            return
         for size in self.buckets.add(nbytes):
             params = {"bytes": size, "world": g.spec.data_parallel, "scope": g.dp_scope}
             self.reduces.append(
@@ -254,9 +414,12 @@ class _Ddp:
             )
 
 
-def _block_backward(g: _Rank, x: _Sizes, ddp: _Ddp, p: str) -> None:
-    """One block backward, the MLP first; its weights' gradients fill DDP's buckets."""
+def _block_backward(g: _Rank, x: _Sizes, ddp: _Ddp, p: str, waits: int | None = None) -> None:
+    """One block backward, the MLP first; its weights' gradients fill DDP's buckets. `waits`:
+    the op its parameters come from (FSDP's all-gather for the backward)."""
     T, S, H, local, d, BH, low = x.T, x.S, x.H, x.local, x.d, x.BH, x.low
+    if waits is not None:
+        g.prev = max(waits, g.prev) if g.prev is not None else waits
     _output_grad_backward(g, x, p + "fc2", p + "mlp_dropout_bwd")
     _linear_backward(g, x, ddp, p + "fc2", 4 * local, H)
     g.elementwise(p + "gelu_bwd", "gelu_bwd", T, 4 * local, low=True)

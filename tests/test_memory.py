@@ -2,10 +2,16 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from predictors.memory import MemoryEstimate, dlrm_memory, transformer_memory, transformer_saved_activation_bytes
+from predictors.memory import (
+    MemoryEstimate,
+    dlrm_memory,
+    transformer_memory,
+    transformer_saved_activation_bytes,
+    transformer_stage_memory,
+)
 from probes.vocabulary.transformer_spec import TransformerSpec
 from probes.workloads.random_dlrm import random_dlrm_tasks
-from probes.workloads.transformer import BlockStack
+from probes.workloads.transformer import BlockStack, sequence_batch, training_loss
 
 
 def measured_saved_bytes(spec: TransformerSpec) -> int:
@@ -25,6 +31,48 @@ def measured_saved_bytes(spec: TransformerSpec) -> int:
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
         F.mse_loss(model(x), target)
     return sum(saved.values())
+
+
+def measured_stage_saved_bytes(spec: TransformerSpec, stage: int) -> int:
+    """As above for one micro-batch through pipeline stage `stage` of any layout (its input a
+    view of the local batch on the first stage, received activations on the others)."""
+    model = BlockStack(spec, None, stage=stage)
+    inputs, targets = sequence_batch(spec, 0, spec.batch_size)
+    T = spec.micro_batch_size * spec.seq_len
+    x = inputs[:T] if stage == 0 else torch.randn(T, spec.hidden, requires_grad=True)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = model(x)
+        if stage == spec.pipeline_parallel - 1:
+            training_loss(spec, out, targets[:T])
+    kept = 0 if stage == spec.pipeline_parallel - 1 else out.numel() * 4  # the schedule keeps the output
+    return sum(saved.values()) + kept
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(),
+        dict(vocab_size=50),
+        dict(micro_batches=2),
+        dict(recompute=True),
+        dict(recompute=True, vocab_size=50, micro_batches=4),
+        dict(pipeline_parallel=2, world_size=2),
+        dict(pipeline_parallel=3, world_size=3, layers=3, vocab_size=40, micro_batches=2),
+    ],
+)
+def test_saved_activations_of_every_layout_match_what_autograd_keeps(kw):
+    spec = TransformerSpec(**{**dict(layers=2, hidden=32, heads=4, seq_len=8, batch_size=4, world_size=1), **kw})
+    for stage in range(spec.pipeline_parallel):
+        assert transformer_saved_activation_bytes(spec, stage) == measured_stage_saved_bytes(spec, stage)
 
 
 @pytest.mark.parametrize(
@@ -62,3 +110,23 @@ def test_dlrm_memory_counts_each_ranks_tables():
     assert isinstance(r0, MemoryEstimate)
     assert r0.weights - r1.weights == sum(t.bytes for t in spec.tables)
     assert r0.activations > r1.activations and r0.gradients == r1.gradients
+
+
+def test_layouts_trade_memory_as_expected():
+    base = dict(layers=4, hidden=128, heads=4, seq_len=64, batch_size=8, world_size=4, dropout=0.0)
+    plain = transformer_memory(TransformerSpec(**base))
+    # recomputation keeps a block's input instead of its activations
+    assert transformer_memory(TransformerSpec(**base, recompute=True)).activations < plain.activations / 4
+    # micro-batches hold one micro-batch's activations at a time
+    assert transformer_memory(TransformerSpec(**base, micro_batches=4)).activations < plain.activations / 2
+    # FSDP shards what DDP replicates
+    full = transformer_memory(TransformerSpec(**base, fsdp="full_shard"))
+    grad_op = transformer_memory(TransformerSpec(**base, fsdp="shard_grad_op"))
+    assert full.weights < plain.weights < grad_op.weights  # shard_grad_op keeps the gathered blocks beside the shard
+    assert full.peak < grad_op.peak < plain.peak and full.comm_buffers == 0 < plain.comm_buffers
+    # a pipeline's first stage holds a micro-batch per stage in flight (1F1B), its last one
+    pp = dict(base, pipeline_parallel=4, micro_batches=8)
+    first, last = (transformer_stage_memory(TransformerSpec(**pp), s) for s in (0, 3))
+    per_micro = transformer_saved_activation_bytes(TransformerSpec(**pp), 1)
+    assert first.weights + 4 * 2 * 128 == last.weights  # one block each; the last stage also the final norm
+    assert first.activations > 3 * per_micro > last.activations - per_micro

@@ -156,3 +156,47 @@ def test_concurrent_collectives_share_a_rank_link():
     assert [name for _, _, name in shared.critical_path][-2:] == ["A", "T"]  # T waited on A's link
     alone = simulate(g, cost, share_links=False)
     assert alone.spans[0][2] == pytest.approx((1 * MS, 3 * MS)) and alone.iteration_s == pytest.approx(4 * MS)
+
+
+def test_a_posted_send_lets_its_rank_go_on():
+    # rank 0: A 2 ms, then posts the send S (1 ms) to rank 1 and runs B 3 ms at once: 2..5.
+    # rank 1: C 4 ms, then receives S: 4..5, then D 1 ms: 5..6. Blocking, rank 0 would wait at
+    # S until 4 and end at 8.
+    def graph(posted: bool) -> ExecutionGraph:
+        send = GraphOp("S", "collective", "t", {"ms": 1}, stream="comm:send", group=(0, 1), posted=posted)
+        return ExecutionGraph(
+            [
+                [comp("A", 2), send, comp("B", 3, deps=[0])],
+                [comp("C", 4), coll("S", 1, group=(0, 1), deps=[0]), comp("D", 1, deps=[1])],
+            ]
+        )
+
+    res = simulate(graph(True), cost, synchronous=True)
+    assert res.spans[0][2] == pytest.approx((2 * MS, 5 * MS)) and res.spans[0][1] == pytest.approx((4 * MS, 5 * MS))
+    assert res.iteration_s == pytest.approx(6 * MS)
+    assert simulate(graph(False), cost, synchronous=True).iteration_s == pytest.approx(8 * MS)
+
+
+def test_two_stage_pipeline_needs_posted_sends():
+    # stage 0 sends a1 before receiving g0, stage 1 sends g0 before receiving a1 (1F1B):
+    # with blocking sends each waits for the other; posted, both go on
+    def graph(posted: bool) -> ExecutionGraph:
+        def send(name, group):
+            return GraphOp(name, "collective", "t", {"ms": 1}, stream="comm:send", group=group, posted=posted)
+
+        return ExecutionGraph(
+            [
+                [comp("F0", 1), send("a0", (0, 1)), comp("F1", 1), send("a1", (0, 1)), coll("g0", 1, (1, 0))],
+                [coll("a0", 1, (0, 1)), comp("B0", 1), send("g0", (1, 0)), coll("a1", 1, (0, 1))],
+            ]
+        )
+
+    with pytest.raises(DeadlockError):
+        simulate(graph(False), cost, synchronous=True)
+    assert simulate(graph(True), cost, synchronous=True).iteration_s > 0
+
+
+def test_an_unreceived_send_is_an_error():
+    send = GraphOp("S", "collective", "t", {"ms": 1}, stream="comm:send", group=(0, 1), posted=True)
+    with pytest.raises(DeadlockError, match="never received"):
+        simulate(ExecutionGraph([[send], [comp("C", 1)]]), cost)

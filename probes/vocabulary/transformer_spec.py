@@ -28,6 +28,9 @@ CPU_DTYPES = ("float32", "bfloat16")
 # gradients and optimizer state sharded, parameters gathered once per step and kept until the
 # backward), full_shard (ZeRO-3: parameters gathered again for the backward).
 FSDP_MODES = ("none", "shard_grad_op", "full_shard")
+# A pipeline stage's data-parallel gradient buckets, all-reduced after its last backward: DDP's
+# default cap (25 MiB)
+GRADIENT_BUCKET_BYTES = 25 * 2**20
 
 
 @dataclass(frozen=True)

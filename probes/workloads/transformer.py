@@ -40,12 +40,9 @@ from torch.utils.checkpoint import checkpoint
 
 from probes.comm import destroy_groups
 from probes.vocabulary.pairs import SYMM_MEM_SLICES
-from probes.vocabulary.transformer_spec import CPU_DTYPES, TransformerSpec
+from probes.vocabulary.transformer_spec import CPU_DTYPES, GRADIENT_BUCKET_BYTES, TransformerSpec
 from probes.workloads.overlap import overlapped_gemm_all_reduce, symm_mem_gemm_all_reduce
 from probes.workloads.timed_steps import RunResult, run_timed_steps
-
-# The pipeline's data-parallel gradient buckets: DDP's default cap (25 MiB)
-GRADIENT_BUCKET_BYTES = 25 * 2**20
 
 
 class _CopyToTensorParallel(torch.autograd.Function):
