@@ -1,4 +1,5 @@
-"""Reading a job file: YAML → validated `JobSpec`, with errors that name file and field."""
+"""Reading a job file: YAML → a validated `JobSpec` (DLRM) or `TransformerJob`, with errors
+that name file and field."""
 
 from __future__ import annotations
 
@@ -7,12 +8,18 @@ from pathlib import Path
 import yaml
 
 from predictors.network import NetworkError, check_topology_size, topology_from_config
-from probes.vocabulary.jobspec import JobSpec, JobSpecError
+from probes.vocabulary.jobspec import WORKLOADS, JobSpec, JobSpecError
+from probes.vocabulary.jobspec_validation import parse_job
+from probes.vocabulary.transformer_job import TransformerJob
+
+Job = JobSpec | TransformerJob
 
 JOB_OPTION = "--job"
 
 
-def load_job(path: str | Path) -> JobSpec:
+def load_job(path: str | Path, workloads: tuple[str, ...] = WORKLOADS, command: str = "") -> Job:
+    """`workloads`: those the calling command handles; a job of another is refused naming
+    `workload` and the allowed values."""
     path = Path(path)
     # Problems with the file itself name the option it came from (`--job`).
     if not path.exists():
@@ -37,9 +44,15 @@ def load_job(path: str | Path) -> JobSpec:
     except RecursionError:
         raise JobSpecError([f"{path}: not valid YAML: nested too deeply"], fields=[JOB_OPTION]) from None
     try:
-        job = JobSpec.from_dict(data)
+        job = parse_job(data)
     except JobSpecError as exc:
         raise JobSpecError([f"{path}: {p}" for p in exc.problems], fields=exc.fields) from None
+    if job.workload not in workloads:
+        raise JobSpecError(
+            [f"{path}: workload: {job.workload!r} jobs are not handled by {command or 'this command'}; allowed: "
+             f"{list(workloads)} (autotune and plan take every workload)"],
+            fields=["workload"],
+        )
     # A named or explicit network is checked now; `calibrated` needs the cluster and its models.
     if job.network is not None and job.network.get("topology") != "calibrated":
         try:

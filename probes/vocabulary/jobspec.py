@@ -4,7 +4,7 @@ with errors that name the field.
 Schema (YAML or an equivalent dict), DLRM:
 
     name: dlrm_small                # optional label (default "job")
-    workload: dlrm                  # required; allowed: dlrm
+    workload: dlrm                  # required; allowed: dlrm, transformer (probes.vocabulary.transformer_job)
     world_size: 2                   # ranks (devices), >= 1
     batch_size: 256                 # samples per rank per iteration
     iterations: 20                  # optional, timed iterations when launched (default 20)
@@ -55,7 +55,7 @@ from typing import Any
 
 from probes.vocabulary.indices import Distribution
 
-WORKLOADS = ("dlrm",)
+WORKLOADS = ("dlrm", "transformer")  # transformer jobs: probes.vocabulary.transformer_job
 
 MAX_WORLD_SIZE = 65536
 MAX_ITERATIONS = 100_000

@@ -20,6 +20,19 @@ from probes.vocabulary.jobspec import (
     JobSpecError,
     TableSpec,
 )
+from probes.vocabulary.transformer_job import TRANSFORMER_FIELDS, TRANSFORMER_LIMITS, TransformerJob
+from probes.vocabulary.transformer_spec import DTYPES
+
+# Every bounded integer field of either workload's job file.
+_LIMITS = {**LIMITS, **TRANSFORMER_LIMITS}
+
+
+def parse_job(data: Any) -> JobSpec | TransformerJob:
+    """A job file's mapping as the job of its `workload`: every problem found, each naming its
+    field, raised together as one `JobSpecError`."""
+    if isinstance(data, dict) and data.get("workload") == "transformer":
+        return JobSpecValidator().transformer_job(data)
+    return JobSpecValidator().job(data)
 
 
 class JobSpecValidator:
@@ -34,7 +47,7 @@ class JobSpecValidator:
 
     def bounded_int(self, value: Any, path: str, limit: str) -> int | None:
         """`value` if an integer within LIMITS[limit], else None with the problem recorded."""
-        minimum, maximum, why = LIMITS[limit]
+        minimum, maximum, why = _LIMITS[limit]
         allowed = f"{minimum}..{maximum}"
         if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
             self.fail(path, f"an integer >= {minimum}", value, allowed)
@@ -45,7 +58,7 @@ class JobSpecValidator:
         return value
 
     def int_field(self, data: dict, key: str, path: str, limit: str | None = None, default: Any = ...) -> int:
-        minimum, maximum, _ = LIMITS[limit or key]
+        minimum, maximum, _ = _LIMITS[limit or key]
         if key not in data:
             if default is ...:
                 self.problems.append(
@@ -148,7 +161,7 @@ class JobSpecValidator:
             raise JobSpecError([f"(top level): expected a mapping of fields, got {type(data).__name__}"])
         self._unknown_fields(data)
         workload = data.get("workload")
-        if workload not in WORKLOADS:
+        if workload != "dlrm":
             self.fail("workload", f"one of {list(WORKLOADS)}", workload)
         world = self.world_size = self.int_field(data, "world_size", "")
         batch = self.int_field(data, "batch_size", "")
@@ -177,6 +190,51 @@ class JobSpecValidator:
             name=name,
             network=network,
             raw=dict(data),
+        )
+
+    def transformer_job(self, data: Any) -> TransformerJob:
+        """A `workload: transformer` job (probes.vocabulary.transformer_job gives the schema)."""
+        if not isinstance(data, dict):
+            raise JobSpecError([f"(top level): expected a mapping of fields, got {type(data).__name__}"])
+        for key in data:
+            if key not in TRANSFORMER_FIELDS:
+                self.problems.append(f"{key}: unknown field; allowed fields are {sorted(TRANSFORMER_FIELDS)}")
+        if data.get("workload") != "transformer":
+            self.fail("workload", f"one of {list(WORKLOADS)}", data.get("workload"))
+        world = self.world_size = self.int_field(data, "world_size", "")
+        sizes = {key: self.int_field(data, key, "") for key in ("layers", "hidden", "heads", "seq_len", "global_batch")}
+        vocab = self.int_field(data, "vocab_size", "", default=0)
+        if not self.problems and sizes["hidden"] % sizes["heads"]:
+            self.fail("heads", f"a divisor of hidden={sizes['hidden']}", sizes["heads"])
+        dtype = data.get("dtype", "float32")
+        if dtype not in DTYPES:
+            self.fail("dtype", "a training precision", dtype, ", ".join(DTYPES))
+        dropout = data.get("dropout", 0.1)
+        if not self.number(dropout, "dropout", "a dropout probability", minimum=0.0, allow_minimum=True, maximum=1.0):
+            dropout = 0.1
+        elif dropout >= 1.0:
+            self.fail("dropout", "a dropout probability < 1", dropout, "0 <= p < 1")
+        iterations = self.int_field(data, "iterations", "", default=20)
+        warmup = self.int_field(data, "warmup_iterations", "", default=5)
+        seed = self.int_field(data, "seed", "", default=0)
+        name = self._job_name(data.get("name", "job"))
+        cap = self._memory_cap(data.get("memory_cap_gb"))
+        network = self.network(data["network"]) if data.get("network") is not None else None
+        if self.problems:
+            raise JobSpecError(self.problems)
+        return TransformerJob(
+            world_size=world,
+            global_batch=sizes.pop("global_batch"),
+            vocab_size=vocab,
+            dtype=str(dtype),
+            dropout=float(dropout),
+            iterations=iterations,
+            warmup_iterations=warmup,
+            seed=seed,
+            memory_cap_gb=float(cap) if cap is not None else None,
+            name=name,
+            network=network,
+            **sizes,
         )
 
     def network(self, data: Any) -> dict[str, Any] | None:
