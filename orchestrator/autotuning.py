@@ -14,16 +14,23 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlflow
 
 from orchestrator import calibrate as calibration
 from orchestrator import registry
 from orchestrator.cluster import HardwareFingerprint
+from orchestrator.jobfile import Job
 from orchestrator.progress import say
-from policies.planning import make_plan
-from probes.vocabulary.jobspec import JobSpec
+from policies.plan import Plan
+from policies.planning import make_plan, make_transformer_plan
+from predictors.performance_model import PerformanceModel
+from probes.vocabulary.transformer_job import TransformerJob
+from probes.vocabulary.transformer_spec import TransformerSpec
+
+if TYPE_CHECKING:
+    from orchestrator.launch import LaunchResult
 
 
 def job_hash(job_dict: dict[str, Any]) -> str:
@@ -47,7 +54,7 @@ class AutotuneSettings:
 
 
 def autotune(
-    job: JobSpec, fp: HardwareFingerprint, uri: str, settings: AutotuneSettings, started: float
+    job: Job, fp: HardwareFingerprint, uri: str, settings: AutotuneSettings, started: float
 ) -> dict[str, Any] | None:
     """Run the flow inside one MLflow run; returns its summary, or None when there is no champion
     to plan with (said why). `started`: time.monotonic() when the command began (for wall_s)."""
@@ -109,7 +116,7 @@ def autotune(
         summary["model"] = f"{champion.name}/{champion.version}"
         mlflow.set_tags({"model_name": champion.name, "model_version": champion.version})
 
-        plan = make_plan(job, champion.model, fp, champion.version)
+        plan = plan_job(job, champion.model, fp, champion.version)
         plan_path = Path(settings.plan_out or f".autotune/plans/{job.name}-{hw}.json")
         plan.save(plan_path)
         mlflow.log_dict(plan.to_dict(), "plan.json")
@@ -121,37 +128,14 @@ def autotune(
                 "node_types_priced": ",".join(plan.placement.get("node_types", [])),
             }
         )
-        sharding = plan.decisions["sharding"]
-        mlflow.set_tag("sharding_choice", sharding.choice)
-        say(
-            f"plan: sharder {sharding.choice}, predicted {plan.predicted_iteration_ms:.2f} ms/iteration; "
-            f"candidates: " + ", ".join(f"{c.name}={c.predicted_ms:.2f}" for c in sharding.candidates if c.feasible)
-        )
-        if plan.substitutions:
-            say(f"substituting overlapped pairs: {plan.decisions['substitution'].choice}")
-        say(
-            f"placement: {job.world_size} rank(s) on {plan.rank_placement.node_count} node(s) of type "
-            f"{', '.join(plan.placement.get('node_types', []))}, collectives priced {plan.placement.get('scope')}-node"
-        )
+        choice = report_plan(job, plan)
         say(f"plan written to {plan_path}")
-        summary.update(
-            {"plan": str(plan_path), "sharding": sharding.choice, "predicted_iteration_ms": plan.predicted_iteration_ms}
-        )
+        summary.update({"plan": str(plan_path), "predicted_iteration_ms": plan.predicted_iteration_ms, **choice})
 
         if not settings.dry_run:
-            from orchestrator.launch import launch_dlrm
-
             iterations = settings.iterations or job.iterations
             say(f"launching {job.name} on {job.world_size} worker(s) for {iterations} timed iterations")
-            result = launch_dlrm(
-                job,
-                plan.table_to_rank,
-                iterations,
-                use_gpu=fp.device_kind == "cuda",
-                chunk_schedule=plan.chunk_schedule,
-                substitutions=plan.substitutions,
-                placement=plan.placement,
-            )
+            result = launch_plan(job, plan, iterations, use_gpu=fp.device_kind == "cuda")
             error = abs(plan.predicted_iteration_ms - result.iteration_ms) / result.iteration_ms
             mlflow.log_metrics(
                 {
@@ -178,3 +162,57 @@ def autotune(
         summary["wall_s"] = round(time.monotonic() - started, 1)
         mlflow.log_metric("autotune_wall_s", summary["wall_s"])
     return summary
+
+
+def plan_job(job: Job, model: PerformanceModel, fp: HardwareFingerprint, version: str | None) -> Plan:
+    if isinstance(job, TransformerJob):
+        return make_transformer_plan(job, model, fp, version)
+    return make_plan(job, model, fp, version)
+
+
+def report_plan(job: Job, plan: Plan) -> dict[str, Any]:
+    """Say what the plan chose (tagged on the run too); returns it for the summary."""
+    if isinstance(job, TransformerJob):
+        decision = plan.decisions["parallelism"]
+        key, tag = "layout", "parallelism_choice"
+        shown = [c for c in decision.candidates if c.feasible][:6]
+    else:
+        decision = plan.decisions["sharding"]
+        key, tag = "sharding", "sharding_choice"
+        shown = [c for c in decision.candidates if c.feasible]
+    mlflow.set_tag(tag, decision.choice)
+    say(
+        f"plan: {key} {decision.choice}, predicted {plan.predicted_iteration_ms:.2f} ms/iteration; "
+        f"candidates: " + ", ".join(f"{c.name}={c.predicted_ms:.2f}" for c in shown)
+    )
+    if plan.substitutions:
+        say(f"substituting overlapped pairs: {plan.decisions['substitution'].choice}")
+    say(
+        f"placement: {job.world_size} rank(s) on {plan.rank_placement.node_count} node(s) of type "
+        f"{', '.join(plan.placement.get('node_types', []))}, collectives priced {plan.placement.get('scope')}-node"
+    )
+    return {key: decision.choice}
+
+
+def launch_plan(job: Job, plan: Plan, iterations: int, use_gpu: bool) -> LaunchResult:
+    """Run the job for real as planned (Ray Train), on the nodes the plan priced."""
+    from orchestrator.launch import launch_dlrm, launch_transformer
+
+    if isinstance(job, TransformerJob):
+        return launch_transformer(
+            TransformerSpec.from_dict(plan.layout),
+            iterations,
+            use_gpu=use_gpu,
+            substitutions=plan.substitutions,
+            placement=plan.placement,
+            chunk_schedule=plan.chunk_schedule,
+        )
+    return launch_dlrm(
+        job,
+        plan.table_to_rank,
+        iterations,
+        use_gpu=use_gpu,
+        chunk_schedule=plan.chunk_schedule,
+        substitutions=plan.substitutions,
+        placement=plan.placement,
+    )

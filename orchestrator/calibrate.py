@@ -28,6 +28,7 @@ from orchestrator.measurement_store import MeasurementStore, spec_key
 from orchestrator.probe_pool import ActorPool, Gang
 from orchestrator.progress import Progress, say
 from orchestrator.sentinel import choose_sentinels
+from policies.parallelism import layout_gemms
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from predictors.dlrm_estimator import score_steps
 from predictors.fit import fit_bundle, kernel_rows
@@ -46,6 +47,7 @@ from probes.vocabulary.files import atomic_write_text
 from probes.vocabulary.jobspec import JobSpec, JobSpecError
 from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP
 from probes.vocabulary.records import Measurement
+from probes.vocabulary.transformer_job import TransformerJob
 from probes.workloads.random_dlrm import fitting_scale
 
 COLLECTIVE_SHARE = 0.25  # of the budget: six collective variants per group need ~50 sizes each
@@ -70,7 +72,7 @@ class CalibrationRequest:
     hardware; only what it lacks is measured, into it)."""
 
     budget_s: float = DEFAULT_BUDGET_S
-    job: JobSpec | None = None
+    job: JobSpec | TransformerJob | None = None
     seed: int = 0
     resume: Path | None = None
 
@@ -113,6 +115,17 @@ def job_table_groups(job: JobSpec) -> list[list[int]]:
     return groups
 
 
+def job_probe_specs(job: JobSpec | TransformerJob) -> list[ProbeSpec]:
+    """The points a plan for `job` prices beyond the sweep: a DLRM's MLP GEMMs and per-rank
+    table sets, a transformer's GEMMs under each of its layouts."""
+    if isinstance(job, TransformerJob):
+        return [
+            ProbeSpec("gemm", p, f"job-gemm-{p['variant']}:{p['batch']}x{p['M']}x{p['N']}x{p['K']}:{p['dtype']}")
+            for p in layout_gemms(job)
+        ]
+    return job_specs(job, job_table_groups(job))
+
+
 def node_members(gang: Gang) -> list[int]:
     """The pool actors of the node with the most of them (a gang of one node's devices), or
     none when every device is on one node already or no node holds two."""
@@ -135,6 +148,20 @@ def training_task_scale(fingerprint: HardwareFingerprint, world: int, seed: int)
 
 
 COVERAGE_POINTS = 6  # per op the planner prices, measured before the rest of the kernel sweep
+# The element-wise ops the DLRM and transformer graphs price (predictors/dlrm_graph.py,
+# predictors/transformer_block_graph.py).
+PLANNER_ELEMENTWISE_OPS = (
+    "relu",
+    "mul",
+    "add",
+    "layer_norm",
+    "layer_norm_bwd",
+    "softmax",
+    "softmax_bwd",
+    "gelu",
+    "gelu_bwd",
+    "dropout",
+)
 # Coverage table sets small enough to measure in a short budget: the sweep's sets reach 1 GiB
 # and 4M ids a batch (seconds each on a CPU device), and a 20 s calibration measured too few
 # of them to fit the lookups at all.
@@ -152,18 +179,13 @@ def _quick(spec: ProbeSpec) -> bool:
 
 
 def planner_coverage(specs: Sequence[ProbeSpec], per_op: int = COVERAGE_POINTS) -> list[ProbeSpec]:
-    """The first `per_op` float32 points of each kernel op a DLRM plan prices (GEMM, lookups
-    of small table sets, relu / mul / add, copies), taken out of `specs` to run first: without them a bundle cannot
-    plan and is never promoted (`quality_problems`), however short the budget. They are moved,
-    not repeated: the rest of the sweep follows in its own order."""
-    wanted = {
-        "gemm": "gemm",
-        "embedding": "embedding",
-        "memcpy": "memcpy",
-        "relu": "elementwise",
-        "mul": "elementwise",
-        "add": "elementwise",
-    }
+    """The first `per_op` float32 points of each kernel op a plan prices (DLRM: GEMM, lookups
+    of small table sets, relu / mul / add, copies; transformer: also layer norm, softmax, gelu,
+    dropout and their backward), taken out of `specs` to run first: without them a bundle cannot
+    plan (and without the DLRM's is never promoted, `quality_problems`), however short the
+    budget. They are moved, not repeated: the rest of the sweep follows in its own order."""
+    wanted = {"gemm": "gemm", "embedding": "embedding", "memcpy": "memcpy"}
+    wanted.update({op: "elementwise" for op in PLANNER_ELEMENTWISE_OPS})
     taken: dict[str, int] = {}
     out = []
     for spec in specs:
@@ -189,7 +211,7 @@ def measure(
     fingerprint: HardwareFingerprint,
     budget_s: float,
     store: MeasurementStore,
-    job: JobSpec | None = None,
+    job: JobSpec | TransformerJob | None = None,
     seed: int = 0,
 ) -> tuple[int, int]:
     """Run the sweep over one ProbeActor per device until done or out of budget.
@@ -208,7 +230,7 @@ def measure(
     first = planner_coverage(local)  # a short budget still models every op a plan prices
     local = [s for s in local if not any(s is f for f in first)]
     if job is not None:
-        local = job_specs(job, job_table_groups(job)) + local
+        local = job_probe_specs(job) + local
     local = first + local  # before the job's own points too: without them nothing can be promoted
 
     pool = ActorPool(device, fingerprint.hardware_id, devices, strategy="SPREAD").start()

@@ -49,8 +49,10 @@ def load_job(path: str | Path, workloads: tuple[str, ...] = WORKLOADS, command: 
         raise JobSpecError([f"{path}: {p}" for p in exc.problems], fields=exc.fields) from None
     if job.workload not in workloads:
         raise JobSpecError(
-            [f"{path}: workload: {job.workload!r} jobs are not handled by {command or 'this command'}; allowed: "
-             f"{list(workloads)} (autotune and plan take every workload)"],
+            [
+                f"{path}: workload: {job.workload!r} jobs are not handled by {command or 'this command'}; allowed: "
+                f"{list(workloads)} (autotune and plan take every workload)"
+            ],
             fields=["workload"],
         )
     # A named or explicit network is checked now; `calibrated` needs the cluster and its models.

@@ -83,6 +83,7 @@ def _train_loop(config: dict[str, Any]) -> None:
                 TransformerSpec.from_dict(config["transformer"]),
                 ctx.get_world_rank(),
                 device,
+                comm_hook=_chunked_all_reduce(config.get("chunk_schedule")),
                 overlap_slices=config.get("overlap_slices"),
             )
         else:
@@ -105,6 +106,16 @@ def _train_loop(config: dict[str, Any]) -> None:
         )
         ray.get(config["collector"].put.remote(metrics))
     ray.train.report(summary)
+
+
+def _chunked_all_reduce(schedule: dict | None) -> tuple[Any, Any] | None:
+    """The DDP communication hook that all-reduces each bucket by the plan's chunk schedule."""
+    if schedule is None:
+        return None
+    from probes.workloads.hierarchical_allreduce import HierarchicalAllReduce, hierarchical_allreduce_hook
+
+    chunks = ChunkSchedule.from_dict(schedule)
+    return HierarchicalAllReduce(chunks.dims, chunks), hierarchical_allreduce_hook
 
 
 def _metrics(result: Any) -> dict[str, Any]:
@@ -194,13 +205,20 @@ def launch_transformer(
     storage: str | Path = ".autotune/ray_results",
     substitutions: dict[str, int] | None = None,
     placement: dict[str, Any] | None = None,
+    chunk_schedule: dict | None = None,
 ) -> LaunchResult:
-    """Run a `TransformerSpec` (data x tensor parallel) for real and time it; `substitutions`
-    ("b{layer}.out" / "b{layer}.fc2" -> slices) runs those row-parallel pairs overlapped."""
+    """Run a `TransformerSpec` (any layout) for real and time it; `substitutions`
+    ("b{layer}.out" / "b{layer}.fc2" -> slices) runs those row-parallel pairs overlapped; a
+    chunk schedule all-reduces DDP's gradient buckets by it (DDP over the whole world)."""
     allowed = {f"b{layer}.{name}" for layer in range(spec.layers) for name in ("out", "fc2")}
+    if chunk_schedule is not None and ChunkSchedule.from_dict(chunk_schedule).world_size != spec.data_parallel:
+        raise ScheduleError(
+            f"chunk schedule grid {chunk_schedule['dims']} does not hold the {spec.data_parallel} data-parallel ranks"
+        )
     config = {
         "transformer": spec.to_dict(),
         "overlap_slices": _checked_substitutions(substitutions, allowed, allowed),
+        "chunk_schedule": chunk_schedule,
         "iterations": iterations or spec.iterations,
         "warmup": spec.warmup_iterations,
     }

@@ -99,6 +99,13 @@ def _check_choice_detail(name: str, where: str, detail: dict) -> None:
             "a chunk schedule mapping",
             detail.get("chunk_schedule"),
         )
+    if name == "parallelism":
+        _expect(
+            isinstance(detail.get("layout"), dict),
+            f"{where}.choice_detail.layout",
+            "the chosen layout (a transformer spec mapping)",
+            detail.get("layout"),
+        )
     if name == "substitution" and "substitutions" in detail:
         subs = detail["substitutions"]
         _expect(
@@ -169,6 +176,11 @@ class Plan:
     @property
     def table_to_rank(self) -> list[int]:
         return list(self.decisions["sharding"].choice_detail["table_to_rank"])
+
+    @property
+    def layout(self) -> dict[str, Any]:
+        """The parallelism decision's layout: the `TransformerSpec` the job runs as (a dict)."""
+        return dict(self.decisions["parallelism"].choice_detail["layout"])
 
     @property
     def chunk_schedule(self) -> dict[str, Any] | None:
@@ -272,9 +284,14 @@ class Plan:
             raise PlanError(f"{path}: {exc}", exc.field) from None
 
     def check_job(self, job: Any) -> None:
-        """That this plan can run `job` (a `JobSpec`): made for the same tables and world
-        size, every table's entry a valid sharding of it; else `PlanError` naming the field."""
+        """That this plan can run `job`: a DLRM `JobSpec` made for the same tables and world
+        size, every table's entry a valid sharding of it; a `TransformerJob` with the same model
+        and a layout of it; else `PlanError` naming the field."""
         from probes.vocabulary.table_shards import ShardingPlanError, table_shards
+
+        if job.workload == "transformer":
+            self._check_transformer_job(job)
+            return
 
         if "sharding" not in self.decisions:
             raise PlanError(
@@ -302,3 +319,23 @@ class Plan:
                 RankPlacement.from_dict(self.placement, job.world_size)
             except PlacementError as exc:
                 raise PlanError(str(exc), "placement") from None
+
+    def _check_transformer_job(self, job: Any) -> None:
+        from probes.vocabulary.transformer_spec import TransformerSpec, TransformerSpecError
+
+        if "parallelism" not in self.decisions:
+            raise PlanError(
+                "decisions.parallelism: required for a transformer plan (the layout) and missing",
+                "decisions.parallelism",
+            )
+        wanted = job.to_dict()
+        for key in ("world_size", "layers", "hidden", "heads", "seq_len", "global_batch", "vocab_size", "dtype"):
+            if self.job.get(key) != wanted[key]:
+                raise PlanError(
+                    f"job.{key}: the plan was made for {key} {self.job.get(key)!r}, the job has {wanted[key]!r}",
+                    f"job.{key}",
+                )
+        try:
+            TransformerSpec.from_dict(self.layout)
+        except (TransformerSpecError, TypeError) as exc:
+            raise PlanError(f"decisions.parallelism.choice_detail.layout: {exc}", "decisions.parallelism") from None

@@ -10,11 +10,12 @@ from __future__ import annotations
 from typing import Protocol, Sequence
 
 from policies.chunking import choose_chunking
+from policies.parallelism import choose_parallelism
 from policies.plan import Decision, Plan
 from policies.sharding import choose_sharding
 from policies.substitution import choose_substitutions
 from predictors.dlrm_estimator import estimate_iteration
-from predictors.dlrm_graph import build_dlrm_graph, ddp_buckets, dense_parameter_bytes, dlrm_slice_params
+from predictors.dlrm_graph import FLOAT, build_dlrm_graph, ddp_buckets, dense_parameter_bytes, dlrm_slice_params
 from predictors.network import (
     NetworkError,
     NetworkTopology,
@@ -22,9 +23,13 @@ from predictors.network import (
     dimension_from_model,
     topology_from_config,
 )
+from predictors.overlap_model import scale_gemm_rows
 from predictors.performance_model import PerformanceModel
+from predictors.transformer_graph import build_transformer_graph, stage_param_numel
 from probes.vocabulary.jobspec import JobSpec, JobSpecError
 from probes.vocabulary.placement import PlacementError, RankPlacement
+from probes.vocabulary.transformer_job import TransformerJob
+from probes.vocabulary.transformer_spec import TransformerSpec
 
 
 class DeviceNode(Protocol):
@@ -71,7 +76,7 @@ def memory_cap_bytes(job: JobSpec, fingerprint: Hardware) -> float:
     return DEFAULT_MEMORY_SHARE * fingerprint.min_device_memory_bytes
 
 
-def job_placement(job: JobSpec, fingerprint: Hardware) -> RankPlacement:
+def job_placement(job: JobSpec | TransformerJob, fingerprint: Hardware) -> RankPlacement:
     """The job's ranks packed onto the device nodes, most devices first (as the launcher
     places them); a job larger than the cluster is refused, naming `world_size`."""
     try:
@@ -103,7 +108,7 @@ def require_collectives(model: PerformanceModel, job: JobSpec, placement: RankPl
             model.predict(op, bytes=4096, world=job.world_size, scope=placement.scope())
 
 
-def job_topology(job: JobSpec, model: PerformanceModel, fingerprint: Hardware) -> NetworkTopology:
+def job_topology(job: JobSpec | TransformerJob, model: PerformanceModel, fingerprint: Hardware) -> NetworkTopology:
     """The network the job's `network` section names: a preset, explicit dims, or `calibrated`:
     this cluster's devices per node over its nodes, each dimension fitted from the measured
     reduce-scatter of a group that size (intra-node, then inter-node)."""
@@ -192,6 +197,78 @@ def make_plan(job: JobSpec, model: PerformanceModel, fingerprint: Hardware, mode
         notes=notes,
         placement=placement_record(placement, fingerprint),
     )
+
+
+def make_transformer_plan(
+    job: TransformerJob, model: PerformanceModel, fingerprint: Hardware, model_version: str | None
+) -> Plan:
+    """The layout (policies/parallelism.py), then for it: which row-parallel GEMM + all-reduce
+    pairs to overlap (tensor-parallel layouts) and how to chunk the gradient all-reduce over
+    the job's `network` (DDP over the whole world)."""
+    placement = job_placement(job, fingerprint)
+    cap = transformer_memory_cap_bytes(job, fingerprint)
+    parallelism = choose_parallelism(job, model, cap, placement)
+    spec = TransformerSpec.from_dict(parallelism.choice_detail["layout"])
+    decisions = {"parallelism": parallelism}
+    notes = [
+        "iteration cost = critical-path simulation of the layout's execution graph (1F1B pipeline schedule, "
+        "TP collectives on the critical path, DP buckets overlapped and sharing the link) + the fitted "
+        "per-step overhead",
+        f"memory cap {cap / 2**30:.2f} GiB per rank (predicted peak; layouts over it refused)",
+        f"{parallelism.choice_detail['priced']} layout(s) priced of {len(parallelism.candidates)}",
+    ]
+    if "transformer" not in model.step_overheads:
+        notes.append(
+            "no transformer step overhead in this bundle (its calibration measured no transformer steps): "
+            "every layout's time is its simulated kernels only, a lower bound"
+        )
+    predicted_ms = parallelism.predicted_ms
+    graph = build_transformer_graph(spec, placement)
+    if graph.meta.get("substitutable"):
+        substitution = choose_substitutions(graph, model, lambda _r, op, k: scale_gemm_rows(op.params, k))
+        decisions["substitution"] = substitution
+        if substitution.choice_detail["substitutions"]:
+            predicted_ms -= substitution.choice_detail["unfused_ms"] - substitution.predicted_ms
+            notes.append(f"predicted iteration time includes the overlapped pairs ({substitution.choice})")
+    if job.network is not None:
+        if spec.data_parallel == job.world_size and spec.fsdp == "none":
+            buckets = ddp_buckets(FLOAT * stage_param_numel(spec, 0))
+            if job.network.get("collective_mb"):
+                buckets = [int(float(job.network["collective_mb"]) * 2**20)]
+            decisions["chunking"] = choose_chunking(job_topology(job, model, fingerprint), float(max(buckets)))
+            notes.append("chunking: the largest DDP gradient bucket, simulated chunk by chunk on the job's network")
+        else:
+            notes.append(
+                f"chunking: not applied: the chosen layout ({spec.layout}) does not all-reduce its gradients with "
+                "DDP over the whole world the network describes"
+            )
+    return Plan(
+        job=job.to_dict(),
+        hardware_id=fingerprint.hardware_id,
+        model_version=model_version,
+        predicted_iteration_ms=predicted_ms,
+        decisions=decisions,
+        notes=notes,
+        placement=placement_record(placement, fingerprint),
+    )
+
+
+# A transformer's predicted peak per rank may use this share of the smallest device's memory
+# when the job sets no cap (the rest: the framework, allocator fragmentation, NCCL buffers).
+TRANSFORMER_MEMORY_SHARE = 0.9
+
+
+def transformer_memory_cap_bytes(job: TransformerJob, fingerprint: Hardware) -> float:
+    if job.memory_cap_gb is not None:
+        return job.memory_cap_gb * 2**30
+    if fingerprint.min_device_memory_bytes <= 0:
+        raise JobSpecError(
+            [
+                "memory_cap_gb: required here: the devices' memory is unknown (GPUs that Ray declares "
+                "but NVML does not see); expected a number of GiB > 0"
+            ]
+        )
+    return TRANSFORMER_MEMORY_SHARE * fingerprint.min_device_memory_bytes
 
 
 def predict_plan_ms(job: JobSpec, plan: Plan, model: PerformanceModel) -> float:

@@ -15,7 +15,12 @@ from probes.vocabulary.jobspec import TableSpec
 
 
 class NoFeasiblePlanError(ValueError):
-    """No placement keeps every rank under its memory cap."""
+    """No placement (or layout) keeps every rank under its memory cap; `field`: the job field
+    to change."""
+
+    def __init__(self, message: str, field: str = "tables"):
+        self.field = field
+        super().__init__(message)
 
 
 def _greedy(

@@ -249,7 +249,7 @@ def run_main(main: Callable[[Sequence[str] | None], int], argv: Sequence[str] | 
     except PlanError as exc:
         return bad_input(f"invalid plan: {exc}", exc.field, as_json)
     except NoFeasiblePlanError as exc:
-        return bad_input(f"no feasible plan: {exc}", "tables", as_json)
+        return bad_input(f"no feasible plan: {exc}", exc.field, as_json)
     except ShardingPlanError as exc:
         return bad_input(f"invalid plan: {exc}", "--plan", as_json)
     except (NetworkError, ScheduleError) as exc:

@@ -9,13 +9,16 @@ import sys
 from typing import Any, Sequence
 
 from orchestrator import registry
+from orchestrator.autotuning import plan_job
 from orchestrator.cli.common import champion_or_exit, emit, entry_point, fingerprint, job_parser, output_file
 from orchestrator.jobfile import load_job
 from orchestrator.progress import say
-from policies.planning import make_plan
 
 
 def _human(plan: dict[str, Any]) -> None:
+    if "parallelism" in plan["decisions"]:
+        _human_layouts(plan)
+        return
     decision = plan["decisions"]["sharding"]
     say(f"hardware {plan['hardware_id']}, model v{plan['model_version']}")
     for c in decision["candidates"]:
@@ -49,6 +52,24 @@ def _human(plan: dict[str, Any]) -> None:
         )
 
 
+def _human_layouts(plan: dict[str, Any]) -> None:
+    """A transformer plan: every layout priced, with its peak memory; the refused ones' reasons."""
+    decision = plan["decisions"]["parallelism"]
+    say(f"hardware {plan['hardware_id']}, model v{plan['model_version']}")
+    for c in decision["candidates"]:
+        mark = "*" if c["name"] == decision["choice"] else " "
+        peak = c["detail"]["memory"]["peak"] / 2**30
+        if c["feasible"]:
+            say(f" {mark} {c['name']:34s} {c['predicted_ms']:9.2f} ms   peak {peak:7.2f} GiB/rank")
+        else:
+            say(f"   {c['name']:34s} {'-':>9s}      peak {peak:7.2f} GiB/rank: {c['detail'].get('reason')}")
+    plain = decision["choice_detail"].get("plain_data_parallel_ms")
+    say(
+        f"chosen: {decision['choice']} at {plan['predicted_iteration_ms']:.2f} ms/iteration"
+        + (f" (plain data parallel: {plain:.2f} ms)" if plain else "")
+    )
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
     parser = job_parser("orchestrator.cli.plan", __doc__)
     parser.add_argument("--out", type=output_file, help="also write the plan JSON to this file")
@@ -57,7 +78,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     registry.configure(args.tracking_uri)
     fp = fingerprint(args.ray_address, start_ray=False)
     champion = champion_or_exit(fp.hardware_id)
-    plan = make_plan(job, champion.model, fp, champion.version)
+    plan = plan_job(job, champion.model, fp, champion.version)
     if args.out:
         plan.save(args.out)
     emit(plan.to_dict(), args.json, _human)

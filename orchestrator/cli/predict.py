@@ -15,6 +15,9 @@ from orchestrator.progress import say
 from policies.plan import Plan
 from policies.planning import job_placement
 from predictors.dlrm_estimator import estimate_iteration
+from predictors.transformer_estimator import estimate_transformer_iteration
+from probes.vocabulary.transformer_job import TransformerJob
+from probes.vocabulary.transformer_spec import TransformerSpec
 
 
 def _human(out: dict) -> None:
@@ -34,10 +37,22 @@ def _main(argv: Sequence[str] | None = None) -> int:
         say(f"note: the plan was made for {plan.hardware_id}; predicting for this hardware, {fp.hardware_id}")
     champion = champion_or_exit(fp.hardware_id)
     placement = plan.rank_placement if plan.placement else job_placement(job, fp)
-    cost = estimate_iteration(job, plan.table_to_rank, champion.model, placement=placement)
+    if isinstance(job, TransformerJob):
+        layout = TransformerSpec.from_dict(plan.layout)
+        estimate = estimate_transformer_iteration(layout, champion.model, placement=placement)
+        iteration_s = estimate.iteration_s
+        breakdown = {
+            "layout": layout.layout,
+            "overhead_ms": estimate.overhead_s * 1e3,
+            "memory": estimate.memory.to_dict() if estimate.memory else None,
+            "problems": estimate.problems,
+        }
+    else:
+        cost = estimate_iteration(job, plan.table_to_rank, champion.model, placement=placement)
+        iteration_s, breakdown = cost.iteration_s, cost.to_dict()
     out = {
-        "iteration_ms": cost.iteration_s * 1e3,
-        "breakdown": cost.to_dict(),
+        "iteration_ms": iteration_s * 1e3,
+        "breakdown": breakdown,
         "hardware_id": fp.hardware_id,
         "model_version": champion.version,
     }

@@ -9,9 +9,9 @@ from __future__ import annotations
 import sys
 from typing import Sequence
 
+from orchestrator.autotuning import launch_plan
 from orchestrator.cli.common import emit, entry_point, fingerprint, int_in, job_parser
 from orchestrator.jobfile import load_job
-from orchestrator.launch import launch_dlrm
 from orchestrator.progress import say
 from policies.plan import Plan
 from policies.planning import job_placement, placement_record
@@ -38,15 +38,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
             f"note: the plan priced ranks per node {plan.placement.get('ranks_per_node')}; this cluster packs them "
             f"{placement.to_dict()['ranks_per_node']}"
         )
-    result = launch_dlrm(
-        job,
-        plan.table_to_rank,
-        args.iters,
-        use_gpu=fp.device_kind == "cuda",
-        chunk_schedule=plan.chunk_schedule,
-        substitutions=plan.substitutions,
-        placement=placement_record(placement, fp),
-    )
+    plan.placement = placement_record(placement, fp)
+    result = launch_plan(job, plan, args.iters or job.iterations, use_gpu=fp.device_kind == "cuda")
     out = result.to_dict()  # with how long the host took to go quiet, and where each rank ran
     emit(out, args.json, _human)
     return 0

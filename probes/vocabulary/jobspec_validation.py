@@ -224,7 +224,11 @@ class JobSpecValidator:
             raise JobSpecError(self.problems)
         return TransformerJob(
             world_size=world,
-            global_batch=sizes.pop("global_batch"),
+            layers=sizes["layers"],
+            hidden=sizes["hidden"],
+            heads=sizes["heads"],
+            seq_len=sizes["seq_len"],
+            global_batch=sizes["global_batch"],
             vocab_size=vocab,
             dtype=str(dtype),
             dropout=float(dropout),
@@ -234,7 +238,6 @@ class JobSpecValidator:
             memory_cap_gb=float(cap) if cap is not None else None,
             name=name,
             network=network,
-            **sizes,
         )
 
     def network(self, data: Any) -> dict[str, Any] | None:

@@ -55,8 +55,10 @@ class TransformerSpec:
     vocab_size: int = 0  # >0: token ids in, an embedding and an LM head with cross-entropy; 0: random activations, MSE
 
     def __post_init__(self) -> None:
-        counts = ("layers", "hidden", "heads", "seq_len", "batch_size", "world_size", "tensor_parallel")
-        counts += ("pipeline_parallel", "micro_batches")
+        counts = ("layers", "hidden", "heads", "seq_len", "batch_size", "world_size", "tensor_parallel") + (
+            "pipeline_parallel",
+            "micro_batches",
+        )
         problems = [
             f"{k}: expected an integer >= 1, got {getattr(self, k)!r}"
             for k in counts
