@@ -124,4 +124,26 @@ class TransformerJob:
         return JobSpecValidator().transformer_job(data)
 
 
-__all__ = ["DTYPES", "TRANSFORMER_FIELDS", "TRANSFORMER_LIMITS", "TransformerJob"]
+def random_transformer_job(index: int, world_size: int, seed: int) -> TransformerJob:
+    """Random GPT-style job `index` (deterministic in `seed`), sized for a layout race on CPU
+    ranks: 2-4 blocks, hidden 64-256, 2-8 heads, sequences of 32-128 tokens, a vocabulary of
+    0 (random activations), 512 or 2048 tokens, a global batch of 4-16 sequences."""
+    import numpy as np
+
+    rng = np.random.default_rng([seed, index, 7919])
+    hidden = int(rng.choice([64, 128, 256]))
+    return TransformerJob(
+        world_size=world_size,
+        layers=int(rng.integers(2, 5)),
+        hidden=hidden,
+        heads=int(rng.choice([h for h in (2, 4, 8) if hidden % h == 0])),
+        seq_len=int(rng.choice([32, 64, 128])),
+        global_batch=int(rng.choice([b for b in (4, 8, 16) if b % world_size == 0] or [world_size])),
+        vocab_size=int(rng.choice([0, 512, 2048])),
+        dropout=0.1,
+        seed=index,
+        name=f"gpt{index}",
+    )
+
+
+__all__ = ["DTYPES", "TRANSFORMER_FIELDS", "TRANSFORMER_LIMITS", "TransformerJob", "random_transformer_job"]
