@@ -2,7 +2,8 @@
 
 Options: every layout that divides the job (`enumerate_layouts`): tensor parallel over a
 divisor of the heads, pipeline stages over at most the blocks, data parallel over the rest
-(dividing the global batch), micro-batch counts that divide each replica's batch, activation
+(dividing the global batch), micro-batch counts that divide each replica's batch (at least one
+per stage under a pipeline), activation
 recomputation off or on, and for plain data parallel DDP or FSDP (shard_grad_op, full_shard).
 Each is priced by `LayoutPricer`: its peak memory per rank first (predictors/memory.py; a
 layout over the cap is refused with the bytes it needs), then the critical-path simulation of
@@ -62,7 +63,7 @@ def enumerate_layouts(job: TransformerJob, skipped: dict[str, str] | None = None
                     )
                 continue
             sharding = FSDP_MODES if tp == 1 and pp == 1 and dp > 1 else ("none",)
-            for micro in micro_batch_options(job.global_batch // dp):
+            for micro in (m for m in micro_batch_options(job.global_batch // dp) if pp == 1 or m >= pp):
                 for fsdp in sharding:
                     for recompute in (False, True):
                         yield job.spec(tp, pp, micro, recompute, fsdp)

@@ -110,13 +110,13 @@ def test_world4_layouts_train_like_the_unpartitioned_model():
 
 
 def test_layout_groups_cover_every_rank_once():
-    spec = _layout(8, batch_size=2, tensor_parallel=2, pipeline_parallel=2)
+    spec = _layout(8, batch_size=2, tensor_parallel=2, pipeline_parallel=2, micro_batches=2)
     for group_of in (spec.tp_group_of, spec.dp_group_of, spec.pp_group_of):
         groups = {group_of(r) for r in range(8)}
         assert sorted(r for g in groups for r in g) == list(range(8))
         assert all(r in group_of(r) for r in range(8))
     assert [list(spec.stage_layers(s)) for s in range(2)] == [[0], [1]]
-    assert [list(_layout(2, batch_size=2, layers=5, pipeline_parallel=2).stage_layers(s)) for s in range(2)] == [
+    assert [list(_layout(2, batch_size=2, layers=5, pipeline_parallel=2, micro_batches=2).stage_layers(s)) for s in range(2)] == [
         [0, 1, 2],
         [3, 4],
     ]

@@ -102,6 +102,11 @@ class TransformerSpec:
                 f"micro_batches: expected a divisor of batch_size={self.batch_size} (sequences per data-parallel "
                 f"rank), got {self.micro_batches}"
             )
+        if 1 < pp and self.micro_batches < pp:
+            problems.append(
+                f"micro_batches: expected at least pipeline_parallel={pp} (the 1F1B schedule keeps a micro-batch "
+                f"in every stage), got {self.micro_batches}"
+            )
         if self.fsdp != "none" and (tp > 1 or pp > 1):
             problems.append(
                 f"fsdp: {self.fsdp!r} shards a data-parallel job (tensor_parallel=1, pipeline_parallel=1); "
