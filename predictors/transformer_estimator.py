@@ -13,6 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from predictors.evaluation import ErrorStats, error_stats
+from predictors.graph import ExecutionGraph
 from predictors.memory import MemoryEstimate, transformer_memory
 from predictors.opmodels import fit_step_overhead
 from predictors.performance_model import PerformanceModel
@@ -23,10 +24,21 @@ from probes.vocabulary.placement import RankPlacement, placement_of
 from probes.vocabulary.records import Measurement
 from probes.vocabulary.transformer_spec import TransformerSpec
 
-# Per step, per layer, and a slowdown in proportion to the simulated kernels (on a shared host
-# gloo's threads and the compute thread slow each other; steps measured 1.2-2x their kernels,
-# and a per-layer term alone left a 4-layer stack's overhead 4x short), as the DLRM's.
-OVERHEAD_FEATURES = ["one", "layers", "kernels_s"]
+# Per step, per op issued and per collective on the busiest rank, and a slowdown in proportion
+# to the simulated kernels (on a shared host gloo's threads and the compute thread slow each
+# other; steps measured 1.2-2x their kernels, and a per-layer term alone left a 4-layer stack's
+# overhead 4x short), as the DLRM's. Ops, not layers: a layout's framework work grows with what
+# it issues (micro-batches, recomputed forwards, FSDP's gathers, a pipeline's transfers), and
+# a gloo collective inside a step costs more than its isolated probe (#26: 1.3-2 ms vs 0.15 ms).
+OVERHEAD_FEATURES = ["one", "ops", "collectives", "kernels_s"]
+
+
+def overhead_params(spec: TransformerSpec, graph: ExecutionGraph, kernels_s: float) -> dict[str, float]:
+    """The step overhead's features for one layout (and `layers`, which bundles fitted before
+    the op counts read)."""
+    ops = max(sum(1 for o in rank if o.params) for rank in graph.ranks)
+    collectives = max(sum(1 for o in rank if o.kind == "collective") for rank in graph.ranks)
+    return {"layers": spec.layers, "ops": ops, "collectives": collectives, "kernels_s": kernels_s}
 
 
 @dataclass
@@ -65,7 +77,7 @@ def estimate_transformer_iteration(
     )
     problems += [f"no model for {op}: priced at 0, the estimate is a lower bound" for op in sorted(unpriced)]
     overhead = (
-        model.step_overhead_s("transformer", {"layers": spec.layers, "kernels_s": result.iteration_s})
+        model.step_overhead_s("transformer", overhead_params(spec, graph, result.iteration_s))
         if include_overhead
         else 0.0
     )
@@ -83,14 +95,13 @@ def fit_transformer_overhead(
     simulated, residuals = [], []
     for row in step_rows:
         spec = TransformerSpec.from_dict(row.params["transformer"])
-        kernels = estimate_transformer_iteration(
-            spec, model, include_overhead=False, placement=placement_of(row.params, spec.world_size)
-        ).iteration_s
+        placement = placement_of(row.params, spec.world_size)
+        kernels = estimate_transformer_iteration(spec, model, include_overhead=False, placement=placement).iteration_s
         simulated.append(kernels)
         residuals.append(
             Measurement(
                 TRANSFORMER_OVERHEAD_OP,
-                {"layers": spec.layers, "kernels_s": kernels},
+                overhead_params(spec, build_transformer_graph(spec, placement), kernels),
                 max(row.median_s - kernels, 0.02 * row.median_s),
                 0.0,
                 row.repeats,

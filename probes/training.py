@@ -123,12 +123,39 @@ def task_indices(n: int) -> range:
 _TRAINING_BF16_SLOTS: dict[str, tuple[int, ...]] = {"cpu": (), "cuda": (2, 3)}
 
 
+# The layouts some transformer probes train under, in turn, so the step overhead is fitted on
+# every kind of layout a plan may choose, not extrapolated from data parallel; "world": as many
+# as the probe has ranks. A layout the probe's job cannot take falls back to data parallel.
+PROBE_LAYOUTS: tuple[dict[str, Any], ...] = (
+    {"tensor_parallel": "world"},
+    {"pipeline_parallel": 2, "micro_batches": 2},
+    {"fsdp": "full_shard"},
+    {"micro_batches": 2, "recompute": True},
+    {"fsdp": "shard_grad_op", "micro_batches": 2},
+    {"tensor_parallel": "world", "micro_batches": 2},
+)
+
+
+def probe_layout(job: Any, k: int) -> dict[str, Any]:
+    """Layout k (in turn) of `job` (a `TransformerJob`) as a spec dict, or its data-parallel
+    spec where the job does not divide that way."""
+    from probes.vocabulary.transformer_spec import TransformerSpecError
+
+    layout = {key: job.world_size if v == "world" else v for key, v in PROBE_LAYOUTS[k % len(PROBE_LAYOUTS)].items()}
+    try:
+        return job.spec(**layout).to_dict()
+    except TransformerSpecError:
+        return job.spec().to_dict()
+
+
 def transformer_training_specs(n: int, seed: int, world: int, device_kind: str = "cpu") -> list[ProbeSpec]:
-    """Data-parallel block stacks whose captured steps give the in-context times of the
-    transformer kernels (gelu, softmax, layer_norm and their backward, batched GEMMs),
-    alternating small stacks with task-shaped ones from the random-task generator (its own
-    seed stream), so the step model is not extrapolated to the sizes jobs have; some of them
-    in bfloat16 mixed precision (`_TRAINING_BF16_SLOTS`)."""
+    """Block stacks whose steps fit the transformer step overhead and whose captured steps give
+    the in-context times of its kernels (gelu, softmax, layer_norm and their backward, batched
+    GEMMs). In turn: small data-parallel stacks, task-shaped ones from the random-task
+    generator (its own seed stream), so the step model is not extrapolated to the sizes jobs
+    have, and every other small and task-shaped one a random job under one of the layouts a
+    plan may choose (`PROBE_LAYOUTS`); some in bfloat16 mixed precision (`_TRAINING_BF16_SLOTS`)."""
+    from probes.vocabulary.transformer_job import random_transformer_job
     from probes.vocabulary.transformer_spec import random_transformer
 
     bf16_slots = _TRAINING_BF16_SLOTS["cuda" if device_kind.startswith("cuda") else "cpu"]
@@ -136,10 +163,11 @@ def transformer_training_specs(n: int, seed: int, world: int, device_kind: str =
     out = []
     for i in range(n):
         dtype = "bfloat16" if i % 4 in bf16_slots else "float32"
-        if i % 2:
+        if i % 4 == 3 or (i % 4 == 2 and world > 1):
+            job = random_transformer_job(i, world, seed + CALIBRATION_TASK_STREAM)
+            spec = probe_layout(job, (i // 4) * 2 + (i % 4 == 3))  # the layouts in turn
+        elif i % 2:
             spec = random_transformer(i, world, 1, seed + CALIBRATION_TASK_STREAM).to_dict()
-            spec["name"] = f"probe{i}"
-            spec["dtype"] = dtype
         else:
             hidden = int(rng.choice([64, 128, 256]))
             spec = {
@@ -152,9 +180,8 @@ def transformer_training_specs(n: int, seed: int, world: int, device_kind: str =
                 "tensor_parallel": 1,
                 "dropout": 0.1,
                 "seed": i,
-                "name": f"probe{i}",
-                "dtype": dtype,
             }
+        spec.update(name=f"probe{i}", dtype=dtype)
         out.append(ProbeSpec("training", {"transformer": spec}, f"train-transformer:{i}:{dtype}"))
     return out
 
