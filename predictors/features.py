@@ -44,6 +44,8 @@ FEATURES: dict[str, Callable[[Params], float]] = {
     "tables_total": lambda p: float(p["tables_total"]),
     "split_pieces": lambda p: float(p.get("split_pieces", 0)),
     "layers": lambda p: float(p["layers"]),
+    "ops": lambda p: float(p["ops"]),  # graph ops a step issues on its busiest rank
+    "collectives": lambda p: float(p["collectives"]),  # of them, collectives
     # the step's predicted kernel time: in-step interference grows with the work it slows
     "kernels_s": lambda p: float(p["kernels_s"]),
 }

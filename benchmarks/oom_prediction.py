@@ -1,0 +1,170 @@
+"""Is a layout's predicted peak memory right about what fits? Random transformer jobs, their
+layouts run for real, each rank's measured peak against the policy's memory model, and how
+often a memory cap would be called wrongly (the strategy-tree paper's anchor: 2 of 180).
+
+    .venv/bin/python benchmarks/oom_prediction.py [--jobs 6] [--layouts 8] [--world-size 2] [--seed S]
+
+Jobs are drawn from `--seed` (default: a fresh one, recorded), larger than the selection
+benchmark's so that activations dominate the process's own memory (hidden 256-512, sequences
+of 256-512 tokens). Per job, `--layouts` of its layouts (every family in turn) run on gloo
+ranks on this machine's CPU: each rank builds the layout, takes one step, then has its peak
+resident memory reset (/proc/self/clear_refs) and takes another; its peak is the resident high
+water mark of that step over what the process held before the layout was built (so imports,
+the process group and earlier layouts' freed memory, returned with malloc_trim, do not count;
+the allocator's slack does, as a GPU's reserved memory would). The job's cap is the geometric
+mean of its layouts' smallest and largest predicted peak, set from the predictions alone; a
+layout's OOM call is wrong when predicted and measured peaks fall on different sides of it.
+Writes benchmarks/results/oom_prediction.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import gc
+import json
+import math
+import secrets
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.e2e_accuracy import write_result  # noqa: E402
+from benchmarks.parallelism_selection import family  # noqa: E402
+from policies.parallelism import enumerate_layouts  # noqa: E402
+from predictors.memory import transformer_memory  # noqa: E402
+from probes.vocabulary.transformer_job import TransformerJob  # noqa: E402
+from probes.vocabulary.transformer_spec import TransformerSpec  # noqa: E402
+
+
+def memory_job(index: int, world: int, seed: int) -> TransformerJob:
+    rng = np.random.default_rng([seed, index, 104723])
+    hidden = int(rng.choice([256, 512]))
+    return TransformerJob(
+        world_size=world,
+        layers=int(rng.integers(2, 5)),
+        hidden=hidden,
+        heads=int(rng.choice([4, 8])),
+        seq_len=int(rng.choice([256, 512])),
+        global_batch=int(rng.choice([8, 16])),
+        vocab_size=int(rng.choice([0, 8192])),
+        dropout=0.1,
+        seed=index,
+        name=f"mem{index}",
+    )
+
+
+def pick_layouts(job: TransformerJob, count: int) -> list[TransformerSpec]:
+    """`count` layouts of the job, one family after another, so every kind is tried."""
+    by_family: dict[str, list[TransformerSpec]] = {}
+    for spec in enumerate_layouts(job):
+        by_family.setdefault(family(spec), []).append(spec)
+    groups = list(by_family.values())
+    picked: list[TransformerSpec] = []
+    depth = 0
+    while len(picked) < count and any(depth < len(g) for g in groups):
+        picked += [g[depth] for g in groups if depth < len(g)][: count - len(picked)]
+        depth += 1
+    return picked
+
+
+def _status_kib(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field}")
+
+
+def _peak_rank(rank: int, world: int, specs: list[dict], tmp: str) -> None:
+    import os
+
+    import torch
+    import torch.distributed as dist
+
+    from probes.workloads.transformer import ParallelTransformer
+
+    torch.set_num_threads(1)
+    libc = ctypes.CDLL("libc.so.6")
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=rank, world_size=world)
+    peaks = []
+    for data in specs:
+        gc.collect()
+        libc.malloc_trim(0)
+        before = _status_kib("VmRSS")
+        model = ParallelTransformer(TransformerSpec.from_dict(data), rank, torch.device("cpu"))
+        model.step()
+        Path("/proc/self/clear_refs").write_text("5")  # reset the high water mark to the current RSS
+        model.step()
+        peaks.append((_status_kib("VmHWM") - before) * 1024)
+        model.close()
+        del model
+    Path(f"{tmp}/{rank}.json").write_text(json.dumps(peaks))
+    dist.barrier()
+    os._exit(0)
+
+
+def measure_peaks(specs: list[TransformerSpec], world: int) -> list[int]:
+    """Per layout, the largest rank's measured peak (bytes)."""
+    import torch.multiprocessing as mp
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_peak_rank, args=(world, [s.to_dict() for s in specs], tmp), nprocs=world)
+        per_rank = [json.loads(Path(f"{tmp}/{r}.json").read_text()) for r in range(world)]
+    return [max(values) for values in zip(*per_rank)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=6)
+    parser.add_argument("--layouts", type=int, default=8, help="layouts tried per job")
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--seed", type=int, default=None, help="job seed (default: a fresh one, recorded)")
+    parser.add_argument("--out", default=str(REPO / "benchmarks/results/oom_prediction.json"))
+    args = parser.parse_args()
+    if args.seed is None:
+        args.seed = secrets.randbelow(2**31)
+    print(f"{args.jobs} jobs drawn with --seed {args.seed}", flush=True)
+    jobs, wrong, tried, ratios = [], 0, 0, []
+    for i in range(args.jobs):
+        job = memory_job(i, args.world_size, args.seed)
+        specs = pick_layouts(job, args.layouts)
+        predicted = [transformer_memory(s).peak for s in specs]
+        cap = math.sqrt(min(predicted) * max(predicted))
+        measured = measure_peaks(specs, args.world_size)
+        rows = []
+        for spec, p, m in zip(specs, predicted, measured):
+            miss = (p > cap) != (m > cap)
+            wrong += miss
+            tried += 1
+            ratios.append(m / p)
+            rows.append(
+                {"layout": spec.layout, "family": family(spec), "predicted_bytes": p, "measured_bytes": m, "wrong": miss}
+            )
+        print(
+            f"{job.name}: cap {cap / 2**20:.0f} MiB; measured/predicted "
+            + ", ".join(f"{r['layout']} {r['measured_bytes'] / r['predicted_bytes']:.2f}" for r in rows),
+            flush=True,
+        )
+        jobs.append({"job": job.to_dict(), "cap_bytes": cap, "layouts": rows})
+    summary = {
+        "layouts_tried": tried,
+        "wrong_oom_calls": wrong,
+        "measured_over_predicted": {
+            "median": float(np.median(ratios)),
+            "min": float(np.min(ratios)),
+            "max": float(np.max(ratios)),
+        },
+    }
+    print(json.dumps(summary, indent=1))
+    command = f"benchmarks/oom_prediction.py --jobs {args.jobs} --layouts {args.layouts} "
+    command += f"--world-size {args.world_size} --seed {args.seed}"
+    print(f"wrote {write_result(args.out, {'command': command, 'seed': args.seed, 'summary': summary, 'jobs': jobs})}")
+
+
+if __name__ == "__main__":
+    main()
