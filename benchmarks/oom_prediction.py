@@ -143,7 +143,13 @@ def main() -> None:
             tried += 1
             ratios.append(m / p)
             rows.append(
-                {"layout": spec.layout, "family": family(spec), "predicted_bytes": p, "measured_bytes": m, "wrong": miss}
+                {
+                    "layout": spec.layout,
+                    "family": family(spec),
+                    "predicted_bytes": p,
+                    "measured_bytes": m,
+                    "wrong": miss,
+                }
             )
         print(
             f"{job.name}: cap {cap / 2**20:.0f} MiB; measured/predicted "

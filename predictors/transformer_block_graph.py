@@ -100,7 +100,7 @@ class RankOps:
         """A row-parallel linear's output: the product, its TP all-reduce and bias (TP > 1),
         dropout, then the residual add. (Under autocast the product's output is in the reduced
         dtype; the float32 bias added after a TP all-reduce promotes it back to float32.)"""
-        T, H = self.spec.batch_size * self.spec.seq_len, self.spec.hidden
+        T, H = self.spec.micro_batch_size * self.spec.seq_len, self.spec.hidden
         tp = self.spec.tensor_parallel
         self.linear_forward(name, T, H, fan_in, variant, bias=tp == 1, float32_input=False)
         self.tp_all_reduce(name + "_all_reduce", self.low_size * T * H)

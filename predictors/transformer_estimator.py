@@ -18,7 +18,7 @@ from predictors.memory import MemoryEstimate, transformer_memory
 from predictors.opmodels import fit_step_overhead
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import SimResult, model_cost, model_cpu_overhead, simulate
-from predictors.transformer_graph import build_transformer_graph
+from predictors.transformer_graph import build_transformer_graph, is_transfer
 from probes.vocabulary.ops import TRANSFORMER_OVERHEAD_OP, TRANSFORMER_STEP_OP
 from probes.vocabulary.placement import RankPlacement, placement_of
 from probes.vocabulary.records import Measurement
@@ -30,6 +30,8 @@ from probes.vocabulary.transformer_spec import TransformerSpec
 # overhead 4x short), as the DLRM's. Ops, not layers: a layout's framework work grows with what
 # it issues (micro-batches, recomputed forwards, FSDP's gathers, a pipeline's transfers), and
 # a gloo collective inside a step costs more than its isolated probe (#26: 1.3-2 ms vs 0.15 ms).
+# A pipeline's transfers are not counted as collectives: they are batched isend / irecv pairs,
+# not group collectives, and the simulator already waits at each.
 OVERHEAD_FEATURES = ["one", "ops", "collectives", "kernels_s"]
 
 
@@ -37,7 +39,7 @@ def overhead_params(spec: TransformerSpec, graph: ExecutionGraph, kernels_s: flo
     """The step overhead's features for one layout (and `layers`, which bundles fitted before
     the op counts read)."""
     ops = max(sum(1 for o in rank if o.params) for rank in graph.ranks)
-    collectives = max(sum(1 for o in rank if o.kind == "collective") for rank in graph.ranks)
+    collectives = max(sum(1 for o in rank if o.kind == "collective" and not is_transfer(o)) for rank in graph.ranks)
     return {"layers": spec.layers, "ops": ops, "collectives": collectives, "kernels_s": kernels_s}
 
 

@@ -32,7 +32,15 @@ from probes.vocabulary.ops import elementwise_params, memcpy_params
 from probes.vocabulary.placement import PlacementError, RankPlacement
 from probes.vocabulary.transformer_spec import TransformerSpec
 
-__all__ = ["block_param_numel", "build_transformer_graph", "one_f_one_b", "stage_param_numel"]
+__all__ = ["block_param_numel", "build_transformer_graph", "is_transfer", "one_f_one_b", "stage_param_numel"]
+
+# The names of a micro-batch's transfers between adjacent pipeline stages.
+TRANSFERS = ("recv_activations", "send_activations", "recv_gradients", "send_gradients")
+
+
+def is_transfer(op: GraphOp) -> bool:
+    """Whether `op` is a pipeline stage's send or receive (not a group collective)."""
+    return op.kind == "collective" and op.name.rsplit(".", 1)[-1] in TRANSFERS
 
 
 def stage_param_numel(spec: TransformerSpec, stage: int) -> int:

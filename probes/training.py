@@ -126,12 +126,14 @@ _TRAINING_BF16_SLOTS: dict[str, tuple[int, ...]] = {"cpu": (), "cuda": (2, 3)}
 # The layouts some transformer probes train under, in turn, so the step overhead is fitted on
 # every kind of layout a plan may choose, not extrapolated from data parallel; "world": as many
 # as the probe has ranks. A layout the probe's job cannot take falls back to data parallel.
+# The layouts whose framework work differs most from data parallel's come first (a short
+# budget measures only the first few): TP's autograd all-reduces, FSDP's per-block hooks.
 PROBE_LAYOUTS: tuple[dict[str, Any], ...] = (
     {"tensor_parallel": "world"},
-    {"pipeline_parallel": 2, "micro_batches": 2},
     {"fsdp": "full_shard"},
-    {"micro_batches": 2, "recompute": True},
+    {"pipeline_parallel": 2, "micro_batches": 2},
     {"fsdp": "shard_grad_op", "micro_batches": 2},
+    {"micro_batches": 2, "recompute": True},
     {"tensor_parallel": "world", "micro_batches": 2},
 )
 

@@ -102,3 +102,35 @@ def test_fsdp_gathers_parameters_and_reduce_scatters_gradients(mode, gathers_per
     scattered = named(g, 0, "reduce_scatter")
     assert sum(o.params["bytes"] for o in scattered) == 4 * stage_param_numel(s, 0)
     assert all(o.name.startswith("mb1.") for o in scattered) and not named(g, 0, "all_reduce")
+
+
+def test_the_step_overheads_features_are_read_from_every_layouts_graph():
+    from predictors.features import feature_vector
+    from predictors.transformer_estimator import OVERHEAD_FEATURES, overhead_params
+
+    counts = []
+    for kw in (dict(), dict(micro_batches=4), dict(micro_batches=4, recompute=True), dict(fsdp="full_shard")):
+        s = spec(world=2, **kw)
+        params = overhead_params(s, build_transformer_graph(s), 0.01)
+        vector = feature_vector(OVERHEAD_FEATURES, params)  # every feature the fit reads is there
+        assert len(vector) == len(OVERHEAD_FEATURES) and params["layers"] == s.layers
+        counts.append((params["ops"], params["collectives"]))
+    plain, accumulated, recomputed, sharded = counts
+    assert accumulated[0] > 3 * plain[0] and recomputed[0] > accumulated[0]
+    assert sharded[1] > plain[1]  # FSDP's gathers and reduce-scatters
+
+
+@pytest.mark.parametrize("kw", [dict(), dict(tensor_parallel=2), dict(pipeline_parallel=2, micro_batches=2)])
+def test_micro_batches_split_the_work_not_repeat_it(kw):
+    """Every micro-batch's ops are sized for its share of the batch: the step's GEMM flops and
+    element-wise elements are the same whatever the micro-batch count."""
+
+    def work(s):
+        g = build_transformer_graph(s)
+        flops = sum(o.params["flops"] for r in g.ranks for o in r if o.op == "gemm")
+        elements = sum(o.params.get("numel", 0) for r in g.ranks for o in r if o.kind == "compute" and o.op != "gemm")
+        return flops, elements
+
+    base = spec(world=4, **kw)
+    for micro in (2 * base.micro_batches, 4 * base.micro_batches):
+        assert work(spec(world=4, **{**kw, "micro_batches": micro})) == pytest.approx(work(base), rel=1e-6)

@@ -116,7 +116,6 @@ def test_layout_groups_cover_every_rank_once():
         assert sorted(r for g in groups for r in g) == list(range(8))
         assert all(r in group_of(r) for r in range(8))
     assert [list(spec.stage_layers(s)) for s in range(2)] == [[0], [1]]
-    assert [list(_layout(2, batch_size=2, layers=5, pipeline_parallel=2, micro_batches=2).stage_layers(s)) for s in range(2)] == [
-        [0, 1, 2],
-        [3, 4],
-    ]
+    assert [
+        list(_layout(2, batch_size=2, layers=5, pipeline_parallel=2, micro_batches=2).stage_layers(s)) for s in range(2)
+    ] == [[0, 1, 2], [3, 4]]
