@@ -6,7 +6,7 @@ often a memory cap would be called wrongly (the strategy-tree paper's anchor: 2 
 
 Jobs are drawn from `--seed` (default: a fresh one, recorded), larger than the selection
 benchmark's so that activations dominate the process's own memory (hidden 256-512, sequences
-of 256-512 tokens). Per job, `--layouts` of its layouts (every family in turn) run on gloo
+of 256-512 tokens, 4-8 of them a step). Per job, `--layouts` of its layouts (every family in turn) run on gloo
 ranks on this machine's CPU: each rank builds the layout, takes one step, then has its peak
 resident memory reset (/proc/self/clear_refs) and takes another; its peak is the resident high
 water mark of that step over what the process held before the layout was built (so imports,
@@ -51,7 +51,7 @@ def memory_job(index: int, world: int, seed: int) -> TransformerJob:
         hidden=hidden,
         heads=int(rng.choice([4, 8])),
         seq_len=int(rng.choice([256, 512])),
-        global_batch=int(rng.choice([8, 16])),
+        global_batch=int(rng.choice([4, 8])),
         vocab_size=int(rng.choice([0, 8192])),
         dropout=0.1,
         seed=index,
