@@ -7,7 +7,8 @@ often a memory cap would be called wrongly (the strategy-tree paper's anchor: 2 
 Jobs are drawn from `--seed` (default: a fresh one, recorded), larger than the selection
 benchmark's so that activations dominate the process's own memory (hidden 256-512, sequences
 of 256-512 tokens, 4-8 of them a step). Per job, `--layouts` of its layouts (every family in turn) run on gloo
-ranks on this machine's CPU: each rank builds the layout, takes one step, then has its peak
+ranks on this machine's CPU (after one unmeasured small layout has taken the process's one-time
+costs): each rank builds the layout, returns its initialisation's temporaries, takes one step, then has its peak
 resident memory reset (/proc/self/clear_refs) and takes another; its peak is the resident high
 water mark of that step over what the process held before the layout was built (so imports,
 the process group and earlier layouts' freed memory, returned with malloc_trim, do not count;
@@ -91,12 +92,16 @@ def _peak_rank(rank: int, world: int, specs: list[dict], tmp: str) -> None:
     torch.set_num_threads(1)
     libc = ctypes.CDLL("libc.so.6")
     dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=rank, world_size=world)
+    warm = TransformerSpec.from_dict({**specs[0], "layers": specs[0]["pipeline_parallel"]})
+    ParallelTransformer(warm, rank, torch.device("cpu")).step()  # the process's one-time costs, unmeasured
     peaks = []
     for data in specs:
         gc.collect()
         libc.malloc_trim(0)
         before = _status_kib("VmRSS")
         model = ParallelTransformer(TransformerSpec.from_dict(data), rank, torch.device("cpu"))
+        gc.collect()
+        libc.malloc_trim(0)  # the initialisation's temporaries (each block drawn whole, then sliced)
         model.step()
         Path("/proc/self/clear_refs").write_text("5")  # reset the high water mark to the current RSS
         model.step()

@@ -145,8 +145,11 @@ def transformer_stage_memory(spec: TransformerSpec, stage: int, optimizer: str =
     activations = _data_bytes(spec, stage) + in_flight_micro_batches(spec, stage) * _micro_batch_saved_bytes(
         spec, stage
     )
+    # In flight beside what is saved: in the forward an op's input and output; in the backward
+    # the residual stream's gradient and, at the widest op, the gradients of its output and its
+    # input (the attention's two score-sized ones, the MLP's two 4H-wide ones, the LM head's).
     largest = [scores, 4 * T * local, T * H] + ([T * spec.vocab_size] if spec.vocab_size else [])
-    transient = FLOAT * max(largest)
+    transient = FLOAT * (T * H + 2 * max(largest))
     if spec.recompute:  # a block's activations, recomputed for its backward
         transient += _block_saved_bytes(spec, T)
     return MemoryEstimate(weights, gradients, optimizer_state, comm, activations, transient)
