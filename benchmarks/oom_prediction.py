@@ -12,7 +12,11 @@ costs): each rank builds the layout, returns its initialisation's temporaries, t
 resident memory reset (/proc/self/clear_refs) and takes another; its peak is the resident high
 water mark of that step over what the process held before the layout was built (so imports,
 the process group and earlier layouts' freed memory, returned with malloc_trim, do not count;
-the allocator's slack does, as a GPU's reserved memory would). The job's cap is the geometric
+and the ranks run with glibc's mmap threshold fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_), so
+every tensor above it is mapped when allocated and unmapped when freed and the resident memory
+follows the live tensors, as a GPU's max_memory_allocated does; `--allocator-slack` keeps
+glibc's default, whose dynamic threshold keeps freed activations in the heap and fragments it,
+so its peak adds the allocator's slack, as a GPU's reserved memory would). The job's cap is the geometric
 mean of its layouts' smallest and largest predicted peak, set from the predictions alone; a
 layout's OOM call is wrong when predicted and measured peaks fall on different sides of it.
 Writes benchmarks/results/oom_prediction.json.
@@ -25,6 +29,7 @@ import ctypes
 import gc
 import json
 import math
+import os
 import secrets
 import sys
 import tempfile
@@ -60,12 +65,14 @@ def memory_job(index: int, world: int, seed: int) -> TransformerJob:
     )
 
 
-def pick_layouts(job: TransformerJob, count: int) -> list[TransformerSpec]:
-    """`count` layouts of the job, one family after another, so every kind is tried."""
+def pick_layouts(job: TransformerJob, count: int, seed: int) -> list[TransformerSpec]:
+    """`count` layouts of the job, one family after another in a seeded order, so every kind
+    (TP, PP, FSDP, micro-batches, recomputation) is tried across jobs."""
     by_family: dict[str, list[TransformerSpec]] = {}
     for spec in enumerate_layouts(job):
         by_family.setdefault(family(spec), []).append(spec)
     groups = list(by_family.values())
+    np.random.default_rng([seed, job.seed]).shuffle(groups)
     picked: list[TransformerSpec] = []
     depth = 0
     while len(picked) < count and any(depth < len(g) for g in groups):
@@ -82,7 +89,6 @@ def _status_kib(field: str) -> int:
 
 
 def _peak_rank(rank: int, world: int, specs: list[dict], tmp: str) -> None:
-    import os
 
     import torch
     import torch.distributed as dist
@@ -129,15 +135,20 @@ def main() -> None:
     parser.add_argument("--layouts", type=int, default=8, help="layouts tried per job")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--seed", type=int, default=None, help="job seed (default: a fresh one, recorded)")
+    parser.add_argument(
+        "--allocator-slack", action="store_true", help="keep glibc's default mmap threshold (see the docstring)"
+    )
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/oom_prediction.json"))
     args = parser.parse_args()
+    if not args.allocator_slack:
+        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)  # read by each spawned rank's glibc
     if args.seed is None:
         args.seed = secrets.randbelow(2**31)
     print(f"{args.jobs} jobs drawn with --seed {args.seed}", flush=True)
     jobs, wrong, tried, ratios = [], 0, 0, []
     for i in range(args.jobs):
         job = memory_job(i, args.world_size, args.seed)
-        specs = pick_layouts(job, args.layouts)
+        specs = pick_layouts(job, args.layouts, args.seed)
         predicted = [transformer_memory(s).peak for s in specs]
         cap = math.sqrt(min(predicted) * max(predicted))
         measured = measure_peaks(specs, args.world_size)
@@ -173,7 +184,9 @@ def main() -> None:
     }
     print(json.dumps(summary, indent=1))
     command = f"benchmarks/oom_prediction.py --jobs {args.jobs} --layouts {args.layouts} "
-    command += f"--world-size {args.world_size} --seed {args.seed}"
+    command += f"--world-size {args.world_size} --seed {args.seed}" + (
+        " --allocator-slack" if args.allocator_slack else ""
+    )
     print(f"wrote {write_result(args.out, {'command': command, 'seed': args.seed, 'summary': summary, 'jobs': jobs})}")
 
 
