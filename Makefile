@@ -37,7 +37,7 @@ lint: setup
 	$(VENV)/bin/mypy
 
 test: setup postgres lint
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not slow" tests

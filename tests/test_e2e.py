@@ -132,8 +132,8 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     assert refit["model"] == f"{name}/2" and refit["rows_per_op"] == first["calibration"]["rows_per_op"]
 
     # Nightly: the champion's sentinel points, re-measured, still agree with it: nothing to do.
-    # A transformer job with the same champion: autotune chooses its layout and runs it; plan,
-    # predict and run take the plan as for a DLRM.
+    # A transformer job with the same champion: autotune chooses its layout and runs it (through
+    # the launcher `run` shares); plan and predict take the job as for a DLRM.
     transformer = {
         **{k: v for k, v in yaml.safe_load((REPO / "examples/transformer_small.yaml").read_text()).items()},
         **dict(name="tf", layers=2, hidden=64, heads=4, seq_len=32, vocab_size=128, global_batch=4),
@@ -163,8 +163,6 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
         cli("orchestrator.cli.predict", "--job", "tf.yaml", "--plan", "tf_plan.json", "--json", cwd=tmp_path).stdout
     )
     assert predicted["iteration_ms"] == pytest.approx(layouts["predicted_ms"])
-    ran = run_three_iterations("tf.yaml", "tf_plan.json", tmp_path)
-    assert ran["iterations"] == 3 and ran["loss_last"] > 0
 
     hw = first["hardware_id"]
     quiet = last_json(cli("orchestrator.cli.nightly", "--budget-s", "25", "--json", cwd=tmp_path).stdout)
