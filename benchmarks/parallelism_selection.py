@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import champion_on_ray, error_summary, write_result  # noqa: E402
 from policies.parallelism import choose_parallelism  # noqa: E402
-from policies.planning import transformer_memory_cap_bytes  # noqa: E402
+from policies.planning import TRANSFORMER_MEMORY_SHARE, memory_cap_bytes  # noqa: E402
 from predictors.transformer_estimator import estimate_transformer_iteration  # noqa: E402
 from probes.vocabulary.transformer_job import random_transformer_job  # noqa: E402
 from probes.vocabulary.transformer_spec import TransformerSpec  # noqa: E402
@@ -76,7 +76,7 @@ def family(spec: TransformerSpec) -> str:
 
 def run_job(index: int, args: argparse.Namespace, fingerprint, model) -> dict:
     job = random_transformer_job(index, args.world_size, args.seed)
-    cap = transformer_memory_cap_bytes(job, fingerprint)
+    cap = memory_cap_bytes(job, fingerprint, TRANSFORMER_MEMORY_SHARE)
     t0 = time.perf_counter()
     decision = choose_parallelism(job, model, cap)
     plan_s = time.perf_counter() - t0

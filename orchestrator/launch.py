@@ -77,13 +77,14 @@ def _train_loop(config: dict[str, Any]) -> None:
     else:
         if "transformer" in config:
             from probes.vocabulary.transformer_spec import TransformerSpec
+            from probes.workloads.hierarchical_allreduce import chunked_comm_hook
             from probes.workloads.transformer import ParallelTransformer
 
             model = ParallelTransformer(
                 TransformerSpec.from_dict(config["transformer"]),
                 ctx.get_world_rank(),
                 device,
-                comm_hook=_chunked_all_reduce(config.get("chunk_schedule")),
+                comm_hook=chunked_comm_hook(config["chunk_schedule"]) if config.get("chunk_schedule") else None,
                 overlap_slices=config.get("overlap_slices"),
             )
         else:
@@ -106,16 +107,6 @@ def _train_loop(config: dict[str, Any]) -> None:
         )
         ray.get(config["collector"].put.remote(metrics))
     ray.train.report(summary)
-
-
-def _chunked_all_reduce(schedule: dict | None) -> tuple[Any, Any] | None:
-    """The DDP communication hook that all-reduces each bucket by the plan's chunk schedule."""
-    if schedule is None:
-        return None
-    from probes.workloads.hierarchical_allreduce import HierarchicalAllReduce, hierarchical_allreduce_hook
-
-    chunks = ChunkSchedule.from_dict(schedule)
-    return HierarchicalAllReduce(chunks.dims, chunks), hierarchical_allreduce_hook
 
 
 def _metrics(result: Any) -> dict[str, Any]:

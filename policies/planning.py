@@ -59,10 +59,15 @@ class Hardware(Protocol):
 # Embedding weights may use this share of a device's memory when the job sets no cap: the
 # rest holds activations, communication buffers and the framework.
 DEFAULT_MEMORY_SHARE = 0.6
+# A transformer's predicted peak per rank may use this share of the smallest device's memory
+# when the job sets no cap (the rest: the framework, allocator fragmentation, NCCL buffers).
+TRANSFORMER_MEMORY_SHARE = 0.9
 
 
-def memory_cap_bytes(job: JobSpec, fingerprint: Hardware) -> float:
-    """The job's cap, else a share of the smallest device's memory (the device nodes', never
+def memory_cap_bytes(
+    job: JobSpec | TransformerJob, fingerprint: Hardware, share: float = DEFAULT_MEMORY_SHARE
+) -> float:
+    """The job's cap, else `share` of the smallest device's memory (the device nodes', never
     the driver's or a device-less head's)."""
     if job.memory_cap_gb is not None:
         return job.memory_cap_gb * 2**30
@@ -73,7 +78,7 @@ def memory_cap_bytes(job: JobSpec, fingerprint: Hardware) -> float:
                 "but NVML does not see); expected a number of GiB > 0"
             ]
         )
-    return DEFAULT_MEMORY_SHARE * fingerprint.min_device_memory_bytes
+    return share * fingerprint.min_device_memory_bytes
 
 
 def job_placement(job: JobSpec | TransformerJob, fingerprint: Hardware) -> RankPlacement:
@@ -131,12 +136,16 @@ def job_topology(job: JobSpec | TransformerJob, model: PerformanceModel, fingerp
     return check_topology_size(topology, job.world_size)
 
 
-def gradient_all_reduce_bytes(job: JobSpec) -> float:
-    """The largest DDP bucket the dense layers' gradients fill (as the iteration graph buckets
-    them), or the job's `network.collective_mb`."""
+def gradient_all_reduce_bytes(job: JobSpec | TransformerJob, parameter_bytes: int | None = None) -> float:
+    """The largest DDP bucket the replicated parameters' gradients fill (as the iteration graph
+    buckets them; `parameter_bytes` default: a DLRM's dense layers), or the job's
+    `network.collective_mb`."""
     if job.network and job.network.get("collective_mb"):
         return float(job.network["collective_mb"]) * 2**20
-    return float(max(ddp_buckets(dense_parameter_bytes(job))))
+    if parameter_bytes is None:
+        assert isinstance(job, JobSpec)
+        parameter_bytes = dense_parameter_bytes(job)
+    return float(max(ddp_buckets(parameter_bytes)))
 
 
 def chunking_decision(job: JobSpec, model: PerformanceModel, fingerprint: Hardware) -> Decision:
@@ -206,7 +215,7 @@ def make_transformer_plan(
     pairs to overlap (tensor-parallel layouts) and how to chunk the gradient all-reduce over
     the job's `network` (DDP over the whole world)."""
     placement = job_placement(job, fingerprint)
-    cap = transformer_memory_cap_bytes(job, fingerprint)
+    cap = memory_cap_bytes(job, fingerprint, TRANSFORMER_MEMORY_SHARE)
     parallelism = choose_parallelism(job, model, cap, placement)
     spec = TransformerSpec.from_dict(parallelism.choice_detail["layout"])
     decisions = {"parallelism": parallelism}
@@ -232,10 +241,8 @@ def make_transformer_plan(
             notes.append(f"predicted iteration time includes the overlapped pairs ({substitution.choice})")
     if job.network is not None:
         if spec.data_parallel == job.world_size and spec.fsdp == "none":
-            buckets = ddp_buckets(FLOAT * stage_param_numel(spec, 0))
-            if job.network.get("collective_mb"):
-                buckets = [int(float(job.network["collective_mb"]) * 2**20)]
-            decisions["chunking"] = choose_chunking(job_topology(job, model, fingerprint), float(max(buckets)))
+            largest = gradient_all_reduce_bytes(job, FLOAT * stage_param_numel(spec, 0))
+            decisions["chunking"] = choose_chunking(job_topology(job, model, fingerprint), largest)
             notes.append("chunking: the largest DDP gradient bucket, simulated chunk by chunk on the job's network")
         else:
             notes.append(
@@ -251,24 +258,6 @@ def make_transformer_plan(
         notes=notes,
         placement=placement_record(placement, fingerprint),
     )
-
-
-# A transformer's predicted peak per rank may use this share of the smallest device's memory
-# when the job sets no cap (the rest: the framework, allocator fragmentation, NCCL buffers).
-TRANSFORMER_MEMORY_SHARE = 0.9
-
-
-def transformer_memory_cap_bytes(job: TransformerJob, fingerprint: Hardware) -> float:
-    if job.memory_cap_gb is not None:
-        return job.memory_cap_gb * 2**30
-    if fingerprint.min_device_memory_bytes <= 0:
-        raise JobSpecError(
-            [
-                "memory_cap_gb: required here: the devices' memory is unknown (GPUs that Ray declares "
-                "but NVML does not see); expected a number of GiB > 0"
-            ]
-        )
-    return TRANSFORMER_MEMORY_SHARE * fingerprint.min_device_memory_bytes
 
 
 def predict_plan_ms(job: JobSpec, plan: Plan, model: PerformanceModel) -> float:

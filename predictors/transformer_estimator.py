@@ -51,6 +51,7 @@ class TransformerEstimate:
     overhead_s: float = 0.0
     problems: list[str] = field(default_factory=list)
     memory: MemoryEstimate | None = None  # per rank (every rank holds the same shard sizes)
+    overhead_params: dict[str, float] = field(default_factory=dict)  # what the step overhead reads
 
 
 def estimate_transformer_iteration(
@@ -78,13 +79,10 @@ def estimate_transformer_iteration(
         }
     )
     problems += [f"no model for {op}: priced at 0, the estimate is a lower bound" for op in sorted(unpriced)]
-    overhead = (
-        model.step_overhead_s("transformer", overhead_params(spec, graph, result.iteration_s))
-        if include_overhead
-        else 0.0
-    )
+    counts = overhead_params(spec, graph, result.iteration_s)
+    overhead = model.step_overhead_s("transformer", counts) if include_overhead else 0.0
     return TransformerEstimate(
-        result.iteration_s + overhead, kernel_sum, result, overhead, problems, transformer_memory(spec)
+        result.iteration_s + overhead, kernel_sum, result, overhead, problems, transformer_memory(spec), counts
     )
 
 
@@ -98,12 +96,13 @@ def fit_transformer_overhead(
     for row in step_rows:
         spec = TransformerSpec.from_dict(row.params["transformer"])
         placement = placement_of(row.params, spec.world_size)
-        kernels = estimate_transformer_iteration(spec, model, include_overhead=False, placement=placement).iteration_s
+        estimate = estimate_transformer_iteration(spec, model, include_overhead=False, placement=placement)
+        kernels = estimate.iteration_s
         simulated.append(kernels)
         residuals.append(
             Measurement(
                 TRANSFORMER_OVERHEAD_OP,
-                overhead_params(spec, build_transformer_graph(spec, placement), kernels),
+                estimate.overhead_params,
                 max(row.median_s - kernels, 0.02 * row.median_s),
                 0.0,
                 row.repeats,

@@ -119,3 +119,17 @@ def test_layout_groups_cover_every_rank_once():
     assert [
         list(_layout(2, batch_size=2, layers=5, pipeline_parallel=2, micro_batches=2).stage_layers(s)) for s in range(2)
     ] == [[0, 1, 2], [3, 4]]
+
+
+def _race(rank: int) -> list[float]:
+    from probes.workloads.layout_race import race_layouts
+
+    specs = [_layout(2, batch_size=2), _layout(2, batch_size=4, pipeline_parallel=2, micro_batches=2)]
+    race = race_layouts(specs, rank, torch.device("cpu"), rounds=2, steps_per_round=1, warmup=1)
+    assert race.round_medians_s.shape == (2, 2) and all(len(r.iteration_s) == 2 for r in race.steps)
+    return [float(t) for t in race.plan_seconds()]
+
+
+def test_a_layout_race_times_every_layout_in_every_round():
+    times = on_gloo_ranks(_race, 2)
+    assert times[0] == times[1] and all(t > 0 for t in times[0])  # every rank reads the slowest rank's times

@@ -165,11 +165,7 @@ class JobSpecValidator:
             self.fail("workload", f"one of {list(WORKLOADS)}", workload)
         world = self.world_size = self.int_field(data, "world_size", "")
         batch = self.int_field(data, "batch_size", "")
-        iterations = self.int_field(data, "iterations", "", default=20)
-        warmup = self.int_field(data, "warmup_iterations", "", default=5)
-        seed = self.int_field(data, "seed", "", default=0)
-        name = self._job_name(data.get("name", "job"))
-        cap = self._memory_cap(data.get("memory_cap_gb"))
+        run = self._run_fields(data)
         dense = self.dense(data.get("dense"))
         tables = self.tables(data.get("tables"))
         if not self.problems:
@@ -183,14 +179,21 @@ class JobSpecValidator:
             batch_size=batch,
             dense=dense,
             tables=tables,
-            iterations=iterations,
-            warmup_iterations=warmup,
-            seed=seed,
-            memory_cap_gb=float(cap) if cap is not None else None,
-            name=name,
             network=network,
             raw=dict(data),
+            **run,
         )
+
+    def _run_fields(self, data: dict) -> dict[str, Any]:
+        """The fields every workload's job has beside its model: how it is launched and named."""
+        run: dict[str, Any] = {
+            "iterations": self.int_field(data, "iterations", "", default=20),
+            "warmup_iterations": self.int_field(data, "warmup_iterations", "", default=5),
+            "seed": self.int_field(data, "seed", "", default=0),
+            "name": self._job_name(data.get("name", "job")),
+        }
+        cap = self._memory_cap(data.get("memory_cap_gb"))
+        return {**run, "memory_cap_gb": float(cap) if cap is not None else None}
 
     def transformer_job(self, data: Any) -> TransformerJob:
         """A `workload: transformer` job (probes.vocabulary.transformer_job gives the schema)."""
@@ -214,11 +217,7 @@ class JobSpecValidator:
             dropout = 0.1
         elif dropout >= 1.0:
             self.fail("dropout", "a dropout probability < 1", dropout, "0 <= p < 1")
-        iterations = self.int_field(data, "iterations", "", default=20)
-        warmup = self.int_field(data, "warmup_iterations", "", default=5)
-        seed = self.int_field(data, "seed", "", default=0)
-        name = self._job_name(data.get("name", "job"))
-        cap = self._memory_cap(data.get("memory_cap_gb"))
+        run = self._run_fields(data)
         network = self.network(data["network"]) if data.get("network") is not None else None
         if self.problems:
             raise JobSpecError(self.problems)
@@ -232,12 +231,8 @@ class JobSpecValidator:
             vocab_size=vocab,
             dtype=str(dtype),
             dropout=float(dropout),
-            iterations=iterations,
-            warmup_iterations=warmup,
-            seed=seed,
-            memory_cap_gb=float(cap) if cap is not None else None,
-            name=name,
             network=network,
+            **run,
         )
 
     def network(self, data: Any) -> dict[str, Any] | None:

@@ -28,6 +28,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from probes.vocabulary.transformer_spec import DTYPES, TransformerSpec
 
 TRANSFORMER_LIMITS: dict[str, tuple[int, int, str]] = {
@@ -128,8 +130,6 @@ def random_transformer_job(index: int, world_size: int, seed: int) -> Transforme
     """Random GPT-style job `index` (deterministic in `seed`), sized for a layout race on CPU
     ranks: 2-4 blocks, hidden 64-256, 2-8 heads, sequences of 32-128 tokens, a vocabulary of
     0 (random activations), 512 or 2048 tokens, a global batch of 4-16 sequences."""
-    import numpy as np
-
     rng = np.random.default_rng([seed, index, 7919])
     hidden = int(rng.choice([64, 128, 256]))
     return TransformerJob(

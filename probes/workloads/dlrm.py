@@ -35,7 +35,6 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from probes.embedding import check_weights_precision, make_dense_tbe, make_tbe
-from probes.vocabulary.chunks import ChunkSchedule
 from probes.vocabulary.indices import sample_indices
 from probes.vocabulary.jobspec import JobSpec
 from probes.vocabulary.pairs import ExchangeLayout
@@ -47,7 +46,7 @@ from probes.vocabulary.table_shards import (
     exchanged_widths,
     table_shards,
 )
-from probes.workloads.hierarchical_allreduce import HierarchicalAllReduce, hierarchical_allreduce_hook
+from probes.workloads.hierarchical_allreduce import chunked_comm_hook
 from probes.workloads.overlap import overlapped_all_to_all, producer_ranges, slice_runs, tbe_bag_ranges
 from probes.workloads.timed_steps import RunResult, run_timed_steps
 
@@ -199,8 +198,7 @@ class ShardedDLRM:
         torch.manual_seed(spec.seed)  # identical dense init on every rank (DDP also broadcasts)
         self.dense = DistributedDataParallel(DenseArch(spec).to(device))
         if chunk_schedule is not None:
-            schedule = ChunkSchedule.from_dict(chunk_schedule)
-            self.dense.register_comm_hook(HierarchicalAllReduce(schedule.dims, schedule), hierarchical_allreduce_hook)
+            self.dense.register_comm_hook(*chunked_comm_hook(chunk_schedule))
         self.weights_precision = weights_precision
         self.tbe = (
             make_tbe([s.shape for s in self.exchanged], device, weights_precision=weights_precision)

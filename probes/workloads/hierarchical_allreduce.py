@@ -94,3 +94,10 @@ hierarchical_allreduce_hook.__annotations__ = {
     "bucket": dist.GradBucket,
     "return": torch.futures.Future[torch.Tensor],
 }
+
+
+def chunked_comm_hook(schedule: dict[str, Any]) -> tuple[HierarchicalAllReduce, Any]:
+    """(state, hook) for `DistributedDataParallel.register_comm_hook` that all-reduces each
+    bucket by a plan's chunk schedule (a `ChunkSchedule` as a dict)."""
+    chunks = ChunkSchedule.from_dict(schedule)
+    return HierarchicalAllReduce(chunks.dims, chunks), hierarchical_allreduce_hook

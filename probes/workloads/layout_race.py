@@ -9,12 +9,10 @@ from __future__ import annotations
 
 from typing import Sequence
 
-import numpy as np
 import torch
 
 from probes.vocabulary.transformer_spec import TransformerSpec
-from probes.workloads.plan_race import RaceResult
-from probes.workloads.timed_steps import RunResult, run_timed_steps
+from probes.workloads.plan_race import RaceResult, race_steps
 from probes.workloads.transformer import ParallelTransformer
 
 
@@ -28,17 +26,8 @@ def race_layouts(
 ) -> RaceResult:
     """Build every layout's rank, warm each, then time them in rotated rounds."""
     models = [ParallelTransformer(spec, rank, device) for spec in specs]
-    results = [RunResult([], []) for _ in specs]
-    medians = np.zeros((rounds, len(specs)))
-    for model in models:  # warm every layout first (allocations, thread pools, shape inference)
-        run_timed_steps(lambda _i, m=model: m.step(), 0, warmup, device)
-    for r in range(rounds):
-        for j in range(len(specs)):
-            k = (j + r) % len(specs)
-            out = models[k].run(steps_per_round, 0)
-            results[k].iteration_s.extend(out.iteration_s)
-            results[k].losses.extend(out.losses)
-            medians[r, k] = out.median_s
-    for model in models:
-        model.close()
-    return RaceResult(results, medians)
+    try:
+        return race_steps([lambda _i, m=model: m.step() for model in models], device, rounds, steps_per_round, warmup)
+    finally:
+        for model in models:
+            model.close()

@@ -14,7 +14,7 @@ whichever plan ran during it (the paired comparison an A/B test makes).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -54,11 +54,9 @@ def race_plans(
 ) -> RaceResult:
     """Build every plan's model, warm each, then time them in rotated rounds."""
     models = [ShardedDLRM(spec, plan, rank, world, device) for plan in plans]
-    results = [RunResult([], []) for _ in plans]
-    medians = np.zeros((rounds, len(plans)))
     step_no = [0] * len(plans)
 
-    def stepper(k: int):
+    def stepper(k: int) -> Callable[[int], float]:
         def step(_: int) -> float:
             model = models[k]
             loss = model.step(model.batches[step_no[k] % len(model.batches)])
@@ -67,12 +65,22 @@ def race_plans(
 
         return step
 
-    for k in range(len(plans)):  # warm every plan first (allocations, thread pools, caches)
-        run_timed_steps(stepper(k), 0, warmup, device)
+    return race_steps([stepper(k) for k in range(len(plans))], device, rounds, steps_per_round, warmup)
+
+
+def race_steps(
+    steps: Sequence[Callable[[int], float]], device: torch.device, rounds: int, steps_per_round: int, warmup: int
+) -> RaceResult:
+    """Warm every contender's `step` (allocations, thread pools, caches), then time them in
+    `rounds` rounds of `steps_per_round` steps, each round in a rotated order."""
+    results = [RunResult([], []) for _ in steps]
+    medians = np.zeros((rounds, len(steps)))
+    for step in steps:
+        run_timed_steps(step, 0, warmup, device)
     for r in range(rounds):
-        for j in range(len(plans)):
-            k = (j + r) % len(plans)
-            out = run_timed_steps(stepper(k), steps_per_round, 1, device)
+        for j in range(len(steps)):
+            k = (j + r) % len(steps)
+            out = run_timed_steps(steps[k], steps_per_round, 1, device)
             results[k].iteration_s.extend(out.iteration_s)
             results[k].losses.extend(out.losses)
             medians[r, k] = out.median_s
