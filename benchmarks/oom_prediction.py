@@ -6,19 +6,24 @@ often a memory cap would be called wrongly (the strategy-tree paper's anchor: 2 
 
 Jobs are drawn from `--seed` (default: a fresh one, recorded), larger than the selection
 benchmark's so that activations dominate the process's own memory (hidden 256-512, sequences
-of 256-512 tokens, 4-8 of them a step). Per job, `--layouts` of its layouts (every family in turn) run on gloo
-ranks on this machine's CPU (after one unmeasured small layout has taken the process's one-time
-costs): each rank builds the layout, returns its initialisation's temporaries, takes one step, then has its peak
-resident memory reset (/proc/self/clear_refs) and takes another; its peak is the resident high
-water mark of that step over what the process held before the layout was built (so imports,
-the process group and earlier layouts' freed memory, returned with malloc_trim, do not count;
-and the ranks run with glibc's mmap threshold fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_), so
-every tensor above it is mapped when allocated and unmapped when freed and the resident memory
-follows the live tensors, as a GPU's max_memory_allocated does; `--allocator-slack` keeps
-glibc's default, whose dynamic threshold keeps freed activations in the heap and fragments it,
-so its peak adds the allocator's slack, as a GPU's reserved memory would). The job's cap is the geometric
-mean of its layouts' smallest and largest predicted peak, set from the predictions alone; a
-layout's OOM call is wrong when predicted and measured peaks fall on different sides of it.
+of 256-512 tokens, 4-8 of them a step). Per job, `--layouts` of its layouts (every family in
+turn) run on gloo ranks on this machine's CPU (after one unmeasured small layout has taken the
+process's one-time costs): each rank builds the layout under the profiler, takes one step, then
+a measured one. Two peaks of that step, each over what was held before the layout was built:
+
+- allocated: the most bytes torch's allocator held at once (the profiler's memory events,
+  cumulated in time order), what torch.cuda.max_memory_allocated reports on a GPU and what
+  an OOM depends on there. The OOM calls are counted on it.
+- resident: the process's resident high water mark (/proc/self/clear_refs before the step,
+  VmHWM after), with glibc's mmap threshold fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_) so
+  freed tensors leave; `--allocator-slack` keeps glibc's default, whose dynamic threshold
+  keeps freed activations in the heap, as a GPU's reserved memory would. It also counts pages
+  an op never touched as absent, and gloo's and Python's own memory: a CPU's view, reported
+  beside the other.
+
+The job's cap is the geometric mean of its layouts' smallest and largest predicted peak, set
+from the predictions alone; a layout's OOM call is wrong when predicted and measured peaks
+fall on different sides of it.
 Writes benchmarks/results/oom_prediction.json.
 """
 
@@ -34,6 +39,7 @@ import secrets
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -43,9 +49,11 @@ sys.path.insert(0, str(REPO))
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
 from benchmarks.parallelism_selection import family  # noqa: E402
 from policies.parallelism import enumerate_layouts  # noqa: E402
-from predictors.memory import transformer_memory  # noqa: E402
+from predictors.transformer_memory import transformer_memory  # noqa: E402
 from probes.vocabulary.transformer_job import TransformerJob  # noqa: E402
 from probes.vocabulary.transformer_spec import TransformerSpec  # noqa: E402
+
+MEASURES = ("allocated", "resident")  # torch's allocations (the OOM call); the process's resident memory
 
 
 def memory_job(index: int, world: int, seed: int) -> TransformerJob:
@@ -93,6 +101,7 @@ def _peak_rank(rank: int, world: int, specs: list[dict], tmp: str) -> None:
     import torch
     import torch.distributed as dist
 
+    from probes.allocation_peak import step_allocation_peak
     from probes.workloads.transformer import ParallelTransformer
 
     torch.set_num_threads(1)
@@ -105,13 +114,22 @@ def _peak_rank(rank: int, world: int, specs: list[dict], tmp: str) -> None:
         gc.collect()
         libc.malloc_trim(0)
         before = _status_kib("VmRSS")
-        model = ParallelTransformer(TransformerSpec.from_dict(data), rank, torch.device("cpu"))
-        gc.collect()
-        libc.malloc_trim(0)  # the initialisation's temporaries (each block drawn whole, then sliced)
-        model.step()
-        Path("/proc/self/clear_refs").write_text("5")  # reset the high water mark to the current RSS
-        model.step()
-        peaks.append((_status_kib("VmHWM") - before) * 1024)
+
+        def settle() -> None:
+            """Return the first step's and the initialisation's temporaries (each block drawn
+            whole, then sliced), then reset the resident high water mark to the current RSS."""
+            gc.collect()
+            libc.malloc_trim(0)
+            Path("/proc/self/clear_refs").write_text("5")
+
+        spec = TransformerSpec.from_dict(data)
+        model, allocated = step_allocation_peak(
+            lambda: ParallelTransformer(spec, rank, torch.device("cpu")),  # noqa: B023 (called at once)
+            lambda m: m.step(),
+            between=settle,
+        )
+        resident = (_status_kib("VmHWM") - before) * 1024
+        peaks.append({"allocated": allocated, "resident": resident})
         model.close()
         del model
     Path(f"{tmp}/{rank}.json").write_text(json.dumps(peaks))
@@ -119,14 +137,15 @@ def _peak_rank(rank: int, world: int, specs: list[dict], tmp: str) -> None:
     os._exit(0)
 
 
-def measure_peaks(specs: list[TransformerSpec], world: int) -> list[int]:
-    """Per layout, the largest rank's measured peak (bytes)."""
+def measure_peaks(specs: list[TransformerSpec], world: int) -> list[dict[str, int]]:
+    """Per layout, the largest rank's measured peaks (bytes): torch's allocations, and the
+    process's resident memory."""
     import torch.multiprocessing as mp
 
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_peak_rank, args=(world, [s.to_dict() for s in specs], tmp), nprocs=world)
         per_rank = [json.loads(Path(f"{tmp}/{r}.json").read_text()) for r in range(world)]
-    return [max(values) for values in zip(*per_rank)]
+    return [{k: max(rank[k] for rank in ranks) for k in ("allocated", "resident")} for ranks in zip(*per_rank)]
 
 
 def main() -> None:
@@ -145,7 +164,9 @@ def main() -> None:
     if args.seed is None:
         args.seed = secrets.randbelow(2**31)
     print(f"{args.jobs} jobs drawn with --seed {args.seed}", flush=True)
-    jobs, wrong, tried, ratios = [], 0, 0, []
+    jobs: list[dict] = []
+    wrong = {measure: 0 for measure in MEASURES}
+    ratios: dict[str, list[float]] = {measure: [] for measure in MEASURES}
     for i in range(args.jobs):
         job = memory_job(i, args.world_size, args.seed)
         specs = pick_layouts(job, args.layouts, args.seed)
@@ -154,32 +175,32 @@ def main() -> None:
         measured = measure_peaks(specs, args.world_size)
         rows = []
         for spec, p, m in zip(specs, predicted, measured):
-            miss = (p > cap) != (m > cap)
-            wrong += miss
-            tried += 1
-            ratios.append(m / p)
-            rows.append(
-                {
-                    "layout": spec.layout,
-                    "family": family(spec),
-                    "predicted_bytes": p,
-                    "measured_bytes": m,
-                    "wrong": miss,
-                }
-            )
+            row: dict[str, Any] = {"layout": spec.layout, "family": family(spec), "predicted_bytes": p}
+            for measure in MEASURES:
+                miss = (p > cap) != (m[measure] > cap)
+                wrong[measure] += miss
+                ratios[measure].append(m[measure] / p)
+                row[f"{measure}_bytes"] = m[measure]
+                row[f"wrong_{measure}"] = miss
+            rows.append(row)
         print(
-            f"{job.name}: cap {cap / 2**20:.0f} MiB; measured/predicted "
-            + ", ".join(f"{r['layout']} {r['measured_bytes'] / r['predicted_bytes']:.2f}" for r in rows),
+            f"{job.name}: cap {cap / 2**20:.0f} MiB; allocated/predicted "
+            + ", ".join(f"{r['layout']} {r['allocated_bytes'] / r['predicted_bytes']:.2f}" for r in rows),
             flush=True,
         )
         jobs.append({"job": job.to_dict(), "cap_bytes": cap, "layouts": rows})
     summary = {
-        "layouts_tried": tried,
-        "wrong_oom_calls": wrong,
-        "measured_over_predicted": {
-            "median": float(np.median(ratios)),
-            "min": float(np.min(ratios)),
-            "max": float(np.max(ratios)),
+        "layouts_tried": sum(len(j["layouts"]) for j in jobs),
+        **{
+            measure: {
+                "wrong_oom_calls": wrong[measure],
+                "measured_over_predicted": {
+                    "median": float(np.median(ratios[measure])),
+                    "min": float(np.min(ratios[measure])),
+                    "max": float(np.max(ratios[measure])),
+                },
+            }
+            for measure in MEASURES
         },
     }
     print(json.dumps(summary, indent=1))

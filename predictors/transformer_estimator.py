@@ -14,7 +14,8 @@ import numpy as np
 
 from predictors.evaluation import ErrorStats, error_stats
 from predictors.graph import ExecutionGraph
-from predictors.memory import MemoryEstimate, transformer_memory
+from predictors.memory import MemoryEstimate
+from predictors.transformer_memory import transformer_memory
 from predictors.opmodels import fit_step_overhead
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import SimResult, model_cost, model_cpu_overhead, simulate

@@ -22,7 +22,7 @@ from policies.parallelism import (
 )
 from policies.policy import decide
 from policies.sharders import NoFeasiblePlanError
-from predictors.memory import transformer_memory
+from predictors.transformer_memory import transformer_memory
 from predictors.transformer_estimator import TransformerEstimate
 from probes.vocabulary.jobspec import JobSpecError
 from probes.vocabulary.jobspec_validation import parse_job

@@ -250,7 +250,8 @@ class ParallelTransformer:
             if self.stage == 0:
                 self.schedule.step(self.x)
             elif self.stage == self.spec.pipeline_parallel - 1:
-                self.schedule.step(target=self.target, losses=losses)
+                # the losses are what is wanted: the schedule keeps no output chunks for a merge
+                self.schedule.step(target=self.target, losses=losses, return_outputs=False)
             else:
                 self.schedule.step()
         return float(torch.stack(losses).detach().mean()) if losses else math.nan
