@@ -16,10 +16,8 @@ a measured one. Two peaks of that step, each over what was held before the layou
   an OOM depends on there. The OOM calls are counted on it.
 - resident: the process's resident high water mark (/proc/self/clear_refs before the step,
   VmHWM after), with glibc's mmap threshold fixed at 128 KiB (MALLOC_MMAP_THRESHOLD_) so
-  freed tensors leave; `--allocator-slack` keeps glibc's default, whose dynamic threshold
-  keeps freed activations in the heap, as a GPU's reserved memory would. It also counts pages
-  an op never touched as absent, and gloo's and Python's own memory: a CPU's view, reported
-  beside the other.
+  freed tensors leave rather than stay in the heap. It also holds gloo's and Python's own
+  memory and misses pages an op never touched: a CPU's view, reported beside the other.
 
 The job's cap is the geometric mean of its layouts' smallest and largest predicted peak, set
 from the predictions alone; a layout's OOM call is wrong when predicted and measured peaks
@@ -154,13 +152,9 @@ def main() -> None:
     parser.add_argument("--layouts", type=int, default=8, help="layouts tried per job")
     parser.add_argument("--world-size", type=int, default=2)
     parser.add_argument("--seed", type=int, default=None, help="job seed (default: a fresh one, recorded)")
-    parser.add_argument(
-        "--allocator-slack", action="store_true", help="keep glibc's default mmap threshold (see the docstring)"
-    )
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/oom_prediction.json"))
     args = parser.parse_args()
-    if not args.allocator_slack:
-        os.environ["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)  # read by each spawned rank's glibc
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)  # read by each spawned rank's glibc
     if args.seed is None:
         args.seed = secrets.randbelow(2**31)
     print(f"{args.jobs} jobs drawn with --seed {args.seed}", flush=True)
@@ -205,9 +199,7 @@ def main() -> None:
     }
     print(json.dumps(summary, indent=1))
     command = f"benchmarks/oom_prediction.py --jobs {args.jobs} --layouts {args.layouts} "
-    command += f"--world-size {args.world_size} --seed {args.seed}" + (
-        " --allocator-slack" if args.allocator_slack else ""
-    )
+    command += f"--world-size {args.world_size} --seed {args.seed}"
     print(f"wrote {write_result(args.out, {'command': command, 'seed': args.seed, 'summary': summary, 'jobs': jobs})}")
 
 

@@ -22,9 +22,9 @@ from typing import Any, Iterable, Iterator
 from policies.plan import Candidate, Decision
 from policies.policy import decide, decision_for, ranked
 from policies.sharders import NoFeasiblePlanError
-from predictors.transformer_memory import transformer_memory
 from predictors.performance_model import PerformanceModel
 from predictors.transformer_estimator import estimate_transformer_iteration
+from predictors.transformer_memory import transformer_memory
 from probes.vocabulary.placement import RankPlacement
 from probes.vocabulary.transformer_job import TransformerJob
 from probes.vocabulary.transformer_spec import FSDP_MODES, TransformerSpec

@@ -15,11 +15,11 @@ import numpy as np
 from predictors.evaluation import ErrorStats, error_stats
 from predictors.graph import ExecutionGraph
 from predictors.memory import MemoryEstimate
-from predictors.transformer_memory import transformer_memory
 from predictors.opmodels import fit_step_overhead
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import SimResult, model_cost, model_cpu_overhead, simulate
 from predictors.transformer_graph import build_transformer_graph, is_transfer
+from predictors.transformer_memory import transformer_memory
 from probes.vocabulary.ops import TRANSFORMER_OVERHEAD_OP, TRANSFORMER_STEP_OP
 from probes.vocabulary.placement import RankPlacement, placement_of
 from probes.vocabulary.records import Measurement

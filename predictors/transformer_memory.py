@@ -27,11 +27,13 @@ from probes.vocabulary.transformer_spec import GRADIENT_BUCKET_BYTES, Transforme
 @dataclass(frozen=True)
 class SavedOp:
     """One forward op as its backward sees it, in floats: what autograd keeps for it (freed
-    once its backward has run) and the gradients in flight while that backward runs (the
-    gradient of its output and of its input)."""
+    once its backward has run), the gradients in flight while that backward runs (the
+    gradient of its output and of its input) and its parameters (their gradients are made
+    by that backward)."""
 
     saved: int
     gradients: int
+    params: int = 0
 
 
 def block_ops(spec: TransformerSpec, T: int) -> list[SavedOp]:
@@ -42,8 +44,8 @@ def block_ops(spec: TransformerSpec, T: int) -> list[SavedOp]:
     scores = (T // spec.seq_len) * (spec.heads // spec.tensor_parallel) * spec.seq_len**2
     dropout = spec.dropout > 0
     ops = [
-        SavedOp(2 * T, 2 * T * H),  # layer_norm 1: mean/rstd
-        SavedOp(T * H, 3 * T * local + T * H),  # QKV: its input (layer_norm 1's output)
+        SavedOp(2 * T, 2 * T * H, 2 * H),  # layer_norm 1: mean/rstd
+        SavedOp(T * H, 3 * T * local + T * H, 3 * local * (H + 1)),  # QKV: its input (layer_norm 1's output)
         SavedOp(4 * T * local, scores + 3 * T * local),  # q·kᵀ: the scaled q; k and v (views of QKV's output)
         SavedOp(scores, 2 * scores),  # softmax: its output
     ]
@@ -51,15 +53,15 @@ def block_ops(spec: TransformerSpec, T: int) -> list[SavedOp]:
         ops.append(SavedOp(scores, 2 * scores))  # attention dropout: its float mask
     ops += [
         SavedOp(scores if dropout else 0, scores + 2 * T * local),  # ·v: the attention after dropout
-        SavedOp(T * local, T * H + T * local),  # output projection: the context
+        SavedOp(T * local, T * H + T * local, local * H + H),  # output projection (its bias whole): the context
     ]
     if dropout:
         ops.append(SavedOp(T * H, 2 * T * H))  # its dropout mask
     ops += [
-        SavedOp(T * H + 2 * T, 2 * T * H),  # layer_norm 2: the first residual; mean/rstd
-        SavedOp(T * H, 4 * T * local + T * H),  # fc1: its input
+        SavedOp(T * H + 2 * T, 2 * T * H, 2 * H),  # layer_norm 2: the first residual; mean/rstd
+        SavedOp(T * H, 4 * T * local + T * H, 4 * local * (H + 1)),  # fc1: its input
         SavedOp(4 * T * local, 8 * T * local),  # gelu: its input
-        SavedOp(4 * T * local, T * H + 4 * T * local),  # fc2: its input
+        SavedOp(4 * T * local, T * H + 4 * T * local, 4 * local * H + H),  # fc2: its input
     ]
     if dropout:
         ops.append(SavedOp(T * H, 2 * T * H))  # its dropout mask
@@ -130,6 +132,7 @@ class _Stage:
     blocks: int  # blocks on the stage
     shards: int  # FSDP's data-parallel degree (1: not sharded)
     accumulate_unsharded: bool  # FSDP without gradient sync on all but the last micro-batch
+    head: int  # the final layer norm and LM head (last stage)
 
     @property
     def root(self) -> int:
@@ -151,6 +154,7 @@ class _Walk:
             blocks=len(spec.stage_layers(stage)),
             shards=dp if sharded else 1,
             accumulate_unsharded=sharded and spec.micro_batches > 1,
+            head=(2 * spec.hidden + spec.vocab_size * spec.hidden) if stage == spec.pipeline_parallel - 1 else 0,
         )
         self.T = spec.micro_batch_size * spec.seq_len
         self.last = stage == spec.pipeline_parallel - 1
@@ -191,21 +195,23 @@ class _Walk:
             return self.s.blocks if below is None else below + 1
         return 1 if below is None else min(2, below + 1)
 
-    def _gradients(self, blocks_made: int, root_made: bool, accumulated: bool) -> int:
-        """Gradients held once `blocks_made` blocks (from the top) and the root unit have made
-        theirs: none after zero_grad(set_to_none=True) until a backward makes them; every one
-        once an earlier micro-batch's backward ran. FSDP reduce-scatters a block's gradient as
-        its backward ends (its shard stays; the block being made and the previous one's flat
-        reduce-scatter input are whole) and the root unit's at the end; without gradient sync
-        it keeps them whole until the last micro-batch."""
+    def _gradients(self, blocks_done: int, partial: int, head_made: bool, accumulated: bool) -> int:
+        """Gradients held once `blocks_done` blocks (from the top), `partial` parameters of
+        the block in backward and (`head_made`) the final norm and head have made theirs (the
+        embedding's comes last, at the step's end): none after
+        zero_grad(set_to_none=True) until a backward makes them; every one once an earlier
+        micro-batch's backward ran. FSDP reduce-scatters a block's gradient as its backward
+        ends (its shard stays; the flat reduce-scatter input is kept until the next block's)
+        and the root unit's at the end; without gradient sync it keeps them whole until the
+        last micro-batch."""
         s = self.s
-        root = s.root if root_made else 0
+        root = s.head if head_made else 0
         if s.shards == 1 or s.accumulate_unsharded:
             if accumulated:  # the last micro-batch's reduce-scatter input beside them, under FSDP
                 return FLOAT * (s.params + (s.block if s.shards > 1 else 0))
-            return FLOAT * (root + blocks_made * s.block)
+            return FLOAT * (root + blocks_done * s.block + partial)
         shard = -(-s.block // s.shards)
-        return FLOAT * (root + max(blocks_made - 1, 0) * shard + min(blocks_made, 2) * s.block)
+        return FLOAT * (root + blocks_done * shard + partial + (s.block if blocks_done else 0))
 
     def _point(
         self, gathered: int, in_root: bool, gradients: int, in_flight: int, transient: int, extra_comm: int = 0
@@ -240,16 +246,17 @@ class _Walk:
                 saved = below_blocks + s.blocks * block_saved + sum(op.saved for op in ops[: k + 1])
                 saved += _kept_logits(spec, T)
                 in_root = k == 0 or (k == 1 and spec.vocab_size > 0)  # the final norm or the head, not the loss
-                grads = self._gradients(0, in_root, accumulated)
+                grads = self._gradients(0, 0, in_root, accumulated)
                 gathered = self._gathered(None) if in_root else self._gathered(None) * (spec.fsdp != "full_shard")
                 points.append(self._point(gathered, in_root, grads, held + saved, ops[k].gradients, input_grads))
         ops = block_ops(spec, T)
         for done in range(s.blocks):
             below = s.blocks - done - 1
             under = below_blocks + below * block_saved + T * H  # blocks under it, and its own output
-            grads = self._gradients(done + 1, self.last, accumulated)
             for k in range(len(ops) - 1, -1, -1):
                 own = sum(op.saved for op in ops[: k + 1])  # recomputed for its backward, under recomputation
+                made = sum(op.params for op in ops[k:])  # this block's gradients, down to this op
+                grads = self._gradients(done, made, self.last, accumulated)
                 # the residual stream's gradient beside the op's own
                 points.append(
                     self._point(
@@ -259,11 +266,12 @@ class _Walk:
         return points
 
     def forward_end(self, others: int, accumulated: bool) -> MemoryEstimate:
-        """A micro-batch's forward finished: its saved tensors, the loss's output in flight
-        (the logits beside their log-softmax), every block gathered under shard_grad_op."""
+        """A micro-batch's forward finished: its saved tensors, the loss's output in flight on
+        the last stage (the logits beside their log-softmax), every block gathered under
+        shard_grad_op."""
         T, V = self.T, self.spec.vocab_size
-        grads = self._gradients(self.s.blocks, True, True) if accumulated else 0
-        out = T * V if V else T * self.spec.hidden
+        grads = self._gradients(self.s.blocks, 0, True, True) if accumulated else 0
+        out = (T * V if V else T * self.spec.hidden) if self.last else 0  # else the output is among its saved
         gathered = self._gathered(None) * (self.spec.fsdp != "full_shard")  # full_shard resharded them all
         return self._point(gathered, False, grads, (others + 1) * self.micro, out)
 
@@ -275,9 +283,9 @@ class _Walk:
             bucket = min(FLOAT * s.params, GRADIENT_BUCKET_BYTES)
         bucket += FLOAT * self.spec.micro_batches * self.received  # the received inputs' gradients
         if s.shards > 1 and not s.accumulate_unsharded:
-            gradients = FLOAT * -(-s.params // s.shards)  # reduce-scattered, every one
+            gradients = FLOAT * (-(-s.params // s.shards) + s.root)  # the blocks' reduce-scattered; the root's whole
         else:
-            gradients = self._gradients(s.blocks, True, True)
+            gradients = FLOAT * s.params + (FLOAT * s.block if s.shards > 1 else 0)
         return self._point(0, True, gradients, 0, self.T * self.spec.hidden, bucket)
 
 

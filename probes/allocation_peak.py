@@ -1,13 +1,39 @@
 """The most bytes torch's allocator held at once during a step, on any device: what
 torch.cuda.max_memory_allocated reports on a GPU, measured the same way on a CPU (where torch
 keeps no such counter) from the profiler's memory events. The memory models' predictions
-are checked against it (tests/test_transformer_memory.py, benchmarks/oom_prediction.py)."""
+are checked against it (tests/test_memory.py, benchmarks/oom_prediction.py).
+
+The profiler records allocations and frees only on the threads it follows. A collective's
+buffer can be freed on gloo's worker thread (DDP's start-up broadcast of the module state,
+a tensor-parallel all-reduce), and counting it live for ever would raise every later peak
+by its size. So a free is also inferred where a new block overlaps it, and, before each
+measured step, where its pages are no longer mapped (large blocks are mmap'd and unmapped
+when freed)."""
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterator
+import bisect
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
 
 WINDOW = "measured step"
+MAPS = Path("/proc/self/maps")
+
+
+def mapped_ranges() -> list[tuple[int, int]]:
+    """The process's mapped address ranges, sorted ([] where /proc/self/maps is absent)."""
+    if not MAPS.exists():
+        return []
+    ranges = []
+    for line in MAPS.read_text().splitlines():
+        start, end = line.split(" ", 1)[0].split("-")
+        ranges.append((int(start, 16), int(end, 16)))
+    return sorted(ranges)
+
+
+def _is_mapped(ranges: Sequence[tuple[int, int]], ptr: int) -> bool:
+    i = bisect.bisect_right(ranges, (ptr, float("inf"))) - 1
+    return i >= 0 and ranges[i][0] <= ptr < ranges[i][1]
 
 
 def _events(roots: list[Any]) -> Iterator[Any]:
@@ -16,13 +42,13 @@ def _events(roots: list[Any]) -> Iterator[Any]:
         yield from _events(event.children)
 
 
-def allocation_peak(prof: Any, window: str = WINDOW) -> int:
+def allocation_peak(prof: Any, window: str = WINDOW, mapped: Sequence[tuple[int, int]] = ()) -> int:
     """The peak of torch's live allocations inside the `window` record_function of a finished
     profile (`profile_memory=True`), counting only blocks allocated while it profiled: each
     free is matched to its allocation by address, so a block allocated before (or the
     reporter's stale size for an address reused since an earlier profile) cannot shift the
-    count. A free on a thread the profiler does not follow is seen only when its address is
-    reused; until then the block counts as live, so the peak errs high, never low."""
+    count. `mapped`: the address ranges mapped as the window began (`mapped_ranges`); a block
+    outside them was freed before it, though no event said so."""
     from torch._C._profiler import _EventType
 
     events = list(_events(prof.profiler.kineto_results.experimental_event_tree()))
@@ -31,21 +57,52 @@ def allocation_peak(prof: Any, window: str = WINDOW) -> int:
         raise ValueError(f"the profile has {len(markers)} record_function windows named {window!r}; wanted 1")
     start, end = markers[0].start_time_ns, markers[0].end_time_ns
     allocations = sorted((e for e in events if e.tag == _EventType.Allocation), key=lambda e: e.start_time_ns)
-    sizes: dict[int, int] = {}
-    live, peak = 0, 0
+    blocks = _LiveBlocks()
+    peak, checked = 0, not mapped
     for event in allocations:
+        if not checked and event.start_time_ns >= start:
+            blocks.drop_unmapped(mapped)
+            checked = True
         ptr, size = event.extra_fields.ptr, event.extra_fields.alloc_size
         if size > 0:
-            # an address handed out again was freed, though no event said so: the profiler
-            # records only its own threads, and a collective's worker thread may drop a
-            # block's last reference
-            live += size - sizes.get(ptr, 0)
-            sizes[ptr] = size
+            blocks.allocate(ptr, size)
         else:
-            live -= sizes.pop(ptr, 0)
+            blocks.free(ptr)
         if start <= event.start_time_ns <= end:
-            peak = max(peak, live)
+            peak = max(peak, blocks.live)
     return peak
+
+
+class _LiveBlocks:
+    """The blocks allocated under the profiler and not yet seen freed, by address. A new
+    block overlapping one of them proves that one was freed (two live blocks cannot share an
+    address), though no event said so."""
+
+    def __init__(self) -> None:
+        self.starts: list[int] = []  # sorted
+        self.sizes: dict[int, int] = {}
+        self.live = 0
+
+    def allocate(self, ptr: int, size: int) -> None:
+        i = bisect.bisect_left(self.starts, ptr)
+        if i and self.starts[i - 1] + self.sizes[self.starts[i - 1]] > ptr:
+            i -= 1
+        while i < len(self.starts) and self.starts[i] < ptr + size:
+            self.free(self.starts[i])
+        bisect.insort(self.starts, ptr)
+        self.sizes[ptr] = size
+        self.live += size
+
+    def free(self, ptr: int) -> None:
+        size = self.sizes.pop(ptr, None)
+        if size is None:  # allocated before profiling began
+            return
+        del self.starts[bisect.bisect_left(self.starts, ptr)]
+        self.live -= size
+
+    def drop_unmapped(self, mapped: Sequence[tuple[int, int]]) -> None:
+        for ptr in [p for p in self.starts if not _is_mapped(mapped, p)]:
+            self.free(ptr)
 
 
 def step_allocation_peak(
@@ -59,11 +116,13 @@ def step_allocation_peak(
     after the first step."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
+    maps = []
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         model = build()
         step(model)
         between()
         for i in range(repeats):
+            maps.append(mapped_ranges())
             with record_function(f"{WINDOW} {i}"):
                 step(model)
-    return model, min(allocation_peak(prof, f"{WINDOW} {i}") for i in range(repeats))
+    return model, min(allocation_peak(prof, f"{WINDOW} {i}", maps[i]) for i in range(repeats))

@@ -118,7 +118,7 @@ def test_layouts_trade_memory_as_expected():
     assert first.activations > 3 * per_micro > last.activations - per_micro
 
 
-MEASURED_BASE = dict(layers=2, hidden=32, heads=4, seq_len=64, batch_size=8, dropout=0.1, world_size=2)
+MEASURED_BASE = dict(layers=2, hidden=32, heads=4, seq_len=128, batch_size=4, dropout=0.1, world_size=2)
 MEASURED_LAYOUTS = [
     dict(),
     dict(recompute=True),
@@ -154,11 +154,29 @@ def _allocation_peaks(rank: int) -> list[int]:
 
 def test_predicted_peaks_match_what_torch_allocates_in_every_layout_family():
     """Each layout family's predicted peak (the walk through its step) against the most bytes
-    torch's allocator held at once in a real step on its busiest rank (gloo, CPU): within 5%,
-    where a sum of everything the step ever holds was 10-35% over."""
+    torch's allocator held at once in a real step on its busiest rank (gloo, CPU): within 5%
+    over, 8% under (a block freed on gloo's worker thread is counted until its address is
+    seen free, so the measurement errs high only), where a sum of everything the step ever
+    holds was 10-35% over."""
     from tests.spawned import on_gloo_ranks
 
     measured = [max(peaks) for peaks in zip(*on_gloo_ranks(_allocation_peaks, 2).values())]
     for fields, peak in zip(MEASURED_LAYOUTS, measured):
         predicted = transformer_memory(TransformerSpec(**{**MEASURED_BASE, **fields})).peak
-        assert abs(predicted / peak - 1) < 0.05, (fields, predicted, peak)
+        assert 0.92 < predicted / peak < 1.05, (fields, predicted, peak)
+
+
+def test_live_blocks_infer_frees_the_profiler_missed():
+    from probes.allocation_peak import _LiveBlocks
+
+    blocks = _LiveBlocks()
+    blocks.allocate(1000, 100)
+    blocks.allocate(2000, 50)
+    blocks.free(5000)  # allocated before profiling: not counted either way
+    assert blocks.live == 150
+    blocks.allocate(1050, 10)  # inside the first block: it was freed on a thread the profiler missed
+    assert blocks.live == 60 and blocks.starts == [1050, 2000]
+    blocks.allocate(1990, 20)  # overlaps the second's start
+    assert blocks.live == 30
+    blocks.drop_unmapped([(1000, 1100)])  # the block at 1990 lies outside every mapping
+    assert blocks.live == 10 and blocks.starts == [1050]

@@ -22,8 +22,8 @@ from policies.parallelism import (
 )
 from policies.policy import decide
 from policies.sharders import NoFeasiblePlanError
-from predictors.transformer_memory import transformer_memory
 from predictors.transformer_estimator import TransformerEstimate
+from predictors.transformer_memory import transformer_memory
 from probes.vocabulary.jobspec import JobSpecError
 from probes.vocabulary.jobspec_validation import parse_job
 from probes.vocabulary.transformer_job import TransformerJob
