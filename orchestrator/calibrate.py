@@ -344,7 +344,6 @@ def fit_and_register(
         say(f"WARNING: no model for {op} ({why}); raise the calibration budget to measure it")
     model.meta.update({"software": fingerprint.software, "devices": fingerprint.summary()})
     report_pairs(model)
-    registry.log_model_metrics(model)
     try:
         log_calibration_plots(model, kernel_rows(rows), test_rows)
     except Exception as exc:  # a plot must never cost the registration of a fitted model

@@ -166,12 +166,22 @@ def test_calibrate_autotune_drift_nightly_against_a_real_server(mlflow_server, t
     # Authentication is on: no credentials, no data.
     assert requests.get(f"{url}/api/2.0/mlflow/experiments/search?max_results=1", timeout=30).status_code == 401
 
-    calibration = cli("orchestrator.cli.calibrate", "--budget-s", "20", cwd=tmp_path, url=url)
-    assert calibration["promoted"] and calibration["model"].endswith("/1")
+    # No model for this hardware on the server yet: autotune calibrates, registers, plans, runs.
     (tmp_path / "tiny.yaml").write_text(yaml.safe_dump(tiny_job_dict))
-    tuned = cli("orchestrator.autotune", "--job", "tiny.yaml", "--iterations", "3", cwd=tmp_path, url=url)
-    assert tuned["recalibrated"] is False and tuned["model"] == calibration["model"]
-    assert tuned["measured_iteration_ms"] > 0
+    tuned = cli(
+        "orchestrator.autotune",
+        "--job",
+        "tiny.yaml",
+        "--calibration-budget-s",
+        "20",
+        "--iterations",
+        "3",
+        cwd=tmp_path,
+        url=url,
+    )
+    calibration = {**tuned["calibration"], "hardware_id": tuned["hardware_id"]}
+    assert tuned["recalibrated"] is True and calibration["promoted"] and calibration["model"].endswith("/1")
+    assert tuned["model"] == calibration["model"] and tuned["measured_iteration_ms"] > 0
     report = cli("orchestrator.cli.drift", cwd=tmp_path, url=url)
     (version,) = report["hardware"][calibration["hardware_id"]]["versions"]
     assert version["version"] == "1" and version["jobs"] == 1
@@ -193,7 +203,9 @@ def test_calibrate_autotune_drift_nightly_against_a_real_server(mlflow_server, t
         kinds = {
             r.data.tags.get("kind") for r in mlflow.search_runs(experiment_names=["autotune"], output_format="list")
         }
-        assert {"calibration", "autotune", "drift", "nightly"} <= kinds
+        assert {"autotune", "drift", "nightly"} <= kinds  # the calibration is logged in autotune's run
+        calibrated = {a.path for a in client.list_artifacts(tuned["run_id"])}
+        assert {"measurements.parquet", "plan.json"} <= calibrated
     finally:
         mlflow.set_tracking_uri(None)
         for key in ("MLFLOW_TRACKING_USERNAME", "MLFLOW_TRACKING_PASSWORD"):
