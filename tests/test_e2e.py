@@ -163,9 +163,7 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     assert predicted["iteration_ms"] == pytest.approx(layouts["predicted_ms"])
 
     hw = first["hardware_id"]
-    quiet = last_json(cli("orchestrator.cli.nightly", "--budget-s", "25", "--json", cwd=tmp_path).stdout)
-    assert quiet["recalibrated"] == 0, quiet["checked"]
-    # A drill makes every probe on this machine read 3x slower. Two nightlies started together:
+    # (A nightly on unchanged hardware recalibrating nothing: tests/test_server.py.) A drill makes every probe on this machine read 3x slower. Two nightlies started together:
     # one takes the lock, sees the sentinels drift, recalibrates, and its new model (fitted on
     # the slower machine) is promoted over the old; the other sees the lock and exits cleanly.
     drill = {"AUTOTUNE_DRILL_SLOWDOWN": "3"}
