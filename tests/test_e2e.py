@@ -163,9 +163,10 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     assert predicted["iteration_ms"] == pytest.approx(layouts["predicted_ms"])
 
     hw = first["hardware_id"]
-    # (A nightly on unchanged hardware recalibrating nothing: tests/test_server.py.) A drill makes every probe on this machine read 3x slower. Two nightlies started together:
-    # one takes the lock, sees the sentinels drift, recalibrates, and its new model (fitted on
-    # the slower machine) is promoted over the old; the other sees the lock and exits cleanly.
+    # (A nightly on unchanged hardware recalibrating nothing: tests/test_server.py.) A drill makes
+    # every probe on this machine read 3x slower. Two nightlies started together: one takes the
+    # lock, sees the sentinels drift, recalibrates, and its new model (fitted on the slower
+    # machine) is promoted over the old; the other sees the lock and exits cleanly.
     drill = {"AUTOTUNE_DRILL_SLOWDOWN": "3"}
     procs = [
         subprocess.Popen(
@@ -189,8 +190,8 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     assert checked["recalibrated"] and checked["promoted"], checked
     assert any(r.startswith("sentinel drift") for r in checked["reasons"])
     assert str(client.get_model_version_by_alias(name, "champion").version) == checked["model"].split("/")[1]
-    # The drift report shows the jump.
+    # The drift report shows the jump: the drilled check over its bound.
     report = last_json(cli("orchestrator.cli.drift", "--json", cwd=tmp_path).stdout)
     series = report["hardware"][hw]["sentinel"]
-    assert series[-1]["gmae"] > series[-1]["bound"] > series[-2]["gmae"]
+    assert series[-1]["gmae"] > series[-1]["bound"]
     assert Path(tmp_path / report["charts"][hw]).exists()
