@@ -29,7 +29,8 @@ TBE_DESIGN = EMBEDDING_DESIGN + ["is:weights_precision=fp16", "is:weights_precis
 
 def default_model_for(op: str, seed: int = 0) -> OpModel:
     # Elsewhere the learned model's base is the op's baseline already (a candidate it must beat);
-    # GEMM's baseline (launch + flops) is simpler than its base, so it competes on its own.
+    # GEMM's baseline (launch + flops) and the row ops' (no per-row cost) are simpler than their
+    # bases, so they compete on their own.
     if op == "gemm":
         return LearnedKernelModel(op, GEMM_FEATURES, GEMM_DESIGN, seed, group_by=DTYPE_GROUP, baseline=gemm_roofline)
     if op.startswith("embedding_"):
@@ -43,13 +44,22 @@ def default_model_for(op: str, seed: int = 0) -> OpModel:
     if op in STREAMING_OPS:
         return LearnedKernelModel(op, ROOFLINE_FEATURES, ELEMENTWISE_DESIGN, seed, group_by=DTYPE_GROUP)
     if op in ROW_OPS:
-        return LearnedKernelModel(op, ROW_OP_FEATURES, ELEMENTWISE_DESIGN, seed, group_by=DTYPE_GROUP)
+        # the roofline it is scored against is a candidate too: kept where a per-row cost (or a
+        # correction) does not clearly pay on rows it was not fitted on
+        return LearnedKernelModel(
+            op, ROW_OP_FEATURES, ELEMENTWISE_DESIGN, seed, group_by=DTYPE_GROUP, baseline=lambda: element_roofline(op)
+        )
     raise ValueError(f"no model family for op {op!r}")
 
 
 def gemm_roofline() -> GroupedCostModel:
     """GEMM's baseline: launch + flops per dtype."""
     return GroupedCostModel("gemm", ["one", "flops"], *DTYPE_GROUP)
+
+
+def element_roofline(op: str) -> GroupedCostModel:
+    """Element-wise and row ops' baseline: launch + bytes per dtype."""
+    return GroupedCostModel(op, ROOFLINE_FEATURES, *DTYPE_GROUP)
 
 
 def baseline_model_for(op: str) -> OpModel | None:
@@ -63,7 +73,7 @@ def baseline_model_for(op: str) -> OpModel | None:
     if op.startswith("embedding_"):
         return GroupedCostModel(op, EMBEDDING_FEATURES, *PRECISION_GROUP)
     if op in STREAMING_OPS or op in ROW_OPS:
-        return GroupedCostModel(op, ROOFLINE_FEATURES, *DTYPE_GROUP)
+        return element_roofline(op)
     if op == "memcpy":
         return GroupedCostModel(op, ROOFLINE_FEATURES, "direction", "d2d")
     return None
