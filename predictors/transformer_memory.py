@@ -17,6 +17,7 @@ as the workloads train.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 from predictors.dlrm_graph import FLOAT
 from predictors.memory import OPTIMIZER_STATES, MemoryEstimate
@@ -242,21 +243,22 @@ class _Walk:
         points = []
         if self.last:
             ops = final_ops(spec, T)
+            kept = list(accumulate(op.saved for op in ops))  # saved by the ops up to each
             for k in range(len(ops) - 1, -1, -1):
-                saved = below_blocks + s.blocks * block_saved + sum(op.saved for op in ops[: k + 1])
-                saved += _kept_logits(spec, T)
+                saved = below_blocks + s.blocks * block_saved + kept[k] + _kept_logits(spec, T)
                 in_root = k == 0 or (k == 1 and spec.vocab_size > 0)  # the final norm or the head, not the loss
                 grads = self._gradients(0, 0, in_root, accumulated)
-                gathered = self._gathered(None) if in_root else self._gathered(None) * (spec.fsdp != "full_shard")
+                gathered = self._gathered(None) if in_root or spec.fsdp != "full_shard" else 0
                 points.append(self._point(gathered, in_root, grads, held + saved, ops[k].gradients, input_grads))
         ops = block_ops(spec, T)
+        kept = list(accumulate(op.saved for op in ops))  # recomputed for its backward, under recomputation
+        made = list(accumulate((op.params for op in reversed(ops))))[::-1]  # its gradients, from the top to each
         for done in range(s.blocks):
             below = s.blocks - done - 1
             under = below_blocks + below * block_saved + T * H  # blocks under it, and its own output
             for k in range(len(ops) - 1, -1, -1):
-                own = sum(op.saved for op in ops[: k + 1])  # recomputed for its backward, under recomputation
-                made = sum(op.params for op in ops[k:])  # this block's gradients, down to this op
-                grads = self._gradients(done, made, self.last, accumulated)
+                own = kept[k]
+                grads = self._gradients(done, made[k], self.last, accumulated)
                 # the residual stream's gradient beside the op's own
                 points.append(
                     self._point(
@@ -272,7 +274,7 @@ class _Walk:
         T, V = self.T, self.spec.vocab_size
         grads = self._gradients(self.s.blocks, 0, True, True) if accumulated else 0
         out = (T * V if V else T * self.spec.hidden) if self.last else 0  # else the output is among its saved
-        gathered = self._gathered(None) * (self.spec.fsdp != "full_shard")  # full_shard resharded them all
+        gathered = self._gathered(None) if self.spec.fsdp != "full_shard" else 0  # full_shard resharded them all
         return self._point(gathered, False, grads, (others + 1) * self.micro, out)
 
     def step_end(self) -> MemoryEstimate:

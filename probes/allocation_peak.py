@@ -42,35 +42,41 @@ def _events(roots: list[Any]) -> Iterator[Any]:
         yield from _events(event.children)
 
 
-def allocation_peak(prof: Any, window: str = WINDOW, mapped: Sequence[tuple[int, int]] = ()) -> int:
-    """The peak of torch's live allocations inside the `window` record_function of a finished
-    profile (`profile_memory=True`), counting only blocks allocated while it profiled: each
-    free is matched to its allocation by address, so a block allocated before (or the
-    reporter's stale size for an address reused since an earlier profile) cannot shift the
-    count. `mapped`: the address ranges mapped as the window began (`mapped_ranges`); a block
-    outside them was freed before it, though no event said so."""
+def allocation_peaks(prof: Any, windows: Sequence[tuple[str, Sequence[tuple[int, int]]]]) -> list[int]:
+    """The peak of torch's live allocations inside each (name, mapped) window: a
+    record_function of a finished profile (`profile_memory=True`), and the address ranges
+    mapped as it began (`mapped_ranges`; a block outside them was freed before it, though no
+    event said so). One pass over the profile's allocations, counting only blocks allocated
+    while it profiled: each free is matched to its allocation by address, so a block
+    allocated before (or the reporter's stale size for an address reused since an earlier
+    profile) cannot shift the count."""
     from torch._C._profiler import _EventType
 
     events = list(_events(prof.profiler.kineto_results.experimental_event_tree()))
-    markers = [e for e in events if e.tag == _EventType.TorchOp and e.name == window]
-    if len(markers) != 1:
-        raise ValueError(f"the profile has {len(markers)} record_function windows named {window!r}; wanted 1")
-    start, end = markers[0].start_time_ns, markers[0].end_time_ns
+    spans = []
+    for name, mapped in windows:
+        markers = [e for e in events if e.tag == _EventType.TorchOp and e.name == name]
+        if len(markers) != 1:
+            raise ValueError(f"the profile has {len(markers)} record_function windows named {name!r}; wanted 1")
+        spans.append((markers[0].start_time_ns, markers[0].end_time_ns, mapped))
     allocations = sorted((e for e in events if e.tag == _EventType.Allocation), key=lambda e: e.start_time_ns)
     blocks = _LiveBlocks()
-    peak, checked = 0, not mapped
+    peaks, checked = [0] * len(spans), [not mapped for _, _, mapped in spans]
     for event in allocations:
-        if not checked and event.start_time_ns >= start:
-            blocks.drop_unmapped(mapped)
-            checked = True
+        t = event.start_time_ns
+        for i, (start, end, mapped) in enumerate(spans):
+            if not checked[i] and t >= start:
+                blocks.drop_unmapped(mapped)
+                checked[i] = True
         ptr, size = event.extra_fields.ptr, event.extra_fields.alloc_size
         if size > 0:
             blocks.allocate(ptr, size)
         else:
             blocks.free(ptr)
-        if start <= event.start_time_ns <= end:
-            peak = max(peak, blocks.live)
-    return peak
+        for i, (start, end, _) in enumerate(spans):
+            if start <= t <= end:
+                peaks[i] = max(peaks[i], blocks.live)
+    return peaks
 
 
 class _LiveBlocks:
@@ -125,4 +131,4 @@ def step_allocation_peak(
             maps.append(mapped_ranges())
             with record_function(f"{WINDOW} {i}"):
                 step(model)
-    return model, min(allocation_peak(prof, f"{WINDOW} {i}", maps[i]) for i in range(repeats))
+    return model, min(allocation_peaks(prof, [(f"{WINDOW} {i}", maps[i]) for i in range(repeats)]))
