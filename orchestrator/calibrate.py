@@ -441,10 +441,11 @@ def describe(result: CalibrationResult) -> dict[str, Any]:
             op: {
                 k: v
                 for k, v in s.items()
-                if k in ("gmae", "gmae_low", "gmae_high", "mape", "baseline_gmae", "n", "chosen", "cv")
+                if k in ("gmae", "gmae_low", "gmae_high", "mape", "baseline_gmae", "vs_baseline", "n", "chosen", "cv")
             }
             for op, s in result.model.metrics.items()
         },
+        "heldout_per_family": result.model.meta.get("family_heldout", {}),
         "model": f"{result.registration.name}/{result.registration.version}",
         "promoted": result.registration.promoted,
         "promotion_reason": result.registration.reason,
@@ -466,6 +467,13 @@ def print_summary(info: dict[str, Any]) -> None:
         if cv and cv.get("n"):
             interval = f" [{cv['gmae_low']:.1%}, {cv['gmae_high']:.1%}]" if cv.get("gmae_low") is not None else ""
             say(f"  leave-one-out {op:9s} GMAE {cv['gmae']:.1%}{interval}  MAPE {cv['mape']:.1%}  (n={cv['n']})")
+    for family, s in info.get("heldout_per_family", {}).items():
+        ratio = s["vs_baseline"]
+        interval = f" [{ratio['low']:.2f}, {ratio['high']:.2f}]" if ratio.get("low") is not None else ""
+        say(
+            f"  held-out family {family:10s} GMAE {s['gmae']:.1%}, baseline {s['baseline_gmae']:.1%} on the same "
+            f"{s['n']} rows (ratio {ratio['ratio']:.2f}{interval})"
+        )
     say(f"registered {info['model']}: {'champion' if info['promoted'] else 'challenger'} ({info['promotion_reason']})")
 
 

@@ -259,6 +259,18 @@ def log_model_metrics(model: PerformanceModel, model_id: str | None = None) -> N
             value = cv.get(key)
             if value is not None and math.isfinite(value):
                 metrics[f"leave_one_out.{op}.{key}"] = float(value)
+    for family, stats in model.meta.get("family_heldout", {}).items():
+        ratio = stats.get("vs_baseline", {})
+        for key, value in (
+            ("gmae", stats.get("gmae")),
+            ("baseline_gmae", stats.get("baseline_gmae")),
+            ("n_test", stats.get("n")),
+            ("ratio", ratio.get("ratio")),
+            ("ratio_low", ratio.get("low")),
+            ("ratio_high", ratio.get("high")),
+        ):
+            if value is not None and math.isfinite(value):
+                metrics[f"heldout_family.{family}.{key}"] = float(value)
     mlflow.log_metrics(metrics, model_id=model_id)
 
 

@@ -54,6 +54,34 @@ def error_stats(errors: np.ndarray) -> ErrorStats:
     return stats
 
 
+@dataclass
+class PairedRatio:
+    """A model's GMAE over its baseline's on the same rows, with the 95% t-interval of that
+    ratio (from the rows' paired log errors): above 1 only where the interval says the model
+    is worse, not merely where a handful of rows happened to favour the baseline."""
+
+    ratio: float
+    low: float | None
+    high: float | None
+    n: int
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def paired_ratio(errors: np.ndarray, baseline_errors: np.ndarray) -> PairedRatio:
+    diff = np.log(np.maximum(np.asarray(errors, dtype=np.float64), ERROR_FLOOR)) - np.log(
+        np.maximum(np.asarray(baseline_errors, dtype=np.float64), ERROR_FLOOR)
+    )
+    if len(diff) == 0:
+        return PairedRatio(float("nan"), None, None, 0)
+    ratio = float(np.exp(diff.mean()))
+    if len(diff) < 2:
+        return PairedRatio(ratio, None, None, 1)
+    half = float(t_dist.ppf(0.975, len(diff) - 1) * np.std(diff, ddof=1) / np.sqrt(len(diff)))
+    return PairedRatio(ratio, float(np.exp(diff.mean() - half)), float(np.exp(diff.mean() + half)), len(diff))
+
+
 def clearly_better(reference_loss: np.ndarray, candidate_loss: np.ndarray, standard_errors: float) -> bool:
     """Whether a candidate's per-row losses beat the reference's on the same rows by more than
     `standard_errors` standard errors of the paired differences. A candidate picked as the best

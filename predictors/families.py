@@ -17,7 +17,16 @@ ROW_OPS = ("layer_norm", "softmax", "dropout", "layer_norm_bwd", "softmax_bwd")
 # cost (one reduction per row). The learned part corrects where caches bend either.
 ROOFLINE_FEATURES = ["one", "bytes"]
 ROW_OP_FEATURES = ["one", "rows", "bytes"]
-EMBEDDING_FEATURES = ["one", "tables", "bags", "lookups", "gathered_elems", "output_elems", "distinct_elems"]
+EMBEDDING_FEATURES = [
+    "one",
+    "tables",
+    "bags",
+    "lookups",
+    "gathered_elems",
+    "output_elems",
+    "distinct_elems",
+    "lookups_log_table",  # a lookup costs more the larger its table (cache and TLB misses)
+]
 # Reduced precision gets models of its own: element-wise ops per activation dtype, TBE lookups
 # per weights' storage precision (a row without the key is the default: what was measured
 # before either was recorded). The learned correction, shared, sees which one it corrects.

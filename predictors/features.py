@@ -35,6 +35,7 @@ FEATURES: dict[str, Callable[[Params], float]] = {
     "E_sum": lambda p: float(p["E_sum"]),
     "L_mean": lambda p: float(p["L_mean"]),
     "table_elems": lambda p: float(p["table_elems"]),
+    "lookups_log_table": lambda p: _lookups_log_table(p),
     # Element-wise / normalisation
     "rows": lambda p: float(p["rows"]),
     "cols": lambda p: float(p["cols"]),
@@ -49,6 +50,15 @@ FEATURES: dict[str, Callable[[Params], float]] = {
     # the step's predicted kernel time: in-step interference grows with the work it slows
     "kernels_s": lambda p: float(p["kernels_s"]),
 }
+
+
+def _lookups_log_table(p: Params) -> float:
+    """Lookups weighted by log2(1 + table MiB) (`tbe_features.lookups_log_table_mib`); for rows
+    measured before it was recorded, from the set's mean table size (fp32)."""
+    if "lookups_log_table_mib" in p:
+        return float(p["lookups_log_table_mib"])
+    mean_table_bytes = float(p["table_elems"]) * 4.0 / max(float(p["T"]), 1.0)
+    return float(p["lookups"]) * float(np.log2(1.0 + mean_table_bytes / 2**20))
 
 
 def feature_vector(names: list[str], params: Params) -> list[float]:

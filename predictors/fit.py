@@ -13,9 +13,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any, Sequence
 
+import numpy as np
+
 from predictors.context_model import fit_context_factors
 from predictors.dlrm_estimator import fit_overhead
-from predictors.evaluation import error_stats, relative_errors, split_by_op
+from predictors.evaluation import error_stats, paired_ratio, relative_errors, split_by_op
 from predictors.families import baseline_model_for, default_model_for
 from predictors.fusion_model import fit_fusion_models
 from predictors.opmodels import OpModel
@@ -77,6 +79,21 @@ def fit_bundle(
     return model, held_out
 
 
+def family_heldout(paired: dict[str, list[tuple[np.ndarray, np.ndarray]]]) -> dict[str, dict[str, Any]]:
+    """Per op family (collectives, element-wise, embeddings, GEMM, memcpy), the held-out rows of
+    all its ops pooled: the model's GMAE and its baseline's on the same rows, with the count and
+    the paired ratio's interval. An op holds out 6-9 rows in a short calibration, too few to
+    tell a model from its baseline; its family holds out 50-140."""
+    out: dict[str, dict[str, Any]] = {}
+    for family, pairs in sorted(paired.items()):
+        errors, baseline_errors = (np.concatenate([p[i] for p in pairs]) for i in (0, 1))
+        stats = error_stats(errors).to_dict()
+        stats["baseline_gmae"] = error_stats(baseline_errors).gmae
+        stats["vs_baseline"] = paired_ratio(errors, baseline_errors).to_dict()
+        out[family] = stats
+    return out
+
+
 def fit_performance_model(
     rows: Sequence[Measurement], hardware_id: str, seed: int = 0, test_fraction: float = 0.2
 ) -> tuple[PerformanceModel, list[Measurement]]:
@@ -97,6 +114,7 @@ def fit_performance_model(
     models: dict[str, OpModel] = {}
     metrics: dict[str, dict[str, Any]] = {}
     unfitted: dict[str, str] = {}
+    paired: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)  # family -> (model, baseline) errors
     for op, op_rows in sorted(by_op.items()):
         try:
             model = default_model_for(op, seed).fit(op_rows)
@@ -112,12 +130,23 @@ def fit_performance_model(
             try:
                 baseline.fit(op_rows)
                 stats["baseline_gmae"] = error_stats(relative_errors(baseline.predict, priced(baseline, held_out))).gmae
+                both = priced(baseline, held_out)
+                if both:
+                    pair = relative_errors(model.predict, both), relative_errors(baseline.predict, both)
+                    stats["vs_baseline"] = paired_ratio(*pair).to_dict()
+                    paired[both[0].family or op].append(pair)
             except (ValueError, KeyError):
                 stats["baseline_gmae"] = None
         stats["n_train"] = len(op_rows)
         stats["chosen"] = getattr(model, "chosen", None)  # a learned model's pick: a correction, its base, the baseline
         metrics[op] = stats
-    meta = {"seed": seed, "test_fraction": test_fraction, "n_rows": len(rows), "unfitted": unfitted}
+    meta = {
+        "seed": seed,
+        "test_fraction": test_fraction,
+        "n_rows": len(rows),
+        "unfitted": unfitted,
+        "family_heldout": family_heldout(paired),
+    }
     dispatch = models.pop(CPU_OVERHEAD_OP, None)
     assert dispatch is None or isinstance(dispatch, OverheadModel)  # default_model_for's family for it
     return PerformanceModel(hardware_id, models, metrics, meta, dispatch=dispatch), test

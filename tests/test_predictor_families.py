@@ -171,3 +171,35 @@ def test_a_learned_candidate_must_beat_the_plain_model_by_more_than_luck():
     assert _choose({"baseline": plain, "base": plain * 1.5, "mlp": plain * 0.5, "gbt": plain}) == "mlp"
     assert _choose({"base": plain, "mlp": luck, "gbt": plain * 1.2}) == "base"
     assert _choose({}) == "base"
+
+
+def test_a_family_pools_its_ops_held_out_rows_against_their_baselines():
+    """Each op holds out a handful of rows; the family's figure pools them, and its ratio's
+    interval says whether the model beats its baseline on the same rows."""
+    from predictors.fit import family_heldout
+
+    rng = np.random.default_rng(0)
+    better = [(0.05 * rng.uniform(0.5, 1.5, 6), 0.10 * rng.uniform(0.5, 1.5, 6)) for _ in range(5)]
+    same = [(e, e.copy()) for e in (0.08 * rng.uniform(0.5, 1.5, 6) for _ in range(4))]
+    out = family_heldout({"elementwise": better, "collective": same})
+    assert out["elementwise"]["n"] == 30 and out["collective"]["n"] == 24
+    elementwise = out["elementwise"]["vs_baseline"]
+    assert elementwise["high"] < 1.0 < out["elementwise"]["baseline_gmae"] / out["elementwise"]["gmae"]
+    assert out["collective"]["vs_baseline"]["ratio"] == pytest.approx(1.0)
+    assert out["collective"]["gmae"] == pytest.approx(out["collective"]["baseline_gmae"])
+
+
+def test_a_lookup_is_priced_by_the_size_of_the_table_it_reads():
+    """The embedding model's size term grows with each table's bytes (half for fp16 weights),
+    and the fallback for rows recorded without it agrees when the set's tables are alike."""
+    from predictors.features import FEATURES
+    from probes.vocabulary.jobspec import TableShape
+    from probes.vocabulary.tbe_features import expected_features, lookups_log_table_mib
+
+    small, large = TableShape(1_000, 64, 10), TableShape(4_000_000, 64, 10)
+    assert lookups_log_table_mib([small], 512) < 0.5 * lookups_log_table_mib([large], 512)
+    assert lookups_log_table_mib([large], 512, "fp16") < lookups_log_table_mib([large], 512)
+    params = expected_features([large, large], 512)
+    recorded = FEATURES["lookups_log_table"](params)
+    del params["lookups_log_table_mib"]
+    assert FEATURES["lookups_log_table"](params) == pytest.approx(recorded)

@@ -55,8 +55,29 @@ def _features(
         "output_elems": batch_size * sum(t.embedding_dim for t in tables),
         "distinct_elems": sum(distinct * t.embedding_dim for (distinct, _), t in zip(reuse, tables)),
         "table_elems": sum(t.num_embeddings * t.embedding_dim for t in tables),
+        "lookups_log_table_mib": lookups_log_table_mib(tables, batch_size, weights_precision),
         "reuse_hist": [round(float(x), 6) for x in hist],
     }
+
+
+# Bytes per weight of each storage precision.
+WEIGHT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2}
+
+
+def lookups_log_table_mib(tables: Sequence[TableShape], batch_size: int, weights_precision: str = "fp32") -> float:
+    """Each table's lookups times log2(1 + its size in MiB), summed. A lookup's cost grows with
+    the table it reads: a table of a few hundred KiB sits in a core's cache, one of a GiB
+    misses every cache level and the TLB on most rows, and each level missed adds about the
+    same latency, so the cost per lookup grows with the log of the table's size. Without
+    this term the linear model under-priced the lookups of table sets of 3-10M rows by 10-20%
+    (and those of small sets over) on the development VM, and whole DLRM steps with them."""
+    size = WEIGHT_BYTES.get(weights_precision, 4)
+    return float(
+        sum(
+            batch_size * t.pooling_factor * np.log2(1.0 + t.num_embeddings * t.embedding_dim * size / 2**20)
+            for t in tables
+        )
+    )
 
 
 @lru_cache(maxsize=16384)
