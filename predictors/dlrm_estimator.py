@@ -208,6 +208,7 @@ def fit_overhead(
     stats["baseline_gmae"] = score_steps(model, test, include_overhead=False).gmae if test else None
     stats["n_train"] = len(fitted.train)
     stats["cv"] = fitted.cv.to_dict()
+    stats["chosen"] = f"{fitted.objective} error"
     model.metrics[DLRM_STEP_OP] = stats
     return test
 

@@ -102,6 +102,16 @@ def leave_one_out(
     """Whole steps, each predicted by its kernels plus an overhead fitted (`fit`) on every
     other step's residual: a calibration measures a dozen steps, and a 20% split would judge
     the step model by two or three of them."""
+    return error_stats(leave_one_out_errors(residuals, kernels_s, measured_s, fit))
+
+
+def leave_one_out_errors(
+    residuals: Sequence[Measurement],
+    kernels_s: Sequence[float],
+    measured_s: Sequence[float],
+    fit: Callable[[Sequence[Measurement]], Any],
+) -> np.ndarray:
+    """`leave_one_out`'s relative error of each step."""
     errors = []
     for i, row in enumerate(residuals):
         others = [r for j, r in enumerate(residuals) if j != i]
@@ -109,7 +119,7 @@ def leave_one_out(
             break
         overhead = fit(others).predict(row.params)
         errors.append(abs(kernels_s[i] + overhead - measured_s[i]) / measured_s[i])
-    return error_stats(np.asarray(errors))
+    return np.asarray(errors)
 
 
 def split_by_op(

@@ -116,6 +116,7 @@ def fit_transformer_overhead(
     stats["baseline_gmae"] = score_transformer_steps(model, test, baseline=True).gmae if test else None
     stats["n_train"] = len(fitted.train)
     stats["cv"] = fitted.cv.to_dict()
+    stats["chosen"] = f"{fitted.objective} error"
     model.metrics[TRANSFORMER_STEP_OP] = stats
     return test
 
