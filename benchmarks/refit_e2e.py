@@ -1,0 +1,109 @@
+"""Re-predict a stored end-to-end accuracy run from a calibration's stored rows, with this code.
+
+    .venv/bin/python benchmarks/refit_e2e.py ROWS RESULT [RESULT ...]
+
+ROWS: a calibration's `measurements.jsonl` (or `.jsonl.gz`); RESULT: the JSON of
+`benchmarks/e2e_accuracy.py` or `benchmarks/e2e_accuracy_transformer.py`. Fits the bundle
+the calibration would fit now (`predictors.fit.fit_bundle`, the same seeded split), rebuilds
+each task (and, for DLRM, its sharder's plan) from the result's seed, predicts it, and
+compares with the time the run measured. A model change can so be judged on the same
+measured jobs, side by side with what was predicted then, without running them again: the
+jobs' times are one spell's, and only the predictions differ. Prints per task and the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import json
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.e2e_accuracy import MEMORY_CAP_BYTES, error_summary, signed_error  # noqa: E402
+from policies.sharders import SHARDERS  # noqa: E402
+from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
+from predictors.fit import fit_bundle  # noqa: E402
+from predictors.performance_model import PerformanceModel  # noqa: E402
+from predictors.transformer_estimator import estimate_transformer_iteration  # noqa: E402
+from probes.collective import merge_passes  # noqa: E402
+from probes.vocabulary.records import Measurement  # noqa: E402
+from probes.vocabulary.transformer_spec import TransformerSpec  # noqa: E402
+from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
+
+
+def read_rows(path: Path) -> list[Measurement]:
+    """The stored rows, each collective's passes merged as the calibration merges them."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt") as f:
+        return merge_passes([Measurement.from_row(json.loads(line)) for line in f if line.strip()])
+
+
+def dlrm_predictions(model: PerformanceModel, result: dict) -> list[dict]:
+    tasks = random_dlrm_tasks(len(result["tasks"]), result["world_size"], result["task_seed"], result["scale"])
+    sharders = list(SHARDERS)
+    out = []
+    for i, (spec, row) in enumerate(zip(tasks, result["tasks"])):
+        plan = SHARDERS[sharders[i % len(sharders)]](
+            spec.tables, spec.world_size, MEMORY_CAP_BYTES, seed=result["task_seed"]
+        )
+        out.append(
+            {
+                **row,
+                "was_ms": row["predicted_ms"],
+                "predicted_ms": estimate_iteration(spec, plan, model).iteration_s * 1e3,
+            }
+        )
+    return out
+
+
+def transformer_predictions(model: PerformanceModel, rows: list[dict]) -> list[dict]:
+    return [
+        {
+            **row,
+            "was_ms": row["predicted_ms"],
+            "predicted_ms": estimate_transformer_iteration(TransformerSpec.from_dict(row["spec"]), model).iteration_s
+            * 1e3,
+        }
+        for row in rows
+    ]
+
+
+def report(label: str, rows: list[dict]) -> None:
+    for r in rows:
+        error = (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"]
+        print(
+            f"  {r['name']:10s} measured {r['measured_ms']:8.2f}  now {r['predicted_ms']:8.2f} ({error:+6.1%})  then {r['was_ms']:8.2f}"
+        )
+    summary = error_summary([abs(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] for r in rows])
+    print(
+        f"{label}: geomean {summary['geomean_error']:.1%}, median {summary['median_error']:.1%}, "
+        f"max {summary['max_error']:.1%}, mean signed {signed_error(rows):+.1%} over {len(rows)} tasks"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("rows", type=Path)
+    parser.add_argument("results", type=Path, nargs="+")
+    args = parser.parse_args()
+    model, _ = fit_bundle(read_rows(args.rows), "refit", seed=0)
+    for name in ("dlrm_step", "transformer_step"):
+        stats = model.metrics.get(name)
+        if stats:
+            print(f"{name}: left out in turn {stats['cv']['gmae']:.1%} (n={stats['cv']['n']}), {stats.get('chosen')}")
+    for path in args.results:
+        result = json.loads(path.read_text())
+        print(f"{path} (seed {result['task_seed']}):")
+        if "world_size" in result and "scale" in result:
+            report("DLRM", dlrm_predictions(model, result))
+        else:
+            report("transformer, data parallel", transformer_predictions(model, result["tasks"]))
+            if result.get("tensor_parallel_tasks"):
+                report("transformer, tensor parallel", transformer_predictions(model, result["tensor_parallel_tasks"]))
+
+
+if __name__ == "__main__":
+    main()
