@@ -194,6 +194,9 @@ def fit_step_overhead(
     return StepOverheadFit(model, train, test, cv, objective)
 
 
+MIN_GROUP_ROWS = 2  # below this no group is fitted at all: one row says nothing of a slope
+
+
 class GroupedCostModel(OpModel):
     """One `LinearCostModel` per value of a categorical param (e.g. GEMM dtype): an emulated
     bf16 product on a CPU without bf16 units runs 50x below fp32, which no shared per-flop
@@ -223,7 +226,14 @@ class GroupedCostModel(OpModel):
             if len(rs) >= len(self.features)
         }
         if not self.groups:
-            raise ValueError(f"{self.op}: no {self.key} group has {len(self.features)} measurements to fit")
+            # a short calibration on a busy host (fewer rows than features in every group): the
+            # best-measured group on the leading features its rows can determine, rather than
+            # no model for an op every plan prices
+            largest = max(sorted(by_group), key=lambda g: len(by_group[g]))
+            if len(by_group[largest]) < MIN_GROUP_ROWS:
+                raise ValueError(f"{self.op}: no {self.key} group has {MIN_GROUP_ROWS} measurements to fit")
+            leading = self.features[: len(by_group[largest])]
+            self.groups = {largest: LinearCostModel(self.op, leading).fit(by_group[largest])}
         reference = self.groups.get(self.default) or self.groups[max(self.groups, key=lambda g: len(by_group[g]))]
         for g, rs in sorted(by_group.items()):
             if g not in self.groups:

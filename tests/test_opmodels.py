@@ -193,3 +193,22 @@ def test_a_step_overhead_fitted_on_log_steps_does_not_lean_low_on_noisy_steps():
     logarithmic = fit_linear_or_constant("dlrm_overhead", ["one", "kernels_s"], rows, step_kernels(rows))
     assert lean(relative) < -0.15  # -26% here
     assert abs(lean(logarithmic)) < 0.05  # +2% (the floor on residuals nudges it up)
+
+
+def test_too_few_rows_for_every_feature_fit_the_leading_features_not_nothing():
+    """A short calibration on a busy host may measure fewer lookups than the embedding model
+    has features: the op still gets a model (on the leading features), never none."""
+    from predictors.families import EMBEDDING_FEATURES, PRECISION_GROUP
+    from predictors.opmodels import GroupedCostModel
+    from probes.vocabulary.jobspec import TableShape
+    from probes.vocabulary.tbe_features import expected_features
+
+    rows = []
+    for k in range(len(EMBEDDING_FEATURES) - 2):
+        params = expected_features([TableShape(1000 * (k + 1), 16, 1 + k)] * (1 + k % 3), 64 * (k + 1))
+        rows.append(Measurement("embedding_fwd", params, 1e-4 + 1e-9 * params["gathered_elems"], 0.0, 5))
+    model = GroupedCostModel("embedding_fwd", EMBEDDING_FEATURES, *PRECISION_GROUP).fit(rows)
+    assert model.groups["fp32"].features == EMBEDDING_FEATURES[: len(rows)]
+    assert all(model.predict(r.params) > 0 for r in rows)
+    with pytest.raises(ValueError, match="no weights_precision group has 2 measurements"):
+        GroupedCostModel("embedding_fwd", EMBEDDING_FEATURES, *PRECISION_GROUP).fit(rows[:1])
