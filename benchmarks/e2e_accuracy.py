@@ -74,6 +74,12 @@ def champion_on_ray(scratch: Path, tracking_uri: str | None, budget_s: float, se
     return fingerprint, model
 
 
+def task_plan(i: int, spec, seed: int) -> tuple[str, list]:
+    """Task `i`'s sharder (the sharders in turn, so plans vary) and that sharder's plan."""
+    sharder = list(SHARDERS)[i % len(SHARDERS)]
+    return sharder, SHARDERS[sharder](spec.tables, spec.world_size, MEMORY_CAP_BYTES, seed=seed)
+
+
 def geomean(errors: list[float]) -> float:
     return math.exp(sum(math.log(max(e, 1e-6)) for e in errors) / len(errors))
 
@@ -146,10 +152,8 @@ def main() -> None:
         fingerprint, model = champion_on_ray(scratch, args.tracking_uri, args.budget_s, 0)
 
         rows = []
-        sharders = list(SHARDERS)
         for i, spec in enumerate(tasks):
-            sharder = sharders[i % len(sharders)]
-            placement = SHARDERS[sharder](spec.tables, spec.world_size, MEMORY_CAP_BYTES, seed=args.seed)
+            sharder, placement = task_plan(i, spec, args.seed)
             t0 = time.perf_counter()
             predicted = estimate_iteration(spec, placement, model).iteration_s * 1e3
             predict_ms = (time.perf_counter() - t0) * 1e3

@@ -22,8 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.e2e_accuracy import MEMORY_CAP_BYTES, error_summary, signed_error  # noqa: E402
-from policies.sharders import SHARDERS  # noqa: E402
+from benchmarks.e2e_accuracy import error_summary, signed_error, task_plan  # noqa: E402
 from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
 from predictors.fit import fit_bundle  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
@@ -43,12 +42,9 @@ def read_rows(path: Path) -> list[Measurement]:
 
 def dlrm_predictions(model: PerformanceModel, result: dict) -> list[dict]:
     tasks = random_dlrm_tasks(len(result["tasks"]), result["world_size"], result["task_seed"], result["scale"])
-    sharders = list(SHARDERS)
     out = []
     for i, (spec, row) in enumerate(zip(tasks, result["tasks"])):
-        plan = SHARDERS[sharders[i % len(sharders)]](
-            spec.tables, spec.world_size, MEMORY_CAP_BYTES, seed=result["task_seed"]
-        )
+        _, plan = task_plan(i, spec, result["task_seed"])
         out.append(
             {
                 **row,

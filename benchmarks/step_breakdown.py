@@ -30,9 +30,8 @@ sys.path.insert(0, str(REPO))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from benchmarks.e2e_accuracy import MEMORY_CAP_BYTES, write_result  # noqa: E402
+from benchmarks.e2e_accuracy import task_plan, write_result  # noqa: E402
 from benchmarks.trace_roundtrip import capture  # noqa: E402
-from policies.sharders import SHARDERS  # noqa: E402
 from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
 from predictors.dlrm_graph import build_dlrm_graph  # noqa: E402
 from predictors.simulator import model_cost  # noqa: E402
@@ -109,14 +108,12 @@ def main() -> None:
     hardware_id = HardwareFingerprint([local_node_fingerprint()]).hardware_id
     model = registry.load_performance_model(args.tracking_uri, hardware_id)
     torch.set_num_threads(1)
-    sharders = list(SHARDERS)
     picked = {int(i) for i in args.pick.split(",")}
     rows = []
     for i, spec in enumerate(random_dlrm_tasks(args.tasks, 2, args.seed, args.scale)):
         if i not in picked:
             continue
-        sharder = sharders[i % len(sharders)]
-        plan = SHARDERS[sharder](spec.tables, spec.world_size, MEMORY_CAP_BYTES, seed=args.seed)
+        sharder, plan = task_plan(i, spec, args.seed)
         estimate = estimate_iteration(spec, plan, model)
         graph, cost = build_dlrm_graph(spec, plan), model_cost(model)
         traces = capture(spec.to_dict(), plan)

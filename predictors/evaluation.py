@@ -48,10 +48,18 @@ def error_stats(errors: np.ndarray) -> ErrorStats:
         return ErrorStats(float("nan"), float("nan"), float("nan"), 0)
     stats = ErrorStats(gmae=geomean(errors), mape=float(np.mean(errors)), std=float(np.std(errors)), n=int(len(errors)))
     if len(errors) >= 2:
-        logs = np.log(np.maximum(np.asarray(errors, dtype=np.float64), ERROR_FLOOR))
-        half = float(t_dist.ppf(0.975, len(logs) - 1) * np.std(logs, ddof=1) / np.sqrt(len(logs)))
-        stats.gmae_low, stats.gmae_high = float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
+        stats.gmae_low, stats.gmae_high = _exp_interval(_logs(errors))
     return stats
+
+
+def _logs(errors: np.ndarray) -> np.ndarray:
+    return np.log(np.maximum(np.asarray(errors, dtype=np.float64), ERROR_FLOOR))
+
+
+def _exp_interval(logs: np.ndarray) -> tuple[float, float]:
+    """exp of the 95% t-interval of the mean of `logs` (two or more values)."""
+    half = float(t_dist.ppf(0.975, len(logs) - 1) * np.std(logs, ddof=1) / np.sqrt(len(logs)))
+    return float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
 
 
 @dataclass
@@ -70,16 +78,13 @@ class PairedRatio:
 
 
 def paired_ratio(errors: np.ndarray, baseline_errors: np.ndarray) -> PairedRatio:
-    diff = np.log(np.maximum(np.asarray(errors, dtype=np.float64), ERROR_FLOOR)) - np.log(
-        np.maximum(np.asarray(baseline_errors, dtype=np.float64), ERROR_FLOOR)
-    )
+    diff = _logs(errors) - _logs(baseline_errors)
     if len(diff) == 0:
         return PairedRatio(float("nan"), None, None, 0)
     ratio = float(np.exp(diff.mean()))
     if len(diff) < 2:
         return PairedRatio(ratio, None, None, 1)
-    half = float(t_dist.ppf(0.975, len(diff) - 1) * np.std(diff, ddof=1) / np.sqrt(len(diff)))
-    return PairedRatio(ratio, float(np.exp(diff.mean() - half)), float(np.exp(diff.mean() + half)), len(diff))
+    return PairedRatio(ratio, *_exp_interval(diff), len(diff))
 
 
 def clearly_better(reference_loss: np.ndarray, candidate_loss: np.ndarray, standard_errors: float) -> bool:

@@ -129,10 +129,10 @@ def fit_performance_model(
         if baseline is not None and held_out:
             try:
                 baseline.fit(op_rows)
-                stats["baseline_gmae"] = error_stats(relative_errors(baseline.predict, priced(baseline, held_out))).gmae
                 both = priced(baseline, held_out)
+                pair = relative_errors(model.predict, both), relative_errors(baseline.predict, both)
+                stats["baseline_gmae"] = error_stats(pair[1]).gmae
                 if both:
-                    pair = relative_errors(model.predict, both), relative_errors(baseline.predict, both)
                     stats["vs_baseline"] = paired_ratio(*pair).to_dict()
                     paired[both[0].family or op].append(pair)
             except (ValueError, KeyError):
