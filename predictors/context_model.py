@@ -56,7 +56,7 @@ class ContextFactorModel(OpModel):
         self.factors, self.adds, self.counts = {}, {}, {}
         for op, v in pairs.items():
             if len(v) >= MIN_ROWS:
-                self.factors[op], self.adds[op] = _fit_affine(np.asarray(v))
+                self.factors[op], self.adds[op] = fit_affine(np.asarray(v))
                 self.counts[op] = len(v)
         return self
 
@@ -93,7 +93,7 @@ class ContextFactorModel(OpModel):
         return model
 
 
-def _fit_affine(pairs: np.ndarray) -> tuple[float, float]:
+def fit_affine(pairs: np.ndarray) -> tuple[float, float]:
     """(factor, add_s) minimising soft-L1 of log(factor * isolated + add) - log(measured)."""
     predicted, measured = pairs[:, 0], pairs[:, 1]
     ratio = float(np.clip(np.exp(np.median(np.log(measured / predicted))), *CLIP))

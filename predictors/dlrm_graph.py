@@ -7,9 +7,10 @@ gradients all-reduced (`probes/vocabulary/table_shards.py`).
 Per rank, in issue order: TBE forward of the rank's tables; the pooled-embedding all-to-all
 (uneven: the message is the largest per-rank send or receive); bottom MLP forward (addmm +
 relu per layer); the concatenation (a copy); top MLP forward; then backward: top MLP (the
-grad_input and grad_weight products, relu backward), the backward all-to-all, bottom MLP, the
-TBE backward with its fused update; DDP gradient all-reduces on the communication stream as
-buckets fill (a small first bucket, then `bucket_bytes`); the optimizer step.
+grad_input and grad_weight products, relu backward), bottom MLP, with DDP gradient all-reduces
+on the communication stream as buckets fill (a small first bucket, then `bucket_bytes`); then
+the replicas' lookup backward, the backward all-gather / all-to-all (queued behind DDP's
+all-reduces), the TBE backward with its fused update; the optimizer step.
 """
 
 from __future__ import annotations
@@ -200,10 +201,9 @@ def _rank_ops(x: _Layout, r: int) -> list[GraphOp]:
     if dp_feats is not None:  # replicas: the local batch only, nothing to exchange
         exchanged.append(g.add(GraphOp("embedding_dp_fwd", "compute", "embedding_fwd", dp_feats)))
     prev = _dense_forward(g, x, exchanged)
-    reduces, returned, concat_grad = _dense_backward(g, x, prev)
-    if local:
-        g.add(GraphOp("embedding_bwd", "compute", "embedding_bwd", feats or {}, deps=returned))
-    if dp_feats is not None:
+    reduces, concat_grad = _dense_backward(g, x, prev)
+    dp_bwd = None
+    if dp_feats is not None:  # the replicas' lookup was made last: autograd reaches it first
         dp_bwd = g.add(
             GraphOp(
                 "embedding_dp_bwd",
@@ -213,6 +213,10 @@ def _rank_ops(x: _Layout, r: int) -> list[GraphOp]:
                 deps=[concat_grad] if concat_grad is not None else [],
             )
         )
+    returned = _return_embedding_grads(g, x, concat_grad)
+    if local:
+        g.add(GraphOp("embedding_bwd", "compute", "embedding_bwd", feats or {}, deps=returned))
+    if dp_bwd is not None:  # their gradients all-reduced once the backward is done
         ar = {"bytes": x.dp_grad_bytes, "world": W, "scope": x.scope}
         reduces.append(g.add(GraphOp("dp_table_all_reduce", "collective", "all_reduce", ar, "comm", [dp_bwd], x.group)))
     params_numel = sum(i * o + o for i, o in x.layers)
@@ -256,13 +260,13 @@ def _dense_forward(g: _RankBuilder, x: _Layout, exchanged: list[int]) -> int:
     return prev
 
 
-def _dense_backward(g: _RankBuilder, x: _Layout, prev: int) -> tuple[list[int], list[int], int | None]:
-    """Backward, last layer first; gradients fill DDP buckets in that order. Returns the DDP
-    all-reduces, the collectives returning the embeddings' gradient, and the concatenation's gradient."""
-    W, B, layers = x.spec.world_size, x.spec.batch_size, x.layers
+def _dense_backward(g: _RankBuilder, x: _Layout, prev: int) -> tuple[list[int], int | None]:
+    """Backward, last layer first, the bottom MLP included; gradients fill DDP buckets in that
+    order. Returns the DDP all-reduces and the concatenation's gradient (the embeddings' share
+    goes back after the bottom MLP: `_return_embedding_grads`)."""
+    B, layers = x.spec.batch_size, x.layers
     buckets = BucketFill(x.bucket_sizes)
     reduces: list[int] = []
-    returned: list[int] = []
     concat_grad = None
     for li in range(len(layers) - 1, -1, -1):
         fan_in, fan_out = layers[li]
@@ -274,7 +278,7 @@ def _dense_backward(g: _RankBuilder, x: _Layout, prev: int) -> tuple[list[int], 
         if li > 0:
             prev = g.add(GraphOp(f"fc{li}_grad_input", "compute", "gemm", gemm_params(B, fan_in, fan_out), deps=[prev]))
         for size in buckets.add(FLOAT * (fan_in * fan_out + fan_out)):
-            ar = {"bytes": size, "world": W, "scope": x.scope}
+            ar = {"bytes": size, "world": x.spec.world_size, "scope": x.scope}
             reduces.append(
                 g.add(
                     GraphOp(
@@ -282,18 +286,26 @@ def _dense_backward(g: _RankBuilder, x: _Layout, prev: int) -> tuple[list[int], 
                     )
                 )
             )
-        if li == x.n_bottom:  # the embeddings' gradient goes back the way the lookups came
-            if x.a2a is not None:
-                returned.append(
-                    g.add(GraphOp("all_to_all_bwd", "collective", "all_to_all", x.a2a, "comm", [prev], x.group))
-                )
-            if x.rw_width:
-                ag = {"bytes": x.rw_bytes, "world": W, "scope": x.scope}
-                returned.append(
-                    g.add(GraphOp("all_gather_bwd", "collective", "all_gather", ag, "comm", [prev], x.group))
-                )
+        if li == x.n_bottom:
             concat_grad = prev
-    return reduces, returned, concat_grad
+    return reduces, concat_grad
+
+
+def _return_embedding_grads(g: _RankBuilder, x: _Layout, concat_grad: int | None) -> list[int]:
+    """The collectives returning the embeddings' gradient, in the order autograd reaches them:
+    the pooled embeddings were made before the bottom MLP ran, so their backward comes after
+    the bottom MLP's (autograd runs the latest-made ready node first), and the row-wise
+    all-gather (made after the all-to-all) before the all-to-all. On the communication stream
+    they queue behind the DDP all-reduces already issued: a traced 2-rank gloo step issued its
+    backward all-to-all after both DDP buckets and ran it once they were done."""
+    deps = [concat_grad] if concat_grad is not None else []
+    returned: list[int] = []
+    if x.rw_width:
+        ag = {"bytes": x.rw_bytes, "world": x.spec.world_size, "scope": x.scope}
+        returned.append(g.add(GraphOp("all_gather_bwd", "collective", "all_gather", ag, "comm", deps, x.group)))
+    if x.a2a is not None:
+        returned.append(g.add(GraphOp("all_to_all_bwd", "collective", "all_to_all", x.a2a, "comm", deps, x.group)))
+    return returned
 
 
 def dlrm_slice_params(

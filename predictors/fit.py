@@ -15,6 +15,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from predictors.collective_context import fit_collective_context
 from predictors.context_model import fit_context_factors
 from predictors.dlrm_estimator import fit_overhead
 from predictors.evaluation import error_stats, paired_ratio, relative_errors, split_by_op
@@ -66,6 +67,7 @@ def fit_bundle(
         fit_context_factors(model, by_op[IN_CONTEXT_OP], seed=seed)
     if by_op[DLRM_STEP_OP]:
         try:
+            fit_collective_context(model, by_op[DLRM_STEP_OP], seed=seed)  # before the overhead: its kernels
             held_out += fit_overhead(model, by_op[DLRM_STEP_OP], seed=seed)
         except KeyError as exc:  # a kernel of the steps has no model (a short sweep): nothing to fit on
             model.meta["unfitted"][DLRM_STEP_OP] = f"its steps' kernels cannot be priced: no model for {exc.args[0]}"

@@ -285,8 +285,8 @@ def model_cost(model, unpriced: set[str] | None = None, in_context: bool = True)
     An op the bundle has no model for (a bundle calibrated before that family was probed, or
     with too few rows to fit it) costs 0 and its name is added to `unpriced` when given, so
     callers can report the estimate as a lower bound instead of failing the whole plan.
-    Kernels are corrected by the bundle's in-context model (`in_context`) when it has one:
-    the isolated probes' warm-cache times, mapped to what a training step really sees.
+    Kernels and collectives are corrected by the bundle's in-context model (`in_context`) when
+    it has one: the isolated probes' times, mapped to what a training step really sees.
     """
     context = model.in_step if in_context else None
 
@@ -297,7 +297,7 @@ def model_cost(model, unpriced: set[str] | None = None, in_context: bool = True)
             unpriced.add(op.op)
             return 0.0
         seconds = model.predict_params(op.op, op.params)
-        if context is not None and op.kind != "collective":
+        if context is not None:  # kernels and collectives alike (predictors/collective_context.py)
             seconds = context.in_step(op.op, seconds)
         return seconds
 

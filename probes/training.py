@@ -15,7 +15,7 @@ import torch
 from probes.overheads import profile_overheads
 from probes.probe import ProbeSpec, SoloGangProbe
 from probes.trace_capture import capture_step_trace
-from probes.vocabulary.in_context import in_context_rows
+from probes.vocabulary.in_context import in_context_rows, in_step_collectives, step_collectives
 from probes.vocabulary.placement import RankPlacement
 from probes.vocabulary.records import Measurement
 from probes.vocabulary.table_shards import split_kinds
@@ -199,7 +199,9 @@ def run_training_probe(
     spec: ProbeSpec, device: str = "cpu", iterations: int = 30, warmup: int = 5
 ) -> list[Measurement]:
     """A few real training steps on the current process group; rank 0 returns the step time,
-    the per-op CPU overheads and the in-context kernel times of a captured step."""
+    the per-op CPU overheads and the in-context kernel times of a captured step; a DLRM's step
+    row also carries its captured steps' collectives with their in-step times (every rank's
+    gathered: `in_step_collectives`)."""
     import torch.distributed as dist
 
     if "transformer" in spec.params:
@@ -229,11 +231,16 @@ def run_training_probe(
         # Every rank profiles (the steps hold collectives); rank 0 reports.
         overheads = profile_overheads(step, iterations=5, warmup=0, device=device, workload=workload)
         trace = capture_step_trace(step, iterations=3, warmup=0, barrier=dist.barrier)
+        # every rank's collectives, for their in-step times (`in_step_collectives`)
+        per_rank: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(per_rank, step_collectives(trace["steps"]))
     finally:
         if hasattr(model, "close"):
             model.close()  # its subgroups: a calibration builds many models on one process group
     if dist.get_rank() != 0:
         return []
+    if workload == "dlrm":  # its step model prices them (`predictors.dlrm_estimator.fit_collective_context`)
+        params["in_step_collectives"] = in_step_collectives(per_rank)
     times = np.asarray(result.iteration_s)
     q1, q3 = np.percentile(times, [25, 75])
     world = dist.get_world_size()

@@ -39,7 +39,7 @@ def test_factor_learned_from_steps_that_run_kernels_twice_as_slow():
     assert factors.factor("gelu") == 1.0  # never seen in a step
     stats = model.metrics["in_context"]
     assert stats["gmae"] < 0.05 < 0.4 < stats["baseline_gmae"]
-    # Plain data: it survives JSON and is applied to graph kernels, never to collectives.
+    # Plain data: it survives JSON and is applied to the graph op it was learned for.
     loaded = OpModel.from_dict(factors.to_dict())
     assert isinstance(loaded, ContextFactorModel) and loaded.factors == factors.factors
     p = gemm_params(64, 64, 64)

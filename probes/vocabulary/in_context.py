@@ -89,3 +89,46 @@ def in_context_rows(steps: Sequence[dict[str, Any]], device: str, world_size: in
                 )
             )
     return rows
+
+
+# A collective work item's kind from its traced name: gloo's work items (`gloo:all_reduce`)
+# and NCCL's kernels (`ncclDevKernel_AllReduce_Sum_f32_RING_LL`; an all-to-all runs as
+# grouped send/receive) alike.
+COLLECTIVE_KINDS = {
+    "all_reduce": ("allreduce", "all_reduce"),
+    "all_to_all": ("alltoall", "all_to_all", "sendrecv"),
+    "all_gather": ("allgather", "all_gather"),
+    "reduce_scatter": ("reducescatter", "reduce_scatter"),
+    "broadcast": ("broadcast",),
+}
+
+
+def collective_kind(name: str) -> str | None:
+    lowered = name.lower()
+    for kind, marks in COLLECTIVE_KINDS.items():
+        if any(m in lowered for m in marks):
+            return kind
+    return None
+
+
+def step_collectives(steps: Sequence[dict[str, Any]]) -> list[list[list[Any]]]:
+    """Per captured step, this rank's collective work items in start order: [kind, seconds]
+    (from when the backend began the item to its completion: queueing behind earlier items
+    excluded, waiting for late ranks included)."""
+    return [
+        [[collective_kind(c["name"]) or c["name"], float(c["end_s"] - c["start_s"])] for c in step["comm"]]
+        for step in steps
+    ]
+
+
+def in_step_collectives(per_rank: Sequence[list[list[list[Any]]]]) -> list[list[list[Any]]]:
+    """Per captured step, each collective's in-step time: the least over ranks of its work
+    item's time (the last rank to arrive waits for no one, so its time is the collective's
+    own). A step whose ranks saw different sequences of collectives is left out."""
+    out = []
+    for step in zip(*per_rank):
+        kinds = [[kind for kind, _ in items] for items in step]
+        if any(k != kinds[0] for k in kinds):
+            continue
+        out.append([[kind, min(items[j][1] for items in step)] for j, kind in enumerate(kinds[0])])
+    return out

@@ -29,6 +29,7 @@ COLLECTIVE_OPS = ("all_reduce", "all_to_all", "all_gather", "reduce_scatter", "b
 
 # Rows of a training step or a pair of kernels, from which corrections and costs are fitted.
 IN_CONTEXT_OP = "in_context"  # one kernel's time inside a captured training step
+IN_STEP_COLLECTIVE_OP = "in_step_collective"  # collectives inside captured training steps (their metrics)
 CPU_OVERHEAD_OP = "cpu_overhead"  # host dispatch time per op, from a captured step
 PAIR_OP = "overlap_pair"  # an unfused or overlapped compute + collective pair
 TRANSFER_OP = "overlap_transfer"  # the overlapped form's communication alone, k slices

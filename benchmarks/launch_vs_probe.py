@@ -1,0 +1,113 @@
+"""The same DLRM step timed two ways, side by side: as the calibration's training probe times it
+(a gang of probe actors) and as the real job runs (`orchestrator.launch.launch_dlrm`, Ray Train).
+
+    .venv/bin/python benchmarks/launch_vs_probe.py [--seed S] [--pick 4,9,11] [--rounds 3]
+
+The step model is fitted on the probe's steps and judged on the launcher's; a step that runs
+slower under the launcher than in the probe is time no calibration row can show. For each
+picked task of `benchmarks/e2e_accuracy.py`'s draw (same seed, sharders in turn, full size),
+each round times it once each way (probe first, then launcher, alternating the order every
+round so host drift falls on both); reports per task the median of each way's medians and
+their ratio (launcher / probe) with its spread over the rounds. Writes
+benchmarks/results/launch_vs_probe.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.e2e_accuracy import task_plan, write_result  # noqa: E402
+from orchestrator import ray_runtime  # noqa: E402
+from orchestrator.cluster import cluster_fingerprint  # noqa: E402
+from orchestrator.launch import launch_dlrm  # noqa: E402
+from orchestrator.probe_pool import ActorPool, Gang  # noqa: E402
+from probes.probe import ProbeSpec  # noqa: E402
+from probes.vocabulary.ops import DLRM_STEP_OP  # noqa: E402
+from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
+
+
+def probe_step_ms(hardware_id: str, world: int, spec, plan) -> float:
+    """The task's step as the calibration times it: a fresh pool and gang, one training probe."""
+    pool = ActorPool("cpu", hardware_id, world).start()
+    try:
+        gang = Gang(pool)
+        gang.form()
+        probe = gang.placed(ProbeSpec("training", {"job": spec.to_dict(), "table_to_rank": list(plan)}, "train:x"))
+        rows = gang.run([probe])
+        gang.disband()
+    finally:
+        pool.stop()
+    (step,) = [r for r in rows if r.op == DLRM_STEP_OP]
+    return step.median_s * 1e3
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=1921151714, help="the e2e benchmark's task seed")
+    parser.add_argument("--tasks", type=int, default=12)
+    parser.add_argument("--pick", default="4,9,11")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--iterations", type=int, default=20)
+    parser.add_argument("--out", default=str(REPO / "benchmarks/results/launch_vs_probe.json"))
+    args = parser.parse_args()
+
+    ray_runtime.connect()
+    fingerprint = cluster_fingerprint()
+    picked = {int(i) for i in args.pick.split(",")}
+    tasks = [(i, s) for i, s in enumerate(random_dlrm_tasks(args.tasks, 2, args.seed, 1.0)) if i in picked]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for i, spec in tasks:
+            _, plan = task_plan(i, spec, args.seed)
+            probe, launched = [], []
+            for k in range(args.rounds):
+                for way in ("probe", "launch") if k % 2 == 0 else ("launch", "probe"):
+                    t0 = time.monotonic()
+                    if way == "probe":
+                        probe.append(probe_step_ms(fingerprint.hardware_id, spec.world_size, spec, plan))
+                    else:
+                        launched.append(
+                            launch_dlrm(spec, plan, iterations=args.iterations, storage=Path(tmp) / "r").iteration_ms
+                        )
+                    print(
+                        f"{spec.name} round {k} {way}: {(probe if way == 'probe' else launched)[-1]:.2f} ms "
+                        f"({time.monotonic() - t0:.0f} s)",
+                        flush=True,
+                    )
+            ratios = [a / b for a, b in zip(launched, probe)]
+            row = {
+                "name": spec.name,
+                "batch_size": spec.batch_size,
+                "tables": len(spec.tables),
+                "probe_ms": probe,
+                "launch_ms": launched,
+                "ratio_median": statistics.median(ratios),
+                "ratio_min": min(ratios),
+                "ratio_max": max(ratios),
+            }
+            rows.append(row)
+            print(
+                f"{spec.name}: launcher/probe {row['ratio_median']:.3f} [{row['ratio_min']:.3f}, {row['ratio_max']:.3f}]",
+                flush=True,
+            )
+    ray_runtime.shutdown()
+    write_result(
+        args.out,
+        {
+            "hardware_id": fingerprint.hardware_id,
+            "command": f"python benchmarks/launch_vs_probe.py --seed {args.seed} --pick {args.pick} --rounds {args.rounds}",
+            "tasks": rows,
+        },
+    )
+
+
+if __name__ == "__main__":
+    main()

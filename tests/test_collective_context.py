@@ -1,0 +1,134 @@
+"""Collectives inside captured training steps: the probe's record and the in-step factor the
+step model learns from it."""
+
+import numpy as np
+import pytest
+
+from predictors.collective_context import collective_pairs, fit_collective_context
+from predictors.dlrm_graph import build_dlrm_graph
+from predictors.fit import fit_performance_model
+from predictors.graph import GraphOp
+from predictors.simulator import model_cost
+from probes.vocabulary.in_context import collective_kind, in_step_collectives, step_collectives
+from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.records import Measurement
+
+
+def test_collective_kinds_from_gloo_and_nccl_names():
+    assert collective_kind("gloo:all_reduce") == "all_reduce"
+    assert collective_kind("gloo:all_to_all") == "all_to_all"
+    assert collective_kind("ncclDevKernel_AllReduce_Sum_f32_RING_LL") == "all_reduce"
+    assert collective_kind("ncclDevKernel_SendRecv") == "all_to_all"
+    assert collective_kind("ncclDevKernel_ReduceScatter_Sum_f32_RING_LL") == "reduce_scatter"
+    assert collective_kind("gloo:barrier") is None
+
+
+def test_in_step_time_is_the_least_over_ranks_and_mismatched_steps_are_dropped():
+    def step(*items):
+        return {"comm": [{"name": n, "start_s": s, "end_s": e} for n, s, e in items]}
+
+    rank0 = step_collectives(
+        [step(("gloo:all_to_all", 0.0, 3e-3), ("gloo:all_reduce", 5e-3, 6e-3)), step(("gloo:all_to_all", 0.0, 1e-3))]
+    )
+    # rank 1 came late to the all-to-all (rank 0 waited 2 ms for it) and was waited for in the
+    # all-reduce; in its second step it ran an extra collective rank 0 did not record
+    rank1 = step_collectives(
+        [
+            step(("gloo:all_to_all", 2e-3, 3e-3), ("gloo:all_reduce", 4e-3, 6e-3)),
+            step(("gloo:all_to_all", 0.0, 1e-3), ("gloo:all_reduce", 2e-3, 3e-3)),
+        ]
+    )
+    assert in_step_collectives([rank0, rank1]) == [
+        [["all_to_all", pytest.approx(1e-3)], ["all_reduce", pytest.approx(1e-3)]]
+    ]
+
+
+def job() -> JobSpec:
+    return JobSpec.from_dict(
+        {
+            "name": "c",
+            "workload": "dlrm",
+            "world_size": 2,
+            "batch_size": 32,
+            "dense": {"num_dense_features": 4, "bottom_mlp": [16, 8], "top_mlp": [16, 1]},
+            "tables": [
+                {"name": f"t{i}", "num_embeddings": 1000, "embedding_dim": 8, "pooling_factor": 2} for i in range(3)
+            ],
+        }
+    )
+
+
+def bundle(spec: JobSpec, plan: list[int]):
+    """A bundle fitted on synthetic rows of every op the job's graph prices."""
+    graph = build_dlrm_graph(spec, plan)
+    rows = []
+    for i, o in enumerate(o for ops in graph.ranks for o in ops):
+        for k in range(12):
+            p = dict(o.params)
+            if "bytes" in p:
+                p["bytes"] = float(p["bytes"]) * (1 + k)
+            rows.append(Measurement(o.op, p, 1e-5 * (1 + k) * (1 + i % 3), 0.0, 5))
+    model, _ = fit_performance_model(rows, "hw")
+    return model, graph
+
+
+def test_collectives_running_three_times_slower_in_steps_get_a_factor_of_three():
+    spec, plan = job(), [0, 0, 1]
+    model, graph = bundle(spec, plan)
+    collectives = [o for o in graph.ranks[0] if o.kind == "collective"]
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(10):
+        steps = [
+            [[o.op, 3.0 * model.predict_params(o.op, o.params) * float(rng.uniform(0.95, 1.05))] for o in collectives]
+            for _ in range(3)
+        ]
+        steps.append([["all_reduce", 1.0]])  # a step that does not match the graph: left out
+        params = {"job": spec.to_dict(), "table_to_rank": plan, "in_step_collectives": steps}
+        rows.append(Measurement("dlrm_step", params, 0.01, 0.0, 30))
+    assert sum(len(v) for v in collective_pairs(model, rows).values()) == 10 * 3 * len(collectives)
+    isolated = {o.name: model_cost(model)(o) for o in collectives}
+    fit_collective_context(model, rows, seed=0)
+    assert model.in_step.factor("all_to_all") == pytest.approx(3.0, rel=0.05)
+    assert model.in_step.factor("all_reduce") == pytest.approx(3.0, rel=0.05)
+    stats = model.metrics["in_step_collective"]
+    assert stats["kept"] and stats["n"] > 0 and stats["gmae"] < 0.05 < 0.5 < stats["baseline_gmae"]
+    # the simulator prices the graph's collectives at their in-step time, kernels as before
+    cost = model_cost(model)
+    for o in collectives:
+        assert cost(o) == pytest.approx(3.0 * isolated[o.name], rel=0.05)
+    fc = GraphOp("fc", "compute", "gemm", next(o for o in graph.ranks[0] if o.op == "gemm").params)
+    assert cost(fc) == pytest.approx(model.predict_params("gemm", fc.params))
+
+
+def test_steps_without_captured_collectives_leave_the_bundle_as_it_was():
+    spec, plan = job(), [0, 0, 1]
+    model, _ = bundle(spec, plan)
+    before = model.in_step
+    rows = [Measurement("dlrm_step", {"job": spec.to_dict(), "table_to_rank": plan}, 0.01, 0.0, 30) for _ in range(5)]
+    fit_collective_context(model, rows, seed=0)
+    assert model.in_step is before and "in_step_collective" not in model.metrics
+
+
+def test_a_factor_the_held_out_steps_do_not_bear_out_is_not_kept():
+    from predictors.evaluation import split_by_op
+
+    spec, plan = job(), [0, 0, 1]
+    model, graph = bundle(spec, plan)
+    collectives = [o for o in graph.ranks[0] if o.kind == "collective"]
+
+    def row(slowdown: float) -> Measurement:
+        steps = [[[o.op, slowdown * model.predict_params(o.op, o.params)] for o in collectives] for _ in range(3)]
+        return Measurement(
+            "dlrm_step", {"job": spec.to_dict(), "table_to_rank": plan, "in_step_collectives": steps}, 0.01, 0.0, 30
+        )
+
+    rows = [row(3.0) for _ in range(10)]
+    _, test = split_by_op(rows, 0)
+    held = {id(r) for r in test}
+    rows = [row(1.0) if id(r) in held else r for r in rows]  # the held-out steps ran them as fast as alone
+    fit_collective_context(model, rows, seed=0)
+    assert model.in_step is None or model.in_step.factor("all_to_all") == 1.0
+    stats = model.metrics["in_step_collective"]
+    assert stats["kept"] is False and stats["factors"]["all_to_all"] == pytest.approx(3.0, rel=0.05)
+    assert stats["gmae"] < 1e-3 and stats["learned_gmae"] > 0.5  # the isolated price is exact here
