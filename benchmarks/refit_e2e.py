@@ -28,6 +28,7 @@ from predictors.fit import fit_bundle  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
 from predictors.transformer_estimator import estimate_transformer_iteration  # noqa: E402
 from probes.collective import merge_passes  # noqa: E402
+from probes.vocabulary.ops import IN_STEP_COLLECTIVE_OP  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
 from probes.vocabulary.transformer_spec import TransformerSpec  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
@@ -90,6 +91,12 @@ def main() -> None:
         stats = model.metrics.get(name)
         if stats:
             print(f"{name}: left out in turn {stats['cv']['gmae']:.1%} (n={stats['cv']['n']}), {stats.get('chosen')}")
+    collectives = model.metrics.get(IN_STEP_COLLECTIVE_OP)
+    if collectives:
+        print(
+            f"in-step collectives: kept {collectives['kept']}, held out {collectives['gmae']:.1%} "
+            f"(isolated price {collectives['baseline_gmae']:.1%}, n={collectives['n']}), factors {collectives['factors']}"
+        )
     for path in args.results:
         result = json.loads(path.read_text())
         print(f"{path} (seed {result['task_seed']}):")
