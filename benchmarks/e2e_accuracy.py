@@ -1,6 +1,6 @@
 """Whole-iteration accuracy of the critical-path simulator on random DLRM tasks run for real.
 
-    .venv/bin/python benchmarks/e2e_accuracy.py [--tasks 12] [--budget-s 300] [--tracking-uri URI] [--seed S]
+    .venv/bin/python benchmarks/e2e_accuracy.py [--tasks 12] [--budget-s 300] [--tracking-uri URI] [--seed S] [--rounds 2]
 
 Calibrates this machine (generic sweep, no knowledge of the tasks) into a scratch MLflow store,
 or uses the champion already registered under `--tracking-uri`. Then draws random DLRM tasks
@@ -13,8 +13,10 @@ Train launcher as `orchestrator.cli.run` (2 ranks, gloo on CPU) and predicts it 
 - `baseline`: the plain sum of kernel times (the anchor's baseline).
 Tasks are drawn from `--seed` (default: a fresh one, printed and recorded, so a figure is not
 one seed stream's) at full size (`--scale` 1) unless the host cannot hold a task's tables, then
-at the largest halving that fits. The signed error is reported beside the absolute one.
-Prints a row per task and writes benchmarks/results/e2e_accuracy_dlrm.json.
+at the largest halving that fits. The signed error is reported beside the absolute one. Each
+task is launched `--rounds` times (default 2, odd rounds in reverse order): its measured time is
+the median, and how far its launches disagree, the host's noise floor, is reported beside the
+errors. Prints a row per task and writes benchmarks/results/e2e_accuracy_dlrm.json.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -129,13 +132,51 @@ def write_result(path: str, result: dict) -> Path:
     return out
 
 
+def add_rounds_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=2,
+        help="launch every task this many times, in rounds (default 2): its measured time is the median, and "
+        "how far a task's launches disagree is the host's noise floor, reported beside the errors",
+    )
+
+
+def measure_in_rounds(names: list[str], rounds: int, launch: Callable[[int], float]) -> list[list[float]]:
+    """Every task's measured ms in every round (`launch(i)` runs task i once). Odd rounds run
+    the tasks in reverse, so a host's drift over the run falls on early and late tasks alike.
+    On a shared host one job launched twice has measured 1.5x apart (two identical transformer
+    tasks, 124 and 190 ms, in one run of 2026-11-25): a single launch cannot tell a model's
+    error from the host's, and the repeats say how large the host's is."""
+    if rounds < 1:
+        raise ValueError(f"--rounds must be >= 1, got {rounds}")
+    times: list[list[float]] = [[] for _ in names]
+    for r in range(rounds):
+        for i in range(len(names)) if r % 2 == 0 else range(len(names) - 1, -1, -1):
+            times[i].append(launch(i))
+            print(f"  round {r + 1}/{rounds} {names[i]:10s} measured {times[i][-1]:8.2f} ms", flush=True)
+    return times
+
+
+def median(values: list[float]) -> float:
+    ordered = sorted(values)
+    mid = len(ordered) // 2
+    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def repeat_spread(times: list[list[float]]) -> dict[str, float | None]:
+    """How far each task's launches disagree, (max - min) / median, as a geomean and max over
+    the tasks (None with one round): the noise floor a task's error is read against."""
+    spreads = [(max(t) - min(t)) / median(t) for t in times if len(t) > 1]
+    if not spreads:
+        return {"repeat_spread_geomean": None, "repeat_spread_max": None}
+    return {"repeat_spread_geomean": geomean(spreads), "repeat_spread_max": max(spreads)}
+
+
 def spread(errors: list[float]) -> dict[str, float]:
     """Median, mean and max error beside the geomean: one task predicted within 0.1% pulls a
     geomean of a dozen errors down by a third, so the geomean is never reported alone."""
-    ordered = sorted(errors)
-    mid = len(ordered) // 2
-    median = ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-    return {"median_error": median, "mean_error": sum(errors) / len(errors), "max_error": ordered[-1]}
+    return {"median_error": median(errors), "mean_error": sum(errors) / len(errors), "max_error": max(errors)}
 
 
 def main() -> None:
@@ -143,17 +184,29 @@ def main() -> None:
     add_dlrm_task_arguments(parser, tasks=12)
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--seed", type=int, default=None, help="task seed (default: a fresh one, recorded)")
+    add_rounds_argument(parser)
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/e2e_accuracy_dlrm.json"))
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     tasks = draw_tasks(args)
 
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         fingerprint, model = champion_on_ray(scratch, args.tracking_uri, args.budget_s, 0)
 
+        plans = [task_plan(i, spec, args.seed) for i, spec in enumerate(tasks)]
+        launched = measure_in_rounds(
+            [spec.name for spec in tasks],
+            args.rounds,
+            lambda i: (
+                launch_dlrm(
+                    tasks[i], plans[i][1], iterations=args.iterations, storage=scratch / "ray_results"
+                ).iteration_ms
+            ),
+        )
         rows = []
-        for i, spec in enumerate(tasks):
-            sharder, placement = task_plan(i, spec, args.seed)
+        for spec, (sharder, placement), times in zip(tasks, plans, launched):
             t0 = time.perf_counter()
             predicted = estimate_iteration(spec, placement, model).iteration_s * 1e3
             predict_ms = (time.perf_counter() - t0) * 1e3
@@ -162,9 +215,7 @@ def main() -> None:
                 estimate_iteration(spec, placement, model, include_overhead=False, simulate_graph=False).iteration_s
                 * 1e3
             )
-            measured = launch_dlrm(
-                spec, placement, iterations=args.iterations, storage=scratch / "ray_results"
-            ).iteration_ms
+            measured = median(times)
             row = {
                 "name": spec.name,
                 "sharder": sharder,
@@ -172,6 +223,7 @@ def main() -> None:
                 "batch_size": spec.batch_size,
                 "rank_memory_mb": [round(b / 2**20, 1) for b in rank_memory(spec.tables, placement, spec.world_size)],
                 "measured_ms": measured,
+                "measured_rounds_ms": times,
                 "predicted_ms": predicted,
                 "error": abs(predicted - measured) / measured,
                 "sum_overhead_ms": summed,
@@ -193,7 +245,8 @@ def main() -> None:
     result = {
         "hardware_id": fingerprint.hardware_id,
         "command": f"python benchmarks/e2e_accuracy.py --tasks {args.tasks} --budget-s {args.budget_s:g} "
-        f"--scale {args.scale:g} --seed {args.seed}" + (" --tracking-uri URI" if args.tracking_uri else ""),
+        f"--scale {args.scale:g} --seed {args.seed} --rounds {args.rounds}"
+        + (" --tracking-uri URI" if args.tracking_uri else ""),
         "world_size": args.world_size,
         "task_seed": args.seed,
         "scale": args.scale,
@@ -201,6 +254,7 @@ def main() -> None:
         "tasks": rows,
         **error_summary([r["error"] for r in rows]),
         "mean_signed_error": signed_error(rows),
+        **repeat_spread(launched),
         "sum_overhead_geomean_error": geomean([r["sum_overhead_error"] for r in rows]),
         "baseline_geomean_error": geomean([r["baseline_error"] for r in rows]),
     }
@@ -214,6 +268,11 @@ def main() -> None:
         f"{result['sum_overhead_geomean_error']:.1%}, kernel-sum baseline {result['baseline_geomean_error']:.1%} "
         f"over {len(rows)} tasks"
     )
+    if result["repeat_spread_geomean"] is not None:
+        print(
+            f"host noise: a task's {args.rounds} launches disagreed by {result['repeat_spread_geomean']:.1%} "
+            f"(geomean over tasks), at most {result['repeat_spread_max']:.1%}"
+        )
     print(f"wrote {out}")
 
 

@@ -1,14 +1,16 @@
 """Whole-iteration accuracy of the critical-path simulator on small GPT-style block stacks
 run for real over 2 ranks (data parallel, and tensor parallel for comparison).
 
-    .venv/bin/python benchmarks/e2e_accuracy_transformer.py [--tasks 12] [--budget-s 300] [--tracking-uri URI]
+    .venv/bin/python benchmarks/e2e_accuracy_transformer.py [--tasks 12] [--budget-s 300] [--tracking-uri URI] [--rounds 2]
 
 Tasks are drawn from `--seed` (default: a fresh one, printed and recorded); the signed error is
 reported beside the absolute one. Calibrates this machine with the generic sweep into a scratch MLflow store (or uses the
 champion under `--tracking-uri`), draws random block stacks (layers, hidden, heads, sequence
 length, batch), runs each through the Ray Train launcher and predicts it with the simulator
 over `predictors/transformer_graph.py`'s graph; the baseline is the plain sum of the slowest
-rank's kernels. Writes benchmarks/results/e2e_accuracy_transformer.json.
+rank's kernels. Each task is launched `--rounds` times (default 2) and measured as the median,
+with the launches' disagreement (the host's noise floor) reported beside the errors. Writes
+benchmarks/results/e2e_accuracy_transformer.json.
 """
 
 from __future__ import annotations
@@ -23,7 +25,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.e2e_accuracy import champion_on_ray, error_summary, geomean, signed_error, spread, write_result  # noqa: E402
+from benchmarks.e2e_accuracy import (  # noqa: E402
+    add_rounds_argument,
+    champion_on_ray,
+    error_summary,
+    geomean,
+    measure_in_rounds,
+    median,
+    repeat_spread,
+    signed_error,
+    spread,
+    write_result,
+)
 from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.launch import launch_transformer  # noqa: E402
 from predictors.transformer_estimator import estimate_transformer_iteration  # noqa: E402
@@ -39,8 +52,11 @@ def main() -> None:
     parser.add_argument("--tracking-uri")
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--seed", type=int, default=None, help="task seed (default: a fresh one, recorded)")
+    add_rounds_argument(parser)
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/e2e_accuracy_transformer.json"))
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     if args.seed is None:
         args.seed = secrets.randbelow(2**31)
     print(f"tasks: {args.tasks} + {args.tp_tasks} drawn with --seed {args.seed}", flush=True)
@@ -50,20 +66,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         fingerprint, model = champion_on_ray(scratch, args.tracking_uri, args.budget_s, args.seed)
+        launched = measure_in_rounds(
+            [spec.name for spec in specs],
+            args.rounds,
+            lambda i: (
+                launch_transformer(specs[i], iterations=args.iterations, storage=scratch / "ray_results").iteration_ms
+            ),
+        )
         rows = []
-        for spec in specs:
+        for spec, times in zip(specs, launched):
             t0 = time.perf_counter()
             estimate = estimate_transformer_iteration(spec, model)
             predict_ms = (time.perf_counter() - t0) * 1e3
-            measured = launch_transformer(
-                spec, iterations=args.iterations, storage=scratch / "ray_results"
-            ).iteration_ms
+            measured = median(times)
             predicted, baseline = estimate.iteration_s * 1e3, estimate.kernel_sum_s * 1e3
             row = {
                 "name": spec.name,
                 "spec": spec.to_dict(),
                 "tensor_parallel": spec.tensor_parallel,
                 "measured_ms": measured,
+                "measured_rounds_ms": times,
                 "predicted_ms": predicted,
                 "error": abs(predicted - measured) / measured,
                 "baseline_ms": baseline,
@@ -87,12 +109,14 @@ def main() -> None:
     result = {
         "hardware_id": fingerprint.hardware_id,
         "command": f"python benchmarks/e2e_accuracy_transformer.py --tasks {args.tasks} --tp-tasks {args.tp_tasks} "
-        f"--budget-s {args.budget_s:g} --seed {args.seed}" + (" --tracking-uri URI" if args.tracking_uri else ""),
+        f"--budget-s {args.budget_s:g} --seed {args.seed} --rounds {args.rounds}"
+        + (" --tracking-uri URI" if args.tracking_uri else ""),
         "task_seed": args.seed,
         "tasks": dp,
         **error_summary([r["error"] for r in dp]),
         "mean_signed_error": signed_error(dp),
         "baseline_geomean_error": geomean([r["baseline_error"] for r in dp]),
+        **repeat_spread([r["measured_rounds_ms"] for r in dp]),
         "tensor_parallel_tasks": tp,
         "tensor_parallel_geomean_error": geomean([r["error"] for r in tp]) if tp else None,
         "tensor_parallel_mean_signed_error": signed_error(tp) if tp else None,
@@ -110,6 +134,11 @@ def main() -> None:
         print(
             f"tensor parallel: geomean error {result['tensor_parallel_geomean_error']:.1%} (baseline "
             f"{result['tensor_parallel_baseline_geomean_error']:.1%}) over {len(tp)} tasks"
+        )
+    if result["repeat_spread_geomean"] is not None:
+        print(
+            f"host noise (data parallel): a task's {args.rounds} launches disagreed by "
+            f"{result['repeat_spread_geomean']:.1%} (geomean over tasks), at most {result['repeat_spread_max']:.1%}"
         )
     print(f"wrote {out}")
 

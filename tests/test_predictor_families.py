@@ -128,6 +128,26 @@ def test_the_plain_baseline_is_kept_when_nothing_learned_beats_it():
     assert [clone.predict(r.params) for r in test] == [model.predict(r.params) for r in test]
 
 
+def test_under_twenty_rows_the_baseline_is_kept_unless_the_base_beats_it_left_out():
+    """Too few rows for a correction: base and baseline are each judged on every row left out
+    in turn. A base that cannot represent the times loses to an exact baseline (which then
+    predicts, and is stored); an exact base beats a baseline that cannot."""
+    from predictors.families import gemm_roofline
+    from predictors.opmodels import LinearCostModel
+
+    train, test = _bent_gemm_rows(12, 5), _bent_gemm_rows(10, 6)
+    kept = LearnedKernelModel("gemm", ["one"], ["log:flops"], baseline=gemm_roofline).fit(train)
+    assert kept.chosen == "baseline" and set(kept.validation) == {"base", "baseline"}
+    assert all(kept.predict(r.params) == pytest.approx(r.median_s, rel=1e-6) for r in test)
+    clone = OpModel.from_dict(json.loads(json.dumps(kept.to_dict())))
+    assert [clone.predict(r.params) for r in test] == [kept.predict(r.params) for r in test]
+
+    constant = lambda: LinearCostModel("gemm", ["one"])  # noqa: E731
+    beaten = LearnedKernelModel("gemm", ["one", "flops"], ["log:flops"], baseline=constant).fit(train)
+    assert beaten.chosen == "base" and beaten.fallback is None
+    assert beaten.validation["base"] < beaten.validation["baseline"]
+
+
 def test_few_rows_are_judged_by_cross_validation_over_every_row(monkeypatch):
     """Under 200 rows every row is held back once (five folds), so the choice rests on all of
     them rather than on a fifth; the choice is reproducible from the seed."""
