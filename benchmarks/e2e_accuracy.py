@@ -26,6 +26,7 @@ import json
 import math
 import os
 import secrets
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -132,10 +133,17 @@ def write_result(path: str, result: dict) -> Path:
     return out
 
 
+def _at_least_one(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
 def add_rounds_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--rounds",
-        type=int,
+        type=_at_least_one,
         default=2,
         help="launch every task this many times, in rounds (default 2): its measured time is the median, and "
         "how far a task's launches disagree is the host's noise floor, reported beside the errors",
@@ -148,8 +156,6 @@ def measure_in_rounds(names: list[str], rounds: int, launch: Callable[[int], flo
     On a shared host one job launched twice has measured 1.5x apart (two identical transformer
     tasks, 124 and 190 ms, in one run of 2026-11-25): a single launch cannot tell a model's
     error from the host's, and the repeats say how large the host's is."""
-    if rounds < 1:
-        raise ValueError(f"--rounds must be >= 1, got {rounds}")
     times: list[list[float]] = [[] for _ in names]
     for r in range(rounds):
         for i in range(len(names)) if r % 2 == 0 else range(len(names) - 1, -1, -1):
@@ -158,16 +164,10 @@ def measure_in_rounds(names: list[str], rounds: int, launch: Callable[[int], flo
     return times
 
 
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    mid = len(ordered) // 2
-    return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
-
-
 def repeat_spread(times: list[list[float]]) -> dict[str, float | None]:
     """How far each task's launches disagree, (max - min) / median, as a geomean and max over
     the tasks (None with one round): the noise floor a task's error is read against."""
-    spreads = [(max(t) - min(t)) / median(t) for t in times if len(t) > 1]
+    spreads = [(max(t) - min(t)) / statistics.median(t) for t in times if len(t) > 1]
     if not spreads:
         return {"repeat_spread_geomean": None, "repeat_spread_max": None}
     return {"repeat_spread_geomean": geomean(spreads), "repeat_spread_max": max(spreads)}
@@ -176,7 +176,11 @@ def repeat_spread(times: list[list[float]]) -> dict[str, float | None]:
 def spread(errors: list[float]) -> dict[str, float]:
     """Median, mean and max error beside the geomean: one task predicted within 0.1% pulls a
     geomean of a dozen errors down by a third, so the geomean is never reported alone."""
-    return {"median_error": median(errors), "mean_error": sum(errors) / len(errors), "max_error": max(errors)}
+    return {
+        "median_error": statistics.median(errors),
+        "mean_error": sum(errors) / len(errors),
+        "max_error": max(errors),
+    }
 
 
 def main() -> None:
@@ -187,8 +191,6 @@ def main() -> None:
     add_rounds_argument(parser)
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/e2e_accuracy_dlrm.json"))
     args = parser.parse_args()
-    if args.rounds < 1:
-        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     tasks = draw_tasks(args)
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -215,7 +217,7 @@ def main() -> None:
                 estimate_iteration(spec, placement, model, include_overhead=False, simulate_graph=False).iteration_s
                 * 1e3
             )
-            measured = median(times)
+            measured = statistics.median(times)
             row = {
                 "name": spec.name,
                 "sharder": sharder,

@@ -137,20 +137,15 @@ class LearnedKernelModel(OpModel):
         M*N terms), and on a dozen rows it can miss an unseen shape by 10x (a short
         calibration's softmax backward: 957% held out against 1.5% for the baseline), so the
         baseline is kept unless the base beats it by `CHOICE_SE` standard errors."""
-        self.chosen = "base"
-        self.validation = {"base": _gmae(self._x([r.params for r in rows])[:, -1], y_log)}
+        self.chosen, self.validation = "base", {"base": _gmae(self._x([r.params for r in rows])[:, -1], y_log)}
         if self.make_baseline is None:
             return self
-        errors = {
-            name: self._left_out_errors(rows, make)
-            for name, make in (("base", self._new_base), ("baseline", self.make_baseline))
-        }
-        if any(e is None for e in errors.values()):  # a row cannot be left out: too few to judge
-            judged = {"baseline": np.ones(1)}
-        else:
-            judged = {name: e for name, e in errors.items() if e is not None}
-            self.validation = {name: _gmae_of(e) for name, e in judged.items()}
-        self.chosen = _choose(judged)
+        base, baseline = (self._left_out_errors(rows, make) for make in (self._new_base, self.make_baseline))
+        if base is not None and baseline is not None:
+            self.validation = {"base": _gmae_of(base), "baseline": _gmae_of(baseline)}
+            self.chosen = _choose({"base": base, "baseline": baseline})
+        else:  # some row cannot be left out: too few to judge, the simpler model it is
+            self.chosen = "baseline"
         if self.chosen == "baseline":
             try:
                 self.fallback = self.make_baseline().fit(rows)
