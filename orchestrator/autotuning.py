@@ -21,8 +21,10 @@ import mlflow
 from orchestrator import calibrate as calibration
 from orchestrator import registry
 from orchestrator.cluster import HardwareFingerprint
+from orchestrator.defaults import DEFAULT_MODEL_AGE_DAYS
+from orchestrator.home import home_path
 from orchestrator.jobfile import Job
-from orchestrator.progress import say
+from orchestrator.progress import detail, say
 from policies.plan import Plan
 from policies.planning import make_plan, make_transformer_plan
 from predictors.performance_model import PerformanceModel
@@ -41,11 +43,11 @@ def job_hash(job_dict: dict[str, Any]) -> str:
 class AutotuneSettings:
     """recalibrate: auto (only when the champion is missing, stale or drifting), always or never;
     lock_timeout_s: how long to wait for another calibration of this hardware (None: 3 x the
-    budget + 300 s); plan_out: where the plan JSON goes (None: .autotune/plans/<job>-<hardware>.json);
+    budget + 300 s); plan_out: where the plan JSON goes (None: $AUTOTUNE_HOME/plans/<job>-<hardware>.json);
     iterations: timed iterations when launching (None: the job's)."""
 
     recalibrate: str = "auto"
-    max_model_age_days: float = 7.0
+    max_model_age_days: float = DEFAULT_MODEL_AGE_DAYS
     calibration_budget_s: float = calibration.DEFAULT_BUDGET_S
     lock_timeout_s: float | None = None
     plan_out: str | None = None
@@ -67,6 +69,7 @@ def autotune(
             {"kind": "autotune", "hardware_id": hw, "job_name": job.name, "job_hash": job_hash(job.to_dict())}
         )
         mlflow.log_dict(job.to_dict(), "job.json")
+        mlflow.log_params(job_params(job.to_dict()))  # searchable and comparable in the UI
 
         champion = registry.get_alias(hw, registry.CHAMPION)
         freshness = registry.check_freshness(champion, fp.software, settings.max_model_age_days)
@@ -90,11 +93,13 @@ def autotune(
                     )
                     say(f"recalibrating: {why}")
                     mlflow.set_tag("recalibration_reason", why)
-                    info = calibration.describe(
-                        calibration.calibrate(
-                            fp, calibration.CalibrationRequest(settings.calibration_budget_s, job, job.seed), lease
+                    with calibration.calibration_run(hw) as calibrating:
+                        info = calibration.describe(
+                            calibration.calibrate(
+                                fp, calibration.CalibrationRequest(settings.calibration_budget_s, job, job.seed), lease
+                            )
                         )
-                    )
+                    info["run_id"] = calibrating.info.run_id
                     calibration.print_summary(info)
                     summary["calibration"] = info
                     champion = registry.get_alias(hw, registry.CHAMPION)
@@ -117,9 +122,10 @@ def autotune(
         mlflow.set_tags({"model_name": champion.name, "model_version": champion.version})
 
         plan = plan_job(job, champion.model, fp, champion.version)
-        plan_path = Path(settings.plan_out or f".autotune/plans/{job.name}-{hw}.json")
+        plan_path = Path(settings.plan_out or home_path("plans", f"{job.name}-{hw}.json"))
         plan.save(plan_path)
         mlflow.log_dict(plan.to_dict(), "plan.json")
+        mlflow.log_table(candidate_table(plan), "plan_candidates.json")
         mlflow.log_metric("predicted_iteration_ms", plan.predicted_iteration_ms)
         mlflow.set_tags(
             {
@@ -129,7 +135,7 @@ def autotune(
             }
         )
         choice = report_plan(job, plan)
-        say(f"plan written to {plan_path}")
+        detail(f"plan written to {plan_path}")
         summary.update({"plan": str(plan_path), "predicted_iteration_ms": plan.predicted_iteration_ms, **choice})
 
         if not settings.dry_run:
@@ -154,14 +160,41 @@ def autotune(
             mlflow.log_dict(ran, "placement.json")
             mlflow.set_tag("placement_as_planned", str(result.placement_as_planned))
             say(
-                f"measured {result.iteration_ms:.2f} ms/iteration vs predicted {plan.predicted_iteration_ms:.2f} ms "
-                f"(error {error:.1%}); ranks ran {'as planned' if result.placement_as_planned else 'NOT as planned'} "
+                f"ran {iterations} iterations; ranks ran {'as planned' if result.placement_as_planned else 'NOT as planned'} "
                 f"on {len(set(result.rank_nodes or []))} node(s)"
             )
             summary.update({"measured_iteration_ms": result.iteration_ms, "prediction_error": error, "placement": ran})
         summary["wall_s"] = round(time.monotonic() - started, 1)
         mlflow.log_metric("autotune_wall_s", summary["wall_s"])
     return summary
+
+
+def job_params(job: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """A job's fields as MLflow params: scalars as they are, nested sections dotted
+    (`dense.bottom_mlp`), lists of numbers joined, lists of records (tables) counted."""
+    out: dict[str, Any] = {}
+    for key, value in job.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(job_params(value, f"{name}."))
+        elif isinstance(value, list) and value and isinstance(value[0], dict):
+            out[name] = len(value)
+        elif isinstance(value, list):
+            out[name] = ",".join(str(v) for v in value)[:500]
+        else:
+            out[name] = value
+    return out
+
+
+def candidate_table(plan: Plan) -> dict[str, list[Any]]:
+    """Every candidate of every decision the plan made, one row each, for the run's table view."""
+    rows = [
+        (name, c.name, c.feasible, c.predicted_ms, c.name == d.choice, str(c.detail.get("reason", "")))
+        for name, d in plan.decisions.items()
+        for c in d.candidates
+    ]
+    columns = ("decision", "candidate", "feasible", "predicted_ms", "chosen", "reason")
+    return {column: [row[i] for row in rows] for i, column in enumerate(columns)}
 
 
 def plan_job(job: Job, model: PerformanceModel, fp: HardwareFingerprint, version: str | None) -> Plan:
@@ -175,7 +208,7 @@ def report_plan(job: Job, plan: Plan) -> dict[str, Any]:
     if isinstance(job, TransformerJob):
         decision = plan.decisions["parallelism"]
         key, tag = "layout", "parallelism_choice"
-        shown = [c for c in decision.candidates if c.feasible][:6]
+        shown = [c for c in decision.candidates if c.feasible]
     else:
         decision = plan.decisions["sharding"]
         key, tag = "sharding", "sharding_choice"
@@ -183,8 +216,11 @@ def report_plan(job: Job, plan: Plan) -> dict[str, Any]:
     mlflow.set_tag(tag, decision.choice)
     say(
         f"plan: {key} {decision.choice}, predicted {plan.predicted_iteration_ms:.2f} ms/iteration; "
-        f"candidates: " + ", ".join(f"{c.name}={c.predicted_ms:.2f}" for c in shown)
+        f"next: "
+        + ", ".join(f"{c.name}={c.predicted_ms:.2f}" for c in shown[1:4])
+        + (f" (+{len(shown) - 4} more in plan_candidates.json)" if len(shown) > 4 else "")
     )
+    detail("candidates: " + ", ".join(f"{c.name}={c.predicted_ms:.2f}" for c in shown))
     if plan.substitutions:
         say(f"substituting overlapped pairs: {plan.decisions['substitution'].choice}")
     say(

@@ -1,7 +1,7 @@
 """Calibration: measure this cluster through Ray, fit the per-op models, register them (the
 command is `python -m orchestrator.cli.calibrate`).
 
-Measurements are appended to `.autotune/calibrations/<stamp>/measurements.jsonl` as each
+Measurements are appended to `$AUTOTUNE_HOME/calibrations/<stamp>/measurements.jsonl` as each
 probe returns and logged to MLflow before the fit runs, so nothing measured is lost to a
 later failure.
 """
@@ -12,9 +12,10 @@ import json
 import math
 import time
 from collections import Counter
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import mlflow
 import numpy as np
@@ -22,11 +23,13 @@ import numpy as np
 from orchestrator import registry
 from orchestrator.calibration_plots import log_calibration_plots
 from orchestrator.cluster import HardwareFingerprint
+from orchestrator.defaults import DEFAULT_BUDGET_S
 from orchestrator.fanout import Phase, collective_visits, run_collective_probes, run_local_probes
+from orchestrator.home import home_path
 from orchestrator.lease import Lease
 from orchestrator.measurement_store import MeasurementStore, spec_key
 from orchestrator.probe_pool import ActorPool, Gang
-from orchestrator.progress import Progress, say
+from orchestrator.progress import Progress, detail, say
 from orchestrator.sentinel import choose_sentinels
 from policies.parallelism import layout_gemms
 from policies.sharders import SHARDERS, NoFeasiblePlanError
@@ -59,10 +62,10 @@ TRAINING_SHARE = 0.35
 # their deadlines (a probe started just before one finishes after it): without kernel rows
 # nothing can be fitted.
 KERNEL_MIN_SHARE = 0.25
+# Whole training steps: their held-out figures are shown by default, every kernel op's with --verbose.
+STEP_OPS = (DLRM_STEP_OP, TRANSFORMER_STEP_OP)
 TRAINING_PROBES = 24
 TRANSFORMER_PROBES = 12
-DEFAULT_BUDGET_S = 120.0
-STORE_ROOT = Path(".autotune/calibrations")
 
 
 @dataclass(frozen=True)
@@ -394,7 +397,7 @@ def calibrate(
     caller holds (`orchestrator.lease`)."""
     budget_s, job, seed, resume = request.budget_s, request.job, request.seed, request.resume
     t0 = time.monotonic()
-    directory = resume or STORE_ROOT / f"{time.strftime('%Y%m%d-%H%M%S')}-{fingerprint.hardware_id}"
+    directory = resume or home_path("calibrations") / f"{time.strftime('%Y%m%d-%H%M%S')}-{fingerprint.hardware_id}"
     if resume is not None:
         stored = json.loads((resume / "fingerprint.json").read_text()).get("hardware_id")
         if stored != fingerprint.hardware_id:
@@ -455,26 +458,43 @@ def describe(result: CalibrationResult) -> dict[str, Any]:
 
 
 def print_summary(info: dict[str, Any]) -> None:
-    say(f"calibration of {info['hardware_id']} done in {info['wall_s']}s, {info['failures']} failed probe(s)")
-    say("rows per family: " + ", ".join(f"{f}={n}" for f, n in info["rows_per_family"].items()))
-    say("rows per op: " + ", ".join(f"{op}={n}" for op, n in info["rows_per_op"].items()))
+    """The calibration in a few lines: rows, each op family's held-out error beside its
+    baseline's, the whole steps', the registration; every op's own figures with --verbose."""
+    say(
+        f"calibration of {info['hardware_id']} done in {info['wall_s']}s: "
+        + ", ".join(f"{f}={n}" for f, n in info["rows_per_family"].items())
+        + f" rows, {info['failures']} failed probe(s)"
+    )
+    detail("rows per op: " + ", ".join(f"{op}={n}" for op, n in info["rows_per_op"].items()))
     for op, s in info["heldout"].items():
+        shown = say if op in STEP_OPS else detail
         base = f", baseline {s['baseline_gmae']:.1%}" if s.get("baseline_gmae") is not None else ""
         chosen = f", {s['chosen']}" if s.get("chosen") else ""
         interval = f" [{s['gmae_low']:.1%}, {s['gmae_high']:.1%}]" if s.get("gmae_low") is not None else ""
-        say(f"  held-out {op:14s} GMAE {s['gmae']:.1%}{interval}  MAPE {s['mape']:.1%}  (n={s['n']}{base}{chosen})")
+        shown(f"  held-out {op:16s} GMAE {s['gmae']:.1%}{interval}  MAPE {s['mape']:.1%}  (n={s['n']}{base}{chosen})")
         cv = s.get("cv")
         if cv and cv.get("n"):
             interval = f" [{cv['gmae_low']:.1%}, {cv['gmae_high']:.1%}]" if cv.get("gmae_low") is not None else ""
-            say(f"  leave-one-out {op:9s} GMAE {cv['gmae']:.1%}{interval}  MAPE {cv['mape']:.1%}  (n={cv['n']})")
+            shown(f"  leave-one-out {op:11s} GMAE {cv['gmae']:.1%}{interval}  MAPE {cv['mape']:.1%}  (n={cv['n']})")
     for family, s in info.get("heldout_per_family", {}).items():
         ratio = s["vs_baseline"]
         interval = f" [{ratio['low']:.2f}, {ratio['high']:.2f}]" if ratio.get("low") is not None else ""
         say(
-            f"  held-out family {family:10s} GMAE {s['gmae']:.1%}, baseline {s['baseline_gmae']:.1%} on the same "
-            f"{s['n']} rows (ratio {ratio['ratio']:.2f}{interval})"
+            f"  held-out family {family:12s} GMAE {s['gmae']:.1%}, baseline {s['baseline_gmae']:.1%} "
+            f"(n={s['n']}, ratio {ratio['ratio']:.2f}{interval})"
         )
     say(f"registered {info['model']}: {'champion' if info['promoted'] else 'challenger'} ({info['promotion_reason']})")
+
+
+@contextmanager
+def calibration_run(hardware_id: str, name: str = "calibrate", **tags: str) -> Iterator[Any]:
+    """The MLflow run a calibration logs to (kind=calibration): its own run, nested under the
+    autotune or nightly run that started it, with the host's CPU, memory and GPU use sampled
+    (MLflow's system metrics) while it probes and fits."""
+    nested = mlflow.active_run() is not None
+    with mlflow.start_run(run_name=f"{name}-{hardware_id}", nested=nested, log_system_metrics=True) as run:
+        mlflow.set_tags({"kind": "calibration", "hardware_id": hardware_id, **tags})
+        yield run
 
 
 def calibrate_cluster(
@@ -486,10 +506,9 @@ def calibrate_cluster(
     timeout = lock_wait_s if lock_wait_s is not None else lock_timeout_s(request.budget_s)
     with (
         promotion_lease(fingerprint.hardware_id).hold(timeout, on_wait=waiting) as lease,
-        mlflow.start_run(run_name=f"calibrate-{fingerprint.hardware_id}"),
+        calibration_run(fingerprint.hardware_id) as run,
     ):
-        mlflow.set_tags({"kind": "calibration", "hardware_id": fingerprint.hardware_id})
-        return describe(calibrate(fingerprint, request, lease))
+        return {**describe(calibrate(fingerprint, request, lease)), "run_id": run.info.run_id}
 
 
 def refit(directory: Path, seed: int = 0) -> dict[str, Any]:
@@ -506,8 +525,7 @@ def refit(directory: Path, seed: int = 0) -> dict[str, Any]:
         )
     t0 = time.monotonic()
     store = MeasurementStore(directory)
-    with mlflow.start_run(run_name=f"refit-{fingerprint.hardware_id}"):
-        mlflow.set_tags({"kind": "calibration", "hardware_id": fingerprint.hardware_id, "refit_of": str(directory)})
+    with calibration_run(fingerprint.hardware_id, "refit", refit_of=str(directory)):
         model, registration = fit_and_register(store, fingerprint, seed)
         result = CalibrationResult(
             fingerprint.hardware_id,

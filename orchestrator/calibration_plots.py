@@ -5,10 +5,8 @@ on the held-out rows."""
 from __future__ import annotations
 
 import math
-import tempfile
 from collections import defaultdict
-from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import mlflow
 import numpy as np
@@ -29,10 +27,11 @@ def pyplot():
     return plt
 
 
-def collective_curves(model: PerformanceModel, rows: Sequence[Measurement], directory: Path) -> list[Path]:
-    """One PNG per collective op: measured points and the fitted curve, one colour per group."""
+def collective_curves(model: PerformanceModel, rows: Sequence[Measurement]) -> dict[str, Any]:
+    """One figure per collective op (by file name): measured points and the fitted curve, one
+    colour per group."""
     plt = pyplot()
-    paths = []
+    figures = {}
     for op, op_model in sorted(model.models.items()):
         if not isinstance(op_model, SigmoidCollectiveModel) or not op_model.curves:
             continue
@@ -60,15 +59,12 @@ def collective_curves(model: PerformanceModel, rows: Sequence[Measurement], dire
         ax.set_ylabel("time (ms)")
         ax.set_title(f"{op}: fitted curves over measured points", fontsize=10)
         ax.legend(fontsize=7)
-        path = directory / f"collective_{op}.png"
         fig.tight_layout()
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        paths.append(path)
-    return paths
+        figures[f"collective_{op}.png"] = fig
+    return figures
 
 
-def heldout_scatter(model: PerformanceModel, test_rows: Sequence[Measurement], directory: Path) -> Path | None:
+def heldout_scatter(model: PerformanceModel, test_rows: Sequence[Measurement]) -> Any:
     """Predicted vs measured on the held-out rows, one panel per op, with the y = x line."""
     by_op: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for r in test_rows:
@@ -99,23 +95,20 @@ def heldout_scatter(model: PerformanceModel, test_rows: Sequence[Measurement], d
         ax.axis("off")
     fig.supxlabel("measured (ms)")
     fig.supylabel("predicted (ms)")
-    path = directory / "heldout_predicted_vs_measured.png"
     fig.tight_layout()
-    fig.savefig(path, dpi=90)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def log_calibration_plots(
     model: PerformanceModel, rows: Sequence[Measurement], test_rows: Sequence[Measurement]
 ) -> list[str]:
-    """Draw both kinds of plot and log them to the active run under plots/."""
-    with tempfile.TemporaryDirectory() as tmp:
-        directory = Path(tmp)
-        paths = collective_curves(model, rows, directory)
-        scatter = heldout_scatter(model, test_rows, directory)
-        if scatter is not None:
-            paths.append(scatter)
-        for path in paths:
-            mlflow.log_artifact(str(path), artifact_path="plots")
-        return [f"plots/{p.name}" for p in paths]
+    """Draw both kinds of plot and log them to the active run under plots/ (`mlflow.log_figure`)."""
+    figures = collective_curves(model, rows)
+    scatter = heldout_scatter(model, test_rows)
+    if scatter is not None:
+        figures["heldout_predicted_vs_measured.png"] = scatter
+    plt = pyplot()
+    for name, fig in figures.items():
+        mlflow.log_figure(fig, f"plots/{name}")
+        plt.close(fig)
+    return [f"plots/{name}" for name in figures]

@@ -89,7 +89,7 @@ def collect(hardware_id: str | None = None, last: int = 10) -> dict[str, Any]:
     return report
 
 
-def chart(hardware_id: str, data: dict[str, Any], path: Path) -> Path:
+def chart(hardware_id: str, data: dict[str, Any]) -> Any:
     """Prediction error per job (one line per model version) above sentinel error per nightly."""
     from datetime import datetime
 
@@ -128,21 +128,24 @@ def chart(hardware_id: str, data: dict[str, Any], path: Path) -> Path:
     locator = mdates.AutoDateLocator()
     bottom.xaxis.set_major_locator(locator)
     bottom.xaxis.set_major_formatter(mdates.ConciseDateFormatter(locator))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return fig
 
 
 def report(hardware_id: str | None, last: int, out_dir: Path) -> dict[str, Any]:
     """Collect the drift of every hardware (or one), chart each, and log charts and numbers to an
     MLflow run (kind=drift): {"hardware": per hardware its versions and sentinels, "charts": paths}."""
     hardware = collect(hardware_id, last)
-    charts = {hw: str(chart(hw, data, out_dir / f"drift-{hw}.png")) for hw, data in hardware.items()}
+    charts = {}
+    plt = pyplot()
+    out_dir.mkdir(parents=True, exist_ok=True)
     with mlflow.start_run(run_name="drift"):
         mlflow.set_tags({"kind": "drift", **({"hardware_id": hardware_id} if hardware_id else {})})
-        for hw, path in charts.items():
-            mlflow.log_artifact(path, artifact_path="charts")
+        for hw, data in hardware.items():
+            fig = chart(hw, data)
+            charts[hw] = str(out_dir / f"drift-{hw}.png")
+            fig.savefig(charts[hw], dpi=100)  # the local copy --out-dir asks for
+            mlflow.log_figure(fig, f"charts/drift-{hw}.png")
+            plt.close(fig)
             for v in hardware[hw]["versions"]:
                 mlflow.log_metric(f"rolling_error.{hw}.v{v['version']}", v["rolling_geomean_error"])
         mlflow.log_dict(hardware, "drift.json")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
 import mlflow
@@ -24,6 +23,7 @@ import ray
 from ray.exceptions import RayError
 
 from orchestrator.cluster import HardwareFingerprint
+from orchestrator.home import home_path
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.progress import Progress, say
 from policies.fusion_width import choose_width, partition_trials, power_of_two_widths
@@ -137,7 +137,7 @@ def plan_fusion_width(
     probe_seconds: float = 2.0,
     trials: int | None = None,
 ) -> dict[str, Any]:
-    """Probe `workload`'s widths on this cluster (rows under .autotune/fusion/<stamp>/), fit its
+    """Probe `workload`'s widths on this cluster (rows under $AUTOTUNE_HOME/fusion/<stamp>/), fit its
     FusionModel, choose the width under the memory cap (default 60% of a device's memory) and
     log rows, model and decision to an MLflow run (kind=fusion); with `trials`, also how a
     sweep of that many trials of one setting splits into fused groups."""
@@ -145,7 +145,7 @@ def plan_fusion_width(
     # GPUs are measured side by side; the CPU "devices" of a host share caches and memory
     # bandwidth, and a wide fused job beside a narrow one distorts both, so one at a time.
     devices = int(ray.cluster_resources().get("GPU", 1)) if fp.device_kind == "cuda" else 1
-    store = MeasurementStore(Path(".autotune/fusion") / time.strftime("%Y%m%d-%H%M%S"))
+    store = MeasurementStore(home_path("fusion") / time.strftime("%Y%m%d-%H%M%S"))
     say(
         f"fusion widths of {workload} on {fp.summary()}: up to {max_width}, cap {cap / 2**30:.1f} GiB; "
         f"rows in {store.rows_path}"

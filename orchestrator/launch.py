@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from orchestrator.home import home_path
 from probes.vocabulary.chunks import ChunkSchedule, ScheduleError
 from probes.vocabulary.jobspec import JobSpec
 from probes.vocabulary.placement import PlacementError
@@ -136,7 +137,7 @@ def launch_dlrm(
     table_to_rank: Sequence[PlanEntry],
     iterations: int | None = None,
     use_gpu: bool = False,
-    storage: str | Path = ".autotune/ray_results",
+    storage: str | Path | None = None,
     chunk_schedule: dict | None = None,
     substitutions: dict[str, int] | None = None,
     placement: dict[str, Any] | None = None,
@@ -168,7 +169,7 @@ def race_dlrm_plans(
     rounds: int = 10,
     steps_per_round: int = 8,
     use_gpu: bool = False,
-    storage: str | Path = ".autotune/ray_results",
+    storage: str | Path | None = None,
     placement: dict[str, Any] | None = None,
 ) -> list[LaunchResult]:
     """Run several plans of one job for real in one Ray Train run, their timed steps interleaved
@@ -193,7 +194,7 @@ def launch_transformer(
     spec: Any,
     iterations: int | None = None,
     use_gpu: bool = False,
-    storage: str | Path = ".autotune/ray_results",
+    storage: str | Path | None = None,
     substitutions: dict[str, int] | None = None,
     placement: dict[str, Any] | None = None,
     chunk_schedule: dict | None = None,
@@ -241,7 +242,7 @@ def _launch(
     world_size: int,
     name: str,
     use_gpu: bool,
-    storage: str | Path,
+    storage: str | Path | None,
     placement: dict[str, Any] | None,
 ) -> LaunchResult:
     return _result(_run(config, world_size, name, use_gpu, storage, placement), config["iterations"], placement)
@@ -294,7 +295,7 @@ def _run(
     world_size: int,
     name: str,
     use_gpu: bool,
-    storage: str | Path,
+    storage: str | Path | None,
     placement: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     import ray
@@ -317,7 +318,7 @@ def _run(
             resources_per_worker={"CPU": 1},
             label_selector=worker_label_selectors(placement, world_size),
         ),
-        run_config=RunConfig(name=name, storage_path=str(Path(storage).resolve())),
+        run_config=RunConfig(name=name, storage_path=str(Path(storage or home_path("ray_results")).resolve())),
     )
     trainer.fit()
     metrics = ray.get(collector.get.remote())

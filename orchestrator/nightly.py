@@ -25,11 +25,10 @@ import mlflow
 from orchestrator import calibrate as calibration
 from orchestrator import registry
 from orchestrator.cluster import HardwareFingerprint
+from orchestrator.defaults import DEFAULT_MODEL_AGE_DAYS, DEFAULT_SENTINEL_BOUND, DEFAULT_SENTINEL_RATIO
 from orchestrator.lease import Lease
 from orchestrator.progress import say
-from orchestrator.sentinel import DEFAULT_BOUND, DEFAULT_RATIO, run_sentinels
-
-DEFAULT_LOCK = ".autotune/nightly.lock"
+from orchestrator.sentinel import run_sentinels
 
 
 def hardware_seen_in_jobs() -> set[str]:
@@ -48,9 +47,9 @@ class NightlySettings:
     bounds and the calibration's seed."""
 
     budget_s: float = calibration.DEFAULT_BUDGET_S
-    max_model_age_days: float = 7.0
-    sentinel_bound: float = DEFAULT_BOUND
-    sentinel_ratio: float = DEFAULT_RATIO
+    max_model_age_days: float = DEFAULT_MODEL_AGE_DAYS
+    sentinel_bound: float = DEFAULT_SENTINEL_BOUND
+    sentinel_ratio: float = DEFAULT_SENTINEL_RATIO
     seed: int = 0
 
 
@@ -108,9 +107,11 @@ def check_hardware(fp: HardwareFingerprint, settings: NightlySettings) -> dict[s
                 reasons=reasons + [f"superseded by v{latest.version}"], champion=f"{latest.name}/{latest.version}"
             )
             return out
-        info = calibration.describe(
-            calibration.calibrate(fp, calibration.CalibrationRequest(settings.budget_s, seed=settings.seed), lease)
-        )
+        with calibration.calibration_run(hw) as calibrating:
+            info = calibration.describe(
+                calibration.calibrate(fp, calibration.CalibrationRequest(settings.budget_s, seed=settings.seed), lease)
+            )
+        info["run_id"] = calibrating.info.run_id
     calibration.print_summary(info)
     out.update(
         {

@@ -9,6 +9,7 @@ from typing import MutableMapping
 
 import ray
 
+from orchestrator.progress import quieten_libraries, verbose
 from probes.host_allocator import apply_to_child_processes
 
 # Ray starts its workers at niceness 15 (RAY_worker_niceness), below every ordinary process.
@@ -35,8 +36,11 @@ def set_worker_niceness(environ: MutableMapping[str, str] | None = None) -> None
 def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     if ray.is_initialized():
         return
+    quieten_libraries()  # `import ray` set up its own loggers; before ray.init's own lines
     address = address or os.environ.get("RAY_ADDRESS")
-    kwargs = {"ignore_reinit_error": True, "logging_level": logging.WARNING, "log_to_driver": True}
+    # The workers' own output (FBGEMM's loading lines, the profiler's notes, Ray Train's
+    # controller) reaches the terminal only with --verbose; their errors still raise here.
+    kwargs = {"ignore_reinit_error": True, "logging_level": logging.WARNING, "log_to_driver": verbose()}
     if address:
         ray.init(address=address, **kwargs)
     else:
@@ -48,6 +52,7 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
         # Ray's current-cluster file names, and after a crashed local cluster that is a dead GCS
         # it waits on for minutes.
         ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, **kwargs)
+    quieten_libraries()  # ray.init set up its own loggers
 
 
 def shutdown() -> None:

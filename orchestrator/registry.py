@@ -20,21 +20,29 @@ from typing import Any, Callable, Sequence
 import mlflow
 from mlflow import MlflowClient
 from mlflow.exceptions import MlflowException
+from mlflow.models import ModelSignature
+from mlflow.types import ColSpec, Schema
 
+from orchestrator.defaults import DEFAULT_MODEL_AGE_DAYS
+from orchestrator.home import default_tracking_uri
 from predictors.evaluation import geomean
 from predictors.performance_model import MODEL_FILE, PerformanceModel
 from probes.vocabulary.records import Measurement, measurements_to_frame
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 EXPERIMENT = "autotune"
 CHAMPION, CHALLENGER, CANDIDATE = "champion", "challenger", "candidate"
 PYFUNC_CODE = str(Path(__file__).with_name("pyfunc_model.py"))
 BUNDLE_ARTIFACT = "performance_model"
+# What `mlflow.pyfunc.load_model(...).predict` takes and gives (orchestrator/pyfunc_model.py):
+# one row per op to price, its parameters as a JSON object; seconds out.
+PYFUNC_SIGNATURE = ModelSignature(
+    inputs=Schema([ColSpec("string", "op"), ColSpec("string", "params")]), outputs=Schema([ColSpec("double")])
+)
 
 
 def resolve_tracking_uri(uri: str | None) -> str:
-    """--tracking-uri, else MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working dir."""
-    return uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    """--tracking-uri, else MLFLOW_TRACKING_URI, else sqlite:///$AUTOTUNE_HOME/mlflow.db."""
+    return uri or os.environ.get("MLFLOW_TRACKING_URI") or default_tracking_uri()
 
 
 def configure(uri: str | None) -> str:
@@ -183,7 +191,7 @@ class Freshness:
 def check_freshness(
     champion: RegisteredBundle | None,
     software: dict[str, str],
-    max_age_days: float = 7.0,
+    max_age_days: float = DEFAULT_MODEL_AGE_DAYS,
     drift_bound: float = 0.5,
     drift_window: int = 5,
 ) -> Freshness:
@@ -320,6 +328,7 @@ def register_bundle(
             artifacts={BUNDLE_ARTIFACT: str(path)},
             registered_model_name=name,
             pip_requirements=["cluster-autotune"],
+            signature=PYFUNC_SIGNATURE,
         )
     log_model_metrics(model, info.model_id)
     version = str(info.registered_model_version)

@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Sequence
 
+from orchestrator.defaults import DEFAULT_SENTINEL_BOUND, DEFAULT_SENTINEL_RATIO
 from orchestrator.fanout import Phase, run_collective_probes, run_local_probes
+from orchestrator.home import home_path
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.probe_pool import ActorPool
 from predictors.evaluation import geomean
@@ -33,9 +34,6 @@ SENTINEL_SEED_OFFSET = 7919  # sentinels are not the calibration's own points
 SENTINEL_COUNTS = {"gemm": 4, "embedding": 3, "elementwise": 4, "memcpy": 2}
 SENTINEL_COLLECTIVES = ("all_reduce", "all_to_all")
 SENTINEL_COLLECTIVE_BYTES = (64 * 2**10, 2**20, 8 * 2**20)
-DEFAULT_BOUND = 0.35  # sentinel GMAE that marks a champion stale, at least ...
-DEFAULT_RATIO = 2.0  # ... or this many times the champion's own held-out GMAE on the same ops
-STORE_ROOT = Path(".autotune/sentinels")
 
 
 def choose_sentinels(seed: int, device_kind: str, world: int = 1) -> list[dict[str, Any]]:
@@ -81,8 +79,8 @@ class SentinelReport:
 def score_sentinels(
     model: PerformanceModel,
     rows: Sequence[Measurement],
-    bound: float = DEFAULT_BOUND,
-    ratio: float = DEFAULT_RATIO,
+    bound: float = DEFAULT_SENTINEL_BOUND,
+    ratio: float = DEFAULT_SENTINEL_RATIO,
     failures: int = 0,
 ) -> SentinelReport:
     """Score re-measured sentinel rows against `model`: stale when their GMAE exceeds both the
@@ -112,8 +110,8 @@ def run_sentinels(
     hardware_id: str,
     devices: int = 1,
     deadline_s: float = 300.0,
-    bound: float = DEFAULT_BOUND,
-    ratio: float = DEFAULT_RATIO,
+    bound: float = DEFAULT_SENTINEL_BOUND,
+    ratio: float = DEFAULT_SENTINEL_RATIO,
 ) -> SentinelReport:
     """Re-measure the champion's sentinels on this hardware's devices (probe actors on the
     nodes that have them, as in calibration, not the driver) and score them. Measurements are
@@ -123,7 +121,7 @@ def run_sentinels(
     collective = [s for s in specs if s.family == "collective" and len(s.params["ranks"]) <= devices]
     local = [s for s in specs if s.family != "collective"]
     t0 = time.monotonic()
-    store = MeasurementStore(STORE_ROOT / f"{time.strftime('%Y%m%d-%H%M%S')}-{hardware_id}")
+    store = MeasurementStore(home_path("sentinels") / f"{time.strftime('%Y%m%d-%H%M%S')}-{hardware_id}")
     pool = ActorPool(device_kind, hardware_id, devices if collective else 1, strategy="SPREAD").start()
     try:
         failed = 0

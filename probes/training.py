@@ -57,27 +57,34 @@ def training_specs(
       `task_indices` and `random_dlrm.fitting_scale`), whose steps are dominated by kernels
       and collectives, so the slowdown they suffer beside each other in a real step, on
       tables as large as users have and at every batch size in turn, is measured, not
-      extrapolated; every
-      other one with a mixed plan (`random_plan`), the rest table-wise, placed by
-      `place_task` (the orchestrator passes the classic sharders, in turn: balanced plans
-      like those the policies price, where both ranks compute at once and slow each other
-      on a small host) or, without one, on random ranks.
+      extrapolated: one probe per batch size table-wise, then one per batch size with a
+      mixed plan (`random_plan`, `task_is_mixed`), and so on; every other table-wise one
+      placed by `place_task` (the orchestrator passes the classic sharders, in turn:
+      balanced plans like those the policies price, where both ranks compute at once and
+      slow each other on a small host), the rest on random ranks.
     """
     rng = np.random.default_rng(seed + 2)
     out = []
+    placed = 0  # task probes placed by `place_task` so far (the sharders in turn)
     for i in range(n):
         if i % 2:
+            k = i // 2  # the task-shaped probe's own index
             job = random_dlrm_job(i, world, seed=seed + CALIBRATION_TASK_STREAM, scale=task_scale)
             job["name"] = f"task{i}"
             # the batch sizes in turn: a draw can give one size to every early probe (a 300 s
             # calibration measured three task probes, all at 1024), and small batches on large
             # tables are where a step's framework and exchange waits weigh most
-            job["batch_size"] = BATCH_SIZES[(i // 2) % len(BATCH_SIZES)]
-            # every other task-shaped probe mixes in row-/column-wise and replicated tables, so the
-            # step model has seen the collectives and TBEs of the plans the sharding search tries
-            placement = random_plan(job, world, rng, mixed=i % 4 == 3)
-            if place_task is not None and i % 4 == 1:
-                placement = [int(r) for r in place_task(job, world, i // 4)]
+            job["batch_size"] = BATCH_SIZES[k % len(BATCH_SIZES)]
+            # every batch size table-wise first, then every one with a mixed plan (row-/column-
+            # wise and replicated tables, the collectives and TBEs of the plans the sharding
+            # search tries), and so on: with a period of two for both, batches 256 and 1024 were
+            # only ever measured mixed, and the step model priced table-wise 1024-batch jobs from
+            # mixed steps alone (issue #26: 24-33% over)
+            mixed = task_is_mixed(k)
+            placement = random_plan(job, world, rng, mixed=mixed)
+            if place_task is not None and not mixed and k % 2 == 0:
+                placement = [int(r) for r in place_task(job, world, placed)]
+                placed += 1
             out.append(ProbeSpec("training", {"job": job, "table_to_rank": placement}, f"train:{i}"))
             continue
         n_tables = int(rng.integers(1, 13))
@@ -106,6 +113,12 @@ def training_specs(
         placement = [int(r) for r in rng.integers(0, world, size=n_tables)]
         out.append(ProbeSpec("training", {"job": job, "table_to_rank": placement}, f"train:{i}"))
     return out
+
+
+def task_is_mixed(k: int) -> bool:
+    """Whether the k-th task-shaped training probe has a mixed plan: blocks of one probe per
+    batch size, table-wise and mixed in turn."""
+    return (k // len(BATCH_SIZES)) % 2 == 1
 
 
 def task_indices(n: int) -> range:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.cli.common import EXIT_BAD_INPUT, run_main, wants_json
+from orchestrator.cli.options import EXIT_BAD_INPUT, run_main, wants_json
 from orchestrator.jobfile import load_job
 from policies.plan import Candidate, Decision, Plan, PlanError
 from policies.sharders import NoFeasiblePlanError
@@ -29,6 +29,7 @@ def scratch(tmp_path, monkeypatch, tiny_job_dict):
     """A scratch working directory holding a good job file (good.yaml)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("AUTOTUNE_HOME", raising=False)
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     (tmp_path / "good.yaml").write_text(yaml.safe_dump(tiny_job_dict))
     return tmp_path
@@ -65,7 +66,7 @@ def test_a_job_file_that_is_not_utf8_exits_2_in_every_cli(scratch, capsys, modul
     argv = ["--job", "latin.yaml", "--json"] + (["--plan", "p.json"] if module in ("predict", "run") else [])
     obj = check_refused(capsys, cli_main(module)(argv), "--job", "latin.yaml: not a UTF-8 text file")
     assert "expected a YAML job file in UTF-8" in obj["error"]
-    assert not (scratch / "mlflow.db").exists(), "bad input is refused before anything starts"
+    assert not (scratch / ".autotune").exists(), "bad input is refused before anything starts"
 
 
 @pytest.mark.parametrize(
@@ -145,7 +146,7 @@ def test_memory_cap_must_be_a_finite_positive_number(tiny_job_dict, cap):
 def test_memory_cap_nan_exits_2_before_anything_starts(scratch, capsys, tiny_job_dict):
     (scratch / "cap.yaml").write_text(yaml.safe_dump(tiny_job_dict) + "memory_cap_gb: .nan\n")
     check_refused(capsys, cli_main("autotune")(["--job", "cap.yaml", "--json"]), "memory_cap_gb", "got nan")
-    assert not (scratch / "mlflow.db").exists()
+    assert not (scratch / ".autotune").exists()
 
 
 # --- 4. tables too large: TorchRec's PlannerError ----------------------------------------------
@@ -239,7 +240,7 @@ def test_calibrate_with_a_bad_job_file_exits_2(scratch, capsys, tiny_job_dict):
         "world_size",
         "world_size: expected an integer >= 1, got 'two'",
     )
-    assert not (scratch / "mlflow.db").exists()
+    assert not (scratch / ".autotune").exists()
 
 
 def test_calibrate_resume_of_a_non_calibration_directory_names_the_option(scratch, capsys):
@@ -312,7 +313,7 @@ def test_malformed_plan_files_exit_2_naming_the_field(scratch, capsys, tiny_job_
             expected,
         )
         assert expected in obj["error"]
-    assert not (scratch / "mlflow.db").exists()
+    assert not (scratch / ".autotune").exists()
 
 
 @pytest.mark.parametrize(
@@ -404,7 +405,7 @@ BAD_OPTIONS = {
 def test_bad_options_exit_2_naming_the_option_and_range(scratch, capsys, module, argv, field, expected):
     obj = check_refused(capsys, cli_main(module)(argv + ["--json"]), field, expected, "usage:")
     assert expected in obj["error"]
-    assert not (scratch / "mlflow.db").exists()
+    assert not (scratch / ".autotune").exists()
 
 
 def test_without_json_an_option_error_prints_no_json_and_still_exits_2(scratch, capsys):
@@ -495,7 +496,7 @@ def test_world_size_100000_exits_2_at_once(scratch, capsys, tiny_job_dict):
             "world_size: expected an integer <= 65536",
             "allowed: 1..65536",
         )
-    assert not (scratch / "mlflow.db").exists()
+    assert not (scratch / ".autotune").exists()
 
 
 # --- the real entry points ---------------------------------------------------------------------
@@ -518,7 +519,7 @@ def test_python_dash_m_entry_points_exit_2_with_one_json_object(tmp_path):
         assert "latin.yaml: not a UTF-8 text file" in proc.stderr and "Traceback" not in proc.stderr
         (line,) = proc.stdout.strip().splitlines()
         assert json.loads(line)["field"] == "--job"
-    assert not (tmp_path / "mlflow.db").exists()
+    assert not (tmp_path / ".autotune").exists()
 
 
 def test_no_champion_is_exit_3_with_json(tracking, capsys):

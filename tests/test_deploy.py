@@ -80,7 +80,18 @@ def test_nightly_schedules_run_the_nightly_cli_with_valid_arguments(path):
         assert doc["kind"] == "RayCronJob" and doc["apiVersion"] == "ray.io/v1"
         command = doc["spec"]["jobTemplate"]["entrypoint"]
     args = nightly_parser().parse_args(cli_args(command, "orchestrator.cli.nightly"))
-    assert args.budget_s > 0 and args.lock.startswith("/home/ray/work/.autotune/")
+    assert args.budget_s > 0 and args.lock == "nightly"  # one lock name, in the tracking server, for both
+
+
+def test_the_head_keeps_autotune_home_on_its_persistent_volume():
+    """Job drivers run on the head in Ray's copy of the working directory: AUTOTUNE_HOME must
+    point at the mounted volume, or calibrations and plans are lost with the copy."""
+    cluster = by_kind("kuberay/raycluster.yaml")["RayCluster"]
+    (head,) = containers(cluster["spec"]["headGroupSpec"]["template"])
+    home = {e["name"]: e.get("value") for e in head.get("env", [])}["AUTOTUNE_HOME"]
+    volume = next(v for v in head["volumeMounts"] if v["name"] == "autotune-state")
+    assert home == volume["mountPath"]
+    assert f"AUTOTUNE_HOME={home}" in (DEPLOY / "Dockerfile").read_text()
 
 
 def test_mlflow_server_uses_postgres_and_basic_auth_with_secrets_from_the_environment():

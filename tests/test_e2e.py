@@ -15,6 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 def cli_env(extra: dict | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1", **(extra or {})}
     env.pop("MLFLOW_TRACKING_URI", None)
+    env.pop("AUTOTUNE_HOME", None)
     env.pop("RAY_ADDRESS", None)
     return env
 
@@ -46,7 +47,7 @@ def test_invalid_job_exits_2_naming_the_field(tmp_path, tiny_job_dict):
     assert proc.returncode == 2
     assert "tables[1].distribution: expected 'uniform', {zipf: s} with s > 0, or {profile: name}" in proc.stderr
     assert "got 'gaussian'" in proc.stderr
-    assert not (tmp_path / "mlflow.db").exists(), "bad input is refused before anything starts"
+    assert not (tmp_path / ".autotune").exists(), "bad input is refused before anything starts"
 
 
 def test_plan_without_models_exits_3_with_a_hint(tmp_path):
@@ -82,18 +83,39 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     import mlflow
     from mlflow import MlflowClient
 
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/.autotune/mlflow.db")
     client = MlflowClient()
     run = client.get_run(first["run_id"])
-    m = run.data.metrics
-    assert {"predicted_iteration_ms", "measured_iteration_ms", "prediction_error", "heldout.gemm.gmae"} <= set(m)
-    artifacts = {a.path for a in client.list_artifacts(first["run_id"])}
-    assert {"measurements.parquet", "plan.json", "fingerprint.json", "job.json"} <= artifacts
+    assert {"predicted_iteration_ms", "measured_iteration_ms", "prediction_error"} <= set(run.data.metrics)
+    assert {"plan.json", "job.json", "plan_candidates.json"} <= {a.path for a in client.list_artifacts(first["run_id"])}
+    assert run.data.params["world_size"] == "2" and run.data.params["tables"] == "5"
+    # the calibration it started is a run of its own, nested under it, with the host's system metrics
+    calibrating = client.get_run(first["calibration"]["run_id"])
+    assert calibrating.data.tags["mlflow.parentRunId"] == first["run_id"]
+    assert calibrating.data.tags["kind"] == "calibration"
+    assert "heldout.gemm.gmae" in calibrating.data.metrics
+    assert any(k.startswith("system/") for k in calibrating.data.metrics)
+    assert {"measurements.parquet", "fingerprint.json"} <= {
+        a.path for a in client.list_artifacts(calibrating.info.run_id)
+    }
     name = first["model"].split("/")[0]
     champion = client.get_model_version_by_alias(name, "champion")
     assert champion.tags["hardware_id"] == first["hardware_id"]
 
-    plan = last_json(cli("orchestrator.cli.plan", "--job", "tiny.yaml", "--json", cwd=tmp_path).stdout)
+    plan = last_json(
+        cli(
+            "orchestrator.cli.plan", "--job", "tiny.yaml", "--torchrec-plan-out", "tr.json", "--json", cwd=tmp_path
+        ).stdout
+    )
+    # the plan as TorchRec's ShardingPlan, from the file the user loads
+    from policies.torchrec_bridge import from_sharding_plan, load_torchrec_plan
+    from probes.vocabulary.jobspec import JobSpec
+
+    torchrec_plan = load_torchrec_plan(json.loads((tmp_path / "tr.json").read_text()))
+    job_spec = JobSpec.from_dict(yaml.safe_load((tmp_path / "tiny.yaml").read_text()))
+    assert (
+        from_sharding_plan(job_spec, torchrec_plan) == plan["decisions"]["sharding"]["choice_detail"]["table_to_rank"]
+    )
     names = {c["name"] for c in plan["decisions"]["sharding"]["candidates"]}
     assert names >= {
         "naive",

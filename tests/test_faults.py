@@ -190,7 +190,7 @@ def test_two_autotunes_and_a_nightly_started_together_calibrate_once(tmp_path, t
     import mlflow
     from mlflow import MlflowClient
 
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/.autotune/mlflow.db")
     name = tunes[0]["model"].split("/")[0]
     assert len(MlflowClient().search_model_versions(f"name = '{name}'")) == 1
 

@@ -67,7 +67,7 @@ def test_autotune_cycle_on_a_cluster_whose_head_offers_no_devices(tmp_path, tiny
     from probes.vocabulary.jobspec import JobSpec
     from probes.vocabulary.placement import RankPlacement
 
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/.autotune/mlflow.db")
     champion = registry.get_alias(hw, registry.CHAMPION)
     curves = set(champion.model.models["all_to_all"].curves)
     assert {"2:intra", "2:inter", "3:inter"} <= curves, curves

@@ -73,7 +73,7 @@ def test_a_bad_transformer_job_file_exits_2_before_anything_starts(tmp_path):
         timeout=300,
     )
     assert proc.returncode == 2 and "heads: expected a divisor of hidden=64, got 5" in proc.stderr
-    assert "dtype" in proc.stdout and not (tmp_path / "mlflow.db").exists()
+    assert "dtype" in proc.stdout and not (tmp_path / ".autotune").exists()
 
 
 def test_layouts_divide_the_job():

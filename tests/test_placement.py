@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 from synthetic_rows import gemm_rows
 
-from orchestrator.cli.common import EXIT_BAD_INPUT, run_main
+from orchestrator.cli.options import EXIT_BAD_INPUT, run_main
 from orchestrator.cluster import GIB, DeviceInfo, HardwareFingerprint, NodeFingerprint
 from policies.planning import job_placement, make_plan
 from predictors import fit_performance_model

@@ -18,26 +18,40 @@ def test_tasks_are_valid_deterministic_and_sized_like_the_anchor():
 
 
 def test_task_shaped_training_probes_take_the_sharders_plans() -> None:
-    """Every fourth training probe (a table-wise task-shaped one) is placed by the classic
-    sharders in turn, so the step model sees the balanced plans the policies price."""
+    """Every other table-wise task-shaped training probe is placed by the classic sharders in
+    turn, so the step model sees the balanced plans the policies price."""
     from orchestrator.calibrate import place_by_sharder
     from policies.sharders import SHARDERS
-    from probes.training import training_specs
+    from probes.training import task_is_mixed, training_specs
     from probes.vocabulary.jobspec import JobSpec
 
-    specs = training_specs(24, seed=0, world=2, place_task=place_by_sharder)
-    placed = [s for i, s in enumerate(specs) if i % 4 == 1]
-    assert len(placed) == 6
-    for k, spec in enumerate(placed):
-        tables = JobSpec.from_dict(spec.params["job"]).tables
+    specs = training_specs(48, seed=0, world=2, place_task=place_by_sharder)
+    by_sharder = [i for i in range(1, 48, 2) if not task_is_mixed(i // 2) and (i // 2) % 2 == 0]
+    assert len(by_sharder) == 6
+    for k, i in enumerate(by_sharder):
+        tables = JobSpec.from_dict(specs[i].params["job"]).tables
         sharder = list(SHARDERS)[k]
-        assert spec.params["table_to_rank"] == list(SHARDERS[sharder](tables, 2, float("inf"), seed=k)), sharder
+        assert specs[i].params["table_to_rank"] == list(SHARDERS[sharder](tables, 2, float("inf"), seed=k)), sharder
     # Without a placer the same probes sit on random ranks (and the rest of the list is unchanged).
-    plain = training_specs(24, seed=0, world=2)
+    plain = training_specs(48, seed=0, world=2)
     assert [s.params["job"] for s in plain] == [s.params["job"] for s in specs]
-    assert [s.params["table_to_rank"] for i, s in enumerate(plain) if i % 4 != 1] == [
-        s.params["table_to_rank"] for i, s in enumerate(specs) if i % 4 != 1
+    assert [s.params["table_to_rank"] for i, s in enumerate(plain) if i not in by_sharder] == [
+        s.params["table_to_rank"] for i, s in enumerate(specs) if i not in by_sharder
     ]
+
+
+def test_every_batch_size_is_probed_table_wise_before_any_is_probed_mixed() -> None:
+    """The first four task probes are table-wise at each batch size, the next four mixed at each:
+    neither a batch size nor a plan kind is only ever seen with the other (issue #26)."""
+    from probes.training import training_specs
+    from probes.workloads.random_dlrm import BATCH_SIZES
+
+    specs = training_specs(16, seed=0, world=2)
+    tasks = [s.params for i, s in enumerate(specs) if i % 2]
+    kinds = [(t["job"]["batch_size"], any(isinstance(e, dict) for e in t["table_to_rank"])) for t in tasks]
+    assert kinds[:4] == [(b, False) for b in BATCH_SIZES]
+    assert [b for b, _ in kinds[4:]] == list(BATCH_SIZES)
+    assert sum(mixed for _, mixed in kinds[4:]) >= 3  # a third of each mixed plan's tables are split
 
 
 def test_tasks_run_at_full_size_unless_the_memory_cannot_hold_them() -> None:

@@ -89,3 +89,17 @@ def test_freshness_reasons(tracking):
     assert not stale.fresh and "torch x -> y" in stale.reasons[0]
     assert not registry.check_freshness(champion, {"torch": "x"}, max_age_days=-1).fresh
     assert registry.check_freshness(None, {}).reasons == ["no champion model for this hardware"]
+
+
+def test_the_pyfunc_has_a_signature_and_prices_ops_as_the_bundle_does(tracking):
+    import pandas as pd
+
+    hw = "cpu-pyfunc"
+    model, test = fit_performance_model(rows(0.02, 5), hw)
+    register(model, test, hw)
+    uri = f"models:/{registry.model_name(hw)}@{registry.CHAMPION}"
+    info = mlflow.models.get_model_info(uri)
+    assert [c["name"] for c in info.signature.inputs.to_dict()] == ["op", "params"]
+    p = gemm_params(256, 512, 128)
+    predicted = mlflow.pyfunc.load_model(uri).predict(pd.DataFrame({"op": ["gemm"], "params": [json.dumps(p)]}))
+    assert float(np.asarray(predicted).ravel()[0]) == pytest.approx(model.predict("gemm", **p))

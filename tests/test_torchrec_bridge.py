@@ -1,11 +1,20 @@
 """Our plans as TorchRec ShardingPlans and back; TorchRec's planner as a plan of ours."""
 
+import json
+
 import pytest
 
 pytest.importorskip("torchrec")
 
-from policies.torchrec_bridge import from_sharding_plan, to_sharding_plan, torchrec_plan  # noqa: E402
+from policies.torchrec_bridge import (  # noqa: E402
+    from_sharding_plan,
+    load_torchrec_plan,
+    to_sharding_plan,
+    torchrec_plan,
+    torchrec_plan_record,
+)
 from probes.vocabulary.jobspec import JobSpec  # noqa: E402
+from probes.vocabulary.placement import RankPlacement  # noqa: E402
 from probes.vocabulary.table_shards import table_shards  # noqa: E402
 
 MIXED = [1, {"type": "row_wise"}, {"type": "column_wise", "ranks": [1, 0]}, {"type": "data_parallel"}, 0]
@@ -30,6 +39,40 @@ def test_a_plan_round_trips_through_a_torchrec_sharding_plan(job):
     shards = module_plan["t2"].sharding_spec.shards
     assert sorted(s.shard_sizes[1] for s in shards) == [4, 4]
     assert from_sharding_plan(job, sharding_plan) == MIXED
+
+
+def test_the_plan_file_is_plain_json_and_loads_as_the_same_sharding_plan(job):
+    record = json.loads(json.dumps(torchrec_plan_record(job, MIXED)))
+    loaded = load_torchrec_plan(record)
+    direct = to_sharding_plan(job, MIXED)
+    assert str(loaded) == str(direct)
+    assert from_sharding_plan(job, loaded) == MIXED
+
+
+def test_the_plan_file_knows_which_ranks_share_a_node(tiny_job_dict):
+    """Two nodes of two ranks: TorchRec's local size is 2, and a row-wise table spans all 4 ranks."""
+    job = JobSpec.from_dict({**tiny_job_dict, "world_size": 4})
+    plan = [3, {"type": "row_wise"}, {"type": "column_wise", "ranks": [2, 1]}, {"type": "data_parallel"}, 0]
+    record = torchrec_plan_record(job, plan, RankPlacement((0, 0, 1, 1)))
+    assert record["local_world_size"] == 2 and record["world_size"] == 4
+    module_plan = load_torchrec_plan(record).plan[""]
+    assert sorted(module_plan["t1"].ranks) == [0, 1, 2, 3]
+    assert from_sharding_plan(job, load_torchrec_plan(record)) == plan
+
+
+@pytest.mark.parametrize(
+    "change, field",
+    [
+        (lambda r: r.update(format="x"), "format"),
+        (lambda r: r["tables"]["t0"].update(sharding_type="grid_wise"), "tables.t0.sharding_type"),
+        (lambda r: r["tables"].pop("t4"), "tables"),
+    ],
+)
+def test_a_bad_plan_file_is_refused_naming_the_field(job, change, field):
+    record = torchrec_plan_record(job, MIXED)
+    change(record)
+    with pytest.raises(ValueError, match=rf"^{field}:"):
+        load_torchrec_plan(record)
 
 
 def test_a_torchrec_plan_missing_a_table_is_refused(job):

@@ -16,55 +16,80 @@ import sys
 import time
 from typing import Sequence
 
-from orchestrator import registry
-from orchestrator.autotuning import AutotuneSettings, autotune
-from orchestrator.calibrate import DEFAULT_BUDGET_S
-from orchestrator.cli.common import (
+from orchestrator.cli.options import (
     EXIT_NO_MODEL,
-    ArgumentParser,
     add_common,
     add_lock_timeout,
     age_days,
     budget_s,
+    command_parser,
     emit,
     entry_point,
-    fingerprint,
     int_in,
     output_file,
+    parse,
 )
-from orchestrator.jobfile import load_job
+from orchestrator.defaults import DEFAULT_BUDGET_S, DEFAULT_MODEL_AGE_DAYS
 from orchestrator.progress import say
-from policies.planning import job_placement
 from probes.vocabulary.jobspec import MAX_ITERATIONS
 
+EXAMPLES = (
+    "python -m orchestrator.autotune --job examples/dlrm_small.yaml",
+    "python -m orchestrator.autotune --job examples/transformer_small.yaml --dry-run --json",
+    "ray job submit --working-dir . -- python -m orchestrator.autotune --job job.yaml --tracking-uri http://mlflow:5000",
+)
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = ArgumentParser(prog="python -m orchestrator.autotune", description=__doc__.splitlines()[0])
-    parser.add_argument("--job", required=True, help="job YAML file (see examples/)")
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("orchestrator.autotune", __doc__, EXAMPLES)
+    parser.add_argument("--job", required=True, help="job YAML file (examples/dlrm_small.yaml shows every field)")
     parser.add_argument("--dry-run", action="store_true", help="plan and log, but do not launch the job")
     parser.add_argument(
         "--recalibrate",
         choices=("auto", "always", "never"),
         default="auto",
-        help="auto: only when models are missing, stale or drifting (default)",
+        help="auto: only when the models are missing, stale or drifting",
     )
     parser.add_argument(
-        "--plan-out", type=output_file, help="write the plan JSON here (default .autotune/plans/<job>-<hardware>.json)"
+        "--plan-out",
+        type=output_file,
+        help="write the plan JSON here (unset: $AUTOTUNE_HOME/plans/<job>-<hardware>.json)",
     )
-    parser.add_argument("--calibration-budget-s", type=budget_s, default=DEFAULT_BUDGET_S)
-    parser.add_argument("--max-model-age-days", type=age_days, default=7.0)
     parser.add_argument(
-        "--iterations", type=int_in(1, MAX_ITERATIONS), help="timed iterations when launching (default: the job's)"
+        "--calibration-budget-s",
+        type=budget_s,
+        default=DEFAULT_BUDGET_S,
+        help="probing time of a calibration, when one is needed (seconds)",
+    )
+    parser.add_argument(
+        "--max-model-age-days",
+        type=age_days,
+        default=DEFAULT_MODEL_AGE_DAYS,
+        help="a champion model older than this is recalibrated (with --recalibrate auto)",
+    )
+    parser.add_argument(
+        "--iterations", type=int_in(1, MAX_ITERATIONS), help="timed iterations when launching (unset: the job's)"
     )
     add_lock_timeout(parser)
     add_common(parser)
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    return parse(build_parser(), argv)
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     t0 = time.monotonic()
-    job = load_job(args.job)
+    from orchestrator.jobfile import load_job
+
+    job = load_job(args.job)  # refused before Ray or MLflow are even imported
+    from orchestrator import registry
+    from orchestrator.autotuning import AutotuneSettings, autotune
+    from orchestrator.cli.common import fingerprint
+    from policies.planning import job_placement
+
     uri = registry.configure(args.tracking_uri)
     fp = fingerprint(args.ray_address, start_ray=True)
     job_placement(job, fp)  # a job larger than the cluster: refused (world_size named) before calibrating
@@ -86,8 +111,28 @@ def _main(argv: Sequence[str] | None = None) -> int:
     )
     if summary is None:
         return EXIT_NO_MODEL
-    emit(summary, args.json, lambda s: say(f"done in {s['wall_s']}s; browse with: mlflow ui --backend-store-uri {uri}"))
+    emit(summary, args.json, lambda s: summary_table(s, uri))
     return 0
+
+
+def summary_table(summary: dict, uri: str) -> None:
+    """The figures a user came for, last: the plan, predicted and measured, where to look."""
+    decided = summary.get("sharding") or summary.get("layout")
+    rows = [
+        ("model", f"{summary['model']} ({'recalibrated' if summary['recalibrated'] else 'reused'})"),
+        ("plan", f"{decided} -> {summary['plan']}"),
+        ("predicted", f"{summary['predicted_iteration_ms']:.2f} ms/iteration"),
+    ]
+    if "measured_iteration_ms" in summary:
+        rows.append(
+            (
+                "measured",
+                f"{summary['measured_iteration_ms']:.2f} ms/iteration (error {summary['prediction_error']:.1%})",
+            )
+        )
+    rows.append(("done in", f"{summary['wall_s']} s; mlflow ui --backend-store-uri {uri}"))
+    for name, value in rows:
+        say(f"{name:<10s} {value}")
 
 
 main = entry_point(_main)

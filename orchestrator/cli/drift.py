@@ -11,13 +11,24 @@ the chart shows both over time, one line per model version, and is logged to MLf
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from orchestrator import drift, registry
-from orchestrator.cli.common import ArgumentParser, emit, entry_point, int_in, output_dir
+from orchestrator.cli.options import (
+    add_output,
+    add_tracking_uri,
+    command_parser,
+    emit,
+    entry_point,
+    int_in,
+    output_dir,
+    parse,
+)
 from orchestrator.progress import say
+
+EXAMPLES = ("python -m orchestrator.cli.drift --last 20", "python -m orchestrator.cli.drift --hardware-id H --json")
 
 
 def _human(report: dict[str, Any]) -> None:
@@ -39,22 +50,25 @@ def _human(report: dict[str, Any]) -> None:
         say(f"  chart: {report['charts'][hw]}")
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = command_parser("orchestrator.cli.drift", __doc__, EXAMPLES)
+    parser.add_argument("--hardware-id", help="only this hardware (unset: every one recorded)")
+    parser.add_argument("--last", type=int_in(1, 100_000), default=10, help="jobs in the rolling window")
+    parser.add_argument(
+        "--out-dir", type=output_dir, default=None, help="where the PNG charts go (unset: $AUTOTUNE_HOME/drift)"
+    )
+    add_tracking_uri(parser)
+    add_output(parser)
+    return parser
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = ArgumentParser(prog="python -m orchestrator.cli.drift", description=__doc__.splitlines()[0])
-    parser.add_argument("--hardware-id", help="only this hardware (default: every one recorded)")
-    parser.add_argument(
-        "--last", type=int_in(1, 100_000), default=10, help="jobs in the rolling window (default %(default)s)"
-    )
-    parser.add_argument("--out-dir", type=output_dir, default=".autotune/drift", help="where the PNG charts go")
-    parser.add_argument(
-        "--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI or sqlite:///mlflow.db)"
-    )
-    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
-    args = parser.parse_args(argv)
-    if args.last < 1:
-        parser.error("--last must be >= 1")
+    args = parse(build_parser(), argv)
+    from orchestrator import drift, registry
+    from orchestrator.home import home_path
+
     uri = registry.configure(args.tracking_uri)
-    found = drift.report(args.hardware_id, args.last, Path(args.out_dir))
+    found = drift.report(args.hardware_id, args.last, Path(args.out_dir) if args.out_dir else home_path("drift"))
     emit({"tracking_uri": uri, **found}, args.json, _human)
     return 0
 

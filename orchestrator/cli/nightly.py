@@ -1,57 +1,72 @@
-"""The nightly recalibration command: what it checks and when it recalibrates is
-`orchestrator.nightly`'s rule; here are its options, its output and its exit codes.
+"""Recalibrate this cluster's hardware where its champion model is missing, older than the
+allowed age, built on other driver / CUDA / NCCL / torch versions, drifting on launched jobs, or
+off on its re-measured sentinel points; promote a new model only if it is not worse.
 
-    python -m orchestrator.cli.nightly [--budget-s S] [--lock PATH] [--ray-address A] [--tracking-uri U] [--json]
-
+The rule is `orchestrator.nightly`'s; this module holds its options, output and exit codes.
 Safe to start twice, on any pods: the second says who holds the nightly's lock and exits 0.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any, Sequence
 
-from orchestrator import registry
-from orchestrator.calibrate import DEFAULT_BUDGET_S
-from orchestrator.cli import common
-from orchestrator.nightly import DEFAULT_LOCK, NightlySettings, nightly_lease, run_nightly
+from orchestrator.cli import options
+from orchestrator.defaults import (
+    DEFAULT_BUDGET_S,
+    DEFAULT_MODEL_AGE_DAYS,
+    DEFAULT_NIGHTLY_LOCK,
+    DEFAULT_SENTINEL_BOUND,
+    DEFAULT_SENTINEL_RATIO,
+)
 from orchestrator.progress import say
-from orchestrator.sentinel import DEFAULT_BOUND, DEFAULT_RATIO
+
+EXAMPLES = (
+    "python -m orchestrator.cli.nightly --budget-s 1800",
+    "python -m orchestrator.cli.nightly --max-model-age-days 3 --tracking-uri http://mlflow:5000 --json",
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = common.ArgumentParser(prog="python -m orchestrator.cli.nightly", description=__doc__.splitlines()[0])
+    parser = options.command_parser("orchestrator.cli.nightly", __doc__, EXAMPLES)
     parser.add_argument(
-        "--budget-s", type=common.budget_s, default=DEFAULT_BUDGET_S, help="calibration budget where one is needed"
+        "--budget-s", type=options.budget_s, default=DEFAULT_BUDGET_S, help="calibration budget where one is needed"
     )
     parser.add_argument(
         "--lock",
-        default=os.environ.get("AUTOTUNE_NIGHTLY_LOCK", DEFAULT_LOCK),
+        default=options.environment_default("AUTOTUNE_NIGHTLY_LOCK", DEFAULT_NIGHTLY_LOCK),
         help="name of the nightly's lock, held in the tracking server so every scheduler of "
-        "this cluster sees it (default %(default)s)",
+        "this cluster sees it ($AUTOTUNE_NIGHTLY_LOCK)",
     )
-    parser.add_argument("--max-model-age-days", type=common.age_days, default=7.0)
+    parser.add_argument(
+        "--max-model-age-days",
+        type=options.age_days,
+        default=DEFAULT_MODEL_AGE_DAYS,
+        help="a champion older than this is recalibrated",
+    )
     parser.add_argument(
         "--sentinel-bound",
-        type=common.number_in(0.0, 100.0),
-        default=DEFAULT_BOUND,
-        help="sentinel GMAE that marks a champion stale, at least (default %(default)s)",
+        type=options.number_in(0.0, 100.0),
+        default=DEFAULT_SENTINEL_BOUND,
+        help="sentinel GMAE that marks a champion stale, at least",
     )
     parser.add_argument(
         "--sentinel-ratio",
-        type=common.number_in(0.0, 1000.0),
-        default=DEFAULT_RATIO,
-        help="... or this many times its own held-out GMAE (default %(default)s)",
+        type=options.number_in(0.0, 1000.0),
+        default=DEFAULT_SENTINEL_RATIO,
+        help="... or this many times its own held-out GMAE",
     )
-    parser.add_argument("--seed", type=common.seed, default=0)
-    common.add_common(parser)
+    parser.add_argument("--seed", type=options.seed, default=0, help="seed of a recalibration's sweep and split")
+    options.add_common(parser)
     return parser
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = options.parse(build_parser(), argv)
+    from orchestrator import registry
+    from orchestrator.cli.common import fingerprint
+    from orchestrator.nightly import NightlySettings, nightly_lease, run_nightly
 
     uri = registry.configure(args.tracking_uri)
     # The nightly's lock lives in the tracking server (every scheduler pod sees it) and expires
@@ -61,11 +76,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
         current = lock.current()
         who = current[0] if current else "unknown"
         say(f"another nightly run holds {args.lock} ({who}); exiting without doing anything")
-        common.emit({"skipped": True, "lock": args.lock, "holder": who}, args.json, lambda _: None)
+        options.emit({"skipped": True, "lock": args.lock, "holder": who}, args.json, lambda _: None)
         return 0
     try:
         summary = run_nightly(
-            lambda: common.fingerprint(args.ray_address, start_ray=True),
+            lambda: fingerprint(args.ray_address, start_ray=True),
             uri,
             NightlySettings(
                 args.budget_s, args.max_model_age_days, args.sentinel_bound, args.sentinel_ratio, args.seed
@@ -86,11 +101,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
             say(f"summary {e['hardware_id']}: not in this cluster and " + "; ".join(e["reasons"]))
         say(f"nightly done in {s['wall_s']}s: {s['recalibrated']} recalibrated, {s['promoted']} promoted")
 
-    common.emit(summary, args.json, human)
+    options.emit(summary, args.json, human)
     return 0
 
 
-main = common.entry_point(_main)
+main = options.entry_point(_main)
 
 
 if __name__ == "__main__":

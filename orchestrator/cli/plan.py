@@ -5,14 +5,18 @@ python -m orchestrator.cli.plan --job J [--out P] [--tracking-uri U] [--ray-addr
 
 from __future__ import annotations
 
+import argparse
+import json
 import sys
 from typing import Any, Sequence
 
-from orchestrator import registry
-from orchestrator.autotuning import plan_job
-from orchestrator.cli.common import champion_or_exit, emit, entry_point, fingerprint, job_parser, output_file
-from orchestrator.jobfile import load_job
+from orchestrator.cli.options import UsageError, emit, entry_point, job_parser, output_file, parse
 from orchestrator.progress import say
+
+EXAMPLES = (
+    "python -m orchestrator.cli.plan --job examples/dlrm_small.yaml",
+    "python -m orchestrator.cli.plan --job job.yaml --out plan.json --json",
+)
 
 
 def _human(plan: dict[str, Any]) -> None:
@@ -70,17 +74,45 @@ def _human_layouts(plan: dict[str, Any]) -> None:
     )
 
 
-def _main(argv: Sequence[str] | None = None) -> int:
-    parser = job_parser("orchestrator.cli.plan", __doc__)
+def build_parser() -> argparse.ArgumentParser:
+    parser = job_parser("orchestrator.cli.plan", __doc__, EXAMPLES)
     parser.add_argument("--out", type=output_file, help="also write the plan JSON to this file")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--torchrec-plan-out",
+        type=output_file,
+        help="also write the DLRM plan as a TorchRec sharding plan (JSON; "
+        "policies.torchrec_bridge.load_torchrec_plan turns it into the ShardingPlan DistributedModelParallel takes)",
+    )
+    return parser
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    args = parse(build_parser(), argv)
+    from orchestrator.jobfile import load_job
+
     job = load_job(args.job)
+    if args.torchrec_plan_out and job.workload != "dlrm":
+        raise UsageError(
+            f"--torchrec-plan-out: a TorchRec sharding plan shards a DLRM's tables; this job's workload is {job.workload!r}",
+            "--torchrec-plan-out",
+        )
+    from orchestrator import registry
+    from orchestrator.autotuning import plan_job
+    from orchestrator.cli.common import champion_or_exit, fingerprint
+
     registry.configure(args.tracking_uri)
     fp = fingerprint(args.ray_address, start_ray=False)
     champion = champion_or_exit(fp.hardware_id)
     plan = plan_job(job, champion.model, fp, champion.version)
     if args.out:
         plan.save(args.out)
+    if args.torchrec_plan_out:
+        from policies.torchrec_bridge import torchrec_plan_record
+        from probes.vocabulary.files import atomic_write_text
+
+        record = torchrec_plan_record(job, plan.table_to_rank, plan.rank_placement, fp.device_kind)
+        atomic_write_text(args.torchrec_plan_out, json.dumps(record, indent=1))
+        say(f"TorchRec sharding plan written to {args.torchrec_plan_out}")
     emit(plan.to_dict(), args.json, _human)
     return 0
 

@@ -5,32 +5,42 @@ python -m orchestrator.cli.predict --job J --plan P [--tracking-uri U] [--json] 
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Sequence
 
-from orchestrator import registry
-from orchestrator.cli.common import champion_or_exit, emit, entry_point, fingerprint, job_parser
-from orchestrator.jobfile import load_job
+from orchestrator.cli.options import emit, entry_point, job_parser, parse
 from orchestrator.progress import say
-from policies.plan import Plan
-from policies.planning import job_placement
-from predictors.dlrm_estimator import estimate_iteration
-from predictors.transformer_estimator import estimate_transformer_iteration
-from probes.vocabulary.transformer_job import TransformerJob
-from probes.vocabulary.transformer_spec import TransformerSpec
+
+EXAMPLES = ("python -m orchestrator.cli.predict --job job.yaml --plan .autotune/plans/<job>-<hardware>.json --json",)
 
 
 def _human(out: dict) -> None:
     say(f"predicted {out['iteration_ms']:.2f} ms/iteration with model v{out['model_version']}")
 
 
-def _main(argv: Sequence[str] | None = None) -> int:
-    parser = job_parser("orchestrator.cli.predict", __doc__)
+def build_parser() -> argparse.ArgumentParser:
+    parser = job_parser("orchestrator.cli.predict", __doc__, EXAMPLES)
     parser.add_argument("--plan", required=True, help="a plan JSON written by autotune or plan")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
+    args = parse(build_parser(), argv)
+    from orchestrator.jobfile import load_job
+    from policies.plan import Plan
+
     job = load_job(args.job)
     plan = Plan.load(args.plan)
     plan.check_job(job)  # before anything starts: a plan of other tables or world size is refused
+    from orchestrator import registry
+    from orchestrator.cli.common import champion_or_exit, fingerprint
+    from policies.planning import job_placement
+    from predictors.dlrm_estimator import estimate_iteration
+    from predictors.transformer_estimator import estimate_transformer_iteration
+    from probes.vocabulary.transformer_job import TransformerJob
+    from probes.vocabulary.transformer_spec import TransformerSpec
+
     registry.configure(args.tracking_uri)
     fp = fingerprint(args.ray_address, start_ray=False)
     if plan.hardware_id != fp.hardware_id:

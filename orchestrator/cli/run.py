@@ -6,30 +6,40 @@ python -m orchestrator.cli.run --job J --plan P --iters N [--ray-address A] [--j
 
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Sequence
 
-from orchestrator.autotuning import launch_plan
-from orchestrator.cli.common import emit, entry_point, fingerprint, int_in, job_parser
-from orchestrator.jobfile import load_job
+from orchestrator.cli.options import emit, entry_point, int_in, job_parser, parse
 from orchestrator.progress import say
-from policies.plan import Plan
-from policies.planning import job_placement, placement_record
 from probes.vocabulary.jobspec import MAX_ITERATIONS
+
+EXAMPLES = ("python -m orchestrator.cli.run --job job.yaml --plan plan.json --iters 50 --json",)
 
 
 def _human(out: dict) -> None:
     say(f"measured {out['iteration_ms']:.2f} ms/iteration over {out['iterations']} iterations")
 
 
+def build_parser() -> argparse.ArgumentParser:
+    parser = job_parser("orchestrator.cli.run", __doc__, EXAMPLES)
+    parser.add_argument("--plan", required=True, help="a plan JSON written by autotune or plan")
+    parser.add_argument("--iters", type=int_in(1, MAX_ITERATIONS), help="timed iterations (unset: the job's)")
+    return parser
+
+
 def _main(argv: Sequence[str] | None = None) -> int:
-    parser = job_parser("orchestrator.cli.run", __doc__)
-    parser.add_argument("--plan", required=True)
-    parser.add_argument("--iters", type=int_in(1, MAX_ITERATIONS), help="timed iterations (default: the job's)")
-    args = parser.parse_args(argv)
+    args = parse(build_parser(), argv)
+    from orchestrator.jobfile import load_job
+    from policies.plan import Plan
+
     job = load_job(args.job)
     plan = Plan.load(args.plan)
     plan.check_job(job)  # before anything starts: a plan of other tables or world size is refused
+    from orchestrator.autotuning import launch_plan
+    from orchestrator.cli.common import fingerprint
+    from policies.planning import job_placement, placement_record
+
     fp = fingerprint(args.ray_address, start_ray=True)
     # The ranks go where the plan's placement says, on this cluster's nodes as they are now.
     placement = job_placement(job, fp)

@@ -8,11 +8,19 @@ leaves every rank with the fully reduced 1/world share it owns, then all-gathere
 reverse order. Which order each chunk takes, and the order in which ranks issue the stages,
 is data (`ChunkSchedule`), chosen by the chunk policy; this module only executes it, so a
 schedule that the simulator says is fast is the one that really runs.
+
+The DDP hook is asynchronous: it hands the bucket to one communication thread per reducer and
+returns a future at once, so backward goes on computing the next buckets while this one is
+reduced (as DDP's own all-reduce does). One thread keeps every rank issuing the stages of all
+buckets in one order (DDP fires bucket hooks in the same order on every rank, and a stage may
+only be issued after the stage before it in its chunk has finished), which chained callbacks
+would not: their order would follow each rank's own timing.
 """
 
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Sequence
 
 import torch
@@ -42,6 +50,7 @@ class HierarchicalAllReduce:
                 if self.rank in line:
                     mine = group
             self.groups.append(mine)
+        self._thread: ThreadPoolExecutor | None = None
 
     def _stage(self, buf: torch.Tensor, dim: int, phase: str) -> tuple[torch.Tensor, Any]:
         p = self.dims[dim]
@@ -75,16 +84,31 @@ class HierarchicalAllReduce:
         flat.copy_(torch.cat(bufs)[:n])
         return tensor
 
+    def all_reduce_async(self, tensor: torch.Tensor) -> torch.futures.Future:
+        """`all_reduce_` on the reducer's communication thread; the future completes with
+        `tensor`, summed, or with the error the reduction raised."""
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="chunked-allreduce")
+        future: torch.futures.Future = torch.futures.Future()
+
+        def reduce() -> None:
+            try:
+                if tensor.is_cuda:
+                    torch.cuda.set_device(tensor.device)  # the thread's collectives on the bucket's device
+                future.set_result(self.all_reduce_(tensor))
+            except Exception as exc:  # DDP raises it where it waits for the bucket
+                future.set_exception(exc)
+
+        self._thread.submit(reduce)
+        return future
+
 
 def hierarchical_allreduce_hook(state, bucket):  # annotations set below, as objects
-    """DDP communication hook: average the bucket's gradients with the hierarchical schedule.
+    """DDP communication hook: average the bucket's gradients with the hierarchical schedule,
+    off the backward thread (the future chain: reduce, then divide).
     Register with `ddp_model.register_comm_hook(HierarchicalAllReduce(dims, schedule), hook)`."""
-    buffer = bucket.buffer()
-    state.all_reduce_(buffer)
-    buffer.div_(state.schedule.world_size)
-    future: torch.futures.Future = torch.futures.Future()
-    future.set_result(buffer)
-    return future
+    world = state.schedule.world_size
+    return state.all_reduce_async(bucket.buffer()).then(lambda done: done.value().div_(world))
 
 
 # DDP checks a hook's annotations against the real types; with postponed evaluation (PEP 563)
