@@ -370,7 +370,7 @@ def report_pairs(model: PerformanceModel) -> None:
             if costs.transfer_latency_s is None
             else f"{costs.transfer_latency_s * 1e6:.0f} us + {costs.transfer_s_per_byte * 1e9:.3f} ns/B"
         )
-        say(
+        detail(
             f"overlap {pair}: slice overhead {costs.slice_overhead_s * 1e3:.3f} ms, communication's compute "
             f"share {costs.comm_compute_share:.2f}, transfer line {line} ({costs.n_points} pairs, ratio error "
             f"{costs.fit_gmae:.1%})"

@@ -35,7 +35,9 @@ class LaunchResult:
         return dict(self.__dict__)
 
 
-def _train_loop(config: dict[str, Any]) -> None:
+def _train_loop(config: dict[str, Any]) -> dict[str, Any] | None:
+    """One rank of the launched job; rank 0 returns its timings (Ray Train hands the value to
+    the driver as `Result.return_value`)."""
     import ray.train
     import ray.train.torch
     import torch
@@ -106,8 +108,8 @@ def _train_loop(config: dict[str, Any]) -> None:
         metrics.update(
             quiet_wait_s=quiet.waited_s, host_busy_share=quiet.busy_share, host_quiet=quiet.quiet, rank_nodes=rank_nodes
         )
-        ray.get(config["collector"].put.remote(metrics))
     ray.train.report(summary)
+    return metrics if ctx.get_world_rank() == 0 else None
 
 
 def _metrics(result: Any) -> dict[str, Any]:
@@ -117,19 +119,6 @@ def _metrics(result: Any) -> dict[str, Any]:
         "loss_first": result.losses[0],
         "loss_last": result.losses[-1],
     }
-
-
-class _ResultCollector:
-    """Holds rank 0's metrics: Ray Train's Result keeps metrics only beside checkpoints."""
-
-    def __init__(self) -> None:
-        self.metrics: dict[str, Any] | None = None
-
-    def put(self, metrics: dict[str, Any]) -> None:
-        self.metrics = metrics
-
-    def get(self) -> dict[str, Any] | None:
-        return self.metrics
 
 
 def launch_dlrm(
@@ -308,10 +297,9 @@ def _run(
             f"job needs world_size={world_size} {'GPU' if use_gpu else 'CPU'} workers, "
             f"the Ray cluster has {available:g}"
         )
-    collector = ray.remote(num_cpus=0)(_ResultCollector).remote()
     trainer = TorchTrainer(
         _train_loop,
-        train_loop_config={**config, "threads_per_worker": 1, "collector": collector},
+        train_loop_config={**config, "threads_per_worker": 1},
         scaling_config=ScalingConfig(
             num_workers=world_size,
             use_gpu=use_gpu,
@@ -320,9 +308,7 @@ def _run(
         ),
         run_config=RunConfig(name=name, storage_path=str(Path(storage or home_path("ray_results")).resolve())),
     )
-    trainer.fit()
-    metrics = ray.get(collector.get.remote())
-    ray.kill(collector)
+    metrics = trainer.fit().return_value  # rank 0's
     if metrics is None:
         raise RuntimeError("the training job finished without reporting its timings")
     return metrics

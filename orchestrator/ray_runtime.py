@@ -40,7 +40,12 @@ def connect(address: str | None = None, num_cpus: int | None = None) -> None:
     address = address or os.environ.get("RAY_ADDRESS")
     # The workers' own output (FBGEMM's loading lines, the profiler's notes, Ray Train's
     # controller) reaches the terminal only with --verbose; their errors still raise here.
-    kwargs = {"ignore_reinit_error": True, "logging_level": logging.WARNING, "log_to_driver": verbose()}
+    quiet = not verbose()
+    kwargs = {
+        "ignore_reinit_error": True,
+        "logging_level": logging.ERROR if quiet else logging.INFO,
+        "log_to_driver": not quiet,
+    }
     if address:
         ray.init(address=address, **kwargs)
     else:

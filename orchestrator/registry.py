@@ -13,6 +13,7 @@ import math
 import os
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -25,6 +26,7 @@ from mlflow.types import ColSpec, Schema
 
 from orchestrator.defaults import DEFAULT_MODEL_AGE_DAYS
 from orchestrator.home import default_tracking_uri
+from orchestrator.progress import quieten_libraries, verbose
 from predictors.evaluation import geomean
 from predictors.performance_model import MODEL_FILE, PerformanceModel
 from probes.vocabulary.records import Measurement, measurements_to_frame
@@ -48,6 +50,7 @@ def resolve_tracking_uri(uri: str | None) -> str:
 def configure(uri: str | None) -> str:
     """Point MLflow at `uri` and make sure our experiment exists (artifacts beside a sqlite db)."""
     uri = resolve_tracking_uri(uri)
+    quieten_libraries()  # importing mlflow set up its own loggers
     mlflow.set_tracking_uri(uri)
     if uri.startswith("sqlite:///"):
         # MLflow creates and migrates a new sqlite store on first touch; processes started
@@ -322,14 +325,17 @@ def register_bundle(
     name = model_name(model.hardware_id)
     with tempfile.TemporaryDirectory() as tmp:
         path = model.save(tmp)
-        info = mlflow.pyfunc.log_model(
-            name=BUNDLE_ARTIFACT,
-            python_model=PYFUNC_CODE,
-            artifacts={BUNDLE_ARTIFACT: str(path)},
-            registered_model_name=name,
-            pip_requirements=["cluster-autotune"],
-            signature=PYFUNC_SIGNATURE,
-        )
+        with warnings.catch_warnings():
+            if not verbose():  # MLflow's hints about the code-based pyfunc, not the user's business
+                warnings.simplefilter("ignore")
+            info = mlflow.pyfunc.log_model(
+                name=BUNDLE_ARTIFACT,
+                python_model=PYFUNC_CODE,
+                artifacts={BUNDLE_ARTIFACT: str(path)},
+                registered_model_name=name,
+                pip_requirements=["cluster-autotune"],
+                signature=PYFUNC_SIGNATURE,
+            )
     log_model_metrics(model, info.model_id)
     version = str(info.registered_model_version)
     new_gmae = _aggregate_gmae(model.metrics)

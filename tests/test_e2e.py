@@ -108,7 +108,7 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
         ).stdout
     )
     # the plan as TorchRec's ShardingPlan, from the file the user loads
-    from policies.torchrec_bridge import from_sharding_plan, load_torchrec_plan
+    from policies.torchrec_plans import from_sharding_plan, load_torchrec_plan
     from probes.vocabulary.jobspec import JobSpec
 
     torchrec_plan = load_torchrec_plan(json.loads((tmp_path / "tr.json").read_text()))

@@ -6,13 +6,8 @@ import pytest
 
 pytest.importorskip("torchrec")
 
-from policies.torchrec_bridge import (  # noqa: E402
-    from_sharding_plan,
-    load_torchrec_plan,
-    to_sharding_plan,
-    torchrec_plan,
-    torchrec_plan_record,
-)
+from policies.torchrec_bridge import torchrec_plan  # noqa: E402
+from policies.torchrec_plans import from_sharding_plan, load_torchrec_plan, to_sharding_plan, torchrec_plan_record  # noqa: E402
 from probes.vocabulary.jobspec import JobSpec  # noqa: E402
 from probes.vocabulary.placement import RankPlacement  # noqa: E402
 from probes.vocabulary.table_shards import table_shards  # noqa: E402

@@ -16,7 +16,7 @@ import torch.distributed as dist  # noqa: E402
 import torch.multiprocessing as mp  # noqa: E402
 from spawned import exit_worker  # noqa: E402
 
-from policies.torchrec_bridge import feature_name, load_torchrec_plan, torchrec_plan_record  # noqa: E402
+from policies.torchrec_plans import feature_name, load_torchrec_plan, torchrec_plan_record  # noqa: E402
 from probes.vocabulary.jobspec import JobSpec  # noqa: E402
 
 PLAN = [1, 0, {"type": "column_wise", "ranks": [1, 0]}, {"type": "data_parallel"}, 0]

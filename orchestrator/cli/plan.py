@@ -81,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--torchrec-plan-out",
         type=output_file,
         help="also write the DLRM plan as a TorchRec sharding plan (JSON; "
-        "policies.torchrec_bridge.load_torchrec_plan turns it into the ShardingPlan DistributedModelParallel takes)",
+        "policies.torchrec_plans.load_torchrec_plan turns it into the ShardingPlan DistributedModelParallel takes)",
     )
     return parser
 
@@ -107,7 +107,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
     if args.out:
         plan.save(args.out)
     if args.torchrec_plan_out:
-        from policies.torchrec_bridge import torchrec_plan_record
+        from policies.torchrec_plans import torchrec_plan_record
         from probes.vocabulary.files import atomic_write_text
 
         record = torchrec_plan_record(job, plan.table_to_rank, plan.rank_placement, fp.device_kind)
