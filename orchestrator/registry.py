@@ -8,6 +8,8 @@ held-out rows (the champion is re-scored on them), else it gets alias `challenge
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import math
 import os
@@ -16,7 +18,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import mlflow
 from mlflow import MlflowClient
@@ -303,6 +305,14 @@ class Registration:
 Scorer = Callable[[PerformanceModel, Sequence[Measurement]], dict[str, Any]]
 
 
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Warnings off and stderr to nowhere, for a call that only chatters there."""
+    with warnings.catch_warnings(), contextlib.redirect_stderr(io.StringIO()):
+        warnings.simplefilter("ignore")
+        yield
+
+
 def register_bundle(
     model: PerformanceModel,
     test_rows: Sequence[Measurement],
@@ -325,9 +335,10 @@ def register_bundle(
     name = model_name(model.hardware_id)
     with tempfile.TemporaryDirectory() as tmp:
         path = model.save(tmp)
-        with warnings.catch_warnings():
-            if not verbose():  # MLflow's hints about the code-based pyfunc, not the user's business
-                warnings.simplefilter("ignore")
+        # MLflow prints hints about the code-based pyfunc and "Successfully registered ..." straight
+        # to stderr (not through its loggers): kept for --verbose; its errors still raise here
+        quiet = warnings.catch_warnings() if verbose() else _quiet_stderr()
+        with quiet:
             info = mlflow.pyfunc.log_model(
                 name=BUNDLE_ARTIFACT,
                 python_model=PYFUNC_CODE,
