@@ -114,13 +114,16 @@ class Progress:
 
 def say(message: str) -> None:
     """A status line for the user (stderr, so --json output on stdout stays parseable)."""
-    if not LOG.handlers:  # a library call outside any command: keep the lines visible
-        configure_output(quiet=False, verbose=_state["verbose"])
-    LOG.info(message)
+    _logger().info(message)
 
 
 def detail(message: str) -> None:
     """A line only `--verbose` shows (every op's figures, every candidate)."""
+    _logger().debug(message)
+
+
+def _logger() -> logging.Logger:
+    """Our logger, set up on first use when no command did (a library call, a benchmark)."""
     if not LOG.handlers:
         configure_output(quiet=False, verbose=_state["verbose"])
-    LOG.debug(message)
+    return LOG
