@@ -4,11 +4,14 @@
 
 The same fixed list of local probe points (GEMM, embedding and element-wise, interleaved as
 calibration interleaves them) is run through `orchestrator.fanout.run_local_probes` on a fresh
-`ray.cluster_utils.Cluster` of 1 and then of 2 simulated nodes, each node with one CPU (one
+`ray.cluster_utils.Cluster` of 1, 2 and 3 simulated nodes, each node with one CPU (one
 probe slot), the `ActorPool` in a SPREAD placement group exactly as `calibrate.measure` builds
 it. For each configuration it reports the sweep's wall time (cluster and pool start-up
-reported separately, not counted), points measured / failed, rows written, seconds per
-measured point, and the node each actor landed on (the 2-node run must use both nodes).
+reported separately, not counted), points measured / failed, rows written, measurements per
+second, and the node each actor landed on (every node must be used); and the calibration-cost
+ratio: the sweep's wall time over the time the probes themselves took per device (each row's
+`probe_s`, stamped by the actor that measured it), 1.0 if nothing but probes ran. This
+machine has two cores, so the third node's actor shares a core with another.
 With 2 nodes a small inter-node collective sweep (`run_collective_probes` on a gang of both
 actors) is also run and reported on its own, as it has no 1-node counterpart.
 
@@ -61,7 +64,7 @@ try:  # element-wise points join the sweep where the probe family exists
 except ImportError:  # pragma: no cover - older trees
     elementwise_specs = None
 
-NODE_CONFIGS = {"1_node": 1, "2_nodes": 2}
+NODE_CONFIGS = {"1_node": 1, "2_nodes": 2, "3_nodes": 3}
 OBJECT_STORE_BYTES = 256 * 2**20  # per simulated node; probes return small records
 COLLECTIVE_MAX_BYTES = 2**20
 
@@ -104,6 +107,8 @@ def timed_sweep(run: Any, pool: ActorPool, specs: Sequence[ProbeSpec], directory
     done, failed = run(Phase(pool, specs, store, math.inf))
     wall = time.perf_counter() - t0
     rows = store.rows()
+    probe_s = sum(float(r.extra.get("probe_s", 0.0)) for r in rows)  # time spent inside the probes
+    devices = len(pool.nodes())
     return {
         "points": len(specs),
         "done": done,
@@ -112,6 +117,10 @@ def timed_sweep(run: Any, pool: ActorPool, specs: Sequence[ProbeSpec], directory
         "rows_per_family": dict(sorted(Counter(r.family for r in rows).items())),
         "wall_s": round(wall, 3),
         "s_per_measurement": round(wall / done, 5) if done else None,
+        "measurements_per_s": round(done / wall, 3) if wall > 0 else None,
+        "probe_s": round(probe_s, 3),
+        # wall time over the probes' own time per device: 1.0 if nothing but probes ran
+        "cost_ratio": round(wall / (probe_s / devices), 3) if probe_s > 0 else None,
         "failures": [f["error"] for f in store.failures()][:5],
         "_rows": rows,
     }
@@ -173,6 +182,8 @@ def summarize(configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         "speedup_per_measurement": round(speedup, 3) if speedup is not None else None,
         "not_slower": bool(speedup is not None and speedup >= 1.0 and configs["2_nodes"]["distinct_actor_nodes"] == 2),
         "median_ratio_2_vs_1": median_ratio(one["_rows"], two["_rows"]),
+        "measurements_per_s": {name: c["local"]["measurements_per_s"] for name, c in configs.items()},
+        "cost_ratio": {name: c["local"]["cost_ratio"] for name, c in configs.items()},
     }
 
 
@@ -187,14 +198,15 @@ def print_table(result: dict[str, Any]) -> None:
     print(f"hardware {result['hardware_id']}  local points {result['local_points']}  seed {result['seed']}")
     print(
         f"{'config':8s} {'actors@nodes':>12s} {'startup s':>10s} {'done':>6s} {'failed':>6s} {'rows':>6s} "
-        f"{'wall s':>8s} {'s/meas':>8s}"
+        f"{'wall s':>8s} {'meas/s':>7s} {'probe s':>8s} {'cost':>6s}"
     )
     for name, c in result["configs"].items():
         loc = c["local"]
         startup = c["startup_s"]["cluster"] + c["startup_s"]["actor_pool"]
         print(
             f"{name:8s} {len(c['actor_nodes']):>5d}@{c['distinct_actor_nodes']:<6d} {startup:10.1f} {loc['done']:6d} "
-            f"{loc['failed']:6d} {loc['rows']:6d} {loc['wall_s']:8.1f} {loc['s_per_measurement']:8.4f}"
+            f"{loc['failed']:6d} {loc['rows']:6d} {loc['wall_s']:8.1f} {loc['measurements_per_s']:7.2f} "
+            f"{loc['probe_s']:8.1f} {loc['cost_ratio']:6.2f}"
         )
     coll = result["configs"]["2_nodes"].get("collective")
     if coll:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
 from typing import Any
 
 import ray
@@ -33,9 +34,14 @@ class ProbeActor:
         # A drill (orchestrator.drill): this machine behaves N times slower.
         self.slowdown = drill_slowdown()
 
-    def _stamp(self, rows: list[Measurement]) -> list[Measurement]:
+    def _stamp(self, rows: list[Measurement], started: float) -> list[Measurement]:
+        """Where the rows were measured, and each row's share of the time this call spent in
+        the probe (`extra["probe_s"]`: warm-up, setup and repeats, what a calibration's wall
+        time is compared with)."""
+        elapsed = time.perf_counter() - started
         for r in rows:
             r.hardware_id, r.node = self.hardware_id, self.node
+            r.extra["probe_s"] = elapsed / len(rows)
         return apply_drill(rows, self.slowdown)
 
     def where(self) -> dict[str, Any]:
@@ -55,7 +61,8 @@ class ProbeActor:
         }
 
     def run_local(self, spec: ProbeSpec) -> list[Measurement]:
-        return self._stamp(run_local_probe(spec, self.device))
+        started = time.perf_counter()
+        return self._stamp(run_local_probe(spec, self.device), started)
 
     def free_port(self) -> int:
         with socket.socket() as s:
@@ -83,7 +90,8 @@ class ProbeActor:
         )
 
     def run_collectives(self, specs: list[ProbeSpec], timing: dict[str, Any] | None = None) -> list[Measurement]:
-        return self._stamp(run_collective_batch(specs, self.device, timing))
+        started = time.perf_counter()
+        return self._stamp(run_collective_batch(specs, self.device, timing), started)
 
     def destroy_group(self) -> None:
         import torch.distributed as dist

@@ -163,7 +163,7 @@ def layout_gemms(job: TransformerJob) -> list[dict]:
     for spec in enumerate_layouts(job):
         if spec.recompute or spec.fsdp != "none":
             continue
-        for op in build_transformer_graph(spec).ranks[0]:
+        for op in build_transformer_graph(spec, fold=True).ranks[0]:
             if op.op == "gemm":
                 key = tuple(op.params[k] for k in ("M", "N", "K", "dtype", "variant", "batch"))
                 seen.setdefault(key, {k: op.params[k] for k in ("M", "N", "K", "dtype", "variant", "batch")})

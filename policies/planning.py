@@ -232,7 +232,7 @@ def make_transformer_plan(
             "every layout's time is its simulated kernels only, a lower bound"
         )
     predicted_ms = parallelism.predicted_ms
-    graph = build_transformer_graph(spec, placement)
+    graph = build_transformer_graph(spec, placement, fold=True)
     if graph.meta.get("substitutable"):
         substitution = choose_substitutions(graph, model, lambda _r, op, k: scale_gemm_rows(op.params, k))
         decisions["substitution"] = substitution

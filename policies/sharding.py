@@ -20,7 +20,7 @@ from policies.policy import Estimator, decide, decision_for, predicted, ranked
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from policies.sharding_search import local_search
 from predictors.dlrm_estimator import CostBreakdown, estimate_iteration
-from predictors.memory import dlrm_memory
+from predictors.memory import dlrm_memories
 from predictors.performance_model import PerformanceModel
 from probes.vocabulary.jobspec import JobSpec
 from probes.vocabulary.placement import RankPlacement
@@ -28,6 +28,11 @@ from probes.vocabulary.table_shards import COLUMN_WISE, ROW_WISE, PlanEntry, sha
 
 SEARCH = "search"
 TORCHREC, TORCHREC_MEASURED = "torchrec", "torchrec_measured"
+# TorchRec's planner (1.8.0) takes time in proportion to tables x ranks: 10 s for 100 tables on
+# 8 ranks, 389 s for 300 on 64, over 600 s for 1,000 on 64 (one core of the development VM; its
+# issues report 20+ minutes near 1,000 tables). As candidates it runs twice, so past this many
+# table-ranks it is left out (the decision lists why) and the local search has the time instead.
+TORCHREC_MAX_TABLE_RANKS = 1024
 
 
 def uniform_plans(spec: JobSpec) -> dict[str, list[PlanEntry]]:
@@ -57,15 +62,13 @@ class PlanPricer:
     ):
         self.spec, self.model, self.placement = spec, model, placement
         self.memory_cap_bytes, self.device_memory_bytes = memory_cap_bytes, device_memory_bytes
+        self.memo: dict[tuple, Any] = {}  # op prices: a search's plans share most ranks' ops
 
     def memory(self, plan: Sequence[PlanEntry]) -> tuple[dict, str | None]:
         """Per-rank weights and predicted peak, and why the plan does not fit (None if it does)."""
         W = self.spec.world_size
         weights = shard_bytes(table_shards(self.spec, plan), W)
-        detail = {
-            "rank_memory_bytes": weights,
-            "peak_memory_bytes": [dlrm_memory(self.spec, plan, r).peak for r in range(W)],
-        }
+        detail = {"rank_memory_bytes": weights, "peak_memory_bytes": [m.peak for m in dlrm_memories(self.spec, plan)]}
         if max(weights) > self.memory_cap_bytes:
             return detail, (
                 f"rank memory {max(weights) / 2**30:.2f} GiB exceeds cap {self.memory_cap_bytes / 2**30:.2f} GiB"
@@ -82,7 +85,7 @@ class PlanPricer:
         bundle has no model for (say, a calibration without reduce-scatter) cannot be priced,
         and a zero in its place would make it look cheaper than it is."""
         try:
-            return estimate_iteration(self.spec, plan, self.model, placement=self.placement), None
+            return estimate_iteration(self.spec, plan, self.model, placement=self.placement, memo=self.memo), None
         except KeyError as exc:
             return None, f"cannot be priced: {exc.args[0]}"
 
@@ -134,7 +137,15 @@ class ShardingPolicy:
             except NoFeasiblePlanError as exc:
                 self.refused.append(Candidate(name, None, False, {"reason": str(exc)}))
         plans.update(uniform_plans(self.spec))
-        if self.torchrec and W > 1:
+        if self.torchrec and W > 1 and len(self.spec.tables) * W > TORCHREC_MAX_TABLE_RANKS:
+            reason = (
+                f"TorchRec's planner left out: {len(self.spec.tables)} tables x {W} ranks exceeds "
+                f"{TORCHREC_MAX_TABLE_RANKS} table-ranks, past which it would take most of the planning time"
+            )
+            self.refused.extend(
+                Candidate(name, None, False, {"reason": reason}) for name in (TORCHREC, TORCHREC_MEASURED)
+            )
+        elif self.torchrec and W > 1:
             refused: dict[str, str] = {}
             plans.update(torchrec_plans(self.spec, self.model, self.memory_cap_bytes, self.placement, refused))
             self.refused.extend(Candidate(name, None, False, {"reason": reason}) for name, reason in refused.items())

@@ -6,9 +6,10 @@ split a table by rows or columns or replicate it; which of those pays depends on
 replicated than exchanged) and on everything else in the plan, so the search prices whole
 plans with the simulator rather than tables one by one (the critical path, not a per-rank sum).
 
-Moves, per table: to another rank (table-wise), row-wise over every rank, column-wise over
-every rank, data-parallel (small tables only; `probes.vocabulary.table_shards.split_kinds`). One node has no
-table-row-wise: it equals row-wise within a node. The search is first-improvement hill
+Moves, per table: to another rank (table-wise; the least-loaded ranks first), row-wise over
+every rank, column-wise over every rank, data-parallel (small tables only;
+`probes.vocabulary.table_shards.split_kinds`). One node has no table-row-wise: it equals
+row-wise within a node. The search is first-improvement hill
 climbing: tables are visited in a seeded order, a move is kept when it lowers the predicted
 iteration time by at least `min_gain` (relative), sweeps repeat until a whole sweep keeps
 nothing or the evaluation budget is spent. Deterministic for a seed.
@@ -54,10 +55,23 @@ def describe(entry: PlanEntry) -> str:
     return entry["type"]
 
 
-def table_moves(spec: JobSpec, i: int, entry: PlanEntry) -> list[PlanEntry]:
-    """Every other sharding of table i that the search may try."""
+def rank_loads(spec: JobSpec, plan: Sequence[PlanEntry]) -> list[float]:
+    """Each rank's pooled lookup volume (pooling x dimension of the whole tables it holds):
+    the order in which a table's rank moves are tried, lightest first, so that a search its
+    budget cuts short on hundreds of ranks has tried the moves likeliest to pay."""
+    loads = [0.0] * spec.world_size
+    for table, entry in zip(spec.tables, plan):
+        if isinstance(entry, int):
+            loads[entry] += table.pooling_factor * table.embedding_dim
+    return loads
+
+
+def table_moves(spec: JobSpec, i: int, entry: PlanEntry, loads: Sequence[float] | None = None) -> list[PlanEntry]:
+    """Every other sharding of table i that the search may try: the other ranks (lightest
+    first by `loads` when given), then the splits."""
     W, table = spec.world_size, spec.tables[i]
-    moves: list[PlanEntry] = [r for r in range(W) if r != entry]
+    ranks = sorted(range(W), key=lambda r: (loads[r], r)) if loads is not None else range(W)
+    moves: list[PlanEntry] = [r for r in ranks if r != entry]
     for kind in split_kinds(table.num_embeddings, table.embedding_dim, W):
         moves.append({"type": kind, "ranks": list(range(W))} if kind == COLUMN_WISE else {"type": kind})
     return [m for m in moves if m != entry]
@@ -83,10 +97,11 @@ def local_search(
     rng = np.random.default_rng(seed)
     exhausted = False
     improved = True
+    loads = rank_loads(spec, plan)
     while improved and not exhausted:
         improved = False
         for i in rng.permutation(len(plan)):
-            for move in table_moves(spec, int(i), plan[i]):
+            for move in table_moves(spec, int(i), plan[i], loads):
                 if evaluations >= max_evaluations or time.perf_counter() - t0 > max_seconds:
                     exhausted = True
                     break
@@ -98,6 +113,7 @@ def local_search(
                         f"{spec.tables[i].name}: {describe(plan[i])} -> {describe(move)} ({(t - best) * 1e3:+.3f} ms)"
                     )
                     plan, best, improved = trial, t, True
+                    loads = rank_loads(spec, plan)
                     break  # first improvement: go on with the next table
             if exhausted:
                 break

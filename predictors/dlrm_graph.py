@@ -89,11 +89,20 @@ def _all_to_all(spec: JobSpec, widths: Sequence[int], scope: str) -> dict[str, A
 
 def all_to_all_params(spec: JobSpec, plan: Sequence[PlanEntry], scope: str = INTRA) -> dict[str, Any]:
     """The pooled-embedding all-to-all of a plan (its table- and column-wise pieces)."""
-    return _all_to_all(spec, exchanged_widths(spec, table_shards(spec, plan)), scope)
+    return shards_all_to_all_params(spec, table_shards(spec, plan), scope)
+
+
+def shards_all_to_all_params(spec: JobSpec, shards: Sequence[TableShard], scope: str = INTRA) -> dict[str, Any]:
+    """`all_to_all_params` from the plan's pieces."""
+    return _all_to_all(spec, exchanged_widths(spec, shards), scope)
 
 
 def all_to_all_bytes(spec: JobSpec, plan: Sequence[PlanEntry]) -> int:
-    return int(all_to_all_params(spec, plan)["bytes"])
+    return all_to_all_shards_bytes(spec, table_shards(spec, plan))
+
+
+def all_to_all_shards_bytes(spec: JobSpec, shards: Sequence[TableShard]) -> int:
+    return int(shards_all_to_all_params(spec, shards)["bytes"])
 
 
 class _RankBuilder:
@@ -113,6 +122,7 @@ class _Layout:
     spec: JobSpec
     scope: str
     shards: list[TableShard]
+    local: list[list[TableShape]]  # per rank, its own (not replicated) pieces, in plan order
     group: tuple[int, ...]
     a2a: dict[str, Any] | None  # the pooled-embedding all-to-all (None: no table- or column-wise piece)
     rw_width: int
@@ -131,17 +141,22 @@ def build_dlrm_graph(
     placement: RankPlacement | None = None,
     bucket_bytes: int = DDP_BUCKET_BYTES,
     embedding_features: Callable[..., dict[str, Any]] = expected_features,
+    shards: Sequence[TableShard] | None = None,
+    ranks: Sequence[int] | None = None,
 ) -> ExecutionGraph:
     """`plan`: per table a rank (table-wise) or a row-/column-wise / data-parallel entry
     (`probes.vocabulary.table_shards`). `placement`: the node of every rank (default: all on one node);
     every DLRM collective spans the whole world, so it is priced on the curve of a group that
-    size within one node or across nodes, as the ranks are placed."""
+    size within one node or across nodes, as the ranks are placed. `shards`: the plan's pieces
+    when the caller has listed them already (`table_shards(spec, plan)`). `ranks`: build only
+    these ranks (renumbered in order; every collective still priced as the whole world's),
+    for a simulation that needs no others (`predictors.dlrm_estimator.dominant_ranks`)."""
     W, B = spec.world_size, spec.batch_size
     placement = placement or RankPlacement.single_node(W)
     if placement.world != W:
         raise PlacementError(f"placement: {placement.world} ranks placed, the job has world_size={W}")
     scope = placement.scope()
-    shards = table_shards(spec, plan)
+    shards = list(shards) if shards is not None else table_shards(spec, plan)
     widths = exchanged_widths(spec, shards)
     rw_width = row_wise_width(shards)
     dp_tables = replicated_tables(shards)
@@ -149,7 +164,8 @@ def build_dlrm_graph(
         spec,
         scope,
         shards,
-        tuple(range(W)),
+        local_pieces(shards, W),
+        tuple(range(W if ranks is None else len(ranks))),
         _all_to_all(spec, widths, scope) if sum(widths) else None,
         rw_width,
         FLOAT * B * W * rw_width,
@@ -160,7 +176,7 @@ def build_dlrm_graph(
         ddp_buckets(dense_parameter_bytes(spec), bucket_bytes),
         embedding_features,
     )
-    graph = [_rank_ops(x, r) for r in range(W)]
+    graph = [_rank_ops(x, r) for r in (range(W) if ranks is None else ranks)]
     meta_plan = [p if isinstance(p, dict) else int(p) for p in plan]
     meta: dict[str, Any] = {
         "job": spec.name,
@@ -168,6 +184,8 @@ def build_dlrm_graph(
         "table_to_rank": meta_plan,
         "placement": placement.to_dict(),
     }
+    if ranks is not None:
+        meta["ranks"] = list(ranks)
     if x.a2a is not None:  # the lookup and the all-to-all that ships its pooled rows (predictors/overlap_model.py)
         meta["substitutable"] = [
             {
@@ -181,11 +199,21 @@ def build_dlrm_graph(
     return ExecutionGraph(graph, meta=meta)
 
 
+def local_pieces(shards: Sequence[TableShard], world: int) -> list[list[TableShape]]:
+    """Per rank, the table pieces it looks up for the global batch (all but replicas), listed
+    in one pass over the plan's pieces."""
+    local: list[list[TableShape]] = [[] for _ in range(world)]
+    for s in shards:
+        if s.kind != DATA_PARALLEL:
+            local[s.rank].append(s.shape)
+    return local
+
+
 def _rank_ops(x: _Layout, r: int) -> list[GraphOp]:
     """Rank `r`'s iteration in issue order."""
     spec, W, B = x.spec, x.spec.world_size, x.spec.batch_size
     g = _RankBuilder()
-    local = [s.shape for s in x.shards if s.rank == r and s.kind != DATA_PARALLEL]
+    local = x.local[r]
     feats = x.embedding_features(local, B * W, seed=spec.seed) if local else None
     emb_fwd = g.add(GraphOp("embedding_fwd", "compute", "embedding_fwd", feats or {})) if local else None
     sent = [emb_fwd] if emb_fwd is not None else []
@@ -313,11 +341,10 @@ def dlrm_slice_params(
 ):
     """Params of one of k slices of a rank's lookup (forward or backward): its tables for
     1/k of the global batch's bags, as the overlapped exchange looks them up."""
-    shards = table_shards(spec, plan)
+    local = local_pieces(table_shards(spec, plan), spec.world_size)
     bags = spec.batch_size * spec.world_size
 
     def params(rank: int, op: GraphOp, slices: int) -> dict[str, Any]:
-        local = [s.shape for s in shards if s.rank == rank and s.kind != DATA_PARALLEL]
-        return embedding_features(local, max(1, -(-bags // slices)), seed=spec.seed)
+        return embedding_features(local[rank], max(1, -(-bags // slices)), seed=spec.seed)
 
     return params

@@ -42,7 +42,8 @@ class GraphOp:
             raise ValueError(f"op {self.name!r}: stream {self.stream!r} not in {STREAMS}")
         if self.kind == "collective" and len(self.group) < 1:
             raise ValueError(f"collective {self.name!r} needs its group's ranks")
-        self.group = tuple(int(r) for r in self.group)
+        if type(self.group) is not tuple:  # builders pass tuples of ranks; a 512-rank group is not copied per op
+            self.group = tuple(int(r) for r in self.group)
 
 
 @dataclass

@@ -26,7 +26,7 @@ from __future__ import annotations
 import bisect
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
 from predictors.graph import ExecutionGraph, GraphOp, is_comm_stream
 
@@ -279,7 +279,9 @@ def _critical_path(graph: ExecutionGraph, spans, blamed) -> list[tuple[int, int,
     return path[::-1]
 
 
-def model_cost(model, unpriced: set[str] | None = None, in_context: bool = True) -> CostFn:
+def model_cost(
+    model, unpriced: set[str] | None = None, in_context: bool = True, memo: dict[tuple, Any] | None = None
+) -> CostFn:
     """Device time of a graph op from a fitted `PerformanceModel` (ops of empty table sets: 0).
 
     An op the bundle has no model for (a bundle calibrated before that family was probed, or
@@ -287,8 +289,11 @@ def model_cost(model, unpriced: set[str] | None = None, in_context: bool = True)
     callers can report the estimate as a lower bound instead of failing the whole plan.
     Kernels and collectives are corrected by the bundle's in-context model (`in_context`) when
     it has one: the isolated probes' times, mapped to what a training step really sees.
+    Each distinct op and params is priced once (every rank repeats the dense layers' ops);
+    `memo` keeps the prices across calls on the same model (a planner pricing many plans).
     """
     context = model.in_step if in_context else None
+    priced: dict[tuple, Any] = memo if memo is not None else {}
 
     def cost(op: GraphOp) -> float:
         if not op.params:
@@ -296,12 +301,26 @@ def model_cost(model, unpriced: set[str] | None = None, in_context: bool = True)
         if unpriced is not None and op.op not in model.models:
             unpriced.add(op.op)
             return 0.0
+        key = (in_context, op.op, frozen(op.params))
+        if key in priced:
+            return priced[key]
         seconds = model.predict_params(op.op, op.params)
         if context is not None:  # kernels and collectives alike (predictors/collective_context.py)
             seconds = context.in_step(op.op, seconds)
+        priced[key] = seconds
         return seconds
 
     return cost
+
+
+def frozen(value: Any) -> Any:
+    """An op's params as a key: dicts as sorted item tuples, lists (a TBE's reuse histogram)
+    as tuples."""
+    if isinstance(value, dict):
+        return tuple(sorted((k, frozen(v)) for k, v in value.items()))
+    if isinstance(value, list):
+        return tuple(frozen(v) for v in value)
+    return value
 
 
 def model_cpu_overhead(model) -> CostFn:

@@ -62,7 +62,7 @@ def estimate_transformer_iteration(
     placement: RankPlacement | None = None,
 ) -> TransformerEstimate:
     """`placement`: the node of every rank (default: one node), which decides each group's scope."""
-    graph = build_transformer_graph(spec, placement)
+    graph = build_transformer_graph(spec, placement, fold=True)
     unpriced: set[str] = set()
     result = simulate(
         graph, model_cost(model, unpriced), cpu_overhead=model_cpu_overhead(model), synchronous=model.synchronous

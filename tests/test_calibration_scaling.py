@@ -12,7 +12,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.slow
-def test_calibration_scaling_benchmark_runs_on_one_and_two_nodes(tmp_path):
+def test_calibration_scaling_benchmark_runs_on_one_two_and_three_nodes(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO), "TQDM_DISABLE": "1"}
     env.pop("RAY_ADDRESS", None)
     cmd = [
@@ -30,10 +30,12 @@ def test_calibration_scaling_benchmark_runs_on_one_and_two_nodes(tmp_path):
     [out] = tmp_path.glob("calibration_scaling_*.json")
     result = json.loads(out.read_text())
     assert out.name == f"calibration_scaling_{result['hardware_id']}.json"
-    one, two = result["configs"]["1_node"], result["configs"]["2_nodes"]
-    assert one["distinct_actor_nodes"] == 1 and two["distinct_actor_nodes"] == 2
-    for config in (one, two):
+    one, two, three = (result["configs"][name] for name in ("1_node", "2_nodes", "3_nodes"))
+    assert [c["distinct_actor_nodes"] for c in (one, two, three)] == [1, 2, 3]
+    for config in (one, two, three):
         assert (config["local"]["done"], config["local"]["failed"]) == (6, 0)
         assert config["local"]["s_per_measurement"] > 0
+        # every row says how long its probe took, and the sweep took at least that per device
+        assert config["local"]["probe_s"] > 0 and config["local"]["cost_ratio"] >= 1.0
     assert two["collective"]["done"] == 2 and two["collective"]["scopes"] == ["inter"]
     assert result["speedup_per_measurement"] > 0 and isinstance(result["not_slower"], bool)

@@ -18,8 +18,8 @@ table sends more of its lookups to the shard holding the hot rows.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
-from typing import Any, Sequence
+from dataclasses import replace
+from typing import Any, NamedTuple, Sequence
 
 from probes.vocabulary.jobspec import JobSpec, TableShape
 
@@ -35,8 +35,10 @@ class ShardingPlanError(ValueError):
     """A plan that does not describe every table of the job with a valid sharding."""
 
 
-@dataclass(frozen=True)
-class TableShard:
+class TableShard(NamedTuple):
+    """One piece of one table on one rank (a tuple: a 512-rank plan of row-wise tables lists
+    half a million of them, and a planner lists many plans)."""
+
     table: int
     rank: int
     kind: str
@@ -77,19 +79,23 @@ def table_shards(spec: JobSpec, plan: Sequence[PlanEntry]) -> list[TableShard]:
     """Every piece of every table, validated against the job (clear errors naming the entry)."""
     if len(plan) != len(spec.tables):
         raise ShardingPlanError(f"plan places {len(plan)} tables, job has {len(spec.tables)}")
-    shards = []
+    shards: list[TableShard] = []
     for i, (table, entry) in enumerate(zip(spec.tables, plan)):
         kind, ranks = _entry(spec, i, entry)
         shape = table.shape
         if kind == COLUMN_WISE:
-            for r, dim in zip(ranks, _even_split(shape.embedding_dim, len(ranks))):
-                shards.append(TableShard(i, r, kind, replace(shape, embedding_dim=dim)))
+            widths = {
+                dim: replace(shape, embedding_dim=dim) for dim in set(_even_split(shape.embedding_dim, len(ranks)))
+            }
+            shards.extend(
+                TableShard(i, r, kind, widths[dim])
+                for r, dim in zip(ranks, _even_split(shape.embedding_dim, len(ranks)))
+            )
         elif kind == ROW_WISE:
             pooling = max(1, round(shape.pooling_factor / len(ranks)))
-            for r, rows in zip(ranks, _even_split(shape.num_embeddings, len(ranks))):
-                shards.append(
-                    TableShard(i, r, kind, replace(shape, num_embeddings=max(rows, 1), pooling_factor=pooling))
-                )
+            split = _even_split(shape.num_embeddings, len(ranks))  # at most two sizes: one piece shape each
+            pieces = {rows: replace(shape, num_embeddings=max(rows, 1), pooling_factor=pooling) for rows in set(split)}
+            shards.extend(TableShard(i, r, kind, pieces[rows]) for r, rows in zip(ranks, split))
         else:  # table-wise, or a full replica per rank
             shards.extend(TableShard(i, r, kind, shape) for r in ranks)
     return shards

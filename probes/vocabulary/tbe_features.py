@@ -16,6 +16,7 @@ import numpy as np
 
 from probes.vocabulary.indices import REUSE_BINS, Distribution, normalised_histogram, reuse_counts, sample_indices
 from probes.vocabulary.jobspec import TableShape
+from probes.vocabulary.reuse_expectation import expected_reuse
 
 # Weight storage precisions a TBE probe can use (FBGEMM's SparseType values); the pooled output
 # stays float32 either way. fbgemm_gpu's CPU kernels (fbgemm_gpu-cpu 1.8.0) take fp32 and fp16
@@ -35,7 +36,7 @@ def batch_features(
 def _features(
     tables: Sequence[TableShape],
     batch_size: int,
-    reuse: Sequence[tuple[int, Sequence[int] | np.ndarray]],
+    reuse: Sequence[tuple[float, Sequence[float] | np.ndarray]],
     weights_precision: str = "fp32",
 ) -> dict[str, Any]:
     """Features from each table's (distinct rows, hit-count bin counts): tables' ids are
@@ -80,13 +81,23 @@ def lookups_log_table_mib(tables: Sequence[TableShape], batch_size: int, weights
     )
 
 
+# Batches of at least this many ids of one table are described by their expected statistics
+# instead of a draw (`probes.vocabulary.reuse_expectation`): drawing costs time in proportion
+# to the ids, and at this size a draw is within a percent of the expectation. Every batch of
+# the e2e benchmarks' tasks (at most 2,048 bags of pooling 100) stays under it, drawn.
+SAMPLED_MAX_IDS = 2**18
+
+
 @lru_cache(maxsize=16384)
 def _typical_reuse(
     num_embeddings: int, pooling_factor: int, distribution: Distribution, batch_size: int, seed: int
-) -> tuple[int, tuple[int, ...]]:
+) -> tuple[float, tuple[float, ...]]:
     """One table's (distinct rows, bin counts) in a typical batch, drawn from a generator seeded
     by the table's shape: the same table gets the same figures in every table set and plan
-    it is priced in, and a planner pricing many plans samples each table once."""
+    it is priced in, and a planner pricing many plans samples each table once. A batch of
+    `SAMPLED_MAX_IDS` ids or more gets the statistics' expectation instead."""
+    if batch_size * pooling_factor >= SAMPLED_MAX_IDS:
+        return expected_reuse(num_embeddings, batch_size * pooling_factor, distribution)
     label = zlib.crc32(distribution.label().encode())
     rng = np.random.default_rng([seed, num_embeddings, pooling_factor, batch_size, label])
     ids = sample_indices(num_embeddings, batch_size * pooling_factor, distribution, rng, unordered=True)
@@ -98,5 +109,12 @@ def expected_features(
     tables: Sequence[TableShape], batch_size: int, seed: int = 0, weights_precision: str = "fp32"
 ) -> dict[str, Any]:
     """Features of a typical batch, for predicting a table set that was never measured."""
+    return dict(_set_features(tuple(tables), batch_size, seed, weights_precision))
+
+
+@lru_cache(maxsize=8192)
+def _set_features(tables: tuple[TableShape, ...], batch_size: int, seed: int, weights_precision: str) -> dict[str, Any]:
+    """`expected_features`, kept per table set: a planner prices the same rank's set in many
+    plans (a search moves one table, and every other rank keeps its set)."""
     reuse = [_typical_reuse(t.num_embeddings, t.pooling_factor, t.distribution, batch_size, seed) for t in tables]
     return _features(tables, batch_size, reuse, weights_precision)
