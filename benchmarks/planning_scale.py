@@ -18,8 +18,10 @@ resident memory (`ru_maxrss`) is the planner's own:
 - TorchRec: `EmbeddingShardingPlanner` with its default settings and constants on the same
   tables, world and per-rank memory (`policies.torchrec_bridge.torchrec_plan`), killed after
   `--torchrec-timeout-s`; its plan priced afterwards by our predictor (not timed);
-- transformers: `make_transformer_plan` (every layout priced), and one iteration of a
-  1,024-rank layout's graph built and simulated.
+- transformers: `make_transformer_plan` (every layout priced), then one iteration of the
+  chosen layout and of the job's largest pipeline built and simulated as the planner does
+  (the ranks that stand for the others), and, where it fits in memory (no micro-batches or
+  pipeline), as the whole world.
 
 The performance model: kernels fitted to real measurements of this hardware (the champion at
 `--tracking-uri`, else the committed calibration rows of `--measurements`); the collectives of
@@ -57,7 +59,7 @@ OUT = REPO / "benchmarks/results/planning_scale.json"
 GPUS_PER_NODE = 8
 DEVICE_MEMORY = 80 * 2**30
 CLUSTER = "dgx-h100-400g"
-COLLECTIVES = ("all_reduce", "all_to_all", "reduce_scatter", "all_gather")
+COLLECTIVES = ("all_reduce", "all_to_all", "reduce_scatter", "all_gather", "broadcast")
 
 
 # -- inputs ---------------------------------------------------------------------------------
@@ -137,27 +139,29 @@ class Cluster:
 
 
 def preset_collective_rows(worlds: list[int]) -> list:
-    """Rows of the preset cluster's collectives for every group size a job here spans: a ring
+    """Rows of the preset cluster's collectives for every group a job here may form (each
+    power of two up to the largest world, within a node up to 8, across nodes from 2): a ring
     over the slowest dimension the group crosses (per step its latency, (W-1)/W of the bytes
-    over its bandwidth; all-reduce twice that)."""
+    over its bandwidth; all-reduce twice that; a broadcast, which prices pipeline transfers,
+    the bytes once)."""
     from predictors.network import GPU_CLUSTERS
     from probes.vocabulary.ops import collective_params
     from probes.vocabulary.records import Measurement
 
     nvlink_gbs, nvlink_us, nic_gbit, nic_us = GPU_CLUSTERS[CLUSTER]
+    largest = int(math.log2(max(worlds)))
+    groups = [(2**k, "intra") for k in range(1, 4)] + [(2**k, "inter") for k in range(1, largest + 1)]
     rows = []
-    for world in worlds:
-        scope = "intra" if world <= GPUS_PER_NODE else "inter"
+    for world, scope in groups:
         bandwidth = (nvlink_gbs if scope == "intra" else nic_gbit / 8) * 1e9
         latency = (nvlink_us if scope == "intra" else nic_us) * 1e-6
         for op in COLLECTIVES:
             for log2 in range(3, 34):
                 nbytes = 2**log2
-                t = (world - 1) * latency + (world - 1) / world * nbytes / bandwidth
-                t *= 2 if op == "all_reduce" else 1
-                rows.append(
-                    Measurement(op, collective_params(op, nbytes, world, scope), t, 0.0, 5, family="collective")
-                )
+                share = 1.0 if op == "broadcast" else (world - 1) / world * (2 if op == "all_reduce" else 1)
+                t = (world - 1) * latency + share * nbytes / bandwidth
+                params = collective_params(op, nbytes, world, scope)
+                rows.append(Measurement(op, params, t, 0.0, 5, family="collective"))
     return rows
 
 
@@ -267,6 +271,7 @@ def child_torchrec(job: dict[str, Any], model_dir: Path) -> dict[str, Any]:
 
 
 def child_transformer(job: dict[str, Any], model_dir: Path) -> dict[str, Any]:
+    from policies.parallelism import enumerate_layouts
     from policies.planning import make_transformer_plan
     from predictors.performance_model import PerformanceModel
     from predictors.simulator import model_cost, model_cpu_overhead, simulate
@@ -284,20 +289,44 @@ def child_transformer(job: dict[str, Any], model_dir: Path) -> dict[str, Any]:
     parallelism = plan.decisions["parallelism"]
     spec = TransformerSpec.from_dict(parallelism.choice_detail["layout"])
     placement = RankPlacement.packed(tjob.world_size, cluster.devices_per_node)
-    t1 = time.perf_counter()
-    graph = build_transformer_graph(spec, placement)
-    built = time.perf_counter() - t1
-    t2 = time.perf_counter()
-    simulate(graph, model_cost(model, set()), cpu_overhead=model_cpu_overhead(model), synchronous=model.synchronous)
-    simulated = time.perf_counter() - t2
+    cost, overhead = model_cost(model, set()), model_cpu_overhead(model)
+    # besides the chosen layout, the largest pipeline the job allows (most ranks per replica,
+    # most micro-batches): the iteration the planner's simulation finds hardest
+    piped = [s for s in enumerate_layouts(tjob) if s.pipeline_parallel > 1]
+    hardest = max(piped, key=lambda s: (s.tensor_parallel * s.pipeline_parallel, s.micro_batches), default=None)
+    timed: dict[str, dict[str, Any]] = {}
+    for label, layout in (("chosen", spec), ("pipeline", hardest)):
+        if layout is None:
+            continue
+        # a 1,024-rank layout's whole world of micro-batches or pipeline stages does not fit
+        # this host's memory (over 20 GiB built); its ranks are alike, and the planner
+        # simulates the few that stand for them
+        for fold in (True, False) if layout.pipeline_parallel == 1 and layout.micro_batches == 1 else (True,):
+            t1 = time.perf_counter()
+            graph = build_transformer_graph(layout, placement, fold=fold)
+            built = time.perf_counter() - t1
+            t2 = time.perf_counter()
+            result = simulate(graph, cost, cpu_overhead=overhead, synchronous=model.synchronous)
+            timed[f"{label}_{'folded' if fold else 'whole'}"] = {
+                "layout": layout.layout,
+                "graph_build_s": built,
+                "simulate_s": time.perf_counter() - t2,
+                "graph_ranks": graph.world_size,
+                "graph_ops": sum(len(ops) for ops in graph.ranks),
+                "iteration_ms": result.iteration_s * 1e3,
+            }
     return {
         "plan_s": wall,
         "layouts_priced": parallelism.choice_detail.get("priced"),
         "chosen": parallelism.choice,
         "predicted_ms": plan.predicted_iteration_ms,
-        "graph_build_s": built,
-        "simulate_s": simulated,
-        "graph_ops": sum(len(ops) for ops in graph.ranks),
+        # one iteration of the chosen layout as the planner simulates it (one rank, or one
+        # replica of a pipeline: the same iteration as the whole world's,
+        # tests/test_planning_scale.py); in `iteration` also the whole world where it fits
+        "graph_build_s": timed["chosen_folded"]["graph_build_s"],
+        "simulate_s": timed["chosen_folded"]["simulate_s"],
+        "graph_ops": timed["chosen_folded"]["graph_ops"],
+        "iteration": timed,
         "peak_rss_mb": peak_rss_mb(),
     }
 
@@ -320,7 +349,7 @@ def run_child(kind: str, job: dict[str, Any], model_dir: Path, timeout_s: float)
         except subprocess.TimeoutExpired:
             return {"finished": False, "timeout_s": timeout_s, "elapsed_s": time.perf_counter() - started}
         if done.returncode != 0 or not out.exists():
-            return {"finished": False, "error": done.stderr.strip().splitlines()[-5:]}
+            return {"finished": False, "returncode": done.returncode, "error": done.stderr.strip().splitlines()[-5:]}
         return {"finished": True, **json.loads(out.read_text())}
 
 
@@ -346,14 +375,15 @@ def seconds(result: dict[str, Any]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tables", type=int, nargs="+", default=[100, 300, 1000])
+    parser.add_argument("--tables", type=int, nargs="*", default=[100, 300, 1000])
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 64, 512])
-    parser.add_argument("--transformer-ranks", type=int, nargs="+", default=[8, 64, 256, 1024])
+    parser.add_argument("--transformer-ranks", type=int, nargs="*", default=[8, 64, 256, 1024])
     parser.add_argument("--torchrec-timeout-s", type=float, default=600.0, help="kill TorchRec's planner after this")
     parser.add_argument("--timeout-s", type=float, default=600.0, help="kill our planner after this")
     parser.add_argument("--measurements", default=str(DEFAULT_MEASUREMENTS), help="calibration rows (jsonl.gz)")
     parser.add_argument("--tracking-uri", help="use this store's champion's kernels instead of --measurements")
     parser.add_argument("--hardware-id", help="whose champion, with --tracking-uri")
+    parser.add_argument("--model-dir", help="keep the fitted bundle here and reuse it when present")
     parser.add_argument("--no-torchrec", action="store_true", help="time our planner only")
     parser.add_argument("--out", default=str(OUT))
     parser.add_argument("--child", nargs=4, metavar=("KIND", "JOB", "MODEL", "OUT"), help=argparse.SUPPRESS)
@@ -363,15 +393,52 @@ def main() -> None:
         return
 
     worlds = sorted(set(args.ranks) | set(args.transformer_ranks) | {2, 4, 8})
-    with tempfile.TemporaryDirectory() as model_dir:
+    with tempfile.TemporaryDirectory() as scratch:
+        model_dir = args.model_dir or scratch
         t0 = time.perf_counter()
-        source = build_model(args, worlds, Path(model_dir))
-        print(f"model fitted in {time.perf_counter() - t0:.1f} s: kernels from {source['kernels_from']}")
-        dlrm, transformers = [], []
-        print(
-            f"{'tables':>6} {'ranks':>5} | {'ours s':>8} {'search':>7} {'build s':>7} {'sim s':>6} {'MiB':>6} "
-            f"{'pred ms':>8} | {'TorchRec s':>14} {'pred ms':>8} {'MiB':>6}"
-        )
+        source_file = Path(model_dir) / "source.json"
+        if source_file.exists():
+            source = json.loads(source_file.read_text())
+        else:
+            source = build_model(args, worlds, Path(model_dir))
+            source_file.write_text(json.dumps(source))
+        print(f"model ready in {time.perf_counter() - t0:.1f} s: kernels from {source['kernels_from']}")
+        dlrm: list[dict[str, Any]] = []
+        transformers: list[dict[str, Any]] = []
+
+        def save() -> None:
+            """Written after every input, so a run cut short keeps what it measured."""
+            out = {
+                "command": "python benchmarks/planning_scale.py " + " ".join(sys.argv[1:]),
+                "cpu": "one core (sched_setaffinity), torch threads 1",
+                "model": source,
+                "device_memory_gib": DEVICE_MEMORY / 2**30,
+                "dlrm": dlrm,
+                "transformer": transformers,
+            }
+            Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+            Path(args.out).write_text(json.dumps(out, indent=1))
+
+        for ranks in args.transformer_ranks:
+            result = run_child("transformer", transformer_job(ranks), Path(model_dir), args.timeout_s)
+            transformers.append({"ranks": ranks, **result})
+            save()
+            print(
+                f"transformer {ranks:>5} ranks: plan {seconds(result)} s over {result.get('layouts_priced')} layouts, "
+                f"chose {result.get('chosen')}",
+                flush=True,
+            )
+            for label, t in (result.get("iteration") or {}).items():
+                print(
+                    f"  {label:>16} {t['layout']:>20}: {t['graph_ranks']:>5} ranks, {t['graph_ops']:>8} ops, "
+                    f"build {t['graph_build_s']:.3f} s + simulate {t['simulate_s']:.3f} s = {t['iteration_ms']:.2f} ms",
+                    flush=True,
+                )
+        if args.tables:
+            print(
+                f"{'tables':>6} {'ranks':>5} | {'ours s':>8} {'search':>7} {'build s':>7} {'sim s':>6} {'MiB':>6} "
+                f"{'pred ms':>8} | {'TorchRec s':>14} {'pred ms':>8} {'MiB':>6}"
+            )
         for tables in args.tables:
             for ranks in args.ranks:
                 job = dlrm_job(tables, ranks)
@@ -383,6 +450,7 @@ def main() -> None:
                 if ours.get("finished") and theirs.get("finished"):
                     row["ours_over_torchrec_time"] = ours["plan_s"] / theirs["plan_s"]
                 dlrm.append(row)
+                save()
                 search = ours.get("search") or {}
                 print(
                     f"{tables:>6} {ranks:>5} | {seconds(ours):>8} {search.get('evaluations') or '-':>7} "
@@ -392,25 +460,6 @@ def main() -> None:
                     f"{theirs.get('peak_rss_mb', float('nan')):>6.0f}",
                     flush=True,
                 )
-        for ranks in args.transformer_ranks:
-            result = run_child("transformer", transformer_job(ranks), Path(model_dir), args.timeout_s)
-            transformers.append({"ranks": ranks, **result})
-            print(
-                f"transformer {ranks:>5} ranks: plan {seconds(result)} s over {result.get('layouts_priced')} layouts, "
-                f"one iteration: build {result.get('graph_build_s', float('nan')):.3f} s + simulate "
-                f"{result.get('simulate_s', float('nan')):.3f} s ({result.get('graph_ops')} ops)",
-                flush=True,
-            )
-    out = {
-        "command": "python benchmarks/planning_scale.py " + " ".join(sys.argv[1:]),
-        "cpu": "one core (sched_setaffinity), torch threads 1",
-        "model": source,
-        "device_memory_gib": DEVICE_MEMORY / 2**30,
-        "dlrm": dlrm,
-        "transformer": transformers,
-    }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")
 
 

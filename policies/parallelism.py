@@ -79,6 +79,7 @@ class LayoutPricer:
     memory_cap_bytes: float
     placement: RankPlacement | None = None
     fits: dict[str, bool] = field(default_factory=dict)  # layout name -> fits, for the recompute rule
+    memo: dict[tuple, Any] = field(default_factory=dict)  # op prices, shared by the layouts priced
 
     def __call__(self, name: str, spec: TransformerSpec) -> Candidate:
         memory = transformer_memory(spec)
@@ -92,7 +93,7 @@ class LayoutPricer:
         if spec.recompute and self.fits.get(replace(spec, recompute=False).layout, False):
             detail["reason"] = UNPRICED_RECOMPUTE
             return Candidate(name, None, False, detail)
-        estimate = estimate_transformer_iteration(spec, self.model, placement=self.placement)
+        estimate = estimate_transformer_iteration(spec, self.model, placement=self.placement, memo=self.memo)
         unpriced = [p for p in estimate.problems if p.startswith("no model for")]
         if unpriced:
             detail["reason"] = "cannot price: " + "; ".join(unpriced)

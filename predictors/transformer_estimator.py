@@ -8,7 +8,7 @@ DLRM one from the residuals of the calibration's transformer training probes."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -60,16 +60,22 @@ def estimate_transformer_iteration(
     model: PerformanceModel,
     include_overhead: bool = True,
     placement: RankPlacement | None = None,
+    memo: dict[tuple, Any] | None = None,
 ) -> TransformerEstimate:
-    """`placement`: the node of every rank (default: one node), which decides each group's scope."""
+    """`placement`: the node of every rank (default: one node), which decides each group's scope.
+    `memo`: op prices kept across calls on the same model (a planner pricing many layouts,
+    which share most of their ops' shapes)."""
     graph = build_transformer_graph(spec, placement, fold=True)
     unpriced: set[str] = set()
     result = simulate(
-        graph, model_cost(model, unpriced), cpu_overhead=model_cpu_overhead(model), synchronous=model.synchronous
+        graph,
+        model_cost(model, unpriced, memo=memo),
+        cpu_overhead=model_cpu_overhead(model),
+        synchronous=model.synchronous,
     )
     # The builder gives every rank the same ops (only collective groups differ), so one rank
     # prices the baseline and checks ranges: a 64-rank graph is not re-priced 64 times.
-    isolated = model_cost(model, set(), in_context=False)
+    isolated = model_cost(model, set(), in_context=False, memo=memo)
     kernel_sum = sum(isolated(op) for op in graph.ranks[0])
     problems = sorted(
         {

@@ -75,11 +75,11 @@ def build_transformer_graph(
     fold: bool = False,
 ) -> ExecutionGraph:
     """`placement`: the node of every rank (default: one node); each TP, DP and pipeline
-    group's collectives are priced on the curve of their own scope. `fold`: build one rank
-    per pipeline stage when every rank of a stage runs the same ops (`stage_representatives`:
-    layouts without a pipeline, so one rank), which simulates to the same iteration as the
-    whole world (a 1,024-rank layout as one rank); `meta["folded"]` then names the ranks it
-    stands for."""
+    group's collectives are priced on the curve of their own scope. `fold`: build only
+    the ranks that stand for the others when their ops are alike (`stage_representatives`:
+    one rank without a pipeline, one data-parallel replica with one), which simulates to the
+    same iteration as the whole world (a 1,024-rank data-parallel layout as one rank);
+    `meta["folded"]` then names the ranks it stands for."""
     placement = placement or RankPlacement.single_node(spec.world_size)
     if placement.world != spec.world_size:
         raise PlacementError(f"placement: {placement.world} ranks placed, the job has world_size={spec.world_size}")
@@ -117,18 +117,18 @@ def build_transformer_graph(
 
 
 def stage_representatives(spec: TransformerSpec, placement: RankPlacement) -> tuple[int, ...] | None:
-    """The first pipeline's ranks (one per stage) when they stand for every rank: each rank
-    of a stage has its representative's TP-group, DP-group and pipeline-neighbour scopes, so
-    it issues the same ops at the same prices and, its group members being alike, meets them
-    at the same times. None when some rank differs (a placement that splits groups unevenly
-    over nodes), and the whole world must be simulated.
+    """The ranks that stand for every rank, when each rank has a representative with its
+    TP-group, DP-group and pipeline-neighbour scopes (so it issues the same ops at the same
+    prices and, its group members being alike, meets them at the same times): without a
+    pipeline one rank per stage (rank 0); with a pipeline the whole first data-parallel
+    replica (every stage's TP group). None when some rank differs (a placement that splits
+    groups unevenly over nodes), and the whole world must be simulated.
 
-    None too for a pipeline: the simulator places a posted send when its receiver arrives,
-    and where the sender's link is shared with its group collectives (TP beside a pipeline)
-    the order in which ranks are advanced moves the result, so a folded pipeline did not
-    simulate to the whole world's iteration (8-35% apart in tests)."""
-    if spec.pipeline_parallel > 1:
-        return None
+    A pipeline keeps its TP groups whole: the simulator places a posted send when its
+    receiver arrives, and where the sender's link is shared with its TP collectives the order
+    in which ranks are advanced moves the result, so one rank per stage did not simulate to
+    the whole world's iteration (8-35% apart in tests); the replicas are alike, and folding
+    them is exact."""
     scopes: dict[tuple[int, ...], str] = {}
 
     def scope(group: tuple[int, ...]) -> str:
@@ -145,17 +145,22 @@ def stage_representatives(spec: TransformerSpec, placement: RankPlacement) -> tu
             scope(pipeline[stage : stage + 2]) if stage < spec.pipeline_parallel - 1 else "",
         )
 
-    representatives = spec.pp_group_of(0)
-    expected = [signature(r) for r in representatives]
-    if any(signature(r) != expected[spec.stage_of(r)] for r in range(spec.world_size)):
+    piped = spec.pipeline_parallel > 1
+
+    def representative(r: int) -> int:
+        return spec.stage_of(r) * spec.stage_width + (r % spec.tensor_parallel if piped else 0)
+
+    representatives = sorted({representative(r) for r in range(spec.world_size)})
+    expected = {r: signature(r) for r in representatives}
+    if any(signature(r) != expected[representative(r)] for r in range(spec.world_size)):
         return None
-    return representatives
+    return tuple(representatives)
 
 
 def _folded(
     spec: TransformerSpec, placement: RankPlacement, bucket_bytes: int, representatives: tuple[int, ...]
 ) -> list[list[GraphOp]]:
-    """The representatives' ops, renumbered 0..stages-1: a collective's group keeps only its
+    """The representatives' ops, renumbered from 0: a collective's group keeps only its
     representatives (its other members, alike, would arrive at the same time), its params
     still the whole group's size and scope, so it is priced as the whole group."""
     index = {r: i for i, r in enumerate(representatives)}

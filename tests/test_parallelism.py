@@ -105,7 +105,7 @@ def _fake_estimates(monkeypatch, times: dict[str, float]) -> None:
     """Stand in for the simulator: a layout's time from its name (else from its micro-batches and
     recomputation), so the policy's rules are checked without a calibrated bundle."""
 
-    def estimate(spec, model, placement=None):
+    def estimate(spec, model, placement=None, memo=None):
         from predictors.simulator import RankTimeline, SimResult
 
         seconds = times.get(spec.layout, 1.0 + spec.micro_batches * 0.01 + spec.recompute * 0.5)

@@ -1,5 +1,5 @@
 """Planning at scale takes short cuts that must not change a prediction: a transformer layout
-simulated as one rank per stage, op prices remembered across ranks, a table's reuse statistics
+simulated as one rank (a pipeline as one data-parallel replica), op prices remembered across ranks, a table's reuse statistics
 computed instead of drawn for large batches, TorchRec's planner left out past its bound."""
 
 from __future__ import annotations
@@ -40,6 +40,11 @@ def scoped_cost(op) -> float:
         dict(world_size=32, fsdp="full_shard", micro_batches=2),
         dict(world_size=32, fsdp="shard_grad_op"),
         dict(world_size=64, tensor_parallel=4, micro_batches=2),
+        # pipelines: one data-parallel replica, its TP groups whole (stages across nodes too)
+        dict(world_size=16, tensor_parallel=2, pipeline_parallel=2, micro_batches=2),
+        dict(world_size=32, pipeline_parallel=2, micro_batches=4),
+        dict(world_size=32, tensor_parallel=4, pipeline_parallel=4, micro_batches=4),
+        dict(world_size=64, tensor_parallel=2, pipeline_parallel=4, micro_batches=8, recompute=True),
     ],
 )
 @pytest.mark.parametrize("synchronous", [True, False])
@@ -48,17 +53,19 @@ def test_a_folded_layout_simulates_as_the_whole_world(kw, synchronous):
     placement = RankPlacement.packed(spec.world_size, [8] * (spec.world_size // 8))
     whole = simulate(build_transformer_graph(spec, placement), scoped_cost, synchronous=synchronous)
     folded_graph = build_transformer_graph(spec, placement, fold=True)
-    assert folded_graph.world_size == 1
+    piped = spec.pipeline_parallel > 1
+    assert folded_graph.world_size == (spec.tensor_parallel * spec.pipeline_parallel if piped else 1)
     assert folded_graph.meta["folded"]["world_size"] == spec.world_size
     folded = simulate(folded_graph, scoped_cost, synchronous=synchronous)
     assert folded.iteration_s == pytest.approx(whole.iteration_s, rel=1e-12)
 
 
-def test_a_pipeline_is_not_folded():
+def test_a_pipeline_keeps_its_first_replica_with_whole_tp_groups():
     spec = TransformerSpec(
         **{**BASE, "world_size": 16, "tensor_parallel": 2, "pipeline_parallel": 2, "micro_batches": 2}
     )
-    assert stage_representatives(spec, RankPlacement.packed(16, [8, 8])) is None
+    # stage width 8: stage 0 is ranks 0-7, stage 1 ranks 8-15; replica 0 is each stage's first TP pair
+    assert stage_representatives(spec, RankPlacement.packed(16, [8, 8])) == (0, 1, 8, 9)
 
 
 def test_a_placement_that_splits_groups_unevenly_is_not_folded():
@@ -170,3 +177,19 @@ def test_a_dlrm_simulated_on_its_dominant_ranks_takes_the_whole_worlds_time(seed
     whole = simulate(build_dlrm_graph(spec, plan, placement), cost, synchronous=synchronous)
     few = simulate(build_dlrm_graph(spec, plan, placement, ranks=ranks), cost, synchronous=synchronous)
     assert few.iteration_s == pytest.approx(whole.iteration_s, rel=1e-12)
+
+
+def test_layouts_priced_with_shared_prices_equal_each_priced_alone():
+    from synthetic_rows import gemm_rows
+
+    from predictors.fit import fit_performance_model
+    from predictors.transformer_estimator import estimate_transformer_iteration
+
+    model, _ = fit_performance_model(gemm_rows(np.random.default_rng(0), 300), "synthetic")
+    memo: dict = {}
+    for kw in (dict(), dict(tensor_parallel=2), dict(pipeline_parallel=2, micro_batches=2)):
+        spec = TransformerSpec(**{**BASE, "world_size": 8, **kw})
+        shared = estimate_transformer_iteration(spec, model, memo=memo)
+        alone = estimate_transformer_iteration(spec, model)
+        assert shared.iteration_s == alone.iteration_s and shared.kernel_sum_s == alone.kernel_sum_s
+    assert memo
