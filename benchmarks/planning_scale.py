@@ -204,6 +204,7 @@ def peak_rss_mb() -> float:
 
 def child_ours(job: dict[str, Any], model_dir: Path) -> dict[str, Any]:
     from policies.planning import make_plan
+    from policies.sharders import NoFeasiblePlanError
     from predictors.dlrm_graph import build_dlrm_graph
     from predictors.performance_model import PerformanceModel
     from predictors.simulator import model_cost, model_cpu_overhead, simulate
@@ -213,7 +214,11 @@ def child_ours(job: dict[str, Any], model_dir: Path) -> dict[str, Any]:
     spec = JobSpec.from_dict(job)
     cluster = Cluster(math.ceil(spec.world_size / GPUS_PER_NODE))
     t0 = time.perf_counter()
-    plan = make_plan(spec, model, cluster, None)
+    try:
+        plan = make_plan(spec, model, cluster, None)
+    except NoFeasiblePlanError as exc:  # the tables need more memory than the ranks have: an answer too
+        reasons = str(exc).splitlines()
+        return {"plan_s": time.perf_counter() - t0, "feasible": False, "reason": reasons[0], "refused": reasons[1:]}
     wall = time.perf_counter() - t0
     sharding = plan.decisions["sharding"]
     candidates = {c.name: c.predicted_ms for c in sharding.candidates}
@@ -366,6 +371,8 @@ def child_main(kind: str, job_file: str, model_dir: str, out: str) -> None:
 
 
 def seconds(result: dict[str, Any]) -> str:
+    if result.get("feasible") is False:
+        return f"{result['plan_s']:.1f} no plan"
     if result.get("finished"):
         return f"{result['plan_s']:.1f}"
     if "timeout_s" in result:

@@ -31,7 +31,9 @@ TORCHREC, TORCHREC_MEASURED = "torchrec", "torchrec_measured"
 # TorchRec's planner (1.8.0) takes time in proportion to tables x ranks: 10 s for 100 tables on
 # 8 ranks, 389 s for 300 on 64, over 600 s for 1,000 on 64 (one core of the development VM; its
 # issues report 20+ minutes near 1,000 tables). As candidates it runs twice, so past this many
-# table-ranks it is left out (the decision lists why) and the local search has the time instead.
+# table-ranks it is left out (the decision lists why) and the local search has the time instead;
+# within it, each run's proposals are bounded by half the search's seconds (TorchRec's own
+# `timeout_seconds`: it keeps the best plan proposed by then).
 TORCHREC_MAX_TABLE_RANKS = 1024
 
 
@@ -147,7 +149,11 @@ class ShardingPolicy:
             )
         elif self.torchrec and W > 1:
             refused: dict[str, str] = {}
-            plans.update(torchrec_plans(self.spec, self.model, self.memory_cap_bytes, self.placement, refused))
+            plans.update(
+                torchrec_plans(
+                    self.spec, self.model, self.memory_cap_bytes, self.placement, refused, self.search_seconds / 2
+                )
+            )
             self.refused.extend(Candidate(name, None, False, {"reason": reason}) for name, reason in refused.items())
         return plans.items()
 
@@ -215,10 +221,12 @@ def torchrec_plans(
     memory_cap_bytes: float,
     placement: RankPlacement | None = None,
     refused: dict[str, str] | None = None,
+    timeout_seconds: float | None = None,
 ) -> dict[str, list[PlanEntry]]:
     """TorchRec's planner's plans (its constants; our measured costs), or none without torchrec.
     A planner that finds no plan (TorchRec's PlannerError, e.g. a table too large for any rank)
-    is left out, its reason put in `refused` when given."""
+    is left out, its reason put in `refused` when given. `timeout_seconds` bounds each run's
+    proposals (TorchRec's own option)."""
     out: dict[str, list[PlanEntry]] = {}
     try:
         from policies.torchrec_bridge import torchrec_plan
@@ -226,7 +234,9 @@ def torchrec_plans(
         estimators: tuple[tuple[str, dict[str, Any]], ...] = ((TORCHREC, {}), (TORCHREC_MEASURED, {"model": model}))
         for name, kwargs in estimators:
             try:
-                out[name] = torchrec_plan(spec, memory_cap_bytes, placement=placement, **kwargs)
+                out[name] = torchrec_plan(
+                    spec, memory_cap_bytes, placement=placement, timeout_seconds=timeout_seconds, **kwargs
+                )
             except NoFeasiblePlanError as exc:
                 if refused is not None:
                     refused[name] = str(exc)

@@ -18,6 +18,7 @@ Our plans as TorchRec `ShardingPlan`s, and the plan file a TorchRec user loads:
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from policies.sharders import NoFeasiblePlanError
@@ -182,6 +183,7 @@ def torchrec_plan(
     compute_device: str = "cuda",
     model: Any = None,
     placement: RankPlacement | None = None,
+    timeout_seconds: float | None = None,
 ) -> list[PlanEntry]:
     """TorchRec's planner's choice for the job, as our plan entries.
 
@@ -190,6 +192,8 @@ def torchrec_plan(
     (it runs on CPU; `compute_device="cuda"` is the device class it costs for, the one its
     constants describe). With `model` (a `PerformanceModel`), shard costs come from our
     measurements instead (`measured_estimator`); storage is still TorchRec's estimate.
+    `timeout_seconds`: TorchRec's own bound on its proposal loop (it keeps the best plan
+    proposed by then); None, its default, runs every proposal.
     """
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner
@@ -211,6 +215,7 @@ def torchrec_plan(
         enumerator=enumerator,
         storage_reservation=FixedPercentageStorageReservation(0.0),
         debug=False,
+        timeout_seconds=max(1, math.ceil(timeout_seconds)) if timeout_seconds else None,
     )
     try:
         plan = planner.plan(embedding_bag_collection(job), [EmbeddingBagCollectionSharder()])
