@@ -29,33 +29,54 @@ DEFAULT_FILES = sorted(str(p) for p in REPO.glob("benchmarks/results/e2e_issue26
 OUT = REPO / "benchmarks/results/correction_rows.json"
 
 
-def elementwise_rows(path: str) -> list:
+def kernel_split(path: str, seed: int) -> tuple[list, list]:
+    """The calibration's own split of its kernel rows (one seeded draw per op, every op in
+    turn), then its element-wise rows only: the held-out rows the calibration scored."""
+    from predictors.evaluation import split_by_op
     from predictors.fit import kernel_rows
     from probes.vocabulary.records import Measurement
 
     with gzip.open(path, "rt") as f:
         rows = [Measurement.from_row(json.loads(line)) for line in f if line.strip()]
-    return [r for r in kernel_rows(rows) if r.family == "elementwise"]
+    train, test = split_by_op(kernel_rows(rows), seed)
+    return [r for r in train if r.family == "elementwise"], [r for r in test if r.family == "elementwise"]
 
 
-def refit(rows: list, min_rows: int, seed: int) -> dict:
+def refit(train: list, test: list, min_rows: int, seed: int) -> dict:
+    """Each element-wise op fitted on its training rows as `fit_performance_model` fits it, and
+    scored with its baseline on the same held-out rows; the family pooled."""
     from predictors import learned_model
-    from predictors.fit import fit_performance_model
+    from predictors.evaluation import paired_ratio, relative_errors
+    from predictors.families import baseline_model_for, default_model_for
+    from predictors.fit import family_heldout
+    from predictors.performance_model import priced
 
+    by_op: dict[str, tuple[list, list]] = {}
+    for part, rows in enumerate((train, test)):
+        for r in rows:
+            by_op.setdefault(r.op, ([], []))[part].append(r)
     saved = learned_model.MIN_ROWS_FOR_CORRECTION
     learned_model.MIN_ROWS_FOR_CORRECTION = min_rows
+    chosen, per_op, pairs = {}, {}, []
     try:
-        model, _ = fit_performance_model(rows, "refit", seed=seed)
+        for op, (op_train, op_test) in sorted(by_op.items()):
+            model = default_model_for(op, seed).fit(op_train)
+            baseline = baseline_model_for(op).fit(op_train)  # type: ignore[union-attr]
+            op_test = priced(baseline, priced(model, op_test))  # a dtype no training row had: unscored
+            pair = relative_errors(model.predict, op_test), relative_errors(baseline.predict, op_test)
+            chosen[op] = getattr(model, "chosen", None)
+            per_op[op] = paired_ratio(*pair).ratio if len(op_test) else None
+            pairs.append(pair)
     finally:
         learned_model.MIN_ROWS_FOR_CORRECTION = saved
-    family = model.meta["family_heldout"]["elementwise"]
+    family = family_heldout({"elementwise": pairs})["elementwise"]
     return {
         "gmae": family["gmae"],
         "baseline_gmae": family["baseline_gmae"],
         "n": family["n"],
         "vs_baseline": family["vs_baseline"],
-        "chosen": {op: m.get("chosen") for op, m in sorted(model.metrics.items())},
-        "per_op_ratio": {op: (m.get("vs_baseline") or {}).get("ratio") for op, m in sorted(model.metrics.items())},
+        "chosen": chosen,
+        "per_op_ratio": per_op,
     }
 
 
@@ -69,9 +90,10 @@ def main() -> None:
     results = []
     print(f"{'calibration':<44} {'rows/op':>7} | " + " | ".join(f"min {m:>3}: ratio [95%]" for m in args.min_rows))
     for path in args.files:
-        rows = elementwise_rows(path)
-        ops = {r.params.get("op", r.op) for r in rows}
-        fits = {m: refit(rows, m, args.seed) for m in args.min_rows}
+        train, test = kernel_split(path, args.seed)
+        rows = train + test
+        ops = {r.op for r in rows}
+        fits = {m: refit(train, test, m, args.seed) for m in args.min_rows}
         results.append({"file": str(Path(path).relative_to(REPO)), "rows": len(rows), "ops": len(ops), "fits": fits})
         cells = []
         for m in args.min_rows:

@@ -28,8 +28,12 @@ from probes.vocabulary.records import Measurement
 
 CANDIDATES: dict[str, RegressorKind] = {"mlp": ArrayMLP, "gbt": ArrayTrees}
 # Below this many training rows a validation split leaves too little to fit or judge a
-# regressor (the MLP's own early-stopping split needs several rows), so the base is used alone.
-MIN_ROWS_FOR_CORRECTION = 20
+# regressor (8-17 design features; 5 folds of under 8 rows each), so the base or the baseline
+# is used alone. At 20, a 600 s calibration's element-wise ops (21-27 training rows each) took
+# corrections that lost on their held-out rows (gelu_bwd's MLP 3.9x its roofline's error);
+# refitting eight stored calibrations at 40 left every one's element-wise family at or under
+# its baseline, against one of eight above it at 20 (`benchmarks/correction_rows.py`).
+MIN_ROWS_FOR_CORRECTION = 40
 # Below this many rows the choice is cross-validated (5 folds); above it one 20% split holds
 # enough rows to judge, and fitting the regressors five times would cost more than it tells.
 CROSS_VALIDATE_BELOW = 200
