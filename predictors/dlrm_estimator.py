@@ -20,7 +20,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from predictors.dlrm_graph import FLOAT, build_dlrm_graph, ddp_buckets, local_pieces, shards_all_to_all_params
+from predictors.dlrm_graph import FLOAT, build_dlrm_graph, ddp_buckets, shards_all_to_all_params
 from predictors.evaluation import ErrorStats, error_stats
 from predictors.graph import GraphOp
 from predictors.opmodels import fit_step_overhead
@@ -30,7 +30,7 @@ from probes.vocabulary.jobspec import JobSpec
 from probes.vocabulary.ops import DLRM_OVERHEAD_OP, DLRM_STEP_OP, gemm_params, linear_layer_gemms
 from probes.vocabulary.placement import RankPlacement, placement_of
 from probes.vocabulary.records import Measurement
-from probes.vocabulary.table_shards import PlanEntry, TableShard, row_wise_width, table_shards
+from probes.vocabulary.table_shards import PlanEntry, TableShard, local_pieces, row_wise_width, table_shards
 from probes.vocabulary.tbe_features import expected_features
 
 OVERHEAD_FEATURES = ["one", "dense_layers", "tables_total", "split_pieces", "kernels_s"]

@@ -23,10 +23,10 @@ from probes.vocabulary.jobspec import JobSpec, TableShape
 from probes.vocabulary.ops import elementwise_params, gemm_params, memcpy_params
 from probes.vocabulary.placement import INTRA, PlacementError, RankPlacement
 from probes.vocabulary.table_shards import (
-    DATA_PARALLEL,
     PlanEntry,
     TableShard,
     exchanged_widths,
+    local_pieces,
     replicated_tables,
     row_wise_width,
     table_shards,
@@ -177,16 +177,23 @@ def build_dlrm_graph(
         embedding_features,
     )
     graph = [_rank_ops(x, r) for r in (range(W) if ranks is None else ranks)]
-    meta_plan = [p if isinstance(p, dict) else int(p) for p in plan]
+    return ExecutionGraph(graph, meta=_graph_meta(spec, plan, placement, ranks, x.a2a is not None))
+
+
+def _graph_meta(
+    spec: JobSpec, plan: Sequence[PlanEntry], placement: RankPlacement, ranks: Sequence[int] | None, a2a: bool
+) -> dict[str, Any]:
+    """What the graph stands for: the job, its plan and placement, the ranks built (when not
+    all), and the lookup + all-to-all pair an overlap may substitute (when tables are sharded)."""
     meta: dict[str, Any] = {
         "job": spec.name,
         "workload": "dlrm",
-        "table_to_rank": meta_plan,
+        "table_to_rank": [p if isinstance(p, dict) else int(p) for p in plan],
         "placement": placement.to_dict(),
     }
     if ranks is not None:
         meta["ranks"] = list(ranks)
-    if x.a2a is not None:  # the lookup and the all-to-all that ships its pooled rows (predictors/overlap_model.py)
+    if a2a:  # the lookup and the all-to-all that ships its pooled rows (predictors/overlap_model.py)
         meta["substitutable"] = [
             {
                 "name": "embedding_all_to_all",
@@ -196,17 +203,7 @@ def build_dlrm_graph(
                 "sliced_with": ["embedding_bwd"],
             }
         ]
-    return ExecutionGraph(graph, meta=meta)
-
-
-def local_pieces(shards: Sequence[TableShard], world: int) -> list[list[TableShape]]:
-    """Per rank, the table pieces it looks up for the global batch (all but replicas), listed
-    in one pass over the plan's pieces."""
-    local: list[list[TableShape]] = [[] for _ in range(world)]
-    for s in shards:
-        if s.kind != DATA_PARALLEL:
-            local[s.rank].append(s.shape)
-    return local
+    return meta
 
 
 def _rank_ops(x: _Layout, r: int) -> list[GraphOp]:

@@ -148,3 +148,13 @@ def shard_bytes(shards: Sequence[TableShard], world: int) -> list[int]:
     for s in shards:
         mem[s.rank] += 4 * s.shape.num_embeddings * s.shape.embedding_dim
     return mem
+
+
+def local_pieces(shards: Sequence[TableShard], world: int) -> list[list[TableShape]]:
+    """Per rank, the table pieces it looks up for the global batch (all but replicas), listed
+    in one pass over the plan's pieces."""
+    local: list[list[TableShape]] = [[] for _ in range(world)]
+    for s in shards:
+        if s.kind != DATA_PARALLEL:
+            local[s.rank].append(s.shape)
+    return local
