@@ -216,7 +216,8 @@ def estimate_iteration(
     def predict(op: str, **params) -> float:
         key = ("isolated", op, frozen(params))
         if key not in memo:
-            memo[key] = (model.predict(op, **params), model.out_of_range(op, **params))
+            beyond = model.out_of_range(op, **params)  # first: an op without a model raises KeyError(op)
+            memo[key] = (model.predict(op, **params), beyond)
         seconds, beyond = memo[key]
         problems.extend(beyond)
         return seconds
