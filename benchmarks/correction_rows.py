@@ -4,9 +4,9 @@ held-out error against its roofline baseline, refitted from stored calibrations 
 
     PYTHONPATH=. .venv/bin/python benchmarks/correction_rows.py [FILES...] [--min-rows 20 40 60]
 
-A short calibration measures each element-wise op 20-30 times, so its corrections (an MLP or
-gradient-boosted trees over 8 design features) are chosen by 5-fold cross-validation on folds
-of 4-6 rows. Below the threshold the op takes its roofline base or baseline (whichever wins
+A short calibration measures each element-wise op 20-35 times, so its corrections (an MLP or
+gradient-boosted trees over 7 inputs: 6 shape and dtype features and the roofline's log time)
+are chosen by 5-fold cross-validation on folds of 4-7 rows. Below the threshold the op takes its roofline base or baseline (whichever wins
 with each row left out in turn). Each file's rows are split by the same seed for every
 threshold, so the held-out rows are the same and the ratios are paired.
 
@@ -43,13 +43,10 @@ def kernel_split(path: str, seed: int) -> tuple[list, list]:
 
 
 def refit(train: list, test: list, min_rows: int, seed: int) -> dict:
-    """Each element-wise op fitted on its training rows as `fit_performance_model` fits it, and
-    scored with its baseline on the same held-out rows; the family pooled."""
+    """Each element-wise op fitted and scored as the calibration fits and scores it
+    (`predictors.fit.fit_op`), under `min_rows`; the family pooled."""
     from predictors import learned_model
-    from predictors.evaluation import paired_ratio, relative_errors
-    from predictors.families import baseline_model_for, default_model_for
-    from predictors.fit import family_heldout
-    from predictors.performance_model import priced
+    from predictors.fit import family_heldout, fit_op
 
     by_op: dict[str, tuple[list, list]] = {}
     for part, rows in enumerate((train, test)):
@@ -57,16 +54,12 @@ def refit(train: list, test: list, min_rows: int, seed: int) -> dict:
             by_op.setdefault(r.op, ([], []))[part].append(r)
     saved = learned_model.MIN_ROWS_FOR_CORRECTION
     learned_model.MIN_ROWS_FOR_CORRECTION = min_rows
-    chosen, per_op, pairs = {}, {}, []
+    stats, pairs = {}, []
     try:
         for op, (op_train, op_test) in sorted(by_op.items()):
-            model = default_model_for(op, seed).fit(op_train)
-            baseline = baseline_model_for(op).fit(op_train)  # type: ignore[union-attr]
-            op_test = priced(baseline, priced(model, op_test))  # a dtype no training row had: unscored
-            pair = relative_errors(model.predict, op_test), relative_errors(baseline.predict, op_test)
-            chosen[op] = getattr(model, "chosen", None)
-            per_op[op] = paired_ratio(*pair).ratio if len(op_test) else None
-            pairs.append(pair)
+            _, stats[op], scored = fit_op(op, op_train, op_test, seed)
+            if scored is not None:
+                pairs.append(scored[1:])
     finally:
         learned_model.MIN_ROWS_FOR_CORRECTION = saved
     family = family_heldout({"elementwise": pairs})["elementwise"]
@@ -75,8 +68,8 @@ def refit(train: list, test: list, min_rows: int, seed: int) -> dict:
         "baseline_gmae": family["baseline_gmae"],
         "n": family["n"],
         "vs_baseline": family["vs_baseline"],
-        "chosen": chosen,
-        "per_op_ratio": per_op,
+        "chosen": {op: s["chosen"] for op, s in stats.items()},
+        "per_op_ratio": {op: (s.get("vs_baseline") or {}).get("ratio") for op, s in stats.items()},
     }
 
 

@@ -96,6 +96,34 @@ def family_heldout(paired: dict[str, list[tuple[np.ndarray, np.ndarray]]]) -> di
     return out
 
 
+def fit_op(
+    op: str, train: Sequence[Measurement], test: Sequence[Measurement], seed: int = 0
+) -> tuple[OpModel, dict[str, Any], tuple[str, np.ndarray, np.ndarray] | None]:
+    """One op's model fitted on `train` (raises ValueError / KeyError when it cannot be), its
+    held-out stats on `test` beside its baseline's, and the paired (family, model errors,
+    baseline errors) on the rows both can price (None when there are none)."""
+    model = default_model_for(op, seed).fit(train)
+    held_out = priced(model, test)
+    stats = error_stats(relative_errors(model.predict, held_out)).to_dict()
+    stats["n_unpriced"] = len(test) - len(held_out)  # held-out rows of a group no training row had
+    scored = None
+    baseline = baseline_model_for(op)
+    if baseline is not None and held_out:
+        try:
+            baseline.fit(train)
+            both = priced(baseline, held_out)
+            pair = relative_errors(model.predict, both), relative_errors(baseline.predict, both)
+            stats["baseline_gmae"] = error_stats(pair[1]).gmae
+            if both:
+                stats["vs_baseline"] = paired_ratio(*pair).to_dict()
+                scored = (both[0].family or op, *pair)
+        except (ValueError, KeyError):
+            stats["baseline_gmae"] = None
+    stats["n_train"] = len(train)
+    stats["chosen"] = getattr(model, "chosen", None)  # a learned model's pick: a correction, its base, the baseline
+    return model, stats, scored
+
+
 def fit_performance_model(
     rows: Sequence[Measurement], hardware_id: str, seed: int = 0, test_fraction: float = 0.2
 ) -> tuple[PerformanceModel, list[Measurement]]:
@@ -119,29 +147,14 @@ def fit_performance_model(
     paired: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)  # family -> (model, baseline) errors
     for op, op_rows in sorted(by_op.items()):
         try:
-            model = default_model_for(op, seed).fit(op_rows)
+            model, stats, scored = fit_op(op, op_rows, test_by_op[op], seed)
         except (ValueError, KeyError) as exc:  # too few or degenerate rows: report the op, keep the rest
             unfitted[op] = f"{len(op_rows)} training rows: {exc}"
             continue
-        models[op] = model
-        held_out = priced(model, test_by_op[op])
-        stats = error_stats(relative_errors(model.predict, held_out)).to_dict()
-        stats["n_unpriced"] = len(test_by_op[op]) - len(held_out)  # held-out rows of a group no training row had
-        baseline = baseline_model_for(op)
-        if baseline is not None and held_out:
-            try:
-                baseline.fit(op_rows)
-                both = priced(baseline, held_out)
-                pair = relative_errors(model.predict, both), relative_errors(baseline.predict, both)
-                stats["baseline_gmae"] = error_stats(pair[1]).gmae
-                if both:
-                    stats["vs_baseline"] = paired_ratio(*pair).to_dict()
-                    paired[both[0].family or op].append(pair)
-            except (ValueError, KeyError):
-                stats["baseline_gmae"] = None
-        stats["n_train"] = len(op_rows)
-        stats["chosen"] = getattr(model, "chosen", None)  # a learned model's pick: a correction, its base, the baseline
-        metrics[op] = stats
+        models[op], metrics[op] = model, stats
+        if scored is not None:
+            family, errors, baseline_errors = scored
+            paired[family].append((errors, baseline_errors))
     meta = {
         "seed": seed,
         "test_fraction": test_fraction,

@@ -28,7 +28,7 @@ from probes.vocabulary.records import Measurement
 
 CANDIDATES: dict[str, RegressorKind] = {"mlp": ArrayMLP, "gbt": ArrayTrees}
 # Below this many training rows a validation split leaves too little to fit or judge a
-# regressor (8-17 design features; 5 folds of under 8 rows each), so the base or the baseline
+# regressor (an element-wise op's 7 inputs; 5 folds of under 8 rows each), so the base or the baseline
 # is used alone. At 20, a 600 s calibration's element-wise ops (21-27 training rows each) took
 # corrections that lost on their held-out rows (gelu_bwd's MLP 3.9x its roofline's error);
 # refitting eight stored calibrations at 40 left every one's element-wise family at or under
