@@ -31,7 +31,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from probes.comm import destroy_groups, on_host
+from probes.comm import all_gather_single, destroy_groups, on_host, reduce_scatter_single
 from probes.timing import time_callable
 from probes.vocabulary.ops import bus_bandwidth, collective_params, uneven_splits
 from probes.vocabulary.records import Measurement
@@ -75,10 +75,10 @@ def _op_call(
         return lambda: dist.broadcast(x, src=src, group=group)
     if op == "all_gather":
         inp, out = rand(numel // n), torch.empty(numel, device=device)
-        return lambda: dist.all_gather_single(out, inp, group=group)
+        return lambda: all_gather_single(out, inp, group=group)
     if op == "reduce_scatter":
         inp, out = rand(numel), torch.empty(numel // n, device=device)
-        return lambda: dist.reduce_scatter_single(out, inp, group=group)
+        return lambda: reduce_scatter_single(out, inp, group=group)
     if splits is None:
         inp, out = rand(numel), torch.empty(numel, device=device)
         return lambda: dist.all_to_all_single(out, inp, group=group)

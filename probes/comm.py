@@ -150,6 +150,24 @@ def audit(device: torch.device | str, calls: Counter | None = None) -> Iterator[
             setattr(dist, name, fn)
 
 
+def all_gather_single(output: torch.Tensor, input: torch.Tensor, group: Any = None, async_op: bool = False) -> Any:
+    """Gather every rank's equal share into one flat tensor.
+
+    `dist.all_gather_single` where this torch has it (2.13 deprecates the older name), else
+    `dist.all_gather_into_tensor`: the GPU images users (and the GPU check) run may carry an
+    older torch than the one this project pins. Looked up at call time, so `audit` sees it.
+    """
+    fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+    return fn(output, input, group=group, async_op=async_op)
+
+
+def reduce_scatter_single(output: torch.Tensor, input: torch.Tensor, group: Any = None, async_op: bool = False) -> Any:
+    """Sum over ranks and keep this rank's equal share; `dist.reduce_scatter_single` where this
+    torch has it, else its older name `dist.reduce_scatter_tensor` (see `all_gather_single`)."""
+    fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+    return fn(output, input, group=group, async_op=async_op)
+
+
 def on_host(t: torch.Tensor) -> torch.Tensor:
     """A communicated result brought back to the CPU (for numpy and JSON)."""
     return t.detach().cpu()

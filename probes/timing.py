@@ -15,15 +15,23 @@ brackets the timed calls, and two things keep that window device-true:
   the next samples; a call that keeps the host waiting for the device (it synchronizes) has
   nothing to hide and is then timed with plain events (method `cuda_event`). A sample is never
   retried: callers timing collectives rely on every rank calling `fn` the same number of times.
-  `graph=True` instead captures the sample's calls in a CUDA graph and times its replays (still
-  behind a spin, which covers the one replay launch); capture failures fall back to the spin.
-  Never pass `graph=True` for a call that communicates or synchronizes.
+  A sample of several calls (a batch, below) is captured in a CUDA graph and its replays are
+  timed (still behind a spin, which covers the one replay launch): eager back-to-back kernels
+  each add the front end's start of a kernel, ~1 us on an H200, which kernel durations leave
+  out (`graph=None`, the default; `graph=True` captures single calls too, `graph=False` never).
+  Capture failures fall back to the spin. A call that communicates is timed one call per
+  sample (`min_sample_s=0`, as `probes.collective` does), so it is never captured.
 * L2 flush. A scratch buffer of 2x the device's L2 (256 MiB when the size is unknown) is
-  zeroed before every timed sample, outside the window (before the spin, so it is not timed),
+  read before every timed sample, outside the window (before the spin, so it is not timed),
   so a cache-resident shape is not measured warmer than inside a training step (`flush_l2`).
+  (Read rather than zeroed: zeroing leaves dirty lines whose write-back the timed call pays.)
+  A one-call window still holds ~2 us beyond the kernel's duration on an H200 (the marks,
+  1.3 us with nothing between them, and the kernel's start); what eager back-to-back kernels
+  pay too, and what the in-context model refits against whole steps.
   A sample of back-to-back calls would be warm after its first call, so with the flush a CUDA
   sample is one call (events resolve ~0.5 us, and the hidden launch removes the host from the
-  window); without it, short calls are batched as on CPU.
+  window); without it, short calls are batched as on CPU, the batch sized from one call's
+  device time (read from the warm-up calls behind a spin).
   On CPU nothing is flushed unless the call's `setup` just touched what the call reads
   (`flush_after_setup`: a TBE backward after its forward updates the rows the forward read);
   then a scratch buffer of 2x the host's last-level cache is written after the setup, because
@@ -197,7 +205,7 @@ def _spin_cycles_per_s(index: int) -> float:
 
 
 class CudaClock:
-    """CUDA events on the device's current stream; a spin kernel hides launches; a zeroed
+    """CUDA events on the device's current stream; a spin kernel hides launches; reading a
     scratch buffer flushes L2; captures are CUDA graphs."""
 
     method = "cuda_event"
@@ -216,10 +224,14 @@ class CudaClock:
         torch.cuda.synchronize(self.device)
 
     def flush(self) -> None:
+        # Read, not write: zeroing the scratch leaves the L2 full of dirty lines whose
+        # write-back the timed call then pays (+1.3 to +5 us per call on an H200,
+        # benchmarks/results/timing_overhead_nvidia_h200.json); a read evicts as well and
+        # leaves clean lines.
         if self._scratch is None:
-            self._scratch = torch.empty(l2_flush_bytes(self.device) // 4, dtype=torch.int32, device=self.device)
+            self._scratch = torch.zeros(l2_flush_bytes(self.device) // 4, dtype=torch.int32, device=self.device)
         with torch.cuda.stream(self.stream):
-            self._scratch.zero_()
+            self._scratch.sum()
 
     def hide_launch(self, seconds: float) -> None:
         if not self._cycles_per_s:
@@ -279,7 +291,7 @@ def time_callable(
     *,
     flush_l2: bool = True,
     flush_after_setup: bool = False,
-    graph: bool = False,
+    graph: bool | None = None,
     clock: DeviceClock | None = None,
 ) -> Timing:
     """Run `fn` until the running median moves less than `rel_tolerance` between checks.
@@ -295,8 +307,8 @@ def time_callable(
 
     On CUDA (or with a device `clock`) see the module docstring: events, launch hidden behind a
     spin kernel, L2 flushed before each sample (`flush_l2`; on CPU only with a `setup` and
-    `flush_after_setup`, see the module docstring), CUDA-graph
-    replays when `graph=True` (never for calls that communicate or synchronize). `fn` is called
+    `flush_after_setup`, see the module docstring), batches replayed from a CUDA graph
+    (`graph`: None batches only, True always, False never). `fn` is called
     exactly `warmup` + samples x calls-per-sample times (plus the capture's calls with a graph),
     whatever happens, so ranks timing a collective stay in step.
     """
@@ -306,23 +318,37 @@ def time_callable(
     on_device = not isinstance(clock, _HostClock)
     flush = (flush_l2 and on_device) or (flush_after_setup and setup is not None)
 
+    # A batch is sized from one call's time. On a device that is its device time, read from the
+    # warm-up calls after the first behind a spin (the host's wall time per call, sync included,
+    # is several times a microsecond kernel's and would size the batch too short).
+    batchable = setup is None and warmup > 0 and not flush
+    device_sized = batchable and on_device and warmup >= 2
     t_warm = time.perf_counter()
     launch_times: list[float] = []  # host seconds per call (launch time on an asynchronous device)
-    for _ in range(warmup):
+    for i in range(warmup):
         if setup is not None:
             setup()
+        if device_sized and i == 1:
+            clock.sync()
+            clock.hide_launch(min(MAX_SPIN_S, SPIN_MARGIN_S + SPIN_SAFETY * launch_times[0] * (warmup - 1)))
+            clock.start()
         t0 = time.perf_counter()
         fn()
         launch_times.append(time.perf_counter() - t0)
+    if device_sized:
+        clock.stop()
+        per_call = clock.elapsed() / (warmup - 1)
     clock.sync()
-    per_call = (time.perf_counter() - t_warm) / max(warmup, 1)
-    if setup is not None or warmup == 0 or flush:
-        inner = 1
-    else:
-        inner = int(min(1000, max(1, np.ceil(min_sample_s / max(per_call, 1e-9)))))
+    if not device_sized:
+        per_call = (time.perf_counter() - t_warm) / max(warmup, 1)
+    inner = int(min(1000, max(1, np.ceil(min_sample_s / max(per_call, 1e-9))))) if batchable else 1
 
     call, launches, method = fn, inner, clock.method
-    if graph and on_device and setup is None:
+    # A device batch is replayed from a CUDA graph unless `graph=False`: eager back-to-back
+    # kernels each pay the front end's start of a kernel (~1 us on an H200, 20% of a 5 us
+    # kernel; benchmarks/timing_overhead.py), which the profiler's kernel durations leave out.
+    use_graph = graph if graph is not None else inner > 1
+    if use_graph and on_device and setup is None:
         replay = clock.capture(fn, inner)
         if replay is not None:
             call, launches, method = replay, 1, method.replace("event", "graph")

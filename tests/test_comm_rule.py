@@ -109,3 +109,29 @@ def test_every_communication_path_hands_torch_distributed_only_tensors_on_the_gr
         assert "isend" not in report["calls"] and "irecv" not in report["calls"]
         assert "created without device=" in report["implicit"] and "all_reduce" in report["implicit"]
         assert "on meta; the group's device is cpu" in report["wrong_device"]
+
+
+@pytest.mark.parametrize(
+    ("shim", "new", "old"),
+    [
+        ("all_gather_single", "all_gather_single", "all_gather_into_tensor"),
+        ("reduce_scatter_single", "reduce_scatter_single", "reduce_scatter_tensor"),
+    ],
+)
+def test_flat_collectives_take_the_older_torch_name_where_the_new_one_is_missing(monkeypatch, shim, new, old):
+    # torch 2.11 (the lent GPU machine's) has only the older names; 2.13 deprecates them.
+    import probes.comm as comm
+
+    calls = []
+
+    def record(name):
+        return lambda out, inp, group=None, async_op=False: calls.append((name, out, inp, group, async_op))
+
+    out, inp, group = torch.empty(4), torch.ones(2), object()
+    monkeypatch.setattr(dist, new, record(new), raising=False)
+    monkeypatch.setattr(dist, old, record(old))
+    getattr(comm, shim)(out, inp, group=group, async_op=True)
+    monkeypatch.delattr(dist, new)
+    getattr(comm, shim)(out, inp, group=group)
+    assert [(c[0], c[3], c[4]) for c in calls] == [(new, group, True), (old, group, False)]
+    assert all(c[1] is out and c[2] is inp for c in calls)

@@ -161,11 +161,18 @@ def test_batching_rules():
     t = time_callable(clock.fn(), device="cuda", min_repeats=3, max_repeats=3, clock=clock)
     assert t.calls_per_sample == 1 and all(len(inside) == 1 for _, inside in _samples(clock.log))
     # Without the flush a fast call is batched as on CPU, and the spin covers the whole batch.
+    # The batch is sized from the call's device time (1 us: 200 calls make the 200 us sample),
+    # read from the warm-up calls after the first in a hidden window, not from the host's 100 us
+    # per launch (which would make it 2 calls).
     clock = FakeClock(call_s=1e-6)
-    t = time_callable(clock.fn(), device="cuda", min_repeats=3, max_repeats=3, flush_l2=False, clock=clock)
-    assert t.calls_per_sample > 1
-    for before, inside in _samples(clock.log):
-        assert len(inside) == t.calls_per_sample
+    t = time_callable(
+        clock.fn(host_s=1e-4), device="cuda", warmup=3, min_repeats=3, max_repeats=3, flush_l2=False, clock=clock
+    )
+    sizing, *samples = _samples(clock.log)
+    assert sizing[0][-1][0] == "hide" and sum(e[0] == "call" for e in sizing[1]) == 2  # warm-up calls 2 and 3
+    assert 190 <= t.calls_per_sample <= 210
+    for before, inside in samples:
+        assert sum(e[0] == "call" for e in inside) == t.calls_per_sample
         assert before[-1][0] == "hide" and before[-1][1] >= SPIN_MARGIN_S
     assert t.median_s == pytest.approx(1e-6)  # per call
     # A setup forces one call per sample; it runs (and is finished) before the flush.
@@ -228,7 +235,17 @@ def test_graph_replays_when_asked_and_the_spin_when_capture_fails():
     clock = FakeClock(call_s=1e-6)
     t = time_callable(clock.fn(), device="cuda", min_repeats=3, max_repeats=3, flush_l2=False, graph=True, clock=clock)
     assert ("capture", t.calls_per_sample) in clock.log and t.method == "fake_graph+spin"
-    assert all(len(inside) == t.calls_per_sample for _, inside in _samples(clock.log))
+    assert all(len(inside) == t.calls_per_sample for _, inside in _samples(clock.log)[1:])
+    # By default a device batch is a graph and a single call is not; graph=False never captures.
+    batch = FakeClock(call_s=1e-6)
+    t = time_callable(batch.fn(), device="cuda", min_repeats=3, max_repeats=3, flush_l2=False, clock=batch)
+    assert t.calls_per_sample > 1 and ("capture", t.calls_per_sample) in batch.log and t.method == "fake_graph+spin"
+    single = FakeClock(call_s=1e-6)
+    t = time_callable(single.fn(), device="cuda", min_repeats=3, max_repeats=3, clock=single)  # flushed: one call
+    assert t.calls_per_sample == 1 and not any(e[0] == "capture" for e in single.log)
+    eager = FakeClock(call_s=1e-6)
+    t = time_callable(eager.fn(), device="cuda", min_repeats=3, max_repeats=3, flush_l2=False, graph=False, clock=eager)
+    assert t.calls_per_sample > 1 and not any(e[0] == "capture" for e in eager.log) and t.method == "fake_event+spin"
     failing = FakeClock(capture_ok=False)
     t = time_callable(failing.fn(), device="cuda", min_repeats=3, max_repeats=3, graph=True, clock=failing)
     assert ("capture", 1) in failing.log and t.method == "fake_event+spin"
@@ -367,10 +384,16 @@ def test_cuda_microsecond_kernel_matches_the_profiler():
     def fn():
         torch.mul(x, 1.0001, out=y)  # ~5 us: 8 MiB through HBM
 
-    t = time_callable(fn, device="cuda", max_repeats=200, min_repeats=50)
+    # The profiler sees back-to-back calls, operands warm in L2: compared unflushed, like for
+    # like (a batch, replayed from a graph).
+    t = time_callable(fn, device="cuda", max_repeats=200, min_repeats=50, flush_l2=False)
     ref = _profiled_kernel_s(fn)
-    assert t.method == "cuda_event+spin" and t.l2_flushed and t.calls_per_sample == 1
+    assert t.method == "cuda_graph+spin" and not t.l2_flushed and t.calls_per_sample > 1
     assert t.median_s == pytest.approx(ref, rel=0.15), (t, ref)
+    # The probes' default, one call after a flush: cold operands are never faster than warm.
+    cold = time_callable(fn, device="cuda", max_repeats=200, min_repeats=50)
+    assert cold.method == "cuda_event+spin" and cold.l2_flushed and cold.calls_per_sample == 1
+    assert cold.median_s >= 0.95 * t.median_s, (cold, t)
 
 
 @pytest.mark.cuda

@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from probes.comm import all_gather_single, reduce_scatter_single
 from probes.embedding import check_weights_precision, make_dense_tbe, make_tbe
 from probes.vocabulary.indices import sample_indices
 from probes.vocabulary.jobspec import JobSpec
@@ -104,13 +105,13 @@ class _ReduceScatterSamples(torch.autograd.Function):
         rows, width = partial.shape
         ctx.world = world
         out = partial.new_empty(rows // world * width)
-        dist.reduce_scatter_single(out, partial.contiguous().view(-1))
+        reduce_scatter_single(out, partial.contiguous().view(-1))
         return out.view(rows // world, width)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):
         full = grad.new_empty(ctx.world * grad.numel())
-        dist.all_gather_single(full, grad.contiguous().view(-1))
+        all_gather_single(full, grad.contiguous().view(-1))
         return full.view(ctx.world * grad.shape[0], grad.shape[1]), None
 
 

@@ -26,6 +26,7 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 
+from probes.comm import all_gather_single, reduce_scatter_single
 from probes.vocabulary.chunks import ChunkSchedule, ScheduleError, dimension_lines, rank_coords
 
 
@@ -58,10 +59,10 @@ class HierarchicalAllReduce:
             return buf, None
         if phase == "rs":
             out = torch.empty(buf.numel() // p, dtype=buf.dtype, device=buf.device)
-            work = dist.reduce_scatter_single(out, buf, group=self.groups[dim], async_op=True)
+            work = reduce_scatter_single(out, buf, group=self.groups[dim], async_op=True)
         else:
             out = torch.empty(buf.numel() * p, dtype=buf.dtype, device=buf.device)
-            work = dist.all_gather_single(out, buf, group=self.groups[dim], async_op=True)
+            work = all_gather_single(out, buf, group=self.groups[dim], async_op=True)
         return out, work
 
     def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
