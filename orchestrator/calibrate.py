@@ -42,6 +42,7 @@ from probes.elementwise import elementwise_specs
 from probes.embedding import embedding_specs
 from probes.gemm import gemm_specs
 from probes.memcpy import memcpy_specs
+from probes.nccl_choice import nccl_choice_specs, nccl_groups
 from probes.overlap import overlap_specs
 from probes.probe import ProbeSpec
 from probes.sweep import interleave, job_specs
@@ -58,6 +59,9 @@ COLLECTIVE_SHARE = 0.25  # of the budget: six collective variants per group need
 # (at 0.2 of a 300 s budget a 2-device host measured four DLRM steps, and the fit fell back to
 # a constant; at 0.3, with full-size tasks, six).
 TRAINING_SHARE = 0.35
+# On NCCL clusters: each tunable collective under every forced (algorithm, protocol) pair and
+# NCCL's own choice, for the tuner CSV (orchestrator/cli/nccl_tuner.py); none on gloo.
+NCCL_CHOICE_SHARE = 0.1
 # The kernel phase always gets at least this share, even when the phases before it ran over
 # their deadlines (a probe started just before one finishes after it): without kernel rows
 # nothing can be fitted.
@@ -245,6 +249,7 @@ def measure(
         gang = Gang(pool)  # ranks numbered node by node, as a job's are
         one_node = node_members(gang)
         coll = collective_specs(collective_groups(gang.nodes), pool.max_collective_bytes()) if devices > 1 else []
+        nccl = nccl_choice_specs(nccl_groups(gang.nodes), pool.max_collective_bytes()) if device == "cuda" else []
         # every other point a DLRM step: the step overhead's fit needs the most of them (in turn
         # with the transformer steps and the overlap pairs, a 300 s budget measured six)
         whole = (
@@ -275,7 +280,7 @@ def measure(
         )
         done_before = store.done_keys()  # a resumed calibration measures only what is missing
         if done_before:
-            coll, whole, within, local = (missing(x, done_before) for x in (coll, whole, within, local))
+            coll, nccl, whole, within, local = (missing(x, done_before) for x in (coll, nccl, whole, within, local))
             say(f"resuming {store.directory}: {len(done_before)} probe point(s) already stored")
         say(
             f"probing {devices} device(s) of {fingerprint.summary()} for up to {budget_s:.0f}s"
@@ -284,6 +289,13 @@ def measure(
         if coll:
             bar = Progress("collectives", collective_visits(coll), budget_s * COLLECTIVE_SHARE)
             d, f = run_collective_probes(Phase(pool, coll, store, start + budget_s * COLLECTIVE_SHARE, bar.update))
+            bar.close()
+            done, failed = done + d, failed + f
+        if nccl:
+            bar = Progress("NCCL choices", len(nccl), budget_s * NCCL_CHOICE_SHARE)
+            d, f = run_collective_probes(
+                Phase(pool, nccl, store, time.monotonic() + budget_s * NCCL_CHOICE_SHARE, bar.update)
+            )
             bar.close()
             done, failed = done + d, failed + f
         for specs, members, label in (

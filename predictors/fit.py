@@ -26,6 +26,7 @@ from predictors.overhead_model import OverheadModel
 from predictors.pair_estimator import fit_overlap_calibration, fit_symm_mem
 from predictors.performance_model import PerformanceModel, priced
 from predictors.transformer_estimator import fit_transformer_overhead
+from probes.vocabulary.nccl import NCCL_CHOICE_FAMILY
 from probes.vocabulary.ops import (
     CPU_OVERHEAD_OP,
     DLRM_STEP_OP,
@@ -44,8 +45,10 @@ MIN_TRANSFORMER_STEPS = 3  # fewer leave nothing to hold out
 
 
 def kernel_rows(rows: Sequence[Measurement]) -> list[Measurement]:
-    """The rows per-op models are fitted on (one kernel, collective or dispatch each)."""
-    return [r for r in rows if r.op not in COMPOSITE_OPS]
+    """The rows per-op models are fitted on (one kernel, collective or dispatch each). A
+    collective timed under a forced NCCL algorithm and protocol is not what a job gets (NCCL's
+    own choice): those rows make the tuner CSV (`policies.nccl_tuner`), not a model."""
+    return [r for r in rows if r.op not in COMPOSITE_OPS and r.family != NCCL_CHOICE_FAMILY]
 
 
 def fit_bundle(

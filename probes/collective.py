@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -136,6 +136,7 @@ def measure_collectives(
     max_repeats: int = MAX_REPEATS,
     warmup: int = 3,
     stop_at: float | None = None,
+    group: Any = None,
 ) -> list[Measurement]:
     """Time a batch of collective points over one rank group, their windows interleaved.
 
@@ -156,7 +157,9 @@ def measure_collectives(
 
     `uneven` (all_to_all only) draws skewed per-pair splits. Every process of the default
     group must call this with the same points; only the group's first rank returns rows, one
-    per measured point, in the order of `points`."""
+    per measured point, in the order of `points`. `group`: the process group over the points'
+    ranks, made by the caller (under forced NCCL settings, `probes.nccl_choice`); unset, the
+    cached one (`group_for`)."""
     if not points:
         return []
     groups = {p.ranks for p in points}
@@ -165,7 +168,7 @@ def measure_collectives(
     ranks = points[0].ranks
     device = torch.device(device)
     members = list(ranks) if ranks is not None else list(range(dist.get_world_size()))
-    group = group_for(ranks)
+    group = group_for(ranks) if group is None else group
     rank = dist.get_rank()
     if rank not in members:
         return []

@@ -13,7 +13,7 @@ import pytest
 from orchestrator.defaults import FUSION_WORKLOADS
 
 REPO = Path(__file__).resolve().parents[1]
-COMMANDS = ("autotune", "calibrate", "plan", "predict", "run", "nightly", "drift", "fuse")
+COMMANDS = ("autotune", "calibrate", "plan", "predict", "run", "nightly", "drift", "fuse", "nccl_tuner")
 HEAVY = ("torch", "ray", "mlflow", "scipy", "sklearn", "pandas", "fbgemm_gpu")
 
 
@@ -65,7 +65,7 @@ def test_usage_names_the_console_script_or_the_module(monkeypatch):
 def test_every_command_is_a_console_script():
     text = (REPO / "pyproject.toml").read_text()
     for command in COMMANDS:
-        script = "autotune" if command == "autotune" else f"autotune-{command}"
+        script = "autotune" if command == "autotune" else f"autotune-{command.replace('_', '-')}"
         assert f'{script} = "orchestrator.cli.{command}:main"' in text
 
 
