@@ -16,7 +16,9 @@ rest still run):
   2. probe_*          GEMM (float32, bfloat16, float16; mm/addmm/bmm/baddbmm), element-wise and
                       norm ops, memcpy (every direction the device allows), FBGEMM TBE
   3. collectives      a world-1 process group (NCCL on cuda, gloo on cpu; FileStore): all five
-                      collectives at a few sizes; overlap pairs (they need world >= 2: skipped)
+                      collectives at a few sizes; the NCCL choice probe (forced algorithm and
+                      protocol over fresh communicators; NCCL only); overlap pairs (they need
+                      world >= 2: skipped)
   4. training_*       the transformer and DLRM training probes at world 1, as calibration runs
                       them (`probes.training.run_training_probe`)
   5. calibration      a short GEMM / element-wise / memcpy sweep in a time budget, fitted with
@@ -521,6 +523,39 @@ def step_collectives(check: Check, pg: ProcessGroup) -> dict[str, Any]:
     }
 
 
+def step_nccl_choice(check: Check, pg: ProcessGroup) -> dict[str, Any]:
+    """The NCCL choice probe at world 1: each pair's batch over a fresh communicator created
+    with NCCL_ALGO / NCCL_PROTO set, the variables restored after. (At one rank NCCL runs a
+    copy whatever the pair: this checks the path, not a choice; run with NCCL_DEBUG=INFO
+    NCCL_DEBUG_SUBSYS=ENV to see each communicator read the forced pair.)"""
+    _need_group(pg)
+    if pg.backend != "nccl":
+        raise StepSkipped("NCCL choices need an NCCL group (a CUDA device)")
+    from probes.nccl_choice import ENV_KEYS, PROBE, nccl_choice_specs
+    from probes.vocabulary.placement import RankPlacement
+
+    before = {k: os.environ.get(k) for k in ENV_KEYS}
+    specs = nccl_choice_specs([(0,)], max_bytes=64 * 2**10, step=64)
+    pairs = {("auto", "auto"), ("ring", "ll"), ("tree", "simple")}
+    specs = [PROBE.placed(s, RankPlacement((0,))) for s in specs if s.params["op"] == "all_reduce"]
+    specs = [s for s in specs if (s.params["algo"], s.params["proto"]) in pairs]
+    out: dict[str, Any] = {}
+    for pair in sorted(pairs):
+        batch = [s for s in specs if (s.params["algo"], s.params["proto"]) == pair]
+        rows = PROBE.run(batch, str(check.device), {"target_s": 0.02, "windows": 3})
+        if len(rows) != len(batch) or any(r.family != "nccl_choice" for r in rows):
+            raise RuntimeError(f"{pair}: {len(rows)} nccl_choice rows for {len(batch)} points")
+        out["/".join(pair)] = {str(r.params["bytes"]): r.median_s / US for r in rows}
+    after = {k: os.environ.get(k) for k in ENV_KEYS}
+    if after != before:
+        raise RuntimeError(f"NCCL variables not restored: {before} -> {after}")
+    return {
+        "points_us": out,
+        "env_restored": True,
+        "summary": f"{len(out)} pairs x {len(next(iter(out.values())))} sizes over fresh communicators",
+    }
+
+
 def _need_group(pg: ProcessGroup) -> None:
     if not dist.is_initialized():
         raise RuntimeError(f"no process group ({pg.backend}): {pg.error or 'not initialised'}")
@@ -949,6 +984,7 @@ def main(argv: list[str] | None = None) -> int:
     pg = ProcessGroup(device)
     try:
         check.run("collectives", lambda: step_collectives(check, pg))
+        check.run("nccl_choice", lambda: step_nccl_choice(check, pg))
         check.run("overlap_pairs", lambda: step_overlap(check, pg))
         check.run("training_transformer", lambda: step_training_transformer(check, pg))
         check.run("training_dlrm", lambda: step_training_dlrm(check, pg))

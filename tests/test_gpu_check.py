@@ -22,6 +22,7 @@ STEPS = [
     "probe_memcpy",
     "probe_embedding",
     "collectives",
+    "nccl_choice",
     "overlap_pairs",
     "training_transformer",
     "training_dlrm",
@@ -74,6 +75,7 @@ def _check_common(proc: subprocess.CompletedProcess, doc: dict) -> dict[str, str
     assert status["collectives"] == "passed" and figures["collectives"]["backend"] == "gloo"
     ops = {key.split(".")[0] for key in figures["collectives"]["points"]}
     assert ops >= {"all_reduce", "all_to_all", "all_gather", "reduce_scatter", "broadcast"}
+    assert status["nccl_choice"] == "skipped" and "NCCL" in doc["steps"][STEPS.index("nccl_choice")]["error"]
     assert status["overlap_pairs"] == "skipped" and "world" in doc["steps"][STEPS.index("overlap_pairs")]["error"]
     assert status["training_transformer"] == "passed" and figures["training_transformer"]["step_ms"] > 0
     calib = figures["calibration"]
