@@ -1,7 +1,8 @@
 """deploy/'s Kubernetes manifests against Kubernetes' own schemas (kubernetes-validate ships them),
 strictly: a misspelt or misplaced field fails here instead of on a cluster. The pod templates
 inside the KubeRay resources (the head, the worker groups, the submitters) are checked as the
-pods they become; the KubeRay resources' own fields are checked by test_deploy.py."""
+pods they become; the KubeRay resources' own fields are checked against KubeRay's CRDs by
+test_kuberay_crds.py."""
 
 from __future__ import annotations
 
