@@ -67,6 +67,8 @@ def _traced_op(op: dict[str, Any], deps: list[int], gap: float) -> GraphOp:
     """A top-level op of the step's thread, issued `gap` after the thread was free."""
     host_s = op["end_s"] - op["start_s"]
     params = {"shapes": op.get("shapes", [])}
+    if op.get("bytes"):  # a c10d launch's message, where the trace knew it (predictors/kineto_trace.py)
+        params["bytes"] = op["bytes"]
     if op.get("device_s") is not None:  # a CUDA capture: the kernels run asynchronously for device_s,
         # the host's span is what issuing them cost the CPU thread
         return GraphOp(

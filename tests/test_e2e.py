@@ -143,6 +143,13 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
         cli("orchestrator.cli.predict", "--job", "tiny.yaml", "--plan", str(plan_path), "--json", cwd=tmp_path).stdout
     )
     assert predicted["iteration_ms"] == pytest.approx(second["predicted_iteration_ms"])
+    # A user's own torch.profiler trace of another model, priced by the same champion.
+    from kineto_traces import write_mlp_trace
+
+    write_mlp_trace(tmp_path / "traces")
+    traced = last_json(cli("orchestrator.cli.predict", "--trace", "traces", "--json", cwd=tmp_path).stdout)
+    assert traced["hardware_id"] == first["hardware_id"] and traced["ranks"] == 1
+    assert traced["trace_ms"] > 0 and traced["iteration_ms"] > 0 and 0 < traced["priced_share"] < 1
 
     # Refit from the stored measurements: nothing is probed, a new version is registered.
     measurements = Path(tmp_path) / first["calibration"]["measurements"]

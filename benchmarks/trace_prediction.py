@@ -1,0 +1,195 @@
+"""Predicting from users' own traces: jobs run on 2 gloo ranks under torch.profiler, their
+per-rank Kineto traces exported as a user would, read back (predictors/kineto_trace.py) and
+priced with the registered champion; each profiled step's prediction against its traced time.
+
+    .venv/bin/python benchmarks/trace_prediction.py --tracking-uri URI [--steps 5] [--out PATH]
+
+Jobs: a DLRM task and a data-parallel transformer of this project's reference workloads, and
+a small CNN (convolutions, batch norm, pooling, a classifier; DDP, SGD with momentum) written
+here as a user would write one, which no probe or graph builder of the project knows. Per job:
+every active profiler step is rebuilt from the trace alone (measured op times: how well the
+graph replays the trace) and predicted (every op the champion models priced by it, the rest as
+traced); errors against the traced step (earliest rank's start to latest rank's end), medians
+over the steps, and the share of rank 0's traced op time the champion priced. Writes
+benchmarks/results/trace_prediction.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import torch.multiprocessing as mp  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.profiler import ProfilerActivity, profile, schedule  # noqa: E402
+
+from predictors.kineto_trace import TraceError, common_steps, load_traces, price_graph, steps_for  # noqa: E402
+from predictors.simulator import simulate  # noqa: E402
+from predictors.trace_graph import graph_from_traces, measured_iteration_s  # noqa: E402
+
+WORLD = 2
+WARMUP = 2
+
+
+def _cnn_step(rank: int):
+    """The user's job: a small CNN on 64x64 images, DDP, SGD with momentum."""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 32, 3, padding=1),
+        nn.BatchNorm2d(32),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(32, 64, 3, padding=1),
+        nn.BatchNorm2d(64),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(4),
+        nn.Flatten(),
+        nn.Linear(64 * 16, 256),
+        nn.ReLU(),
+        nn.Linear(256, 10),
+    )
+    ddp = nn.parallel.DistributedDataParallel(model)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(32, 3, 64, 64), torch.randint(0, 10, (32,))
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(ddp(x), y).backward()
+        opt.step()
+
+    return step
+
+
+def _dlrm_step(rank: int, seed: int):
+    from probes.workloads.dlrm import ShardedDLRM, cycling_step
+    from probes.workloads.random_dlrm import random_dlrm_tasks
+
+    (spec,) = random_dlrm_tasks(1, WORLD, seed, 0.05)
+    placement = [i % WORLD for i in range(len(spec.tables))]
+    return cycling_step(ShardedDLRM(spec, placement, rank, WORLD, torch.device("cpu")))
+
+
+def _transformer_step(rank: int):
+    from probes.vocabulary.transformer_spec import TransformerSpec
+    from probes.workloads.transformer import ParallelTransformer
+
+    spec = TransformerSpec(layers=2, hidden=256, heads=4, seq_len=64, batch_size=8, world_size=WORLD)
+    return ParallelTransformer(spec, rank, torch.device("cpu")).step
+
+
+def _rank(rank: int, init: str, out: str, job: str, steps: int, seed: int) -> None:
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=WORLD)
+    try:
+        torch.set_num_threads(1)
+        step = {
+            "cnn": lambda: _cnn_step(rank),
+            "dlrm": lambda: _dlrm_step(rank, seed),
+            "transformer": lambda: _transformer_step(rank),
+        }[job]()
+        with profile(
+            activities=[ProfilerActivity.CPU],
+            record_shapes=True,
+            schedule=schedule(wait=0, warmup=WARMUP, active=steps),
+            on_trace_ready=lambda p: p.export_chrome_trace(f"{out}/trace_rank{rank}.json"),
+        ) as prof:
+            for _ in range(WARMUP + steps):
+                step()
+                dist.barrier()  # as a data loader's synchronisation would: steps start together
+                prof.step()
+    finally:
+        dist.destroy_process_group()
+
+
+def evaluate(directory: Path, model: Any) -> dict[str, Any]:
+    traces = load_traces(directory)
+    hosts = [t.host for t in traces]
+    rows = []
+    for number in common_steps(traces):
+        try:
+            steps = steps_for(traces, number)
+            graph = graph_from_traces(steps, hosts)
+        except (TraceError, ValueError) as exc:
+            rows.append({"step": number, "skipped": str(exc)})
+            continue
+        traced = measured_iteration_s(steps, hosts)
+        rebuilt = simulate(graph, lambda op: 0.0, synchronous=True, share_links=False).iteration_s
+        priced = price_graph(graph, model)
+        predicted = simulate(priced.graph, lambda op: 0.0, synchronous=True, share_links=False).iteration_s
+        rows.append(
+            {
+                "step": number,
+                "traced_ms": traced * 1e3,
+                "rebuilt_ms": rebuilt * 1e3,
+                "predicted_ms": predicted * 1e3,
+                "rebuilt_error": abs(rebuilt - traced) / traced,
+                "error": abs(predicted - traced) / traced,
+                "signed": (predicted - traced) / traced,
+                "priced_share": priced.priced_share,
+                "unpriced_ms": {k: v * 1e3 for k, v in sorted(priced.unpriced.items(), key=lambda kv: -kv[1])[:6]},
+            }
+        )
+    done = [r for r in rows if "error" in r]
+    median = lambda key: statistics.median(r[key] for r in done) if done else None  # noqa: E731
+    return {
+        "steps": rows,
+        "traced_ms": median("traced_ms"),
+        "predicted_ms": median("predicted_ms"),
+        "error": median("error"),
+        "signed": median("signed"),
+        "rebuilt_error": median("rebuilt_error"),
+        "priced_share": median("priced_share"),
+        "ops_rank0": len(steps_for(traces, common_steps(traces)[-1])[0]["ops"]) if done else 0,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tracking-uri", required=True, help="MLflow store holding this hardware's champion")
+    parser.add_argument("--steps", type=int, default=5, help="profiled (active) steps per job")
+    parser.add_argument("--seed", type=int, default=0, help="the DLRM task's seed")
+    parser.add_argument("--jobs", default="dlrm,transformer,cnn")
+    parser.add_argument("--out", default=str(REPO / "benchmarks/results/trace_prediction.json"))
+    args = parser.parse_args()
+
+    from orchestrator import registry
+    from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint
+
+    registry.configure(args.tracking_uri)
+    hardware_id = HardwareFingerprint([local_node_fingerprint()]).hardware_id
+    model = registry.load_performance_model(args.tracking_uri, hardware_id)
+    results = {}
+    for job in args.jobs.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            traces = Path(tmp) / "traces"
+            traces.mkdir()
+            mp.spawn(_rank, args=(f"{tmp}/init", str(traces), job, args.steps, args.seed), nprocs=WORLD)
+            results[job] = evaluate(traces, model)
+        r = results[job]
+        print(
+            f"{job:<12} traced {r['traced_ms']:8.2f} ms  rebuilt error {r['rebuilt_error']:6.1%}  predicted "
+            f"{r['predicted_ms']:8.2f} ms  error {r['error']:6.1%} (signed {r['signed']:+.1%})  priced "
+            f"{r['priced_share']:.0%} of rank 0's op time",
+            flush=True,
+        )
+    doc = {
+        "command": "benchmarks/trace_prediction.py " + " ".join(sys.argv[1:]),
+        "hardware_id": hardware_id,
+        "world_size": WORLD,
+        "jobs": results,
+    }
+    Path(args.out).write_text(json.dumps(doc, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
