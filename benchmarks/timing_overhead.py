@@ -71,6 +71,23 @@ def empty_window_us(device: torch.device, samples: int = 50) -> float:
     return round(float(np.median(times)) / US, 3)
 
 
+def _row(target: float, numel: int, kernel_us: float, t: Any, **settings: Any) -> dict[str, Any]:
+    """One timing beside the kernel's own time: per call, what the window added, the spread."""
+    return {
+        "target_us": target,
+        "numel": numel,
+        "kernel_us": round(kernel_us, 3),
+        **settings,
+        "calls_per_sample": t.calls_per_sample,
+        "method": t.method,
+        "l2_flushed": t.l2_flushed,
+        "per_call_us": round(t.median_s / US, 3),
+        "added_us": round(t.median_s / US - kernel_us, 3),
+        "rel": round(t.median_s / US / kernel_us - 1.0, 4),
+        "spread_us": round(t.spread_s / US, 3),
+    }
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("cuda", "cpu"), default=None)
@@ -89,19 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         for graph in (False, True):
             for sample_us in SAMPLE_US:
                 t = time_callable(fn, device=device, flush_l2=False, graph=graph, min_sample_s=sample_us * US)
-                row = {
-                    "target_us": target,
-                    "numel": numel,
-                    "kernel_us": round(kernel_us, 3),
-                    "graph": graph,
-                    "min_sample_us": sample_us,
-                    "calls_per_sample": t.calls_per_sample,
-                    "method": t.method,
-                    "per_call_us": round(t.median_s / US, 3),
-                    "added_us": round(t.median_s / US - kernel_us, 3),
-                    "rel": round(t.median_s / US / kernel_us - 1.0, 4),
-                    "spread_us": round(t.spread_s / US, 3),
-                }
+                row = _row(target, numel, kernel_us, t, graph=graph, min_sample_us=sample_us)
                 rows.append(row)
                 print(
                     f"{target:>6.0f} us  graph={graph!s:<5} calls/sample {t.calls_per_sample:>4}  "
@@ -113,23 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         flushes = [("read" if cuda else "none", None)] + ([("zeroed", ZeroFlushClock(device))] if cuda else [])
         for flush_kind, clock in flushes:
             flushed = time_callable(fn, device=device, clock=clock)
-            rows.append(
-                {
-                    "target_us": target,
-                    "numel": numel,
-                    "kernel_us": round(kernel_us, 3),
-                    "graph": False,
-                    "min_sample_us": None,
-                    "flush": flush_kind,
-                    "calls_per_sample": flushed.calls_per_sample,
-                    "method": flushed.method,
-                    "l2_flushed": flushed.l2_flushed,
-                    "per_call_us": round(flushed.median_s / US, 3),
-                    "added_us": round(flushed.median_s / US - kernel_us, 3),
-                    "rel": round(flushed.median_s / US / kernel_us - 1.0, 4),
-                    "spread_us": round(flushed.spread_s / US, 3),
-                }
-            )
+            rows.append(_row(target, numel, kernel_us, flushed, graph=False, min_sample_us=None, flush=flush_kind))
             print(f"{target:>6.0f} us  L2 flushed ({flush_kind}), one call: {flushed.median_s / US:.2f} us", flush=True)
     floor = empty_window_us(device) if device.type == "cuda" else None
     print(f"empty window (start and stop marks behind a spin): {floor} us", flush=True)
