@@ -737,12 +737,19 @@ def profiled_per_call(fn: Callable[[], object], device: torch.device, calls: int
     sync(device)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
+        if cuda:  # the calls queue behind a spin and run back to back, as time_callable's do
+            from probes.timing import _spin_cycles_per_s
+
+            torch.cuda._sleep(int(calls * 100e-6 * _spin_cycles_per_s(device.index or 0)))
         for _ in range(calls):
             fn()
         sync(device)
     events = list(prof.events())
     if cuda:
-        kernels = sorted((e for e in events if e.device_type == DeviceType.CUDA), key=lambda e: e.time_range.start)
+        kernels = sorted(
+            (e for e in events if e.device_type == DeviceType.CUDA and "spin_kernel" not in e.name),
+            key=lambda e: e.time_range.start,
+        )
         if not kernels:
             raise RuntimeError("the profiler recorded no CUDA kernel")
         durations = np.array([e.time_range.elapsed_us() for e in kernels], dtype=np.float64)

@@ -258,8 +258,16 @@ class CudaClock:
         try:
             side = torch.cuda.Stream(self.device)
             side.wait_stream(self.stream)
-            with torch.cuda.stream(side):
-                fn()
+            # A call that synchronizes cannot be captured, and a capture it breaks leaves the
+            # CUDA generator in capture mode (every later torch.randn on the device then
+            # fails): such a call is refused here, where synchronizing raises instead.
+            previous = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("error")
+            try:
+                with torch.cuda.stream(side):
+                    fn()
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
             self.stream.wait_stream(side)
             self.sync()
             graph = torch.cuda.CUDAGraph()

@@ -12,8 +12,9 @@ rank of a process group must call `capture_step_trace` together (the steps hold 
 On CUDA the host times of an op are its dispatch (the kernels run later, asynchronously), so
 the profile also records CUDA activity and every top-level op is given its device work: the
 kernels (and memcpy / memset) it launched, found through the profiler's correlation ids (each
-device event's `linked_correlation_id` is the id of the innermost op that launched it; its
-outermost enclosing dispatcher op is the top-level op). Such an op keeps its host `start_s` /
+device event's `linked_correlation_id`, or on PyTorch 2.11 its own id, is the id of the
+innermost CPU event that launched it, the runtime's launch call; its outermost enclosing
+dispatcher op is the top-level op). Such an op keeps its host `start_s` /
 `end_s` (its place in the issue order) and adds `device_s` (the summed kernel time: its
 duration on the device), `device_start_s` / `device_end_s` (first kernel start, last kernel end,
 same clock as `start_s`) and `kernels` (how many). Backward ops, which run on the autograd
@@ -68,6 +69,13 @@ def _top_level_op(e: Any) -> Any | None:
     return top
 
 
+def _correlation(d: Any) -> int:
+    """The correlation id a device event shares with the CPU event that launched it: its
+    `linked_correlation_id` where the profiler sets one, else (PyTorch 2.11's FunctionEvents
+    have none) its own id, which is the launching runtime call's (cudaLaunchKernel's) id."""
+    return int(getattr(d, "linked_correlation_id", 0) or d.id)
+
+
 def _launchers(events: Iterable[Any]) -> dict[int, Any]:
     """Correlation id → the CPU op that launched device work under it (frontend ops only)."""
     return {
@@ -88,7 +96,7 @@ def device_time_by_op(events: Iterable[Any]) -> dict[int, dict[str, float]]:
     for d in events:
         if not _is_device_work(d) or d.name.startswith(DEVICE_COLLECTIVE_PREFIXES):
             continue
-        launcher = launchers.get(getattr(d, "linked_correlation_id", 0) or -1)
+        launcher = launchers.get(_correlation(d))
         top = _top_level_op(launcher) if launcher is not None else None
         if top is None:
             continue
@@ -108,7 +116,7 @@ def device_collectives(events: Iterable[Any]) -> list[tuple[Any, float]]:
     out = []
     for d in events:
         if _is_device_work(d) and d.name.startswith(DEVICE_COLLECTIVE_PREFIXES):
-            launcher = launchers.get(getattr(d, "linked_correlation_id", 0) or -1)
+            launcher = launchers.get(_correlation(d))
             out.append((d, float((launcher or d).time_range.start)))
     return out
 
