@@ -120,3 +120,27 @@ def test_an_unknown_format_or_a_mistyped_correction_is_refused(bundle):
         PerformanceModel.from_dict({**model.to_dict(), "format_version": 7})
     with pytest.raises(ValueError, match="expected a 'context_factors' model|expected a"):
         PerformanceModel.from_dict({**model.to_dict(), "in_step": model.to_dict()["dispatch"]})
+
+
+def test_fusion_curves_fitted_from_width_rows_round_trip_with_the_bundle(tmp_path):
+    # issue #24: the fusion model travels in the hardware's bundle like the other models
+    from probes.vocabulary.ops import FUSION_OP
+
+    def width_row(width: int) -> Measurement:
+        speed = 900.0 * width / (1 + 0.1 * width + 0.004 * width * width)
+        params = {"workload": "pointnet", "batch_size": 32, "optimizer": "adam", "width": width}
+        extra = {"samples_per_s": speed, "peak_memory_bytes": 2e8 + 3e7 * width}
+        return Measurement(FUSION_OP, params, width * 32 / speed, 0.0, 5, family="fusion", extra=extra)
+
+    rows = gemm_rows(np.random.default_rng(5), 40) + [width_row(w) for w in (1, 2, 4, 8, 16, 32)]
+    model, _ = fit_bundle(rows, "hw", seed=0)
+    assert set(model.fusion) == {"pointnet"} and FUSION_OP not in model.ops  # a typed field, not an op
+    model.save(tmp_path)
+    data = json.loads((tmp_path / "performance_model.json").read_text())
+    assert data["fusion"]["pointnet"]["batch_size"] == 32  # plain JSON, no pickle
+    loaded = PerformanceModel.load_dir(tmp_path).fusion["pointnet"]
+    fitted = model.fusion["pointnet"]
+    for width in (1, 5, 16, 48):
+        assert loaded.throughput(width) == pytest.approx(fitted.throughput(width))
+        assert loaded.memory_bytes(width) == pytest.approx(fitted.memory_bytes(width))
+    assert loaded.throughput(16) == pytest.approx(900.0 * 16 / (1 + 1.6 + 0.004 * 256), rel=0.01)
