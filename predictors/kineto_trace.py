@@ -25,7 +25,6 @@ from __future__ import annotations
 import gzip
 import json
 import math
-import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,14 +33,16 @@ from predictors.graph import ExecutionGraph, GraphOp
 from predictors.trace_graph import RESUME, STEP_END
 from probes.vocabulary.in_context import collective_kind, model_op_for
 from probes.vocabulary.ops import collective_params
+from probes.vocabulary.trace_names import (
+    BACKWARD_ENGINE_PREFIX,
+    DEVICE_COLLECTIVE_PREFIXES,
+    HOST_COLLECTIVE_PREFIXES,
+    is_dispatcher_op_name,
+)
 
 STEP_PREFIX = "ProfilerStep#"
-BACKWARD_RANGE = "autograd::engine::evaluate_function"
-COLLECTIVE_PREFIXES = ("gloo:", "nccl:")
-NCCL_KERNEL_PREFIXES = ("ncclDevKernel", "ncclKernel")
 DEVICE_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
 RUNTIME_CATEGORIES = ("cuda_runtime", "cuda_driver")
-_OP_NAME = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_]\w*(\.\w+)?$")
 TRACE_GLOBS = ("*.json", "*.json.gz")
 MARKS = (STEP_END, RESUME)  # the importer's own ops (trace_graph), not traced work
 ELEMENT_BYTES = {"float": 4, "c10::Half": 2, "c10::BFloat16": 2, "double": 8, "long int": 8, "int": 4}
@@ -140,7 +141,7 @@ def _device_spans(trace: KinetoTrace, tops: list[dict[str, Any]]) -> dict[int, d
         by_tid.setdefault(op["tid"], []).append((i, op))
     spans: dict[int, dict[str, float]] = {}
     for k in trace.events:
-        if k.get("cat") not in DEVICE_CATEGORIES or str(k.get("name", "")).startswith(NCCL_KERNEL_PREFIXES):
+        if k.get("cat") not in DEVICE_CATEGORIES or str(k.get("name", "")).startswith(DEVICE_COLLECTIVE_PREFIXES):
             continue
         launch = launches.get(k.get("args", {}).get("correlation"))
         if launch is None:
@@ -162,17 +163,19 @@ def step_record(trace: KinetoTrace, window: dict[str, Any]) -> dict[str, Any]:
     message sizes kept (`bytes`) for pricing."""
     lo, hi, main = window["lo"], window["hi"], window["tid"]
     inside = [e for e in trace.events if _inside(e, lo, hi)]
-    backward = [e for e in inside if str(e.get("name", "")).startswith(BACKWARD_RANGE) and e["tid"] != main]
+    backward = [e for e in inside if str(e.get("name", "")).startswith(BACKWARD_ENGINE_PREFIX) and e["tid"] != main]
 
     def is_op(e: dict[str, Any]) -> bool:
-        return e.get("cat") == "cpu_op" and bool(_OP_NAME.match(str(e.get("name", ""))))
+        return e.get("cat") == "cpu_op" and is_dispatcher_op_name(str(e.get("name", "")))
 
     ops = [e for e in inside if is_op(e) and (e["tid"] == main or any(_encloses(b, e) for b in backward))]
     tops = [t for tid in {e["tid"] for e in ops} for t in _top_level([e for e in ops if e["tid"] == tid])]
     tops.sort(key=lambda e: e["ts"])
     spans = _device_spans(trace, tops)
-    nccl = [e for e in inside if e.get("cat") == "kernel" and str(e.get("name", "")).startswith(NCCL_KERNEL_PREFIXES)]
-    host_comm = [e for e in inside if str(e.get("name", "")).startswith(COLLECTIVE_PREFIXES) and e["tid"] != main]
+    nccl = [
+        e for e in inside if e.get("cat") == "kernel" and str(e.get("name", "")).startswith(DEVICE_COLLECTIVE_PREFIXES)
+    ]
+    host_comm = [e for e in inside if str(e.get("name", "")).startswith(HOST_COLLECTIVE_PREFIXES) and e["tid"] != main]
     comm_events = nccl or host_comm
     out_ops = []
     device = bool(spans or nccl)

@@ -37,12 +37,12 @@ from typing import Any, Sequence
 import torch
 from torch.autograd import DeviceType
 
+from probes.vocabulary.trace_names import is_dispatcher_op_name
+
 KINDS = ("dispatch", "gap", "launch")
 STEP_MARK = "overhead_probe_step"  # record_function around each analysed step
 
 _USER_SCOPE = 7  # at::RecordScope::USER_SCOPE: record_function annotations
-_OP_NAME = re.compile(r"^[A-Za-z_]\w*::[A-Za-z_]\w*(\.\w+)?$")  # one namespace: a dispatcher op
-_NOT_OP_NAMESPACES = ("autograd::",)  # autograd::engine::... never matches, but be explicit
 _LAUNCH_NAME = re.compile(r"^(cuda|cu|hip|hipExtModule)Launch(Cooperative)?Kernel")
 
 
@@ -79,8 +79,7 @@ def is_dispatcher_op(e: Any) -> bool:
         and e.device_type == DeviceType.CPU
         and e.scope != _USER_SCOPE
         and not e.is_user_annotation
-        and bool(_OP_NAME.match(e.name))
-        and not e.name.startswith(_NOT_OP_NAMESPACES)
+        and is_dispatcher_op_name(e.name)
     )
 
 

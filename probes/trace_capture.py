@@ -35,10 +35,9 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from probes.overhead_trace import STEP_MARK, has_op_ancestor, is_dispatcher_op
+from probes.vocabulary.trace_names import BACKWARD_ENGINE_PREFIX, DEVICE_COLLECTIVE_PREFIXES, HOST_COLLECTIVE_PREFIXES
 
-COLLECTIVE_PREFIXES = ("gloo:", "nccl:", "ncclDevKernel", "ncclKernel")
-DEVICE_COLLECTIVE_PREFIXES = ("ncclDevKernel", "ncclKernel")
-BACKWARD_ENGINE_PREFIX = "autograd::engine::evaluate_function"
+COLLECTIVE_PREFIXES = HOST_COLLECTIVE_PREFIXES + DEVICE_COLLECTIVE_PREFIXES
 
 
 def _is_collective_work(e: Any) -> bool:
