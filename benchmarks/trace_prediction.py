@@ -33,9 +33,7 @@ import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, schedule  # noqa: E402
 
-from predictors.kineto_trace import TraceError, common_steps, load_traces, price_graph, steps_for  # noqa: E402
-from predictors.simulator import simulate  # noqa: E402
-from predictors.trace_graph import graph_from_traces, measured_iteration_s  # noqa: E402
+from predictors.kineto_trace import TraceError, common_steps, load_traces, predict_step, steps_for  # noqa: E402
 
 WORLD = 2
 WARMUP = 2
@@ -113,18 +111,16 @@ def _rank(rank: int, init: str, out: str, job: str, steps: int, seed: int) -> No
 def evaluate(directory: Path, model: Any) -> dict[str, Any]:
     traces = load_traces(directory)
     hosts = [t.host for t in traces]
-    rows = []
+    rows, ops_rank0 = [], 0
     for number in common_steps(traces):
         try:
             steps = steps_for(traces, number)
-            graph = graph_from_traces(steps, hosts)
+            found = predict_step(steps, hosts, model)
         except (TraceError, ValueError) as exc:
             rows.append({"step": number, "skipped": str(exc)})
             continue
-        traced = measured_iteration_s(steps, hosts)
-        rebuilt = simulate(graph, lambda op: 0.0, synchronous=True, share_links=False).iteration_s
-        priced = price_graph(graph, model)
-        predicted = simulate(priced.graph, lambda op: 0.0, synchronous=True, share_links=False).iteration_s
+        traced, rebuilt, predicted = found.traced_s, found.rebuilt_s, found.predicted_s
+        ops_rank0 = len(steps[0]["ops"])
         rows.append(
             {
                 "step": number,
@@ -134,8 +130,10 @@ def evaluate(directory: Path, model: Any) -> dict[str, Any]:
                 "rebuilt_error": abs(rebuilt - traced) / traced,
                 "error": abs(predicted - traced) / traced,
                 "signed": (predicted - traced) / traced,
-                "priced_share": priced.priced_share,
-                "unpriced_ms": {k: v * 1e3 for k, v in sorted(priced.unpriced.items(), key=lambda kv: -kv[1])[:6]},
+                "priced_share": found.priced.priced_share,
+                "unpriced_ms": {
+                    k: v * 1e3 for k, v in sorted(found.priced.unpriced.items(), key=lambda kv: -kv[1])[:6]
+                },
             }
         )
     done = [r for r in rows if "error" in r]
@@ -148,7 +146,7 @@ def evaluate(directory: Path, model: Any) -> dict[str, Any]:
         "signed": median("signed"),
         "rebuilt_error": median("rebuilt_error"),
         "priced_share": median("priced_share"),
-        "ops_rank0": len(steps_for(traces, common_steps(traces)[-1])[0]["ops"]) if done else 0,
+        "ops_rank0": ops_rank0,
     }
 
 

@@ -30,7 +30,8 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from predictors.graph import ExecutionGraph, GraphOp
-from predictors.trace_graph import RESUME, STEP_END
+from predictors.simulator import simulate
+from predictors.trace_graph import RESUME, STEP_END, graph_from_traces, measured_iteration_s
 from probes.vocabulary.in_context import collective_kind, model_op_for
 from probes.vocabulary.ops import collective_params
 from probes.vocabulary.trace_names import (
@@ -307,3 +308,26 @@ def price_graph(graph: ExecutionGraph, model: Any) -> PricedGraph:
             new_ops.append(replace(op, duration_s=price) if price is not None else op)
         ranks.append(new_ops)
     return PricedGraph(ExecutionGraph(ranks, meta={**graph.meta, "priced": True}), priced_s, traced_s, unpriced)
+
+
+@dataclass
+class TracePrediction:
+    """One traced step: as traced, replayed from its own op times (how well the graph holds
+    it), and predicted with the bundle's models (`priced`: what they covered)."""
+
+    traced_s: float
+    rebuilt_s: float
+    predicted_s: float
+    priced: PricedGraph
+
+
+def predict_step(steps: Sequence[dict[str, Any]], hosts: Sequence[str], model: Any) -> TracePrediction:
+    """Step records of every rank (`steps_for`) rebuilt as a graph and replayed, then priced by
+    `model` and replayed again (imported ops carry their own durations and blocking)."""
+    graph = graph_from_traces(steps, hosts)
+    priced = price_graph(graph, model)
+
+    def replay(g: ExecutionGraph) -> float:
+        return simulate(g, lambda op: 0.0, synchronous=model.synchronous, share_links=False).iteration_s
+
+    return TracePrediction(measured_iteration_s(steps, hosts), replay(graph), replay(priced.graph), priced)

@@ -193,6 +193,13 @@ def calibration_dir(text: str) -> str:
     return text
 
 
+def trace_dir(text: str) -> str:
+    """An argparse `type=` for a directory of per-rank profiler traces to read."""
+    if not Path(text).is_dir():
+        raise argparse.ArgumentTypeError(f"expected a directory of per-rank Kineto traces, got {text!r}")
+    return text
+
+
 def add_lock_timeout(parser: argparse.ArgumentParser) -> None:
     """--lock-timeout-s of the commands that calibrate under the hardware's promotion lease."""
     parser.add_argument(

@@ -16,10 +16,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 from typing import Sequence
 
-from orchestrator.cli.options import add_common, bad_input, command_parser, emit, entry_point, int_in, parse
+from orchestrator.cli.options import add_common, bad_input, command_parser, emit, entry_point, int_in, parse, trace_dir
 from orchestrator.progress import say
 
 EXAMPLES = (
@@ -46,13 +45,6 @@ def build_parser() -> argparse.ArgumentParser:
     )
     add_common(parser)
     return parser
-
-
-def trace_dir(text: str) -> str:
-    """An argparse `type=` for --trace: an existing directory."""
-    if not Path(text).is_dir():
-        raise argparse.ArgumentTypeError(f"expected a directory of per-rank Kineto traces, got {text!r}")
-    return text
 
 
 def _main(argv: Sequence[str] | None = None) -> int:
@@ -123,9 +115,7 @@ def _human_trace(out: dict) -> None:
 def _predict_trace(args: argparse.Namespace) -> int:
     from orchestrator import registry
     from orchestrator.cli.common import champion_or_exit, fingerprint
-    from predictors.kineto_trace import TraceError, common_steps, load_traces, price_graph, steps_for
-    from predictors.simulator import simulate
-    from predictors.trace_graph import graph_from_traces, measured_iteration_s
+    from predictors.kineto_trace import TraceError, common_steps, load_traces, predict_step, steps_for
 
     try:
         traces = load_traces(args.trace)
@@ -134,27 +124,22 @@ def _predict_trace(args: argparse.Namespace) -> int:
             raise TraceError(
                 f"{args.trace}: no ProfilerStep#N common to every rank's trace (call prof.step() each step)"
             )
+        if args.step is not None and args.step not in numbers:
+            return bad_input(f"--step {args.step}: every trace holds steps {numbers}", "--step", args.json)
         step = numbers[-1] if args.step is None else args.step
-        if step not in numbers:
-            raise TraceError(f"--step {step}: every trace holds steps {numbers}")
         steps = steps_for(traces, step)
     except TraceError as exc:
-        return bad_input(str(exc), "--trace" if not str(exc).startswith("--step") else "--step", args.json)
-    hosts = [t.host for t in traces]
-    graph = graph_from_traces(steps, hosts)
+        return bad_input(str(exc), "--trace", args.json)
     registry.configure(args.tracking_uri)
     fp = fingerprint(args.ray_address, start_ray=False)
     champion = champion_or_exit(fp.hardware_id)
-    priced = price_graph(graph, champion.model)
-    synchronous = champion.model.synchronous
-    rebuilt = simulate(graph, lambda op: 0.0, synchronous=synchronous, share_links=False).iteration_s
-    predicted = simulate(priced.graph, lambda op: 0.0, synchronous=synchronous, share_links=False).iteration_s
-    top = sorted(priced.unpriced.items(), key=lambda kv: -kv[1])[:8]
+    found = predict_step(steps, [t.host for t in traces], champion.model)
+    top = sorted(found.priced.unpriced.items(), key=lambda kv: -kv[1])[:8]
     out = {
-        "iteration_ms": predicted * 1e3,
-        "trace_ms": measured_iteration_s(steps, hosts) * 1e3,
-        "rebuilt_ms": rebuilt * 1e3,
-        "priced_share": priced.priced_share,
+        "iteration_ms": found.predicted_s * 1e3,
+        "trace_ms": found.traced_s * 1e3,
+        "rebuilt_ms": found.rebuilt_s * 1e3,
+        "priced_share": found.priced.priced_share,
         "unpriced_ms": {name: s * 1e3 for name, s in top},
         "step": step,
         "ranks": len(traces),
