@@ -738,9 +738,9 @@ def profiled_per_call(fn: Callable[[], object], device: torch.device, calls: int
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     with profile(activities=activities) as prof:
         if cuda:  # the calls queue behind a spin and run back to back, as time_callable's do
-            from probes.timing import _spin_cycles_per_s
+            from probes.timing import CudaClock
 
-            torch.cuda._sleep(int(calls * 100e-6 * _spin_cycles_per_s(device.index or 0)))
+            CudaClock(device).hide_launch(calls * 100e-6)
         for _ in range(calls):
             fn()
         sync(device)

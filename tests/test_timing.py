@@ -359,7 +359,7 @@ def _profiled_kernel_s(fn, flush: bool = True, calls: int = 30) -> float:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         # the calls queue behind a spin and run back to back, as time_callable's do (a GPU left
         # idle between microsecond kernels runs them slower)
-        torch.cuda._sleep(int(calls * 100e-6 * timing._spin_cycles_per_s(torch.cuda.current_device())))
+        timing.CudaClock("cuda").hide_launch(calls * 100e-6)
         for _ in range(calls):
             if flush:
                 scratch.sum()  # as time_callable flushes: a read, no dirty lines to write back
