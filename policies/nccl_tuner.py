@@ -126,14 +126,15 @@ def _edges(sizes: Sequence[int]) -> list[tuple[int, int]]:
     return list(zip(lows, highs))
 
 
-def tuner_rules(rows: Iterable[Measurement]) -> list[TunerRule]:
-    """The CSV's rules from the NCCL choice rows (see the module docstring)."""
+def tuner_rules(rows: Iterable[Measurement], choices: Sequence[SizeChoice] | None = None) -> list[TunerRule]:
+    """The CSV's rules from the NCCL choice rows (see the module docstring); `choices`: their
+    `size_choices`, when the caller has them already."""
     rows = list(rows)
     measured: dict[tuple[str, int, int], set[int]] = defaultdict(set)
     for row in rows:
         if row.family == NCCL_CHOICE_FAMILY:
             measured[(row.op, int(row.params.get("nodes", 1)), int(row.world_size))].add(int(row.params["bytes"]))
-    wins = {(c.op, c.nodes, c.ranks, c.nbytes): c.best for c in size_choices(rows)}
+    wins = {(c.op, c.nodes, c.ranks, c.nbytes): c.best for c in (size_choices(rows) if choices is None else choices)}
     rules: list[TunerRule] = []
     for (op, nodes, ranks), sizes in sorted(measured.items()):
         ladder = sorted(sizes)

@@ -64,13 +64,19 @@ def _bit_reversed(n: int) -> list[int]:
     return [i for i in order if i < n]
 
 
+def ranks_by_node(nodes: Sequence[Hashable]) -> dict[Hashable, list[int]]:
+    """Each node's ranks in order, given each rank's node (nodes in order of first rank)."""
+    by_node: dict[Hashable, list[int]] = {}
+    for rank, node in enumerate(nodes):
+        by_node.setdefault(node, []).append(rank)
+    return by_node
+
+
 def collective_groups(nodes: Sequence[str]) -> list[tuple[int, ...]]:
     """Rank groups to measure, given each rank's node: for every size 2..world, the first
     ranks that share a node (an intra-node group) and, across nodes, ranks taken round-robin
     over the nodes (an inter-node group)."""
-    by_node: dict[str, list[int]] = {}
-    for rank, node in enumerate(nodes):
-        by_node.setdefault(node, []).append(rank)
+    by_node = ranks_by_node(nodes)
     columns = list(itertools.zip_longest(*by_node.values()))
     round_robin = [r for col in columns for r in col if r is not None]
     biggest_node = max(by_node.values(), key=len)

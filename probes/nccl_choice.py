@@ -12,7 +12,6 @@ job gets NCCL's own choice, not a forced one; `predictors.fit.kernel_rows` leave
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 from dataclasses import dataclass
 from typing import Any, Hashable, Iterator, Sequence
@@ -20,6 +19,7 @@ from typing import Any, Hashable, Iterator, Sequence
 import torch.distributed as dist
 
 from probes.collective import CollectivePoint, measure_collectives
+from probes.collective_sweep import ranks_by_node
 from probes.comm import destroy_groups
 from probes.probe import ProbeSpec
 from probes.vocabulary.nccl import AUTO, ENV_NAMES, NCCL_CHOICE_FAMILY, TUNER_COLLECTIVES, candidates
@@ -53,9 +53,7 @@ def nccl_groups(nodes: Sequence[Hashable]) -> list[tuple[int, ...]]:
     data-parallel all-reduce) and, on several nodes, the ranks of the node with the most (a
     tensor-parallel group within a node); groups of one rank have nothing to choose."""
     groups = [tuple(range(len(nodes)))] if len(nodes) > 1 else []
-    by_node: dict[Hashable, list[int]] = {}
-    for rank, node in enumerate(nodes):
-        by_node.setdefault(node, []).append(rank)
+    by_node = ranks_by_node(nodes)
     biggest = max(by_node.values(), key=len) if by_node else []
     if len(by_node) > 1 and len(biggest) > 1:
         groups.append(tuple(biggest))
@@ -68,7 +66,9 @@ def nccl_choice_specs(
     """Every tunable collective on every group under each of its candidate pairs, message sizes
     from `min_bytes` to `max_bytes` by factors of `step`; a pair's sizes are consecutive (one
     batch, one communicator), the pairs of an op and group in turn, NCCL's own choice first."""
-    sizes = [min_bytes * step**k for k in range(int(math.log(max(max_bytes, min_bytes) / min_bytes, step)) + 1)]
+    sizes = [min_bytes]
+    while sizes[-1] * step <= max_bytes:
+        sizes.append(sizes[-1] * step)
     out = []
     for ranks in groups:
         for op in TUNER_COLLECTIVES:

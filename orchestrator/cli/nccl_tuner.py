@@ -90,7 +90,8 @@ def _main(argv: Sequence[str] | None = None) -> int:
             "--calibration",
             args.json,
         )
-    rules = tuner_rules(rows)
+    choices = size_choices(rows)
+    rules = tuner_rules(rows, choices)
     out = Path(args.out) if args.out else home_path(DEFAULT_NAME)
     out.parent.mkdir(parents=True, exist_ok=True)
     provenance = [
@@ -108,7 +109,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
             "protocol": c.best[1],
             "speedup": c.speedup,
         }
-        for c in size_choices(rows)
+        for c in choices
     ]
     result = {
         "calibration": str(directory),
