@@ -1,0 +1,75 @@
+"""How much slower each DLRM step's collectives ran inside the step than their isolated price,
+per step of a stored calibration: the in-step / isolated ratio the bundle's one affine factor
+per collective must cover.
+
+    .venv/bin/python benchmarks/in_step_collectives.py ROWS [--out PATH]
+
+ROWS: a calibration's `measurements.jsonl(.gz)`. Fits the bundle the calibration would fit now
+(`predictors.fit.fit_bundle`), pairs each captured step's collectives with the graph's, priced
+by the isolated models (`predictors.collective_context.collective_pairs`), and prints per step
+its batch, tables, step time and the median in-step / isolated ratio of its all-reduces and
+all-to-alls, with the fitted factor beside. Issue #26 found the ratio depends on the batch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from benchmarks.refit_e2e import read_rows  # noqa: E402
+from predictors.collective_context import collective_pairs  # noqa: E402
+from predictors.fit import fit_bundle  # noqa: E402
+from probes.vocabulary.jobspec import JobSpec  # noqa: E402
+from probes.vocabulary.ops import DLRM_STEP_OP  # noqa: E402
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("rows", type=Path)
+    parser.add_argument("--out", type=Path, default=None, help="JSON path (unset: printed only)")
+    args = parser.parse_args()
+    rows = read_rows(args.rows)
+    model, _ = fit_bundle(rows, rows[0].hardware_id or "hw", seed=0)
+    steps = []
+    for row in (r for r in rows if r.op == DLRM_STEP_OP):
+        job = JobSpec.from_dict(row.params["job"])
+        pairs = collective_pairs(model, [row])
+        ratios = {op: statistics.median(s / iso for iso, s in v) for op, v in pairs.items() if v}
+        steps.append(
+            {
+                "job": job.name,
+                "batch_size": job.batch_size,
+                "tables": len(job.tables),
+                "step_ms": row.median_s * 1e3,
+                "all_reduce_isolated_ms": pairs["all_reduce"][0][0] * 1e3 if pairs.get("all_reduce") else None,
+                "in_step_ratio": ratios,
+                "captured": {op: len(v) for op, v in pairs.items()},
+            }
+        )
+        ar, a2a = ratios.get("all_reduce"), ratios.get("all_to_all")
+        print(
+            f"{job.name:<11} B={job.batch_size:>5} T={len(job.tables):>3} step {row.median_s * 1e3:6.1f} ms  "
+            f"in-step / isolated: all_reduce {ar if ar is None else round(ar, 2)}, all_to_all "
+            f"{a2a if a2a is None else round(a2a, 2)}",
+            flush=True,
+        )
+    factors = dict(model.in_step.factors) if model.in_step else {}
+    print(f"fitted in-step factors: all_reduce {factors.get('all_reduce')}, all_to_all {factors.get('all_to_all')}")
+    if args.out:
+        doc = {
+            "command": "benchmarks/in_step_collectives.py " + " ".join(sys.argv[1:]),
+            "steps": steps,
+            "factors": factors,
+        }
+        args.out.write_text(json.dumps(doc, indent=1))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
