@@ -197,18 +197,21 @@ def _one_step(events: Any, window: Any, device: tuple[dict, list] | None = None)
     ops, comm = [], []
     timed = False  # some op of this step ran device work
     for e in events:
-        if _on_device(e) or not inside(e) or e.name == STEP_MARK:
+        if _on_device(e) or e.name == STEP_MARK:
             continue
         if _is_collective_work(e):
-            comm.append(
-                {
-                    "name": e.name,
-                    "start_s": (e.time_range.start - lo) * 1e-6,
-                    "end_s": (e.time_range.end - lo) * 1e-6,
-                    "thread": int(e.thread),
-                }
-            )
-        elif (
+            # The step's when it starts inside it, its end cut at the step's: gloo completes a
+            # work's future before closing its range, which can close after the waiting step.
+            if lo <= e.time_range.start <= hi:
+                comm.append(
+                    {
+                        "name": e.name,
+                        "start_s": (e.time_range.start - lo) * 1e-6,
+                        "end_s": (min(e.time_range.end, hi) - lo) * 1e-6,
+                        "thread": int(e.thread),
+                    }
+                )
+        elif inside(e) and (
             (e.thread == main or (device is not None and _in_backward_engine(e)))
             and is_dispatcher_op(e)
             and not has_op_ancestor(e)

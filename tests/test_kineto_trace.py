@@ -38,6 +38,26 @@ def test_a_users_trace_becomes_step_records(mlp_trace):
     assert all(0 <= o["start_s"] <= o["end_s"] <= step["step_s"] + 1e-6 for o in step["ops"])
 
 
+def test_a_work_item_closed_after_its_step_stays_in_that_step(tmp_path, mlp_trace):
+    # gloo completes a work's future before closing its profiler range: on a busy host the
+    # range can close after the step that waited on it has ended.
+    data = json.loads(next(mlp_trace.glob("*.json")).read_text())
+    (trace,) = load_traces(mlp_trace)
+    last = common_steps([trace])[-1]
+    window = next(e for e in data["traceEvents"] if e.get("name") == f"ProfilerStep#{last}")
+    end = window["ts"] + window["dur"]
+    work = next(
+        e
+        for e in data["traceEvents"]
+        if str(e.get("name", "")).startswith("gloo:all_reduce") and window["ts"] <= e["ts"] <= end
+    )
+    work["dur"] = end - work["ts"] + 400.0
+    (tmp_path / "late.json").write_text(json.dumps(data))
+    (step,) = steps_for(load_traces(tmp_path), last)
+    assert [c["name"] for c in step["comm"]] == ["gloo:all_reduce"]
+    assert step["comm"][0]["end_s"] == pytest.approx(step["step_s"])
+
+
 def test_the_rebuilt_graph_holds_every_traced_op_as_traced(mlp_trace):
     # How closely the replay matches the traced step is a figure (benchmarks/trace_prediction.py):
     # on a busy host the backend thread's late start of a collective is not in any op.
