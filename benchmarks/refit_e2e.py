@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.e2e_accuracy import error_summary, signed_error, task_plan  # noqa: E402
+from benchmarks.e2e_accuracy import error_summary, signed_error, task_plan, write_result  # noqa: E402
 from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
 from predictors.fit import fit_bundle  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
@@ -68,7 +68,7 @@ def transformer_predictions(model: PerformanceModel, rows: list[dict]) -> list[d
     ]
 
 
-def report(label: str, rows: list[dict]) -> None:
+def report(label: str, rows: list[dict]) -> dict:
     for r in rows:
         error = (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"]
         print(
@@ -79,12 +79,14 @@ def report(label: str, rows: list[dict]) -> None:
         f"{label}: geomean {summary['geomean_error']:.1%}, median {summary['median_error']:.1%}, "
         f"max {summary['max_error']:.1%}, mean signed {signed_error(rows):+.1%} over {len(rows)} tasks"
     )
+    return {"label": label, **summary, "mean_signed_error": signed_error(rows), "tasks": len(rows)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rows", type=Path)
     parser.add_argument("results", type=Path, nargs="+")
+    parser.add_argument("--out", help="also write the summaries (and the in-step collective figures) as JSON here")
     args = parser.parse_args()
     model, _ = fit_bundle(read_rows(args.rows), "refit", seed=0)
     for name in ("dlrm_step", "transformer_step"):
@@ -96,16 +98,31 @@ def main() -> None:
         print(
             f"in-step collectives: kept {collectives['kept']}, held out {collectives['gmae']:.1%} "
             f"(isolated price {collectives['baseline_gmae']:.1%}, n={collectives['n']}), factors {collectives['factors']}"
+            + (
+                f"; held-out total off by {collectives['total_error']:.1%} (isolated {collectives['baseline_total_error']:.1%})"
+                if "total_error" in collectives
+                else ""
+            )
         )
+    summaries = []
     for path in args.results:
         result = json.loads(path.read_text())
         print(f"{path} (seed {result['task_seed']}):")
         if "world_size" in result and "scale" in result:
-            report("DLRM", dlrm_predictions(model, result))
+            summaries.append(report("DLRM", dlrm_predictions(model, result)))
         else:
-            report("transformer, data parallel", transformer_predictions(model, result["tasks"]))
+            summaries.append(report("transformer, data parallel", transformer_predictions(model, result["tasks"])))
             if result.get("tensor_parallel_tasks"):
-                report("transformer, tensor parallel", transformer_predictions(model, result["tensor_parallel_tasks"]))
+                summaries.append(
+                    report(
+                        "transformer, tensor parallel", transformer_predictions(model, result["tensor_parallel_tasks"])
+                    )
+                )
+    if args.out:
+        command = "benchmarks/refit_e2e.py " + " ".join([str(args.rows), *map(str, args.results)])
+        print(
+            f"wrote {write_result(args.out, {'command': command, 'in_step_collective': collectives, 'summaries': summaries})}"
+        )
 
 
 if __name__ == "__main__":

@@ -13,6 +13,15 @@ graph, priced by the isolated models, and each collective op gets the in-step af
 the kernels get (`ContextFactorModel`). Fitted on the step rows the step overhead trains on,
 scored on its held-out steps against the isolated price (the baseline), and kept only when
 it beats it there.
+
+The factor prices a collective at its mean in-step time, not its typical one. In-step times
+are heavy tailed: most calls run near their isolated time and a few stall for milliseconds
+(a backend thread waiting for a core, a rank late to the rendezvous). A step adds several
+collectives up, and the expected sum is the sum of the means: calibrations of issue #26 had
+in-step/isolated ratios with medians of 1.1 (all-to-all) and 1.5-2.6 (all-reduce) but means
+of 2.6-3.2, and the typical-call factor left every small-batch step short. So the factor is
+the ratio of the summed in-step times to the summed isolated prices (per collective op), and
+it is judged on what the simulator sums: the held-out collectives' total time.
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from predictors.context_model import MIN_ROWS, ContextFactorModel, fit_affine
+from predictors.context_model import CLIP, MIN_ROWS, ContextFactorModel
 from predictors.dlrm_graph import build_dlrm_graph
 from predictors.evaluation import error_stats, split_by_op
 from predictors.performance_model import PerformanceModel
@@ -66,33 +75,44 @@ def fit_collective_context(model: PerformanceModel, step_rows: Sequence[Measurem
     """Add each collective op's in-step factor to `model.in_step` (created if the bundle has
     none), from the collectives of the training split of `step_rows` (the overhead's seeded
     split), and keep them only where they pay: the held-out steps' collectives, priced with
-    them, must be closer than the isolated price (the baseline) is. In-step times are heavy
-    tailed (a step's 1 MiB all-reduce ran 0.7-9.4 ms), so a factor learned from a dozen steps
-    may not carry over; `metrics["in_step_collective"]` says which was kept."""
+    them, must add up closer to their measured total than the isolated prices (the baseline)
+    do. `metrics["in_step_collective"]` says which was kept, with the per-call GMAE beside."""
     train, test = split_by_op(step_rows, seed)
     fitted = collective_pairs(model, train)
     learned = ContextFactorModel()
     for op, v in sorted(fitted.items()):
         if len(v) >= MIN_ROWS:
-            learned.factors[op], learned.adds[op] = fit_affine(np.asarray(v))
+            learned.factors[op], learned.adds[op] = mean_ratio(np.asarray(v)), 0.0
             learned.counts[op] = len(v)
     if not learned.counts:
         return
     held = [(op, iso, s) for op, v in collective_pairs(model, test).items() for iso, s in v]
-    stats = error_stats(np.asarray([abs(learned.in_step(op, iso) - s) / s for op, iso, s in held])).to_dict()
-    baseline = error_stats(np.asarray([abs(iso - s) / s for _, iso, s in held]))
-    stats["baseline_gmae"] = baseline.gmae if held else None
+    priced = np.asarray([learned.in_step(op, iso) for op, iso, _ in held])
+    isolated = np.asarray([iso for _, iso, _ in held])
+    measured = np.asarray([s for _, _, s in held])
+    stats = error_stats(np.abs(priced - measured) / measured).to_dict()
+    stats["baseline_gmae"] = error_stats(np.abs(isolated - measured) / measured).gmae if held else None
+    stats["total_error"] = total_error(priced, measured)
+    stats["baseline_total_error"] = total_error(isolated, measured)
     stats["n_train"] = sum(len(v) for v in fitted.values())
     stats["factors"] = dict(learned.factors)
-    stats["adds_us"] = {op: v * 1e6 for op, v in learned.adds.items()}
-    stats["kept"] = bool(held) and stats["gmae"] < baseline.gmae
+    stats["kept"] = bool(held) and stats["total_error"] < stats["baseline_total_error"]
     if stats["kept"]:
         context = model.in_step if model.in_step is not None else ContextFactorModel()
         context.factors.update(learned.factors)
         context.adds.update(learned.adds)
         context.counts.update(learned.counts)
         model.in_step = context
-    else:  # the isolated price is what the bundle uses: its error is the figure
-        stats["learned_gmae"], stats["gmae"] = stats["gmae"], baseline.gmae
-        stats["gmae_low"], stats["gmae_high"] = baseline.gmae_low, baseline.gmae_high
     model.metrics[IN_STEP_COLLECTIVE_OP] = stats
+
+
+def mean_ratio(pairs: np.ndarray) -> float:
+    """Summed in-step seconds over summed isolated prices (`pairs`: rows of (isolated,
+    in-step)): the factor whose priced total matches the measured total, clipped as every
+    in-step factor is."""
+    return float(np.clip(pairs[:, 1].sum() / pairs[:, 0].sum(), *CLIP))
+
+
+def total_error(priced: np.ndarray, measured: np.ndarray) -> float:
+    """How far the priced collectives add up from their measured total, relative to it."""
+    return float(abs(priced.sum() - measured.sum()) / measured.sum()) if len(measured) else float("nan")
