@@ -1,11 +1,14 @@
 """Fusion width (issue #9): serial vs fused throughput per reference workload, the policy's
 width against the measured best, and a Tune sweep run fused vs unfused.
 
-    .venv/bin/python benchmarks/fusion_width.py [--max-width 64] [--rounds 5] [--parallel 1] [--trials 16]
+    .venv/bin/python benchmarks/fusion_width.py [--tracking-uri URI] [--max-width 64] [--rounds 5]
+        [--parallel 1] [--trials 16]
 
-1. Probe: every workload at widths 1, 2, 4, ... up to the memory cap, the step-time cap or
-   --max-width, each width in a fresh Ray worker process (`orchestrator.fusion`); fit the
-   throughput curve and the memory line.
+1. The curves: with --tracking-uri, the champion bundle's of this hardware (what a calibration
+   registered and `autotune --job sweep.yaml` chooses from), up to its widest measured width;
+   for a workload it has none of (or without --tracking-uri), a probe: widths 1, 2, 4, ... up
+   to the memory cap, the step-time cap or --max-width, each width in a fresh Ray worker
+   process (`orchestrator.fusion`), then the throughput curve and the memory line fitted.
 2. Policy: `policies.fusion_width.choose_width` under the memory cap.
 3. Reality: every probed width and the chosen one measured again, --rounds rounds in rotated
    order (each in a fresh process), median per width. On CPU one width runs at a time
@@ -72,6 +75,7 @@ def remeasure(workload: str, widths: list[int], rounds: int, parallel: int, max_
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
+    parser.add_argument("--tracking-uri", help="take the curves from this store's champion bundle for this hardware")
     parser.add_argument("--max-width", type=int, default=64)
     parser.add_argument("--step-cap-s", type=float, default=1.5, help="stop widening past this step time")
     parser.add_argument("--probe-seconds", type=float, default=1.5, help="timed seconds per width")
@@ -104,11 +108,22 @@ def main() -> None:
         "memory_cap_bytes": memory_cap,
         "workloads": {},
     }
+    registered: dict = {}
+    if args.tracking_uri:
+        from orchestrator import registry
+
+        registry.configure(args.tracking_uri)
+        champion = registry.get_alias(fingerprint.hardware_id, registry.CHAMPION)
+        if champion is None:
+            raise SystemExit(f"no champion for {fingerprint.hardware_id} in {args.tracking_uri}")
+        registered = {w: m for w, m in champion.model.fusion.items() if w in args.workloads}
+        results["bundle"] = f"{champion.name}/{champion.version}"
+        print(f"curves of {sorted(registered)} from {results['bundle']}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         store = MeasurementStore(Path(tmp) / "fusion")
         t0 = time.perf_counter()
         rows = probe_fusion(
-            args.workloads,
+            [w for w in args.workloads if w not in registered],
             store,
             args.max_width,
             memory_cap,
@@ -117,16 +132,18 @@ def main() -> None:
             max_seconds=args.probe_seconds,
         )
         probe_s = time.perf_counter() - t0
-        models = fit_fusion_models(rows)
+        models = {**fit_fusion_models(rows), **registered}
         for name in args.workloads:
             model = models[name]
-            decision = choose_width(model, memory_cap, args.max_width)
+            widest = min(args.max_width, max(model.widths))  # as autotune's sweep: never past a measured width
+            decision = choose_width(model, memory_cap, widest)
             chosen = decision.choice_detail["width"]
-            probed = sorted(int(r.params["width"]) for r in rows if r.params["workload"] == name)
+            probed = sorted(model.widths)
             widths = sorted(set(probed) | {chosen})
             measured = remeasure(name, widths, args.rounds, parallel, args.probe_seconds)
             best = max(measured, key=measured.get)
             entry = {
+                "curve": "registered" if name in registered else "probed",
                 "probed": {
                     int(r.params["width"]): {
                         "samples_per_s": r.extra["samples_per_s"],

@@ -23,11 +23,12 @@ from orchestrator import registry
 from orchestrator.cluster import HardwareFingerprint
 from orchestrator.defaults import DEFAULT_MODEL_AGE_DAYS
 from orchestrator.home import home_path
-from orchestrator.jobfile import Job
+from orchestrator.jobfile import Job, ModelJob
 from orchestrator.progress import detail, say
 from policies.plan import Plan
 from policies.planning import make_plan, make_transformer_plan
 from predictors.performance_model import PerformanceModel
+from probes.vocabulary.sweep_job import SweepJob
 from probes.vocabulary.transformer_job import TransformerJob
 from probes.vocabulary.transformer_spec import TransformerSpec
 
@@ -96,7 +97,11 @@ def autotune(
                     with calibration.calibration_run(hw) as calibrating:
                         info = calibration.describe(
                             calibration.calibrate(
-                                fp, calibration.CalibrationRequest(settings.calibration_budget_s, job, job.seed), lease
+                                fp,
+                                calibration.CalibrationRequest(
+                                    settings.calibration_budget_s, None if isinstance(job, SweepJob) else job, job.seed
+                                ),
+                                lease,
                             )
                         )
                     info["run_id"] = calibrating.info.run_id
@@ -120,6 +125,17 @@ def autotune(
         summary["recalibrated"] = needed
         summary["model"] = f"{champion.name}/{champion.version}"
         mlflow.set_tags({"model_name": champion.name, "model_version": champion.version})
+
+        if isinstance(job, SweepJob):  # fused trials through Ray Tune, the width from the bundle
+            from orchestrator.sweep import run_fusion_sweep
+
+            if settings.dry_run:
+                say("--dry-run: the sweep is not run")
+            else:
+                summary.update(run_fusion_sweep(job, champion.model, fp))
+            summary["wall_s"] = round(time.monotonic() - started, 1)
+            mlflow.log_metric("autotune_wall_s", summary["wall_s"])
+            return summary
 
         plan = plan_job(job, champion.model, fp, champion.version)
         plan_path = Path(settings.plan_out or home_path("plans", f"{job.name}-{hw}.json"))
@@ -197,13 +213,13 @@ def candidate_table(plan: Plan) -> dict[str, list[Any]]:
     return {column: [row[i] for row in rows] for i, column in enumerate(columns)}
 
 
-def plan_job(job: Job, model: PerformanceModel, fp: HardwareFingerprint, version: str | None) -> Plan:
+def plan_job(job: ModelJob, model: PerformanceModel, fp: HardwareFingerprint, version: str | None) -> Plan:
     if isinstance(job, TransformerJob):
         return make_transformer_plan(job, model, fp, version)
     return make_plan(job, model, fp, version)
 
 
-def report_plan(job: Job, plan: Plan) -> dict[str, Any]:
+def report_plan(job: ModelJob, plan: Plan) -> dict[str, Any]:
     """Say what the plan chose (tagged on the run too); returns it for the summary."""
     if isinstance(job, TransformerJob):
         decision = plan.decisions["parallelism"]
@@ -230,7 +246,7 @@ def report_plan(job: Job, plan: Plan) -> dict[str, Any]:
     return {key: decision.choice}
 
 
-def launch_plan(job: Job, plan: Plan, iterations: int, use_gpu: bool) -> LaunchResult:
+def launch_plan(job: ModelJob, plan: Plan, iterations: int, use_gpu: bool) -> LaunchResult:
     """Run the job for real as planned (Ray Train), on the nodes the plan priced."""
     from orchestrator.launch import launch_dlrm, launch_transformer
 

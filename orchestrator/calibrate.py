@@ -23,8 +23,9 @@ import numpy as np
 from orchestrator import registry
 from orchestrator.calibration_plots import log_calibration_plots
 from orchestrator.cluster import HardwareFingerprint
-from orchestrator.defaults import DEFAULT_BUDGET_S
+from orchestrator.defaults import DEFAULT_BUDGET_S, FUSION_MEMORY_SHARE, FUSION_WORKLOADS
 from orchestrator.fanout import Phase, collective_visits, run_collective_probes, run_local_probes
+from orchestrator.fusion import probe_fusion
 from orchestrator.home import home_path
 from orchestrator.lease import Lease
 from orchestrator.measurement_store import MeasurementStore, spec_key
@@ -66,6 +67,11 @@ NCCL_CHOICE_SHARE = 0.1
 # their deadlines (a probe started just before one finishes after it): without kernel rows
 # nothing can be fitted.
 KERNEL_MIN_SHARE = 0.25
+# Last, once the probe actors are gone: the reference workloads' fusion widths, each width in a
+# fresh worker (orchestrator.fusion), so a sweep's width comes from the hardware's bundle. At
+# 0.5 s per width, 60 s of a 600 s budget measured ~4 widths of each of the three on 2 cores.
+FUSION_SHARE = 0.1
+FUSION_PROBE_SECONDS = 0.5
 # Whole training steps: their held-out figures are shown by default, every kernel op's with --verbose.
 STEP_OPS = (DLRM_STEP_OP, TRANSFORMER_STEP_OP)
 TRAINING_PROBES = 24
@@ -311,14 +317,33 @@ def measure(
             )
             bar.close()
             done, failed = done + d, failed + f
-        remaining = max(budget_s - (time.monotonic() - start), budget_s * KERNEL_MIN_SHARE)
+        remaining = max(budget_s * (1 - FUSION_SHARE) - (time.monotonic() - start), budget_s * KERNEL_MIN_SHARE)
         bar = Progress("kernels", len(local), remaining)
         d, f = run_local_probes(Phase(pool, local, store, time.monotonic() + remaining, bar.update))
         bar.close()
         done, failed = done + d, failed + f
     finally:
         pool.stop()
-    return done, failed
+    fused = measure_fusion(fingerprint, store, time.monotonic() + budget_s * FUSION_SHARE, seed)
+    return done + fused, failed
+
+
+def measure_fusion(fingerprint: HardwareFingerprint, store: MeasurementStore, deadline: float, seed: int) -> int:
+    """The reference workloads' fusion widths (`FUSION_WORKLOADS`) until `deadline`, under the
+    cap the sweep policy uses (60% of the smallest device's memory); returns the rows measured.
+    Its failures are recorded in the store, as every probe's are."""
+    devices = sum(fingerprint.devices_per_node) if fingerprint.device_kind == "cuda" else 1
+    rows = probe_fusion(
+        FUSION_WORKLOADS,
+        store,
+        memory_cap_bytes=FUSION_MEMORY_SHARE * fingerprint.min_device_memory_bytes,
+        device_kind=fingerprint.device_kind,
+        parallel=devices,
+        max_seconds=FUSION_PROBE_SECONDS,
+        seed=seed,
+        deadline=deadline,
+    )
+    return len(rows)
 
 
 # What planning a DLRM job prices (predictors/dlrm_graph.py): without a model for one of these a

@@ -11,3 +11,4 @@ DEFAULT_NIGHTLY_LOCK = "nightly"  # a name in the tracking server (orchestrator.
 # The repetitive workloads `orchestrator.cli.fuse` can fuse: the keys of
 # probes.workloads.fusion.models.WORKLOADS (a test keeps the two equal).
 FUSION_WORKLOADS = ("cnn", "pointnet", "transformer")
+FUSION_MEMORY_SHARE = 0.6  # of a device's memory a fused job may plan to hold, unless the job says otherwise

@@ -23,6 +23,7 @@ import ray
 from ray.exceptions import RayError
 
 from orchestrator.cluster import HardwareFingerprint
+from orchestrator.defaults import FUSION_MEMORY_SHARE
 from orchestrator.home import home_path
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.progress import Progress, say
@@ -61,10 +62,12 @@ def probe_fusion(
     parallel: int = 1,
     max_seconds: float = 2.0,
     seed: int = 0,
+    deadline: float | None = None,
 ) -> list[Measurement]:
     """Measure widths 1, 2, 4, ... of each workload; a sweep stops after the first width whose
     peak memory passes `memory_cap_bytes`, whose step takes longer than `step_cap_s`, or at
-    `max_width`. `parallel` tasks run at once (one per device)."""
+    `max_width`. `parallel` tasks run at once (one per device), the workloads' widths in turn;
+    past `deadline` (time.monotonic()) no new width starts (those running finish)."""
     resources = {"num_gpus": 1, "num_cpus": 1} if device_kind == "cuda" else {"num_cpus": 1}
     device = "cuda" if device_kind == "cuda" else "cpu"
     sweeps = {w: WidthSweep(w) for w in workloads}
@@ -74,7 +77,12 @@ def probe_fusion(
     attempts: dict[tuple[str, int], int] = {}
 
     def submit() -> None:
-        for sweep in sweeps.values():
+        if deadline is not None and time.monotonic() > deadline:
+            for sweep in sweeps.values():
+                sweep.stopped = sweep.stopped or f"out of time at width {sweep.next_width}"
+            return
+        # the narrowest next width first: under a deadline every workload gets its first widths
+        for sweep in sorted(sweeps.values(), key=lambda s: s.next_width):
             if len(in_flight) >= max(1, parallel):
                 return
             busy = any(w == sweep.workload for w, _ in in_flight.values())
@@ -141,7 +149,7 @@ def plan_fusion_width(
     FusionModel, choose the width under the memory cap (default 60% of a device's memory) and
     log rows, model and decision to an MLflow run (kind=fusion); with `trials`, also how a
     sweep of that many trials of one setting splits into fused groups."""
-    cap = memory_cap_bytes or 0.6 * fp.min_device_memory_bytes
+    cap = memory_cap_bytes or FUSION_MEMORY_SHARE * fp.min_device_memory_bytes
     # GPUs are measured side by side; the CPU "devices" of a host share caches and memory
     # bandwidth, and a wide fused job beside a narrow one distorts both, so one at a time.
     devices = int(ray.cluster_resources().get("GPU", 1)) if fp.device_kind == "cuda" else 1

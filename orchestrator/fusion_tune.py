@@ -59,6 +59,20 @@ class SweepOutcome:
     wall_s: float
     groups: list[list[str]]
     trials: list[TrialOutcome]
+    # per group, its training throughput (samples/s of all its members) in each epoch while
+    # it ran at its full width (a group that halving shrank counts until it shrank)
+    group_samples_per_s: list[list[float]] = field(default_factory=list)
+
+    def measured_samples_per_s(self, width: int) -> float | None:
+        """The median per-epoch throughput of the groups `width` wide, their first epoch left
+        out where there are later ones (it pays the allocator's and the caches' warm-up)."""
+        rates = [
+            r
+            for group, history in zip(self.groups, self.group_samples_per_s)
+            if len(group) == width
+            for r in (history[1:] if len(history) > 1 else history)
+        ]
+        return float(np.median(rates)) if rates else None
 
     def best(self, metric: str = "val_loss") -> TrialOutcome:
         return min((t for t in self.trials if metric in t.final), key=lambda t: t.final[metric])
@@ -154,8 +168,15 @@ def train_group(config: dict[str, Any], work: FusionWorkload | None = None, boar
     stream = batches(work, batch_size, int(config["data_seed"]))
     val_x, val_y = (t.to(device) for t in next(batches(work, VALIDATION_SAMPLES, int(config["data_seed"]) + 1)))
     for epoch in range(int(config["epochs"])):
-        for x, y in itertools.islice(stream, int(config["steps_per_epoch"])):
-            trainer.step(x.to(device), y.to(device))
+        # the epoch's batches drawn before its steps are timed: the throughput the fusion
+        # model predicts is training's, as its probe measures it (drawing data untimed)
+        data = [(x.to(device), y.to(device)) for x, y in itertools.islice(stream, int(config["steps_per_epoch"]))]
+        synchronize(device)
+        t0 = time.perf_counter()
+        for x, y in data:
+            trainer.step(x, y)
+        synchronize(device)
+        samples_per_s = len(members) * batch_size * len(data) / (time.perf_counter() - t0)
         trainer.fused.eval()
         with torch.no_grad():
             logits = trainer.fused(val_x)
@@ -181,10 +202,16 @@ def train_group(config: dict[str, Any], work: FusionWorkload | None = None, boar
                 "val_loss": min(r["val_loss"] for r in report.values()),
                 "epoch": epoch + 1,
                 "width": width,
+                "samples_per_s": samples_per_s,
             }
         )
         if not members:
             return
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def trial_device() -> torch.device:
@@ -250,11 +277,14 @@ def run_sweep(
     if board is not None:
         ray.kill(board)
     outcomes: dict[str, TrialOutcome] = {}
+    rates: dict[str, list[float]] = {}  # by the group's first trial id
     for result in results:
         if result.error:
             raise RuntimeError(f"fused group failed: {result.error}") from result.error
         members = result.config["members"]
         frame = result.metrics_dataframe
+        full = frame[frame["width"] == len(members)] if "width" in frame else frame.iloc[0:0]
+        rates[members[0]["trial_id"]] = [float(v) for v in full.get("samples_per_s", [])]
         for m in members:
             tid = m["trial_id"]
             history = []
@@ -270,4 +300,7 @@ def run_sweep(
                     }
                 )
             outcomes[tid] = TrialOutcome(tid, m["config"], group_of[tid], len(members), history)
-    return SweepOutcome(fused, wall, [[ids[i] for i in g] for g in groups], [outcomes[t] for t in ids if t in outcomes])
+    named = [[ids[i] for i in g] for g in groups]
+    return SweepOutcome(
+        fused, wall, named, [outcomes[t] for t in ids if t in outcomes], [rates.get(g[0], []) for g in named]
+    )

@@ -1,5 +1,5 @@
-"""Reading a job file: YAML → a validated `JobSpec` (DLRM) or `TransformerJob`, with errors
-that name file and field."""
+"""Reading a job file: YAML → a validated `JobSpec` (DLRM), `TransformerJob` or `SweepJob`,
+with errors that name file and field."""
 
 from __future__ import annotations
 
@@ -8,18 +8,27 @@ from pathlib import Path
 import yaml
 
 from predictors.network import NetworkError, check_topology_size, topology_from_config
-from probes.vocabulary.jobspec import WORKLOADS, JobSpec, JobSpecError
+from probes.vocabulary.jobspec import MODEL_WORKLOADS, WORKLOADS, JobSpec, JobSpecError
 from probes.vocabulary.jobspec_validation import parse_job
+from probes.vocabulary.sweep_job import SweepJob
 from probes.vocabulary.transformer_job import TransformerJob
 
-Job = JobSpec | TransformerJob
+ModelJob = JobSpec | TransformerJob  # one model on the cluster: what plan, run and predict take
+Job = ModelJob | SweepJob
 
 JOB_OPTION = "--job"
 
 
-def load_job(path: str | Path, workloads: tuple[str, ...] = WORKLOADS, command: str = "") -> Job:
-    """`workloads`: those the calling command handles; a job of another is refused naming
-    `workload` and the allowed values."""
+def load_job(path: str | Path, workloads: tuple[str, ...] = MODEL_WORKLOADS, command: str = "") -> ModelJob:
+    """A job of one model (`workloads`: those the calling command handles; a job of another is
+    refused naming `workload` and the allowed values)."""
+    job = load_any_job(path, tuple(w for w in workloads if w in MODEL_WORKLOADS), command)
+    assert not isinstance(job, SweepJob)  # refused above: "sweep" is not a model workload
+    return job
+
+
+def load_any_job(path: str | Path, workloads: tuple[str, ...] = WORKLOADS, command: str = "") -> Job:
+    """Any job file, sweeps included (autotune's)."""
     path = Path(path)
     # Problems with the file itself name the option it came from (`--job`).
     if not path.exists():
@@ -51,11 +60,13 @@ def load_job(path: str | Path, workloads: tuple[str, ...] = WORKLOADS, command: 
         raise JobSpecError(
             [
                 f"{path}: workload: {job.workload!r} jobs are not handled by {command or 'this command'}; allowed: "
-                f"{list(workloads)} (autotune and plan take every workload)"
+                f"{list(workloads)} (autotune takes every workload: {list(WORKLOADS)})"
             ],
             fields=["workload"],
         )
     # A named or explicit network is checked now; `calibrated` needs the cluster and its models.
+    if isinstance(job, SweepJob):
+        return job
     if job.network is not None and job.network.get("topology") != "calibrated":
         try:
             check_topology_size(topology_from_config(job.network), job.world_size)

@@ -20,7 +20,7 @@ from predictors.context_model import fit_context_factors
 from predictors.dlrm_estimator import fit_overhead
 from predictors.evaluation import error_stats, paired_ratio, relative_errors, split_by_op
 from predictors.families import baseline_model_for, default_model_for
-from predictors.fusion_model import fit_fusion_models
+from predictors.fusion_model import FusionModel, FusionModelError, fusion_points, held_out_errors
 from predictors.opmodels import OpModel
 from predictors.overhead_model import OverheadModel
 from predictors.pair_estimator import fit_overlap_calibration, fit_symm_mem
@@ -80,8 +80,26 @@ def fit_bundle(
     if by_op[PAIR_OP] or by_op[TRANSFER_OP]:  # fitted on the bundle's own kernel and collective models
         model.overlap = fit_overlap_calibration(model, by_op[PAIR_OP] + by_op[TRANSFER_OP])
     if by_op[FUSION_OP]:
-        model.fusion = fit_fusion_models(by_op[FUSION_OP])
+        fit_fusion(model, by_op[FUSION_OP])
     return model, held_out
+
+
+def fit_fusion(model: PerformanceModel, rows: Sequence[Measurement]) -> None:
+    """The fusion curve of every workload measured at three widths or more, and its held-out
+    error (`metrics["fused_training/<workload>"]`: each interior width left out in turn, beside
+    a power law's). A workload with fewer widths is listed in `meta["unfitted"]`."""
+    for (workload, batch_size, optimizer), points in sorted(fusion_points(rows).items()):
+        try:
+            model.fusion[workload] = FusionModel.fit(workload, batch_size, optimizer, points)
+        except FusionModelError as exc:
+            model.meta.setdefault("unfitted", {})[f"{FUSION_OP}/{workload}"] = str(exc)
+            continue
+        errors, baseline = held_out_errors(points)
+        stats = error_stats(errors).to_dict()
+        stats["baseline_gmae"] = error_stats(baseline).gmae if len(baseline) else None
+        stats["fit_gmae"] = model.fusion[workload].fit_gmae
+        stats["widths"] = sorted({p.width for p in points})
+        model.metrics[f"{FUSION_OP}/{workload}"] = stats
 
 
 def family_heldout(paired: dict[str, list[tuple[np.ndarray, np.ndarray]]]) -> dict[str, dict[str, Any]]:

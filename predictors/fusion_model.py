@@ -126,6 +126,11 @@ class FusionModel:
 def fit_fusion_models(rows: Sequence[Measurement]) -> dict[str, FusionModel]:
     """One `FusionModel` per workload in `rows` (a workload's rows must share one batch size
     and optimizer: a model fitted on a mix would describe neither)."""
+    return {key[0]: FusionModel.fit(key[0], key[1], key[2], points) for key, points in fusion_points(rows).items()}
+
+
+def fusion_points(rows: Sequence[Measurement]) -> dict[tuple[str, int, str], list[FusionPoint]]:
+    """The measured widths per (workload, batch size, optimizer); one key per workload."""
     groups: dict[tuple, list[FusionPoint]] = {}
     for r in rows:
         if r.op != FUSION_OP:
@@ -138,4 +143,27 @@ def fit_fusion_models(rows: Sequence[Measurement]) -> dict[str, FusionModel]:
     mixed = sorted({w for w in workloads if workloads.count(w) > 1})
     if mixed:
         raise ValueError(f"rows of {mixed} mix batch sizes or optimizers: {sorted(k for k in groups if k[0] in mixed)}")
-    return {key[0]: FusionModel.fit(key[0], key[1], key[2], points) for key, points in groups.items()}
+    return groups
+
+
+def held_out_errors(points: Sequence[FusionPoint]) -> tuple[np.ndarray, np.ndarray]:
+    """Each interior width left out in turn: the curve fitted on the other widths, its relative
+    throughput error at the left-out one, beside the baseline's (a power law, throughput =
+    k·B^p, fitted the same way). The widest and narrowest stay in every fit: left out, they
+    would test extrapolation, which the policy never does (it ranks measured widths only).
+    Empty with fewer than four widths (three are the least the curve is fitted on)."""
+    widths = sorted({p.width for p in points})
+    errors: list[float] = []
+    baseline: list[float] = []
+    if len(widths) < 4:
+        return np.asarray(errors), np.asarray(baseline)
+    for left in widths[1:-1]:
+        train = [p for p in points if p.width != left]
+        test = [p for p in points if p.width == left]
+        curve = FusionModel.fit("held-out", 1, "any", train)
+        slope, intercept = np.polyfit(np.log([p.width for p in train]), np.log([p.samples_per_s for p in train]), 1)
+        for p in test:
+            errors.append(abs(curve.throughput(p.width) - p.samples_per_s) / p.samples_per_s)
+            power = math.exp(intercept) * p.width**slope
+            baseline.append(abs(power - p.samples_per_s) / p.samples_per_s)
+    return np.asarray(errors), np.asarray(baseline)

@@ -74,6 +74,10 @@ def test_tune_sweep_runs_fused_and_keeps_each_trial(ray_local, tmp_path) -> None
         assert 0.0 <= t.final["val_accuracy"] <= 1.0
     losses = {round(t.final["val_loss"], 6) for t in outcome.trials}
     assert len(losses) == 6  # each trial its own model
+    # each group's training throughput per epoch, at its full width
+    assert [len(r) for r in outcome.group_samples_per_s] == [2, 2]
+    assert all(v > 0 for r in outcome.group_samples_per_s for v in r)
+    assert outcome.measured_samples_per_s(3) > 0 and outcome.measured_samples_per_s(4) is None
     assert outcome.best().final["val_loss"] == min(t.final["val_loss"] for t in outcome.trials)
 
 
@@ -170,3 +174,55 @@ def test_successive_halving_stops_single_trials_inside_fused_groups(ray_local, t
         "trial_005": 1,
         "trial_007": 1,
     }
+
+
+def test_a_sweep_through_autotune_takes_its_width_from_the_registered_bundle(ray_local, tracking, tmp_path, capsys):
+    """`autotune --job sweep.yaml`: the champion's fusion curve chooses the width, the trials run
+    fused through Tune, and the run holds predicted vs measured throughput and every trial."""
+    import json
+
+    import mlflow
+    import numpy as np
+    import yaml
+    from synthetic_rows import gemm_rows
+
+    from orchestrator import registry
+    from orchestrator.cli import autotune
+    from orchestrator.cli.common import fingerprint
+    from predictors.fit import fit_bundle
+
+    fp = fingerprint(None, start_ray=True)
+    rows = _probe_pointnet(
+        MeasurementStore(tmp_path / "widths"), max_width=4, memory_cap_bytes=4 * 2**30, parallel=1, max_seconds=0.3
+    )
+    bundle, test_rows = fit_bundle(gemm_rows(np.random.default_rng(0), 40) + rows, fp.hardware_id)
+    assert "pointnet" in bundle.fusion
+    with mlflow.start_run():
+        assert registry.register_bundle(bundle, test_rows, fp.software).promoted
+    job = {
+        "name": "sweep_test",
+        "workload": "sweep",
+        "model": "pointnet",
+        "search_space": {"lr": {"loguniform": [1e-4, 1e-2]}, "batch_size": 8, "seed": {"randint": [0, 99]}},
+        "trials": 5,
+        "epochs": 2,
+        "steps_per_epoch": 3,
+        "max_width": 4,
+    }
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(job))
+    code = autotune.main(["--job", str(path), "--recalibrate", "never", "--tracking-uri", tracking, "--json"])
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert code == 0, out
+    assert out["curve"] == "registered" and out["width"] in (1, 2, 4) and out["trials"] == 5
+    assert sum(out["groups"]) == 5 and max(out["groups"]) <= out["width"]
+    assert out["predicted_samples_per_s"] > 0
+    run = mlflow.get_run(out["run_id"])
+    assert run.data.metrics["chosen_width"] == out["width"]
+    if max(out["groups"]) == out["width"]:  # a group ran at the chosen width: its throughput measured
+        assert run.data.metrics["measured_samples_per_s"] == out["measured_samples_per_s"] > 0
+    artifacts = {a.path for a in mlflow.MlflowClient().list_artifacts(out["run_id"])}
+    assert {"fusion_model.json", "fusion_decision.json", "trials.json", "trial_histories.json"} <= artifacts
+    histories = mlflow.artifacts.load_dict(f"runs:/{out['run_id']}/trial_histories.json")
+    assert sorted(histories) == [f"trial_{i:03d}" for i in range(5)]
+    assert all([h["epoch"] for h in history] == [1, 2] for history in histories.values())

@@ -36,13 +36,16 @@ from probes.vocabulary.jobspec import MAX_ITERATIONS
 EXAMPLES = (
     "python -m orchestrator.autotune --job examples/dlrm_small.yaml",
     "python -m orchestrator.autotune --job examples/transformer_small.yaml --dry-run --json",
+    "python -m orchestrator.autotune --job examples/sweep_small.yaml",
     "ray job submit --working-dir . -- python -m orchestrator.autotune --job job.yaml --tracking-uri http://mlflow:5000",
 )
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = command_parser("orchestrator.autotune", __doc__, EXAMPLES)
-    parser.add_argument("--job", required=True, help="job YAML file (examples/dlrm_small.yaml shows every field)")
+    parser.add_argument(
+        "--job", required=True, help="job YAML file: a DLRM, a transformer or a sweep of fused trials (examples/*.yaml)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="plan and log, but do not launch the job")
     parser.add_argument(
         "--recalibrate",
@@ -82,17 +85,19 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def _main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     t0 = time.monotonic()
-    from orchestrator.jobfile import load_job
+    from orchestrator.jobfile import load_any_job
 
-    job = load_job(args.job)  # refused before Ray or MLflow are even imported
+    job = load_any_job(args.job)  # refused before Ray or MLflow are even imported
     from orchestrator import registry
     from orchestrator.autotuning import AutotuneSettings, autotune
     from orchestrator.cli.common import fingerprint
     from policies.planning import job_placement
+    from probes.vocabulary.sweep_job import SweepJob
 
     uri = registry.configure(args.tracking_uri)
     fp = fingerprint(args.ray_address, start_ray=True)
-    job_placement(job, fp)  # a job larger than the cluster: refused (world_size named) before calibrating
+    if not isinstance(job, SweepJob):  # a sweep's fused jobs take one device each
+        job_placement(job, fp)  # a job larger than the cluster: refused (world_size named) before calibrating
     say(f"hardware {fp.hardware_id}: {fp.summary()}; MLflow at {uri}")
     summary = autotune(
         job,
@@ -118,11 +123,27 @@ def _main(argv: Sequence[str] | None = None) -> int:
 def summary_table(summary: dict, uri: str) -> None:
     """The figures a user came for, last: the plan, predicted and measured, where to look."""
     decided = summary.get("sharding") or summary.get("layout")
-    rows = [
-        ("model", f"{summary['model']} ({'recalibrated' if summary['recalibrated'] else 'reused'})"),
-        ("plan", f"{decided} -> {summary['plan']}"),
-        ("predicted", f"{summary['predicted_iteration_ms']:.2f} ms/iteration"),
-    ]
+    rows = [("model", f"{summary['model']} ({'recalibrated' if summary['recalibrated'] else 'reused'})")]
+    if "width" in summary:  # a sweep
+        rows += [
+            ("width", f"{summary['width']} fused per device (fusion curve {summary['curve']})"),
+            ("trials", f"{summary['trials']} in {len(summary['groups'])} fused job(s) of {summary['groups']}"),
+            ("predicted", f"{summary['predicted_samples_per_s']:.0f} samples/s per fused job"),
+        ]
+        if summary.get("measured_samples_per_s") is not None:
+            rows.append(
+                (
+                    "measured",
+                    f"{summary['measured_samples_per_s']:.0f} samples/s (error {summary['throughput_error']:.1%})",
+                )
+            )
+        best = summary["best_trial"]
+        rows.append(("best", f"{best['trial_id']} val_loss {best.get('val_loss', float('nan')):.4f} {best['config']}"))
+    elif "plan" in summary:
+        rows += [
+            ("plan", f"{decided} -> {summary['plan']}"),
+            ("predicted", f"{summary['predicted_iteration_ms']:.2f} ms/iteration"),
+        ]
     if "measured_iteration_ms" in summary:
         rows.append(
             (

@@ -55,7 +55,9 @@ from typing import Any
 
 from probes.vocabulary.indices import Distribution
 
-WORKLOADS = ("dlrm", "transformer")  # transformer jobs: probes.vocabulary.transformer_job
+# transformer jobs: probes.vocabulary.transformer_job; sweeps of fused trainings: .sweep_job
+WORKLOADS = ("dlrm", "transformer", "sweep")
+MODEL_WORKLOADS = ("dlrm", "transformer")  # one model trained on the cluster: what plan, run and predict take
 
 MAX_WORLD_SIZE = 65536
 MAX_ITERATIONS = 100_000

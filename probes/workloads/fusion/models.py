@@ -11,6 +11,7 @@ made on real training, not on noise.
 
 from __future__ import annotations
 
+import importlib
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -187,9 +188,25 @@ WORKLOADS: dict[str, FusionWorkload] = {
 
 
 def workload(name: str) -> FusionWorkload:
-    if name not in WORKLOADS:
-        raise ValueError(f"workload: expected one of {', '.join(WORKLOADS)}, got {name!r}")
-    return WORKLOADS[name]
+    """A reference workload by name, or the user's own as `package.module:factory`, a callable
+    returning a `FusionWorkload` (their model and data, trained by the same fused loop). The
+    import runs in every process that trains it (each Ray worker), so it takes a module
+    importable there, not an object."""
+    if name in WORKLOADS:
+        return WORKLOADS[name]
+    if ":" not in name:
+        raise ValueError(
+            f"workload: expected one of {', '.join(WORKLOADS)} or an import path module:factory, got {name!r}"
+        )
+    module_name, _, attribute = name.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attribute)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"workload: cannot import {name!r}: {type(exc).__name__}: {exc}") from None
+    made = factory() if callable(factory) else factory
+    if not isinstance(made, FusionWorkload):
+        raise ValueError(f"workload: {name!r} gave {type(made).__name__}, expected a FusionWorkload")
+    return made
 
 
 def batches(work: FusionWorkload, batch_size: int, seed: int):
