@@ -31,7 +31,7 @@ from orchestrator.lease import Lease
 from orchestrator.measurement_store import MeasurementStore, spec_key
 from orchestrator.probe_pool import ActorPool, Gang
 from orchestrator.progress import Progress, detail, say
-from orchestrator.sentinel import choose_sentinels
+from orchestrator.sentinel import choose_sentinels, fusion_sentinels
 from policies.parallelism import layout_gemms
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from predictors.dlrm_estimator import score_steps
@@ -380,6 +380,7 @@ def fit_and_register(
     registry.log_measurements(rows, fingerprint.hardware_id, failures)
     sentinels = choose_sentinels(seed, fingerprint.device_kind, sum(fingerprint.devices_per_node))
     model, test_rows = fit_bundle(rows, fingerprint.hardware_id, seed, fingerprint.device_kind, sentinels)
+    model.sentinels += fusion_sentinels(model)  # the curves the calibration reached
     for op, why in model.meta.get("unfitted", {}).items():
         say(f"WARNING: no model for {op} ({why}); raise the calibration budget to measure it")
     model.meta.update({"software": fingerprint.software, "devices": fingerprint.summary()})

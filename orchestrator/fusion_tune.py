@@ -17,11 +17,13 @@ held by one small actor), a stopped trial cut out of its fused job.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 import ray
@@ -209,6 +211,22 @@ def train_group(config: dict[str, Any], work: FusionWorkload | None = None, boar
             return
 
 
+@contextlib.contextmanager
+def quiet_tune() -> Iterator[None]:
+    """Tune's own output off for one fit: its newer console output prints the experiment's
+    configuration table and paths even at verbose=0 (the older one honours it); the sweep's
+    progress and results are ours to print (orchestrator.progress)."""
+    before = os.environ.get("RAY_AIR_NEW_OUTPUT")
+    os.environ["RAY_AIR_NEW_OUTPUT"] = "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("RAY_AIR_NEW_OUTPUT", None)
+        else:
+            os.environ["RAY_AIR_NEW_OUTPUT"] = before
+
+
 def synchronize(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
@@ -272,7 +290,8 @@ def run_sweep(
         run_config=tune.RunConfig(storage_path=str(Path(storage).resolve()), name=name, verbose=0),
     )
     t0 = time.perf_counter()
-    results = tuner.fit()
+    with quiet_tune():
+        results = tuner.fit()
     wall = time.perf_counter() - t0
     if board is not None:
         ray.kill(board)

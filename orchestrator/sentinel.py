@@ -4,7 +4,8 @@ against the champion.
 The sentinels are drawn, once per calibration, from the same generators as the calibration's
 kernel sweep but with their own seed, so they are fresh points of the measured distribution
 (not rows the model was fitted on): a few GEMMs, embedding lookups, element-wise ops and
-copies, and on more than one device an all-reduce and an all-to-all over all of them. Their specs are stored in the bundle's meta, so the nightly check re-measures exactly
+copies, and on more than one device an all-reduce and an all-to-all over all of them; after
+the fit, one fused-training width per fusion curve the calibration reached. Their specs are stored in the bundle's meta, so the nightly check re-measures exactly
 the points chosen when the champion was made. A champion whose sentinel error has grown well
 past its own held-out error no longer describes the machine: a driver, firmware or neighbour
 changed something that the version check cannot see.
@@ -28,12 +29,44 @@ from probes.embedding import embedding_specs
 from probes.gemm import gemm_specs
 from probes.memcpy import memcpy_specs
 from probes.probe import ProbeSpec
+from probes.vocabulary.ops import FUSION_OP
 from probes.vocabulary.records import Measurement
 
 SENTINEL_SEED_OFFSET = 7919  # sentinels are not the calibration's own points
 SENTINEL_COUNTS = {"gemm": 4, "embedding": 3, "elementwise": 4, "memcpy": 2}
 SENTINEL_COLLECTIVES = ("all_reduce", "all_to_all")
 SENTINEL_COLLECTIVE_BYTES = (64 * 2**10, 2**20, 8 * 2**20)
+FUSION_SENTINEL_SECONDS = 1.0  # timed seconds of a fusion sentinel
+
+
+def fusion_sentinels(model: PerformanceModel) -> list[dict[str, Any]]:
+    """One point per fusion curve of the bundle, re-measured by the nightly: the middle of the
+    curve's measured widths (on the curve, not at its ends), at its batch size and optimizer.
+    Chosen after the fit, since only the widths a calibration reached have a curve."""
+    out = []
+    for name, curve in sorted(model.fusion.items()):
+        width = sorted(curve.widths)[len(curve.widths) // 2]
+        params = {
+            "workload": name,
+            "width": int(width),
+            "batch_size": curve.batch_size,
+            "optimizer": curve.optimizer,
+            "max_seconds": FUSION_SENTINEL_SECONDS,
+        }
+        out.append(ProbeSpec("fusion", params, f"sentinel-fusion:{name}:{width}").to_dict())
+    return out
+
+
+def sentinel_prediction(model: PerformanceModel, row: Measurement) -> tuple[str, float]:
+    """What `row` is scored as (the op whose held-out error it is compared with) and the
+    seconds `model` predicts for it; KeyError when the bundle has no model for it. A fused
+    training step of `width` models is priced on the workload's fusion curve."""
+    if row.op == FUSION_OP:
+        name = str(row.params["workload"])
+        curve = model.fusion[name]
+        width = int(row.params["width"])
+        return f"{FUSION_OP}/{name}", width * int(row.params["batch_size"]) / curve.throughput(width)
+    return row.op, model.predict_params(row.op, row.params)
 
 
 def choose_sentinels(seed: int, device_kind: str, world: int = 1) -> list[dict[str, Any]]:
@@ -88,12 +121,12 @@ def score_sentinels(
     points, skipped = [], set()
     for r in rows:
         try:
-            predicted = model.predict_params(r.op, r.params)
+            op, predicted = sentinel_prediction(model, r)
         except KeyError:
             skipped.add(r.op)
             continue
         error = abs(predicted - r.median_s) / r.median_s
-        points.append({"op": r.op, "measured_s": r.median_s, "predicted_s": predicted, "error": error})
+        points.append({"op": op, "measured_s": r.median_s, "predicted_s": predicted, "error": error})
     if not points:
         return SentinelReport(None, None, bound, False, [], failures, sorted(skipped))
     gmae = geomean([p["error"] for p in points])

@@ -20,6 +20,7 @@ import numpy as np
 import psutil
 import torch
 
+from probes.probe import LocalProbe
 from probes.timing import time_callable
 from probes.vocabulary.ops import FUSION_OP
 from probes.vocabulary.records import Measurement
@@ -144,3 +145,25 @@ def measure_fusion_width(
         family="fusion",
         extra=extra,
     )
+
+
+SENTINEL_SECONDS = 1.0  # timed seconds of a fusion sentinel
+
+
+def _measure(params: dict[str, Any], device: str) -> list[Measurement]:
+    return [
+        measure_fusion_width(
+            params["workload"],
+            int(params["width"]),
+            params.get("batch_size"),
+            params.get("optimizer", "adam"),
+            device,
+            float(params.get("max_seconds", SENTINEL_SECONDS)),
+            int(params.get("seed", 0)),
+        )
+    ]
+
+
+# A fusion point on a probe actor (the nightly's sentinels); the calibration's widths run in
+# fresh workers instead (orchestrator.fusion), where the peak memory is the width's own.
+PROBE = LocalProbe("fusion", _measure)

@@ -4,7 +4,7 @@ point generator, an object satisfying `probes.probe.Probe`) and one line here.""
 
 from __future__ import annotations
 
-from probes import collective_sweep, elementwise, embedding, gemm, memcpy, nccl_choice, overlap, training
+from probes import collective_sweep, elementwise, embedding, fusion, gemm, memcpy, nccl_choice, overlap, training
 from probes.probe import Probe
 
 PROBES: dict[str, Probe] = {
@@ -18,6 +18,7 @@ PROBES: dict[str, Probe] = {
         nccl_choice.PROBE,
         training.PROBE,
         overlap.PROBE,
+        fusion.PROBE,
     )
 }
 

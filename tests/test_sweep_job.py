@@ -192,3 +192,20 @@ def test_a_sweep_probes_its_own_widths_where_the_bundle_has_no_curve_for_it(monk
     assert source == "probed for this sweep" and curve.batch_size == 8
     assert probed == [(["pointnet"], 8, "adam")]
     mlflow.set_tracking_uri(None)
+
+
+def test_a_fusion_curve_gets_a_sentinel_that_the_nightly_scores_on_it():
+    from synthetic_rows import gemm_rows
+
+    from orchestrator.sentinel import fusion_sentinels, score_sentinels
+
+    model, _ = fit_bundle(gemm_rows(np.random.default_rng(0), 40) + fusion_rows("pointnet", [1, 2, 4, 8, 16], 0.0), "hw")
+    (spec,) = fusion_sentinels(model)
+    assert spec["family"] == "fusion" and spec["params"]["width"] == 4  # the middle of 1..16
+    params = {k: spec["params"][k] for k in ("workload", "width", "batch_size", "optimizer")}
+    on_curve = 4 * 32 / model.fusion["pointnet"].throughput(4)
+    rows = [Measurement(FUSION_OP, params, on_curve, 0.0, 5, family="fusion")]
+    report = score_sentinels(model, rows)
+    assert report.points[0]["op"] == f"{FUSION_OP}/pointnet" and report.points[0]["error"] < 1e-9
+    slow = [Measurement(FUSION_OP, params, 3 * on_curve, 0.0, 5, family="fusion")]  # the device got 3x slower
+    assert score_sentinels(model, slow).stale
