@@ -25,7 +25,7 @@ from orchestrator.calibration_plots import log_calibration_plots
 from orchestrator.cluster import HardwareFingerprint
 from orchestrator.defaults import DEFAULT_BUDGET_S, FUSION_MEMORY_SHARE, FUSION_WORKLOADS
 from orchestrator.fanout import Phase, collective_visits, run_collective_probes, run_local_probes
-from orchestrator.fusion import probe_fusion
+from orchestrator.fusion import probe_fusion, widths_at_once
 from orchestrator.home import home_path
 from orchestrator.lease import Lease
 from orchestrator.measurement_store import MeasurementStore, spec_key
@@ -69,7 +69,8 @@ NCCL_CHOICE_SHARE = 0.1
 KERNEL_MIN_SHARE = 0.25
 # Last, once the probe actors are gone: the reference workloads' fusion widths, each width in a
 # fresh worker (orchestrator.fusion), so a sweep's width comes from the hardware's bundle. At
-# 0.5 s per width, 60 s of a 600 s budget measured ~4 widths of each of the three on 2 cores.
+# 0.5 s per width on 2 cores, the 12 s of the default 120 s budget measured widths 1-4 of each
+# of the three, the 60 s of a 600 s one all of 1-64 (21 widths).
 FUSION_SHARE = 0.1
 FUSION_PROBE_SECONDS = 0.5
 # Whole training steps: their held-out figures are shown by default, every kernel op's with --verbose.
@@ -332,13 +333,12 @@ def measure_fusion(fingerprint: HardwareFingerprint, store: MeasurementStore, de
     """The reference workloads' fusion widths (`FUSION_WORKLOADS`) until `deadline`, under the
     cap the sweep policy uses (60% of the smallest device's memory); returns the rows measured.
     Its failures are recorded in the store, as every probe's are."""
-    devices = sum(fingerprint.devices_per_node) if fingerprint.device_kind == "cuda" else 1
     rows = probe_fusion(
         FUSION_WORKLOADS,
         store,
         memory_cap_bytes=FUSION_MEMORY_SHARE * fingerprint.min_device_memory_bytes,
         device_kind=fingerprint.device_kind,
-        parallel=devices,
+        parallel=widths_at_once(fingerprint),
         max_seconds=FUSION_PROBE_SECONDS,
         seed=seed,
         deadline=deadline,

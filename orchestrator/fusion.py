@@ -134,6 +134,13 @@ def probe_fusion(
     return [r for s in sweeps.values() for r in s.rows]
 
 
+def widths_at_once(fp: HardwareFingerprint) -> int:
+    """How many widths to measure at once: one per GPU; on CPU one, since the "devices" of a
+    host share caches and memory bandwidth, and a wide fused job beside a narrow one distorts
+    both (the same width measured up to 42% apart when two ran at once)."""
+    return max(1, int(sum(fp.devices_per_node))) if fp.device_kind == "cuda" else 1
+
+
 def plan_fusion_width(
     workload: str,
     fp: HardwareFingerprint,
@@ -150,9 +157,6 @@ def plan_fusion_width(
     log rows, model and decision to an MLflow run (kind=fusion); with `trials`, also how a
     sweep of that many trials of one setting splits into fused groups."""
     cap = memory_cap_bytes or FUSION_MEMORY_SHARE * fp.min_device_memory_bytes
-    # GPUs are measured side by side; the CPU "devices" of a host share caches and memory
-    # bandwidth, and a wide fused job beside a narrow one distorts both, so one at a time.
-    devices = int(ray.cluster_resources().get("GPU", 1)) if fp.device_kind == "cuda" else 1
     store = MeasurementStore(home_path("fusion") / time.strftime("%Y%m%d-%H%M%S"))
     say(
         f"fusion widths of {workload} on {fp.summary()}: up to {max_width}, cap {cap / 2**30:.1f} GiB; "
@@ -169,7 +173,7 @@ def plan_fusion_width(
             batch_size,
             optimizer,
             fp.device_kind,
-            parallel=devices,
+            parallel=widths_at_once(fp),
             max_seconds=probe_seconds,
         )
         mlflow.log_artifact(str(store.rows_path))

@@ -20,7 +20,7 @@ from ray import tune
 
 from orchestrator.cluster import HardwareFingerprint
 from orchestrator.defaults import FUSION_MEMORY_SHARE
-from orchestrator.fusion import probe_fusion
+from orchestrator.fusion import probe_fusion, widths_at_once
 from orchestrator.fusion_tune import SweepOutcome, run_sweep, sample_trials
 from orchestrator.home import home_path
 from orchestrator.measurement_store import MeasurementStore
@@ -85,7 +85,6 @@ def fusion_curve(
     )
     store = MeasurementStore(home_path("fusion") / time.strftime("%Y%m%d-%H%M%S"))
     say(f"probing the fusion widths of {job.workload_ref} ({why}); rows in {store.rows_path}")
-    devices = int(sum(fp.devices_per_node)) if fp.device_kind == "cuda" else 1
     rows = probe_fusion(
         [job.workload_ref],
         store,
@@ -94,7 +93,7 @@ def fusion_curve(
         batch_size=batch_size,
         optimizer=job.optimizer,
         device_kind=fp.device_kind,
-        parallel=devices,
+        parallel=widths_at_once(fp),
         max_seconds=PROBE_SECONDS,
         seed=job.seed,
     )

@@ -199,7 +199,9 @@ def test_a_fusion_curve_gets_a_sentinel_that_the_nightly_scores_on_it():
 
     from orchestrator.sentinel import fusion_sentinels, score_sentinels
 
-    model, _ = fit_bundle(gemm_rows(np.random.default_rng(0), 40) + fusion_rows("pointnet", [1, 2, 4, 8, 16], 0.0), "hw")
+    model, _ = fit_bundle(
+        gemm_rows(np.random.default_rng(0), 40) + fusion_rows("pointnet", [1, 2, 4, 8, 16], 0.0), "hw"
+    )
     (spec,) = fusion_sentinels(model)
     assert spec["family"] == "fusion" and spec["params"]["width"] == 4  # the middle of 1..16
     params = {k: spec["params"][k] for k in ("workload", "width", "batch_size", "optimizer")}
