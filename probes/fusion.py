@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import psutil
 import torch
 
 from probes.probe import LocalProbe
@@ -65,6 +64,8 @@ class MemoryWatch:
             self.reset = _status_kib("VmHWM") is not None
         except OSError:
             self.reset = False
+        import psutil  # CPU only: a GPU image without it still measures (and imports this probe)
+
         self.baseline = psutil.Process().memory_info().rss
         return self
 

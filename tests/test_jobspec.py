@@ -24,7 +24,7 @@ def test_round_trip(tiny_job_dict):
 @pytest.mark.parametrize(
     "mutate, expected",
     [
-        (lambda d: d.update(workload="gpt"), "workload: expected one of ['dlrm', 'transformer'], got 'gpt'"),
+        (lambda d: d.update(workload="gpt"), "workload: expected one of ['dlrm', 'transformer', 'sweep'], got 'gpt'"),
         (lambda d: d.pop("world_size"), "world_size: required field is missing"),
         (lambda d: d.update(batch_size=0), "batch_size: expected an integer >= 1, got 0"),
         (

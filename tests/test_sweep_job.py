@@ -15,10 +15,10 @@ from orchestrator.jobfile import load_any_job, load_job
 from predictors.fit import fit_bundle
 from predictors.fusion_model import FusionPoint, held_out_errors
 from probes.vocabulary.jobspec import JobSpecError
-from probes.vocabulary.jobspec_validation import REFERENCE_MODELS
 from probes.vocabulary.ops import FUSION_OP
 from probes.vocabulary.records import Measurement
 from probes.vocabulary.sweep_job import SweepJob
+from probes.vocabulary.sweep_validation import REFERENCE_MODELS
 from probes.workloads.fusion.models import WORKLOADS, FusionWorkload, workload
 
 REPO = Path(__file__).resolve().parents[1]
@@ -148,8 +148,9 @@ def test_a_calibrations_width_rows_give_the_bundle_its_fusion_curves():
     assert curve.throughput(8) == pytest.approx(100 * 8 / (1 + 0.8 + 0.128), rel=0.1)
 
 
-def test_a_sweep_probes_its_own_widths_where_the_bundle_has_no_curve_for_it(monkeypatch, tmp_path):
-    mlflow = pytest.importorskip("mlflow")
+def test_a_sweep_probes_its_own_widths_where_the_bundle_has_no_curve_for_it(monkeypatch, tmp_path, tracking):
+    import mlflow
+
     from orchestrator import sweep
 
     probed = []
@@ -173,7 +174,6 @@ def test_a_sweep_probes_its_own_widths_where_the_bundle_has_no_curve_for_it(monk
 
     monkeypatch.setattr(sweep, "probe_fusion", fake_probe)
     monkeypatch.setenv("AUTOTUNE_HOME", str(tmp_path / "home"))
-    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
     from synthetic_rows import gemm_rows
 
     bundle, _ = fit_bundle(gemm_rows(np.random.default_rng(0), 40) + fusion_rows("pointnet", [1, 2, 4], 0.0), "hw")
@@ -191,7 +191,6 @@ def test_a_sweep_probes_its_own_widths_where_the_bundle_has_no_curve_for_it(monk
         curve, source = sweep.fusion_curve(other, bundle, Fingerprint(), 4 * 2**30)
     assert source == "probed for this sweep" and curve.batch_size == 8
     assert probed == [(["pointnet"], 8, "adam")]
-    mlflow.set_tracking_uri(None)
 
 
 def test_a_fusion_curve_gets_a_sentinel_that_the_nightly_scores_on_it():
