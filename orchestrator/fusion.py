@@ -28,7 +28,8 @@ from orchestrator.home import home_path
 from orchestrator.measurement_store import MeasurementStore
 from orchestrator.progress import Progress, say
 from policies.fusion_width import choose_width, partition_trials, power_of_two_widths
-from predictors.fusion_model import fit_fusion_models
+from policies.plan import Decision
+from predictors.fusion_model import FusionModel, fit_fusion_models
 from probes.fusion import measure_fusion_width
 from probes.vocabulary.records import Measurement
 
@@ -134,6 +135,22 @@ def probe_fusion(
     return [r for s in sweeps.values() for r in s.rows]
 
 
+def log_fusion_decision(model: FusionModel, decision: Decision, **extra: Any) -> None:
+    """The curve (`fusion_model.json`) and the width policy's decision with every candidate
+    (`fusion_decision.json`, plus `extra`) as artifacts of the active run."""
+    mlflow.log_dict(model.to_dict(), "fusion_model.json")
+    mlflow.log_dict(
+        {
+            "policy": decision.policy,
+            "choice": decision.choice,
+            "detail": decision.choice_detail,
+            "candidates": [c.__dict__ for c in decision.candidates],
+            **extra,
+        },
+        "fusion_decision.json",
+    )
+
+
 def widths_at_once(fp: HardwareFingerprint) -> int:
     """How many widths to measure at once: one per GPU; on CPU one, since the "devices" of a
     host share caches and memory bandwidth, and a wide fused job beside a narrow one distorts
@@ -178,17 +195,8 @@ def plan_fusion_width(
         )
         mlflow.log_artifact(str(store.rows_path))
         model = fit_fusion_models(rows)[workload]
-        mlflow.log_dict(model.to_dict(), "fusion_model.json")
         decision = choose_width(model, cap, max_width)
-        mlflow.log_dict(
-            {
-                "policy": decision.policy,
-                "choice": decision.choice,
-                "detail": decision.choice_detail,
-                "candidates": [c.__dict__ for c in decision.candidates],
-            },
-            "fusion_decision.json",
-        )
+        log_fusion_decision(model, decision)
         mlflow.log_metrics(
             {
                 "chosen_width": decision.choice_detail["width"],

@@ -63,9 +63,7 @@ def sentinel_prediction(model: PerformanceModel, row: Measurement) -> tuple[str,
     training step of `width` models is priced on the workload's fusion curve."""
     if row.op == FUSION_OP:
         name = str(row.params["workload"])
-        curve = model.fusion[name]
-        width = int(row.params["width"])
-        return f"{FUSION_OP}/{name}", width * int(row.params["batch_size"]) / curve.throughput(width)
+        return f"{FUSION_OP}/{name}", model.fusion[name].step_s(int(row.params["width"]))
     return row.op, model.predict_params(row.op, row.params)
 
 

@@ -20,7 +20,7 @@ from ray import tune
 
 from orchestrator.cluster import HardwareFingerprint
 from orchestrator.defaults import FUSION_MEMORY_SHARE
-from orchestrator.fusion import probe_fusion, widths_at_once
+from orchestrator.fusion import log_fusion_decision, probe_fusion, widths_at_once
 from orchestrator.fusion_tune import SweepOutcome, run_sweep, sample_trials
 from orchestrator.home import home_path
 from orchestrator.measurement_store import MeasurementStore
@@ -125,11 +125,7 @@ def run_fusion_sweep(job: SweepJob, bundle: PerformanceModel | None, fp: Hardwar
         f"sweep: {len(trials)} trial(s) of {job.workload_ref}, fused {width} per device (curve {source}): "
         f"predicted {chosen['samples_per_s']:.0f} samples/s per fused job ({chosen['speedup_vs_one']:.2f}x one model)"
     )
-    mlflow.log_dict(curve.to_dict(), "fusion_model.json")
-    mlflow.log_dict(
-        {"policy": decision.policy, "choice": decision.choice, "detail": chosen, "source": source},
-        "fusion_decision.json",
-    )
+    log_fusion_decision(curve, decision, source=source)
     mlflow.log_table(
         {
             "width": [c.detail.get("width") for c in decision.candidates],

@@ -67,8 +67,7 @@ def fusion_estimator(model: FusionModel, memory_cap_bytes: float) -> Estimator[i
             detail["reason"] = (
                 f"predicted peak memory {memory / 2**20:.0f} MiB exceeds the cap {memory_cap_bytes / 2**20:.0f} MiB"
             )
-        step_ms = width * model.batch_size / speed * 1e3
-        return Candidate(f"width={width}", step_ms if feasible else None, feasible, detail)
+        return Candidate(f"width={width}", model.step_s(width) * 1e3 if feasible else None, feasible, detail)
 
     return estimate
 

@@ -102,6 +102,10 @@ class FusionModel:
         """Predicted samples/s summed over `width` fused models."""
         return float(_curve(np.array([self.a, self.b, self.c]), np.array([float(width)]))[0])
 
+    def step_s(self, width: int) -> float:
+        """Predicted seconds of one step of all `width` models (each at the curve's batch size)."""
+        return width * self.batch_size / self.throughput(width)
+
     def memory_bytes(self, width: int) -> float:
         return self.memory_intercept + self.memory_slope * width
 

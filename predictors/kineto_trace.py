@@ -39,6 +39,7 @@ from probes.vocabulary.trace_names import (
     DEVICE_COLLECTIVE_PREFIXES,
     HOST_COLLECTIVE_PREFIXES,
     is_dispatcher_op_name,
+    work_item_in_step,
 )
 
 STEP_PREFIX = "ProfilerStep#"
@@ -176,13 +177,12 @@ def step_record(trace: KinetoTrace, window: dict[str, Any]) -> dict[str, Any]:
     nccl = [
         e for e in inside if e.get("cat") == "kernel" and str(e.get("name", "")).startswith(DEVICE_COLLECTIVE_PREFIXES)
     ]
-    # A backend work item is the step's when it starts inside it: gloo completes the work's future
-    # before it closes the work's profiler range, so on a busy host the range can close after
-    # the waiting step has ended (seen: 0.4 ms past a 0.7 ms step). Its end is cut at the step's.
     host_comm = [
-        {**e, "dur": min(e["dur"], hi - e["ts"])}
+        {**e, "dur": span[1] - span[0]}
         for e in trace.events
-        if str(e.get("name", "")).startswith(HOST_COLLECTIVE_PREFIXES) and e["tid"] != main and lo <= e["ts"] <= hi
+        if str(e.get("name", "")).startswith(HOST_COLLECTIVE_PREFIXES) and e["tid"] != main
+        for span in [work_item_in_step(e["ts"], e["ts"] + e["dur"], lo, hi)]
+        if span is not None
     ]
     comm_events = nccl or host_comm
     out_ops = []

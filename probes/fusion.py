@@ -148,9 +148,6 @@ def measure_fusion_width(
     )
 
 
-SENTINEL_SECONDS = 1.0  # timed seconds of a fusion sentinel
-
-
 def _measure(params: dict[str, Any], device: str) -> list[Measurement]:
     return [
         measure_fusion_width(
@@ -159,7 +156,7 @@ def _measure(params: dict[str, Any], device: str) -> list[Measurement]:
             params.get("batch_size"),
             params.get("optimizer", "adam"),
             device,
-            float(params.get("max_seconds", SENTINEL_SECONDS)),
+            float(params["max_seconds"]),
             int(params.get("seed", 0)),
         )
     ]

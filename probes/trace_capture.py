@@ -35,7 +35,12 @@ from torch.autograd import DeviceType
 from torch.profiler import ProfilerActivity, profile, record_function
 
 from probes.overhead_trace import STEP_MARK, has_op_ancestor, is_dispatcher_op
-from probes.vocabulary.trace_names import BACKWARD_ENGINE_PREFIX, DEVICE_COLLECTIVE_PREFIXES, HOST_COLLECTIVE_PREFIXES
+from probes.vocabulary.trace_names import (
+    BACKWARD_ENGINE_PREFIX,
+    DEVICE_COLLECTIVE_PREFIXES,
+    HOST_COLLECTIVE_PREFIXES,
+    work_item_in_step,
+)
 
 COLLECTIVE_PREFIXES = HOST_COLLECTIVE_PREFIXES + DEVICE_COLLECTIVE_PREFIXES
 
@@ -200,14 +205,13 @@ def _one_step(events: Any, window: Any, device: tuple[dict, list] | None = None)
         if _on_device(e) or e.name == STEP_MARK:
             continue
         if _is_collective_work(e):
-            # The step's when it starts inside it, its end cut at the step's: gloo completes a
-            # work's future before closing its range, which can close after the waiting step.
-            if lo <= e.time_range.start <= hi:
+            span = work_item_in_step(float(e.time_range.start), float(e.time_range.end), lo, hi)
+            if span is not None:
                 comm.append(
                     {
                         "name": e.name,
-                        "start_s": (e.time_range.start - lo) * 1e-6,
-                        "end_s": (min(e.time_range.end, hi) - lo) * 1e-6,
+                        "start_s": (span[0] - lo) * 1e-6,
+                        "end_s": (span[1] - lo) * 1e-6,
                         "thread": int(e.thread),
                     }
                 )
