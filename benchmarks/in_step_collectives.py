@@ -8,7 +8,9 @@ ROWS: a calibration's `measurements.jsonl(.gz)`. Fits the bundle the calibration
 (`predictors.fit.fit_bundle`), pairs each captured step's collectives with the graph's, priced
 by the isolated models (`predictors.collective_context.collective_pairs`), and prints per step
 its batch, tables, step time and the median in-step / isolated ratio of its all-reduces and
-all-to-alls, with the fitted factor beside. Issue #26 found the ratio depends on the batch.
+all-to-alls, with the fitted factor beside; then, over every captured step, each collective's
+ratio as a median, a mean and a ratio of sums (heavy tailed: the mean is what a step adds up).
+Issue #26 found the ratio depends on the batch.
 """
 
 from __future__ import annotations
@@ -59,12 +61,27 @@ def main() -> None:
             f"{a2a if a2a is None else round(a2a, 2)}",
             flush=True,
         )
+    overall = {}
+    for op, v in sorted(collective_pairs(model, [r for r in rows if r.op == DLRM_STEP_OP]).items()):
+        isolated, in_step = [iso for iso, _ in v], [s for _, s in v]
+        ratios = [s / iso for iso, s in v]
+        overall[op] = {
+            "n": len(v),
+            "median_ratio": statistics.median(ratios),
+            "mean_ratio": statistics.fmean(ratios),
+            "ratio_of_sums": sum(in_step) / sum(isolated),
+        }
+        print(
+            f"over all steps {op:<14} n={len(v):>3} in-step / isolated: median {overall[op]['median_ratio']:.2f}, "
+            f"mean {overall[op]['mean_ratio']:.2f}, ratio of sums {overall[op]['ratio_of_sums']:.2f}"
+        )
     factors = dict(model.in_step.factors) if model.in_step else {}
     print(f"fitted in-step factors: all_reduce {factors.get('all_reduce')}, all_to_all {factors.get('all_to_all')}")
     if args.out:
         doc = {
             "command": "benchmarks/in_step_collectives.py " + " ".join(sys.argv[1:]),
             "steps": steps,
+            "overall": overall,
             "factors": factors,
         }
         args.out.write_text(json.dumps(doc, indent=1))
