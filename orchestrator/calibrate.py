@@ -482,7 +482,8 @@ def describe(result: CalibrationResult) -> dict[str, Any]:
             op: {
                 k: v
                 for k, v in s.items()
-                if k in ("gmae", "gmae_low", "gmae_high", "mape", "baseline_gmae", "vs_baseline", "n", "chosen", "cv")
+                if k
+                in ("gmae", "gmae_low", "gmae_high", "mape", "baseline_gmae", "vs_baseline", "n", "chosen", "judged")
             }
             for op, s in result.model.metrics.items()
         },
@@ -509,11 +510,8 @@ def print_summary(info: dict[str, Any]) -> None:
         base = f", baseline {s['baseline_gmae']:.1%}" if s.get("baseline_gmae") is not None else ""
         chosen = f", {s['chosen']}" if s.get("chosen") else ""
         interval = f" [{s['gmae_low']:.1%}, {s['gmae_high']:.1%}]" if s.get("gmae_low") is not None else ""
-        shown(f"  held-out {op:16s} GMAE {s['gmae']:.1%}{interval}  MAPE {s['mape']:.1%}  (n={s['n']}{base}{chosen})")
-        cv = s.get("cv")
-        if cv and cv.get("n"):
-            interval = f" [{cv['gmae_low']:.1%}, {cv['gmae_high']:.1%}]" if cv.get("gmae_low") is not None else ""
-            shown(f"  leave-one-out {op:11s} GMAE {cv['gmae']:.1%}{interval}  MAPE {cv['mape']:.1%}  (n={cv['n']})")
+        judged = s.get("judged", "held-out")
+        shown(f"  {judged} {op:16s} GMAE {s['gmae']:.1%}{interval}  MAPE {s['mape']:.1%}  (n={s['n']}{base}{chosen})")
     for family, s in info.get("heldout_per_family", {}).items():
         ratio = s["vs_baseline"]
         interval = f" [{ratio['low']:.2f}, {ratio['high']:.2f}]" if ratio.get("low") is not None else ""

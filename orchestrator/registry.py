@@ -262,16 +262,13 @@ def log_model_metrics(model: PerformanceModel, model_id: str | None = None) -> N
     request per metric."""
     metrics = {}
     for op, stats in model.metrics.items():
+        # whole steps are judged each left out in turn (`left_out_scores`), every other op on its split
+        prefix = "leave_one_out" if op in left_out_scores(model) else "heldout"
         for key in ("gmae", "mape", "std", "baseline_gmae", "gmae_low", "gmae_high"):
             value = stats.get(key)
             if value is not None and math.isfinite(value):
-                metrics[f"heldout.{op}.{key}"] = float(value)
-        metrics[f"heldout.{op}.n_test"] = float(stats.get("n", 0))
-        cv = stats.get("cv") or {}
-        for key in ("gmae", "gmae_low", "gmae_high", "n"):
-            value = cv.get(key)
-            if value is not None and math.isfinite(value):
-                metrics[f"leave_one_out.{op}.{key}"] = float(value)
+                metrics[f"{prefix}.{op}.{key}"] = float(value)
+        metrics[f"{prefix}.{op}.n_test"] = float(stats.get("n", 0))
     for family, stats in model.meta.get("family_heldout", {}).items():
         ratio = stats.get("vs_baseline", {})
         for key, value in (
@@ -285,6 +282,13 @@ def log_model_metrics(model: PerformanceModel, model_id: str | None = None) -> N
             if value is not None and math.isfinite(value):
                 metrics[f"heldout_family.{family}.{key}"] = float(value)
     mlflow.log_metrics(metrics, model_id=model_id)
+
+
+def left_out_scores(model: PerformanceModel) -> dict[str, dict[str, Any]]:
+    """The bundle's figures for the ops it fitted on all of its rows and judged with each row
+    left out in turn (whole training steps, `predictors.opmodels.fit_step_overhead`): for those
+    rows they are its held-out scores, and re-predicting the rows would score it on what it saw."""
+    return {op: stats for op, stats in model.metrics.items() if stats.get("judged") == "leave-one-out"}
 
 
 def _aggregate_gmae(stats: dict[str, Any]) -> float:
@@ -372,9 +376,12 @@ def register_bundle(
         promoted, reason = True, "first model for this hardware"
     else:
         # Both bundles scored on the *new* held-out rows, on the ops both model: the only fair
-        # comparison (the champion never saw these rows; the new bundle held them out).
+        # comparison (the champion never saw these rows; the new bundle held them out, or
+        # fitted on them and judged each left out in turn: those scores are its own figures).
         old_scores = scorer(champion.model, test_rows)
-        new_scores = {op: s for op, s in scorer(model, test_rows).items() if op in old_scores}
+        own = left_out_scores(model)
+        new_scores = {**scorer(model, [r for r in test_rows if r.op not in own]), **own}
+        new_scores = {op: s for op, s in new_scores.items() if op in old_scores}
         old_scores = {op: s for op, s in old_scores.items() if op in new_scores}
         new_gmae, old_gmae = _aggregate_gmae(new_scores), _aggregate_gmae(old_scores)
         promoted = new_gmae <= old_gmae

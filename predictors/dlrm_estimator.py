@@ -23,7 +23,7 @@ import numpy as np
 from predictors.dlrm_graph import FLOAT, build_dlrm_graph, ddp_buckets, shards_all_to_all_params
 from predictors.evaluation import ErrorStats, error_stats
 from predictors.graph import GraphOp
-from predictors.opmodels import fit_step_overhead
+from predictors.opmodels import fit_step_overhead, step_metrics
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import frozen, model_cost, simulate
 from probes.vocabulary.jobspec import JobSpec
@@ -237,28 +237,31 @@ def estimate_iteration(
 
 
 def fit_overhead(
-    model: PerformanceModel, step_rows: Sequence[Measurement], seed: int = 0, simulate_graph: bool = True
+    model: PerformanceModel, step_rows: Sequence[Measurement], simulate_graph: bool = True
 ) -> list[Measurement]:
-    """Fit the step overhead on a seeded split of training-probe rows; score whole steps.
+    """Fit the step overhead on every training-probe row; score whole steps, each left out in
+    turn (`opmodels.fit_step_overhead`).
 
-    Sets `model.step_overheads["dlrm"]` and held-out `dlrm_step` metrics (whole-iteration
-    error, with the kernels-only sum as the baseline), and under `cv` the leave-one-out error
-    over every step row. Returns the held-out step rows.
+    Sets `model.step_overheads["dlrm"]` and the `dlrm_step` metrics (whole-iteration error,
+    with the kernels-only sum as the baseline). Returns the steps, judged held out.
     """
+    kernels, residuals = step_residuals(model, step_rows, simulate_graph)
+    fitted = fit_step_overhead(DLRM_OVERHEAD_OP, OVERHEAD_FEATURES, step_rows, kernels, residuals)
+    model.step_overheads["dlrm"] = fitted.model
+    baseline = score_steps(model, step_rows, include_overhead=False, simulate_graph=simulate_graph)
+    model.metrics[DLRM_STEP_OP] = step_metrics(fitted, baseline)
+    return list(step_rows)
+
+
+def step_residuals(
+    model: PerformanceModel, step_rows: Sequence[Measurement], simulate_graph: bool = True
+) -> tuple[list[float], list[Measurement]]:
+    """Each measured step's simulated kernels and what the step leaves over them (the rows the
+    overhead is fitted on)."""
     kernels = [
         _predicted_step_s(model, row, include_overhead=False, simulate_graph=simulate_graph) for row in step_rows
     ]
-    residuals = [_residual(row, k) for row, k in zip(step_rows, kernels)]
-    fitted = fit_step_overhead(DLRM_OVERHEAD_OP, OVERHEAD_FEATURES, step_rows, kernels, residuals, seed)
-    model.step_overheads["dlrm"] = fitted.model
-    test = fitted.test
-    stats = score_steps(model, test, simulate_graph=simulate_graph).to_dict()
-    stats["baseline_gmae"] = score_steps(model, test, include_overhead=False).gmae if test else None
-    stats["n_train"] = len(fitted.train)
-    stats["cv"] = fitted.cv.to_dict()
-    stats["chosen"] = f"{fitted.objective} error"
-    model.metrics[DLRM_STEP_OP] = stats
-    return test
+    return kernels, [_residual(row, k) for row, k in zip(step_rows, kernels)]
 
 
 def _residual(row: Measurement, kernels_s: float) -> Measurement:

@@ -41,7 +41,7 @@ from probes.vocabulary.records import Measurement
 
 # Rows that are not one kernel's time: whole steps, kernels inside steps, pairs, fused models.
 COMPOSITE_OPS = (DLRM_STEP_OP, TRANSFORMER_STEP_OP, IN_CONTEXT_OP, PAIR_OP, TRANSFER_OP, SYMM_MEM_OP, FUSION_OP)
-MIN_TRANSFORMER_STEPS = 3  # fewer leave nothing to hold out
+MIN_TRANSFORMER_STEPS = 3  # fewer leave one step to fit each left-out one on
 
 
 def kernel_rows(rows: Sequence[Measurement]) -> list[Measurement]:
@@ -59,7 +59,8 @@ def fit_bundle(
     sentinels: Sequence[dict[str, Any]] = (),
 ) -> tuple[PerformanceModel, list[Measurement]]:
     """The bundle of everything `rows` can fit, and its held-out rows (kernel rows of every
-    op, and whole steps of each workload). A part without rows is left empty; an op with too
+    op; and every whole step of each workload, judged each left out in turn: its scores are
+    in `metrics`, and a scorer must take them from there, not re-predict the steps). A part without rows is left empty; an op with too
     few rows is listed in `meta["unfitted"]` with the reason."""
     model, held_out = fit_performance_model(kernel_rows(rows), hardware_id, seed=seed)
     model.device_kind, model.sentinels = device_kind, list(sentinels)
@@ -71,11 +72,11 @@ def fit_bundle(
     if by_op[DLRM_STEP_OP]:
         try:
             fit_collective_context(model, by_op[DLRM_STEP_OP], seed=seed)  # before the overhead: its kernels
-            held_out += fit_overhead(model, by_op[DLRM_STEP_OP], seed=seed)
+            held_out += fit_overhead(model, by_op[DLRM_STEP_OP])
         except KeyError as exc:  # a kernel of the steps has no model (a short sweep): nothing to fit on
             model.meta["unfitted"][DLRM_STEP_OP] = f"its steps' kernels cannot be priced: no model for {exc.args[0]}"
     if len(by_op[TRANSFORMER_STEP_OP]) >= MIN_TRANSFORMER_STEPS:
-        held_out += fit_transformer_overhead(model, by_op[TRANSFORMER_STEP_OP], seed=seed)
+        held_out += fit_transformer_overhead(model, by_op[TRANSFORMER_STEP_OP])
     model.symm_mem = fit_symm_mem(by_op[PAIR_OP] + by_op[SYMM_MEM_OP])
     if by_op[PAIR_OP] or by_op[TRANSFER_OP]:  # fitted on the bundle's own kernel and collective models
         model.overlap = fit_overlap_calibration(model, by_op[PAIR_OP] + by_op[TRANSFER_OP])

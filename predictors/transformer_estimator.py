@@ -15,7 +15,7 @@ import numpy as np
 from predictors.evaluation import ErrorStats, error_stats
 from predictors.graph import ExecutionGraph
 from predictors.memory import MemoryEstimate
-from predictors.opmodels import fit_step_overhead
+from predictors.opmodels import fit_step_overhead, step_metrics
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import SimResult, model_cost, model_cpu_overhead, simulate
 from predictors.transformer_graph import build_transformer_graph, is_transfer
@@ -93,38 +93,36 @@ def estimate_transformer_iteration(
     )
 
 
-def fit_transformer_overhead(
-    model: PerformanceModel, step_rows: Sequence[Measurement], seed: int = 0
-) -> list[Measurement]:
-    """Fit the per-step overhead on a seeded split of `transformer_step` rows (residual of the
-    measured step over the simulated one, floored at 2% of the step); score whole steps, held
-    out and (under `cv`) leave-one-out over every step row."""
+def fit_transformer_overhead(model: PerformanceModel, step_rows: Sequence[Measurement]) -> list[Measurement]:
+    """Fit the per-step overhead on every `transformer_step` row and score the steps, each left
+    out in turn, beside the kernel-sum baseline. Returns the steps: judged by models that never
+    saw them, they are held out as a bundle's other rows are (`opmodels.fit_step_overhead`)."""
+    simulated, residuals = step_residuals(model, step_rows)
+    fitted = fit_step_overhead(TRANSFORMER_OVERHEAD_OP, OVERHEAD_FEATURES, step_rows, simulated, residuals)
+    model.step_overheads["transformer"] = fitted.model
+    model.metrics[TRANSFORMER_STEP_OP] = step_metrics(fitted, score_transformer_steps(model, step_rows, baseline=True))
+    return list(step_rows)
+
+
+def step_residuals(model: PerformanceModel, step_rows: Sequence[Measurement]) -> tuple[list[float], list[Measurement]]:
+    """Each measured step's simulated time (its layout's graph, no overhead) and the residual
+    the overhead is fitted on: the measured step over it, floored at 2% of the step."""
     simulated, residuals = [], []
     for row in step_rows:
         spec = TransformerSpec.from_dict(row.params["transformer"])
         placement = placement_of(row.params, spec.world_size)
         estimate = estimate_transformer_iteration(spec, model, include_overhead=False, placement=placement)
-        kernels = estimate.iteration_s
-        simulated.append(kernels)
+        simulated.append(estimate.iteration_s)
         residuals.append(
             Measurement(
                 TRANSFORMER_OVERHEAD_OP,
                 estimate.overhead_params,
-                max(row.median_s - kernels, 0.02 * row.median_s),
+                max(row.median_s - estimate.iteration_s, 0.02 * row.median_s),
                 0.0,
                 row.repeats,
             )
         )
-    fitted = fit_step_overhead(TRANSFORMER_OVERHEAD_OP, OVERHEAD_FEATURES, step_rows, simulated, residuals, seed)
-    model.step_overheads["transformer"] = fitted.model
-    test = fitted.test
-    stats = score_transformer_steps(model, test).to_dict()
-    stats["baseline_gmae"] = score_transformer_steps(model, test, baseline=True).gmae if test else None
-    stats["n_train"] = len(fitted.train)
-    stats["cv"] = fitted.cv.to_dict()
-    stats["chosen"] = f"{fitted.objective} error"
-    model.metrics[TRANSFORMER_STEP_OP] = stats
-    return test
+    return simulated, residuals
 
 
 def score_transformer_steps(model: PerformanceModel, rows: Sequence[Measurement], baseline: bool = False) -> ErrorStats:

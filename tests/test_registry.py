@@ -55,6 +55,35 @@ def test_first_is_champion_then_worse_is_challenger_then_better_wins(tracking):
     assert champion.tags["hardware_id"] == hw and "heldout_gmae" in champion.tags
 
 
+def test_a_challenger_is_judged_on_its_own_steps_by_their_left_out_figures(tracking):
+    """Whole steps are fitted on all of a calibration's steps and judged each left out in turn:
+    the champion comparison takes the challenger's leave-one-out figures for them, never a
+    re-prediction of steps it was fitted on (which would flatter it)."""
+    from predictors.evaluation import ErrorStats
+    from probes.vocabulary.ops import DLRM_STEP_OP
+
+    hw = "cpu-steps"
+    champion, test = fit_performance_model(rows(0.02, 0), hw)
+    assert register(champion, test, hw).promoted
+    challenger, challenger_test = fit_performance_model(rows(0.02, 0), hw)  # the same kernels
+    challenger.metrics[DLRM_STEP_OP] = {"gmae": 0.30, "mape": 0.3, "std": 0.1, "n": 2, "judged": "leave-one-out"}
+    steps = [Measurement(DLRM_STEP_OP, {"job": {}}, 0.01, 0.0, 5) for _ in range(2)]
+    scored: list[tuple[object, list[str]]] = []
+
+    def scorer(bundle, held_out):  # every bundle predicts these steps within 5% when asked
+        scored.append((bundle, sorted({r.op for r in held_out})))
+        scores = bundle.score(held_out)
+        if any(r.op == DLRM_STEP_OP for r in held_out):
+            scores[DLRM_STEP_OP] = ErrorStats(0.05, 0.05, 0.0, 2)
+        return scores
+
+    with mlflow.start_run():
+        second = registry.register_bundle(challenger, challenger_test + steps, {"torch": "x"}, scorer=scorer)
+    assert not second.promoted and "worse than champion v1" in second.reason
+    assert [ops for bundle, ops in scored if bundle is challenger] == [["gemm"]]  # its steps not re-predicted
+    assert registry.left_out_scores(challenger) == {DLRM_STEP_OP: challenger.metrics[DLRM_STEP_OP]}
+
+
 def test_loading_in_a_fresh_process_reproduces_predictions_and_no_pickles(tracking, tmp_path):
     hw = "cpu-fresh"
     model, test = fit_performance_model(rows(0.05, 4), hw)

@@ -128,9 +128,10 @@ def test_transformer_step_overhead_learns_the_in_step_slowdown_of_the_kernels():
         counts = overhead_params(s, build_transformer_graph(s), kernels)
         seconds = 1.3 * kernels + 2e-5 * counts["ops"] + 1e-3 * counts["collectives"]
         rows.append(Measurement(TRANSFORMER_STEP_OP, {"transformer": s.to_dict()}, seconds, 0, 9))
-    fit_transformer_overhead(model, rows, seed=0)
+    fit_transformer_overhead(model, rows)
     overhead = model.step_overheads["transformer"]
     coef = dict(zip(overhead.features, overhead.coef))
     assert coef["kernels_s"] == pytest.approx(0.3, rel=0.05) and coef["ops"] == pytest.approx(2e-5, rel=0.1)
     assert coef["collectives"] == pytest.approx(1e-3, rel=0.1)
-    assert model.metrics[TRANSFORMER_STEP_OP]["cv"]["n"] == len(rows)
+    assert model.metrics[TRANSFORMER_STEP_OP]["n"] == len(rows)
+    assert model.metrics[TRANSFORMER_STEP_OP]["judged"] == "leave-one-out"
