@@ -92,7 +92,7 @@ def main() -> None:
     for name in ("dlrm_step", "transformer_step"):
         stats = model.metrics.get(name)
         if stats:
-            print(f"{name}: left out in turn {stats['gmae']:.1%} (n={stats['n']}), {stats.get('chosen')}")
+            print(f"{name}: left out in turn {stats['gmae']:.1%} (n={stats['n']})")
     collectives = model.metrics.get(IN_STEP_COLLECTIVE_OP)
     if collectives:
         print(
