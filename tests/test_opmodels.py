@@ -138,8 +138,11 @@ def test_too_few_rows_for_the_features_fit_a_constant():
     ]
     model = fit_linear_or_constant("dlrm_overhead", ["one", "dense_layers", "tables_total"], rows)
     assert model.features == ["one"] and 1e-3 <= model.predict({"dense_layers": 9, "tables_total": 1}) <= 3e-3
-    full = fit_linear_or_constant("dlrm_overhead", ["one", "dense_layers"], rows)
-    assert full.features == ["one", "dense_layers"]
+    # as many rows as coefficients would pass through both: a slope needs rows to spare
+    assert fit_linear_or_constant("dlrm_overhead", ["one", "dense_layers"], rows).features == ["one"]
+    four = [Measurement("dlrm_overhead", {"dense_layers": d}, 1e-3 + 1e-3 * d, 0, 5) for d in (1, 2, 3, 4)]
+    full = fit_linear_or_constant("dlrm_overhead", ["one", "dense_layers"], four)
+    assert full.features == ["one", "dense_layers"] and full.predict({"dense_layers": 7}) == pytest.approx(8e-3)
     with pytest.raises(ValueError, match="no measurements"):
         fit_linear_or_constant("dlrm_overhead", ["one"], [])
 
