@@ -74,9 +74,8 @@ def _matches(collectives: Sequence[Any], step: Sequence[Sequence[Any]]) -> bool:
 def fit_collective_context(model: PerformanceModel, step_rows: Sequence[Measurement], seed: int = 0) -> None:
     """Add each collective op's in-step factor to `model.in_step` (created if the bundle has
     none), from the collectives of a seeded 80% of `step_rows`, and keep them only where they
-    pay: the held-out steps' collectives, priced with
-    them, must add up closer to their measured total than the isolated prices (the baseline)
-    do. `metrics["in_step_collective"]` says which was kept, with the per-call GMAE beside."""
+    pay: the other steps' collectives, priced with them, must add up closer to their measured
+    total than the isolated prices (the baseline) do. `metrics["in_step_collective"]` says which was kept, with the per-call GMAE beside."""
     train, test = split_by_op(step_rows, seed)
     fitted = collective_pairs(model, train)
     learned = ContextFactorModel()

@@ -58,10 +58,10 @@ def fit_bundle(
     device_kind: str = "cpu",
     sentinels: Sequence[dict[str, Any]] = (),
 ) -> tuple[PerformanceModel, list[Measurement]]:
-    """The bundle of everything `rows` can fit, and its held-out rows (kernel rows of every
-    op; and every whole step of each workload, judged each left out in turn: its scores are
-    in `metrics`, and a scorer must take them from there, not re-predict the steps). A part without rows is left empty; an op with too
-    few rows is listed in `meta["unfitted"]` with the reason."""
+    """The bundle of everything `rows` can fit, and its held-out rows: kernel rows of every op,
+    and every whole step of each workload (fitted on, and judged each left out in turn: those
+    scores are in `metrics`, `registry.left_out_scores`). A part without rows is left empty; an
+    op with too few rows is listed in `meta["unfitted"]` with the reason."""
     model, held_out = fit_performance_model(kernel_rows(rows), hardware_id, seed=seed)
     model.device_kind, model.sentinels = device_kind, list(sentinels)
     by_op: dict[str, list[Measurement]] = defaultdict(list)

@@ -136,26 +136,28 @@ class LinearCostModel(OpModel):
         return model
 
 
-# Rows beyond one per coefficient before a linear step overhead is fitted: with two, each fit
-# on the steps but one (the leave-one-out that judges it) still has a row to spare, so the
-# figure judges the model class that is registered. With one row per coefficient the fit
-# passes through every step (the 11-25 21:47 calibration's 4 transformer steps, 4
-# coefficients: its tensor-parallel tasks then leaned +31.5%) while every left-out fit was a
-# constant.
+# Rows beyond one per coefficient before a step overhead gets its features (else a constant):
+# with exactly as many steps as coefficients the fit passes through every step (the 11-25
+# 21:47 calibration's 4 transformer steps and 4 coefficients: its tensor-parallel tasks then
+# leaned +31.5%, under a constant -2.9%).
 SPARE_ROWS = 2
+
+
+def overhead_features(features: Sequence[str], rows: int) -> list[str]:
+    """The features a step overhead fitted on `rows` steps takes: all of them when there are
+    `SPARE_ROWS` steps beyond one per coefficient, else the constant alone."""
+    return list(features) if rows >= len(features) + SPARE_ROWS else ["one"]
 
 
 def fit_linear_or_constant(
     op: str, features: Sequence[str], rows: Sequence[Measurement], offset: Sequence[float] | None = None
 ) -> "LinearCostModel":
-    """The linear model on `features` when there are enough rows for it (`SPARE_ROWS` more than
-    coefficients), else a constant (the rows' fitted mean): a short calibration still gets an
-    overhead term, not a crash."""
-    if len(rows) >= len(features) + SPARE_ROWS:
-        return LinearCostModel(op, features).fit(rows, offset)
+    """The linear model on `features` when there are enough rows for it (`overhead_features`),
+    else a constant (the rows' fitted mean): a short calibration still gets an overhead term,
+    not a crash."""
     if not rows:
         raise ValueError(f"{op}: no measurements to fit")
-    return LinearCostModel(op, ["one"]).fit(rows, offset)
+    return LinearCostModel(op, overhead_features(features, len(rows))).fit(rows, offset)
 
 
 def step_kernels(rows: Sequence[Measurement]) -> list[float]:
@@ -197,9 +199,10 @@ def fit_step_overhead(
     log fit (transformer -5.3% / -16.3% against -3.0% / -7.5%, DLRM -11.2% against -9.0%):
     on 6-14 steps the choice followed their noise, not the tasks."""
     measured = [r.median_s for r in step_rows]
+    chosen = overhead_features(features, len(residuals))  # the left-out fits judge this same model
 
     def fit(rows: Sequence[Measurement]) -> LinearCostModel:
-        return fit_linear_or_constant(op, features, rows, step_kernels(rows))
+        return LinearCostModel(op, chosen).fit(rows, step_kernels(rows))
 
     return StepOverheadFit(fit(residuals), leave_one_out(residuals, kernels_s, measured, fit))
 
