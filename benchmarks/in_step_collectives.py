@@ -19,6 +19,7 @@ import argparse
 import json
 import statistics
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -39,9 +40,12 @@ def main() -> None:
     rows = read_rows(args.rows)
     model, _ = fit_bundle(rows, rows[0].hardware_id or "hw", seed=0)
     steps = []
+    every: dict[str, list[tuple[float, float]]] = defaultdict(list)  # each op's pairs over all steps
     for row in (r for r in rows if r.op == DLRM_STEP_OP):
         job = JobSpec.from_dict(row.params["job"])
         pairs = collective_pairs(model, [row])
+        for op, v in pairs.items():
+            every[op] += v
         ratios = {op: statistics.median(s / iso for iso, s in v) for op, v in pairs.items() if v}
         steps.append(
             {
@@ -62,7 +66,7 @@ def main() -> None:
             flush=True,
         )
     overall = {}
-    for op, v in sorted(collective_pairs(model, [r for r in rows if r.op == DLRM_STEP_OP]).items()):
+    for op, v in sorted((op, v) for op, v in every.items() if v):
         isolated, in_step = [iso for iso, _ in v], [s for _, s in v]
         ratios = [s / iso for iso, s in v]
         overall[op] = {
