@@ -5,7 +5,7 @@
 ROWS: a calibration's `measurements.jsonl` (or `.jsonl.gz`); RESULT: the JSON of
 `benchmarks/e2e_accuracy.py` or `benchmarks/e2e_accuracy_transformer.py` run against it. Fits
 the bundle this code fits (`predictors.fit.fit_bundle`), then refits each workload's step
-overhead (`predictors.opmodels.fit_step_overhead`) on every draw of 80% of its steps (all of
+overhead as `predictors.opmodels.fit_step_overhead` does (`step_overhead_fitter`) on every draw of 80% of its steps (all of
 them up to `--draws`, else that many at random) and on all of them, and re-predicts the run's
 measured tasks with each: the mean signed error and the geomean error of the tasks, their
 range over the draws, and where the draw the calibration used to make (`split_by_op`, seed 0)
@@ -30,9 +30,9 @@ import numpy as np  # noqa: E402
 from benchmarks.e2e_accuracy import geomean, task_plan, write_result  # noqa: E402
 from benchmarks.refit_e2e import read_rows  # noqa: E402
 from predictors import dlrm_estimator, transformer_estimator  # noqa: E402
-from predictors.evaluation import split_by_op  # noqa: E402
+from predictors.evaluation import held_out_count, split_by_op  # noqa: E402
 from predictors.fit import fit_bundle  # noqa: E402
-from predictors.opmodels import fit_step_overhead  # noqa: E402
+from predictors.opmodels import step_overhead_fitter  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
 from probes.vocabulary.ops import DLRM_OVERHEAD_OP, DLRM_STEP_OP, TRANSFORMER_OVERHEAD_OP, TRANSFORMER_STEP_OP  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
@@ -63,7 +63,7 @@ def transformer_tasks(model: PerformanceModel, rows: list[dict]) -> list[Task]:
 
 
 def signed_errors(fit: Any, tasks: Sequence[Task]) -> np.ndarray:
-    return np.array([(k + fit.model.predict(p) - m) / m for k, p, m in tasks])
+    return np.array([(k + fit.predict(p) - m) / m for k, p, m in tasks])
 
 
 def spread_over_draws(
@@ -72,8 +72,7 @@ def spread_over_draws(
     """The tasks' mean signed and geomean errors with the overhead fitted on all steps, on the
     calibration's old seeded 80% draw, and over every (or `draws` random) 80% draws."""
     n = len(steps)
-    held = int(round(n * 0.2)) if n >= 3 else 0
-    held = max(held, 1) if n >= 3 else 0
+    held = held_out_count(n)
     combos = list(itertools.combinations(range(n), held))
     if len(combos) > draws:
         rng = np.random.default_rng(seed)
@@ -104,13 +103,12 @@ def spread_over_draws(
     }
 
 
-def workload_fit(
-    op: str, features: list[str], steps: Sequence[Measurement], kernels: list[float], residuals: list[Measurement]
-) -> Callable[[list[int]], Any]:
+def workload_fit(op: str, features: list[str], residuals: list[Measurement]) -> Callable[[list[int]], Any]:
+    """The step overhead the calibration would fit on the steps at `index` (without the
+    leave-one-out figures it would also compute: only the model is used here)."""
+
     def fit(index: list[int]) -> Any:
-        return fit_step_overhead(
-            op, features, [steps[i] for i in index], [kernels[i] for i in index], [residuals[i] for i in index]
-        )
+        return step_overhead_fitter(op, features, len(index))([residuals[i] for i in index])
 
     return fit
 
@@ -133,15 +131,13 @@ def main() -> None:
         result = json.loads(path.read_text())
         if "world_size" in result and "scale" in result:
             steps = by_op[DLRM_STEP_OP]
-            kernels, residuals = dlrm_estimator.step_residuals(model, steps)
-            fit = workload_fit(DLRM_OVERHEAD_OP, dlrm_estimator.OVERHEAD_FEATURES, steps, kernels, residuals)
+            _, residuals = dlrm_estimator.step_residuals(model, steps)
+            fit = workload_fit(DLRM_OVERHEAD_OP, dlrm_estimator.OVERHEAD_FEATURES, residuals)
             cases = {"DLRM": dlrm_tasks(model, result)}
         else:
             steps = by_op[TRANSFORMER_STEP_OP]
-            kernels, residuals = transformer_estimator.step_residuals(model, steps)
-            fit = workload_fit(
-                TRANSFORMER_OVERHEAD_OP, transformer_estimator.OVERHEAD_FEATURES, steps, kernels, residuals
-            )
+            _, residuals = transformer_estimator.step_residuals(model, steps)
+            fit = workload_fit(TRANSFORMER_OVERHEAD_OP, transformer_estimator.OVERHEAD_FEATURES, residuals)
             cases = {"transformer DP": transformer_tasks(model, result["tasks"])}
             if result.get("tensor_parallel_tasks"):
                 cases["transformer TP"] = transformer_tasks(model, result["tensor_parallel_tasks"])

@@ -261,9 +261,9 @@ def log_model_metrics(model: PerformanceModel, model_id: str | None = None) -> N
     every metric already on the run to a model it logs by reading each one's history back, a
     request per metric."""
     metrics = {}
+    left_out = left_out_scores(model)  # whole steps, judged each left out in turn; every other op on its split
     for op, stats in model.metrics.items():
-        # whole steps are judged each left out in turn (`left_out_scores`), every other op on its split
-        prefix = "leave_one_out" if op in left_out_scores(model) else "heldout"
+        prefix = "leave_one_out" if op in left_out else "heldout"
         for key in ("gmae", "mape", "std", "baseline_gmae", "gmae_low", "gmae_high"):
             value = stats.get(key)
             if value is not None and math.isfinite(value):

@@ -138,6 +138,11 @@ def leave_one_out_signed(
     return np.asarray(errors)
 
 
+def held_out_count(rows: int, test_fraction: float = 0.2) -> int:
+    """How many of an op's `rows` `split_by_op` holds out: the fraction, at least one of 3+."""
+    return max(int(round(rows * test_fraction)), 1) if rows >= 3 else 0
+
+
 def split_by_op(
     rows: Sequence[Measurement], seed: int, test_fraction: float = 0.2
 ) -> tuple[list[Measurement], list[Measurement]]:
@@ -149,8 +154,7 @@ def split_by_op(
     train, test = [], []
     for op in sorted(by_op):
         items = by_op[op]
-        n_test = int(round(len(items) * test_fraction)) if len(items) >= 3 else 0
-        n_test = max(n_test, 1) if len(items) >= 3 else 0
+        n_test = held_out_count(len(items), test_fraction)
         order = rng.permutation(len(items))
         test += [items[i] for i in order[:n_test]]
         train += [items[i] for i in order[n_test:]]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 from scipy.optimize import least_squares, nnls
@@ -196,15 +196,25 @@ def fit_step_overhead(
     +1.0%, +2.5%, -0.5% log). The relative fit used to be kept where it beat the log fit on the
     steps left out in turn by a standard error; refitting nine stored runs, that picked it three
     times in sixteen fits, and each time the run's measured tasks leaned lower than under the
-    log fit (transformer -5.3% / -16.3% against -3.0% / -7.5%, DLRM -11.2% against -9.0%):
+    log fit (transformer -5.3% / -16.3% against -3.0% / -7.5%, DLRM -11.2% against -9.0%;
+    `benchmarks/refit_e2e.py` at 45d5450 and now, README):
     on 6-14 steps the choice followed their noise, not the tasks."""
-    measured = [r.median_s for r in step_rows]
-    chosen = overhead_features(features, len(residuals))  # the left-out fits judge this same model
+    fit = step_overhead_fitter(op, features, len(residuals))  # the left-out fits judge this same model
+    return StepOverheadFit(fit(residuals), leave_one_out(residuals, kernels_s, [r.median_s for r in step_rows], fit))
+
+
+def step_overhead_fitter(
+    op: str, features: Sequence[str], steps: int
+) -> Callable[[Sequence[Measurement]], "LinearCostModel"]:
+    """How a step overhead over `steps` steps is fitted, on any of them: the features
+    `overhead_features` gives that many steps, on the log of the whole step (each residual's
+    `kernels_s` the rest of its step)."""
+    chosen = overhead_features(features, steps)
 
     def fit(rows: Sequence[Measurement]) -> LinearCostModel:
         return LinearCostModel(op, chosen).fit(rows, step_kernels(rows))
 
-    return StepOverheadFit(fit(residuals), leave_one_out(residuals, kernels_s, measured, fit))
+    return fit
 
 
 def step_metrics(fitted: StepOverheadFit, baseline: ErrorStats) -> dict[str, Any]:
