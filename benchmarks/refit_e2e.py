@@ -4,7 +4,7 @@
 
 ROWS: a calibration's `measurements.jsonl` (or `.jsonl.gz`); RESULT: the JSON of
 `benchmarks/e2e_accuracy.py` or `benchmarks/e2e_accuracy_transformer.py`. Fits the bundle
-the calibration would fit now (`predictors.fit.fit_bundle`, the same seeded split), rebuilds
+the calibration would fit now (`predictors.fit.fit_bundle`), rebuilds
 each task (and, for DLRM, its sharder's plan) from the result's seed, predicts it, and
 compares with the time the run measured. A model change can so be judged on the same
 measured jobs, side by side with what was predicted then, without running them again: the

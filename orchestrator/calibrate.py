@@ -373,7 +373,8 @@ def quality_problems(model: PerformanceModel, devices: int, bound: float = MAX_P
 def fit_and_register(
     store: MeasurementStore, fingerprint: HardwareFingerprint, seed: int = 0, lease: Any = None
 ) -> tuple[PerformanceModel, registry.Registration]:
-    """Log the table (first: it is the asset), fit on a seeded split, log errors, register."""
+    """Log the table (first: it is the asset), fit (each op judged by cross-validation), log
+    errors, register."""
     rows, failures = store.rows(), store.failures()
     if not rows:
         raise RuntimeError(f"calibration measured nothing; failures: {failures[:3]}")
@@ -510,7 +511,7 @@ def print_summary(info: dict[str, Any]) -> None:
         base = f", baseline {s['baseline_gmae']:.1%}" if s.get("baseline_gmae") is not None else ""
         chosen = f", {s['chosen']}" if s.get("chosen") else ""
         interval = f" [{s['gmae_low']:.1%}, {s['gmae_high']:.1%}]" if s.get("gmae_low") is not None else ""
-        judged = s.get("judged", "held-out")
+        judged = s.get("judged") or "held-out"
         shown(f"  {judged} {op:16s} GMAE {s['gmae']:.1%}{interval}  MAPE {s['mape']:.1%}  (n={s['n']}{base}{chosen})")
     for family, s in info.get("heldout_per_family", {}).items():
         ratio = s["vs_baseline"]

@@ -65,10 +65,15 @@ def collective_curves(model: PerformanceModel, rows: Sequence[Measurement]) -> d
 
 
 def heldout_scatter(model: PerformanceModel, test_rows: Sequence[Measurement]) -> Any:
-    """Predicted vs measured on the held-out rows, one panel per op, with the y = x line."""
+    """Predicted vs measured on the held-out rows, one panel per op, with the y = x line: each
+    op's rows as its fit judged them out of their fold (`model.out_of_fold`), else (a bundle
+    loaded back, which keeps no such record) `test_rows` priced by the model."""
     by_op: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for op, pairs in model.out_of_fold.items():
+        if pairs:
+            by_op[op] = list(pairs)
     for r in test_rows:
-        if r.op in model.models:
+        if r.op in model.models and r.op not in model.out_of_fold:
             try:
                 by_op[r.op].append((r.median_s, model.predict_params(r.op, r.params)))
             except KeyError:

@@ -261,9 +261,10 @@ def log_model_metrics(model: PerformanceModel, model_id: str | None = None) -> N
     every metric already on the run to a model it logs by reading each one's history back, a
     request per metric."""
     metrics = {}
-    left_out = left_out_scores(model)  # whole steps, judged each left out in turn; every other op on its split
     for op, stats in model.metrics.items():
-        prefix = "leave_one_out" if op in left_out else "heldout"
+        # whole steps are judged each left out in turn; every other op out of its fold (or, in
+        # a bundle from before #26, on a split)
+        prefix = "leave_one_out" if stats.get("judged") == "leave-one-out" else "heldout"
         for key in ("gmae", "mape", "std", "baseline_gmae", "gmae_low", "gmae_high"):
             value = stats.get(key)
             if value is not None and math.isfinite(value):
@@ -286,9 +287,10 @@ def log_model_metrics(model: PerformanceModel, model_id: str | None = None) -> N
 
 def left_out_scores(model: PerformanceModel) -> dict[str, dict[str, Any]]:
     """The bundle's figures for the ops it fitted on all of its rows and judged with each row
-    left out in turn (whole training steps, `predictors.opmodels.fit_step_overhead`): for those
-    rows they are its held-out scores, and re-predicting the rows would score it on what it saw."""
-    return {op: stats for op, stats in model.metrics.items() if stats.get("judged") == "leave-one-out"}
+    left out of the fit (kernels and collectives by k-fold, `predictors.fit.cross_validate_op`;
+    whole training steps each in turn, `predictors.opmodels.fit_step_overhead`): for those rows
+    they are its held-out scores, and re-predicting the rows would score it on what it saw."""
+    return {op: stats for op, stats in model.metrics.items() if stats.get("judged")}
 
 
 def _aggregate_gmae(stats: dict[str, Any]) -> float:
@@ -376,8 +378,8 @@ def register_bundle(
         promoted, reason = True, "first model for this hardware"
     else:
         # Both bundles scored on the *new* held-out rows, on the ops both model: the only fair
-        # comparison (the champion never saw these rows; the new bundle held them out, or
-        # fitted on them and judged each left out in turn: those scores are its own figures).
+        # comparison (the champion never saw these rows; the new bundle fitted on them and judged
+        # each out of its fold or left out in turn: those scores are its own figures).
         old_scores = scorer(champion.model, test_rows)
         own = left_out_scores(model)
         new_scores = {**scorer(model, [r for r in test_rows if r.op not in own]), **own}

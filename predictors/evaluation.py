@@ -1,4 +1,5 @@
-"""Held-out scoring: a seeded 80/20 split per op, GMAE / MAPE / std of relative error."""
+"""Held-out scoring: k-fold cross-validation (or a seeded 80/20 split) per op, GMAE / MAPE /
+std of relative error, and a model's ratio to its baseline on the same rows."""
 
 from __future__ import annotations
 
@@ -136,6 +137,18 @@ def leave_one_out_signed(
         overhead = fit(others).predict(row.params)
         errors.append((kernels_s[i] + overhead - measured_s[i]) / measured_s[i])
     return np.asarray(errors)
+
+
+CV_FOLDS = 5  # each row judged by a model fitted on the other 80%
+
+
+def fold_assignment(rows: int, rng: np.random.Generator, folds: int = CV_FOLDS) -> np.ndarray:
+    """Each of `rows` rows' fold, shuffled by `rng`: fold f is predicted by a model fitted on
+    every other fold, so every row is held out once. Fewer rows than folds: one row per fold
+    (leave one out); under 3 rows: none is held out (-1), as `split_by_op` holds none out."""
+    if rows < 3:
+        return np.full(rows, -1, dtype=np.int64)
+    return rng.permutation(rows) % min(folds, rows)
 
 
 def held_out_count(rows: int, test_fraction: float = 0.2) -> int:

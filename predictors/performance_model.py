@@ -48,6 +48,9 @@ class PerformanceModel:
     overlap: OverlapCalibration = field(default_factory=OverlapCalibration)
     symm_mem: dict[str, dict[str, float]] = field(default_factory=dict)  # pair -> fused / unfused ratio
     fusion: dict[str, FusionModel] = field(default_factory=dict)  # workload -> HFTA fusion curve
+    # (measured, predicted) of each op's rows out of their fold, as the fit judged them (for the
+    # calibration's plot); the fit's record, not the model's: never saved
+    out_of_fold: dict[str, list[tuple[float, float]]] = field(default_factory=dict, repr=False, compare=False)
 
     def predict(self, op: str, strict: bool = False, **params: Any) -> float:
         """Seconds for one `op` with `params`; `strict` refuses far extrapolation."""

@@ -223,3 +223,29 @@ def test_a_lookup_is_priced_by_the_size_of_the_table_it_reads():
     recorded = FEATURES["lookups_log_table"](params)
     del params["lookups_log_table_mib"]
     assert FEATURES["lookups_log_table"](params) == pytest.approx(recorded)
+
+
+def test_every_row_is_judged_once_by_a_model_fitted_without_its_fold():
+    """The bundle's op model is fitted on every row; its figures are each row predicted by a
+    refit on the other folds (#26: a 20% split judged a collective by 9 rows), pooled per
+    family. An op with under 3 rows is fitted but judges nothing."""
+    from predictors.evaluation import geomean
+    from predictors.fit import fit_performance_model
+
+    rows = curve_rows(TRUE, noise=0.05, seed=3)[::2]
+    few = curve_rows(TRUE, op="broadcast")[:2]
+    model, judged = fit_performance_model(rows + few, "hw", seed=0)
+    assert [id(r) for r in judged] == [id(r) for r in rows]
+    stats = model.metrics["all_reduce"]
+    assert stats["judged"] == "5-fold" and stats["n"] == stats["n_train"] == len(rows)
+    assert [s["n"] for s in model.meta["family_heldout"].values()] == [len(rows)]
+    registered = SigmoidCollectiveModel("all_reduce").fit(rows)
+    assert [model.predict_params("all_reduce", r.params) for r in rows] == pytest.approx(
+        [registered.predict(r.params) for r in rows]
+    )
+    measured, predicted = (np.array(v) for v in zip(*model.out_of_fold["all_reduce"]))
+    assert sorted(measured) == sorted(r.median_s for r in rows)
+    out_of_fold = np.abs(predicted - measured) / measured
+    assert geomean(out_of_fold) == pytest.approx(stats["gmae"])
+    in_sample = np.array([abs(registered.predict(r.params) - r.median_s) / r.median_s for r in rows])
+    assert geomean(out_of_fold) > geomean(in_sample)  # it did not see its rows
