@@ -179,10 +179,10 @@ def cross_validate_op(op: str, rows: Sequence[Measurement], folds: np.ndarray, s
         except (ValueError, KeyError):
             unpriced += len(test)
             continue
-        judged = priced(fold_model, test)
+        pairs = [(r.median_s, fold_model.predict(r.params)) for r in priced(fold_model, test)]
         unpriced += stats["n_unpriced"]
-        errors.append(relative_errors(fold_model.predict, judged))
-        out_of_fold += [(r.median_s, fold_model.predict(r.params)) for r in judged]
+        errors.append(np.array([abs(p - m) / m for m, p in pairs]))
+        out_of_fold += pairs
         if scored is not None:
             family = scored[0]
             paired.append(scored[1:])
