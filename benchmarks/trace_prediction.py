@@ -3,6 +3,7 @@ per-rank Kineto traces exported as a user would, read back (predictors/kineto_tr
 priced with the registered champion; each profiled step's prediction against its traced time.
 
     .venv/bin/python benchmarks/trace_prediction.py --tracking-uri URI [--steps 5] [--out PATH]
+        [--jobs dlrm,transformer,cnn] [--transformer-spec JSON]
 
 Jobs: a DLRM task and a data-parallel transformer of this project's reference workloads, and
 a small CNN (convolutions, batch norm, pooling, a classifier; DDP, SGD with momentum) written
@@ -10,14 +11,19 @@ here as a user would write one, which no probe or graph builder of the project k
 every active profiler step is rebuilt from the trace alone (measured op times: how well the
 graph replays the trace) and predicted (every op the champion models priced by it, the rest as
 traced); errors against the traced step (earliest rank's start to latest rank's end), medians
-over the steps, and the share of rank 0's traced op time the champion priced. Writes
-benchmarks/results/trace_prediction.json.
+over the steps, and the share of rank 0's traced op time the champion priced; and rank 0's ops
+grouped by name (and the model op pricing them), traced beside priced (in-step factors applied),
+median over the steps: where a step's time goes that the prediction misses. `--transformer-spec`
+traces another transformer (a task's `spec` from `benchmarks/e2e_accuracy_transformer.py`'s
+JSON). The ranks run with the product's allocator setting (`probes.host_allocator`), as its
+probe and training workers do. Writes benchmarks/results/trace_prediction.json.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -33,7 +39,17 @@ import torch.multiprocessing as mp  # noqa: E402
 from torch import nn  # noqa: E402
 from torch.profiler import ProfilerActivity, profile, schedule  # noqa: E402
 
-from predictors.kineto_trace import TraceError, common_steps, load_traces, predict_step, steps_for  # noqa: E402
+from predictors.kineto_trace import (  # noqa: E402
+    MARKS,
+    TraceError,
+    TracePrediction,
+    common_steps,
+    load_traces,
+    predict_step,
+    price_op,
+    steps_for,
+)
+from probes.host_allocator import apply_to_child_processes  # noqa: E402
 
 WORLD = 2
 WARMUP = 2
@@ -77,22 +93,26 @@ def _dlrm_step(rank: int, seed: int):
     return cycling_step(ShardedDLRM(spec, placement, rank, WORLD, torch.device("cpu")))
 
 
-def _transformer_step(rank: int):
+# The reference transformer traced unless --transformer-spec names another.
+TRANSFORMER_SPEC = {"layers": 2, "hidden": 256, "heads": 4, "seq_len": 64, "batch_size": 8, "world_size": WORLD}
+
+
+def _transformer_step(rank: int, spec_dict: dict[str, Any]):
     from probes.vocabulary.transformer_spec import TransformerSpec
     from probes.workloads.transformer import ParallelTransformer
 
-    spec = TransformerSpec(layers=2, hidden=256, heads=4, seq_len=64, batch_size=8, world_size=WORLD)
+    spec = TransformerSpec.from_dict({**spec_dict, "world_size": WORLD})
     return ParallelTransformer(spec, rank, torch.device("cpu")).step
 
 
-def _rank(rank: int, init: str, out: str, job: str, steps: int, seed: int) -> None:
+def _rank(rank: int, init: str, out: str, job: str, steps: int, seed: int, spec: dict[str, Any]) -> None:
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=WORLD)
     try:
         torch.set_num_threads(1)
         step = {
             "cnn": lambda: _cnn_step(rank),
             "dlrm": lambda: _dlrm_step(rank, seed),
-            "transformer": lambda: _transformer_step(rank),
+            "transformer": lambda: _transformer_step(rank, spec),
         }[job]()
         with profile(
             activities=[ProfilerActivity.CPU],
@@ -108,10 +128,38 @@ def _rank(rank: int, init: str, out: str, job: str, steps: int, seed: int) -> No
         dist.destroy_process_group()
 
 
+def by_op(found: TracePrediction, model: Any) -> dict[str, dict[str, float]]:
+    """Rank 0's ops of one step grouped by name (and the model op pricing them): count, traced
+    and priced milliseconds (an op nothing prices counts as traced on both sides)."""
+    out: dict[str, dict[str, float]] = {}
+    traced = found.graph
+    for before, after in zip(traced.ranks[0], found.priced.graph.ranks[0]):
+        if before.name in MARKS:
+            continue
+        model_op, _ = price_op(before, traced.ranks[0], model, traced.world_size)
+        key = before.name + (f" -> {model_op}" if model_op else "")
+        row = out.setdefault(key, {"count": 0, "traced_ms": 0.0, "priced_ms": 0.0})
+        row["count"] += 1
+        row["traced_ms"] += (before.duration_s or 0.0) * 1e3
+        row["priced_ms"] += (after.duration_s or 0.0) * 1e3
+    return out
+
+
+def median_by_op(steps: list[dict[str, dict[str, float]]], top: int = 25) -> dict[str, dict[str, float]]:
+    """Per op key, the median over the steps of its traced and priced time; the `top` most traced."""
+    keys = {k for step in steps for k in step}
+    zero = {"count": 0, "traced_ms": 0.0, "priced_ms": 0.0}
+    rows = {
+        k: {f: statistics.median(step.get(k, zero)[f] for step in steps) for f in ("count", "traced_ms", "priced_ms")}
+        for k in keys
+    }
+    return dict(sorted(rows.items(), key=lambda kv: -kv[1]["traced_ms"])[:top])
+
+
 def evaluate(directory: Path, model: Any) -> dict[str, Any]:
     traces = load_traces(directory)
     hosts = [t.host for t in traces]
-    rows, ops_rank0 = [], 0
+    rows, ops_rank0, op_steps = [], 0, []
     for number in common_steps(traces):
         try:
             steps = steps_for(traces, number)
@@ -121,6 +169,7 @@ def evaluate(directory: Path, model: Any) -> dict[str, Any]:
             continue
         traced, rebuilt, predicted = found.traced_s, found.rebuilt_s, found.predicted_s
         ops_rank0 = len(steps[0]["ops"])
+        op_steps.append(by_op(found, model))
         rows.append(
             {
                 "step": number,
@@ -147,6 +196,7 @@ def evaluate(directory: Path, model: Any) -> dict[str, Any]:
         "rebuilt_error": median("rebuilt_error"),
         "priced_share": median("priced_share"),
         "ops_rank0": ops_rank0,
+        "by_op": median_by_op(op_steps) if op_steps else {},
     }
 
 
@@ -156,6 +206,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="profiled (active) steps per job")
     parser.add_argument("--seed", type=int, default=0, help="the DLRM task's seed")
     parser.add_argument("--jobs", default="dlrm,transformer,cnn")
+    parser.add_argument(
+        "--transformer-spec",
+        type=json.loads,
+        default=TRANSFORMER_SPEC,
+        help="the transformer traced, a spec as JSON (e.g. a task's `spec` in e2e_accuracy_transformer's JSON)",
+    )
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/trace_prediction.json"))
     args = parser.parse_args()
 
@@ -165,12 +221,17 @@ def main() -> None:
     registry.configure(args.tracking_uri)
     hardware_id = HardwareFingerprint([local_node_fingerprint()]).hardware_id
     model = registry.load_performance_model(args.tracking_uri, hardware_id)
+    apply_to_child_processes()  # the ranks allocate as the product's workers do
     results = {}
     for job in args.jobs.split(","):
         with tempfile.TemporaryDirectory() as tmp:
             traces = Path(tmp) / "traces"
             traces.mkdir()
-            mp.spawn(_rank, args=(f"{tmp}/init", str(traces), job, args.steps, args.seed), nprocs=WORLD)
+            mp.spawn(
+                _rank,
+                args=(f"{tmp}/init", str(traces), job, args.steps, args.seed, args.transformer_spec),
+                nprocs=WORLD,
+            )
             results[job] = evaluate(traces, model)
         r = results[job]
         print(
@@ -183,6 +244,8 @@ def main() -> None:
         "command": "benchmarks/trace_prediction.py " + " ".join(sys.argv[1:]),
         "hardware_id": hardware_id,
         "world_size": WORLD,
+        "transformer_spec": args.transformer_spec,
+        "allocator": os.environ.get("GLIBC_TUNABLES", "glibc defaults"),
         "jobs": results,
     }
     Path(args.out).write_text(json.dumps(doc, indent=1))

@@ -274,7 +274,7 @@ class PricedGraph:
         return self.priced_traced_s / self.traced_s if self.traced_s > 0 else 0.0
 
 
-def _priced(op: GraphOp, ops: Sequence[GraphOp], model: Any, world: int) -> tuple[str, float | None]:
+def price_op(op: GraphOp, ops: Sequence[GraphOp], model: Any, world: int) -> tuple[str, float | None]:
     """(the model op, its predicted isolated seconds), or ("", None) where nothing prices it.
     A collective is priced from its launching c10d op's message (the trace's ranks are one
     group, within one node: a trace does not say which nodes its ranks ran on)."""
@@ -303,7 +303,7 @@ def price_graph(graph: ExecutionGraph, model: Any) -> PricedGraph:
         new_ops: list[GraphOp] = []
         for op in ops:
             seconds = op.duration_s or 0.0
-            model_op, price = _priced(op, ops, model, world)
+            model_op, price = price_op(op, ops, model, world)
             if price is not None and context is not None:
                 price = context.in_step(model_op, price)
             if r == 0 and op.name not in MARKS:
@@ -326,6 +326,7 @@ class TracePrediction:
     rebuilt_s: float
     predicted_s: float
     priced: PricedGraph
+    graph: ExecutionGraph  # as traced (every op its traced duration)
 
 
 def predict_step(steps: Sequence[dict[str, Any]], hosts: Sequence[str], model: Any) -> TracePrediction:
@@ -337,4 +338,4 @@ def predict_step(steps: Sequence[dict[str, Any]], hosts: Sequence[str], model: A
     def replay(g: ExecutionGraph) -> float:
         return simulate(g, lambda op: 0.0, synchronous=model.synchronous, share_links=False).iteration_s
 
-    return TracePrediction(measured_iteration_s(steps, hosts), replay(graph), replay(priced.graph), priced)
+    return TracePrediction(measured_iteration_s(steps, hosts), replay(graph), replay(priced.graph), priced, graph)
