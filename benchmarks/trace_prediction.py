@@ -214,6 +214,12 @@ def main() -> None:
     )
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/trace_prediction.json"))
     args = parser.parse_args()
+    from probes.vocabulary.transformer_spec import TransformerSpec
+
+    try:  # a bad spec is named here, before any rank starts (argparse exits 2)
+        TransformerSpec.from_dict({**args.transformer_spec, "world_size": WORLD})
+    except (TypeError, ValueError) as exc:
+        parser.error(f"--transformer-spec: {exc}")
 
     from orchestrator import registry
     from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint
