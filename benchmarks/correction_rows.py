@@ -43,25 +43,20 @@ def kernel_split(path: str, seed: int) -> tuple[list, list]:
 
 
 def refit(train: list, test: list, min_rows: int, seed: int) -> dict:
-    """Each element-wise op fitted and scored as the calibration fits and scores it
-    (`predictors.fit.fit_op`), under `min_rows`; the family pooled."""
+    """Each element-wise op fitted and scored as the calibration scored it on its split
+    (`family_heldout.split_fits`), under `min_rows`; the family pooled."""
+    from benchmarks.family_heldout import split_fits
     from predictors import learned_model
-    from predictors.fit import family_heldout, fit_op
+    from predictors.fit import family_heldout
 
-    by_op: dict[str, tuple[list, list]] = {}
-    for part, rows in enumerate((train, test)):
-        for r in rows:
-            by_op.setdefault(r.op, ([], []))[part].append(r)
     saved = learned_model.MIN_ROWS_FOR_CORRECTION
     learned_model.MIN_ROWS_FOR_CORRECTION = min_rows
-    stats, pairs = {}, []
     try:
-        for op, (op_train, op_test) in sorted(by_op.items()):
-            _, stats[op], scored = fit_op(op, op_train, op_test, seed)
-            if scored is not None:
-                pairs.append(scored[1:])
+        fits = split_fits(train, test, seed)
     finally:
         learned_model.MIN_ROWS_FOR_CORRECTION = saved
+    stats = {op: fit.stats for op, fit in fits.items()}
+    pairs = [fit.scored[1:] for fit in fits.values() if fit.scored is not None]
     family = family_heldout({"elementwise": pairs})["elementwise"]
     return {
         "gmae": family["gmae"],

@@ -25,25 +25,32 @@ sys.path.insert(0, str(REPO))
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
 from benchmarks.refit_e2e import read_rows  # noqa: E402
 from predictors.evaluation import split_by_op  # noqa: E402
-from predictors.fit import family_heldout, fit_op, fit_performance_model, kernel_rows  # noqa: E402
+from predictors.fit import OpFit, family_heldout, fit_op, fit_performance_model, kernel_rows  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
 
 
-def split_families(rows: list[Measurement], seed: int = 0) -> dict:
-    """The families as the seeded 80/20 split judged them (each op fitted on its 80%)."""
-    train, test = split_by_op(rows, seed)
+def split_fits(train: list[Measurement], test: list[Measurement], seed: int = 0) -> dict[str, OpFit]:
+    """Each op fitted on its `train` rows and judged on its `test` rows (`predictors.fit.fit_op`),
+    as a calibration judged its ops before #26; an op that cannot be fitted is left out."""
     by_op: dict[str, tuple[list, list]] = defaultdict(lambda: ([], []))
     for part, items in enumerate((train, test)):
         for r in items:
             by_op[r.op][part].append(r)
-    paired = defaultdict(list)
+    fits = {}
     for op, (op_train, op_test) in sorted(by_op.items()):
         try:
-            _, _, scored = fit_op(op, op_train, op_test, seed)
+            fits[op] = fit_op(op, op_train, op_test, seed)
         except (ValueError, KeyError):
             continue
-        if scored is not None:
-            paired[scored[0]].append(scored[1:])
+    return fits
+
+
+def split_families(rows: list[Measurement], seed: int = 0) -> dict:
+    """The families as the seeded 80/20 split judged them (each op fitted on its 80%)."""
+    paired = defaultdict(list)
+    for fit in split_fits(*split_by_op(rows, seed), seed).values():
+        if fit.scored is not None:
+            paired[fit.scored[0]].append(fit.scored[1:])
     return family_heldout(paired)
 
 

@@ -46,7 +46,6 @@ from predictors.kineto_trace import (  # noqa: E402
     common_steps,
     load_traces,
     predict_step,
-    price_op,
     steps_for,
 )
 from probes.host_allocator import apply_to_child_processes  # noqa: E402
@@ -128,15 +127,13 @@ def _rank(rank: int, init: str, out: str, job: str, steps: int, seed: int, spec:
         dist.destroy_process_group()
 
 
-def by_op(found: TracePrediction, model: Any) -> dict[str, dict[str, float]]:
+def by_op(found: TracePrediction) -> dict[str, dict[str, float]]:
     """Rank 0's ops of one step grouped by name (and the model op pricing them): count, traced
     and priced milliseconds (an op nothing prices counts as traced on both sides)."""
     out: dict[str, dict[str, float]] = {}
-    traced = found.graph
-    for before, after in zip(traced.ranks[0], found.priced.graph.ranks[0]):
+    for before, after, model_op in zip(found.graph.ranks[0], found.priced.graph.ranks[0], found.priced.model_ops):
         if before.name in MARKS:
             continue
-        model_op, _ = price_op(before, traced.ranks[0], model, traced.world_size)
         key = before.name + (f" -> {model_op}" if model_op else "")
         row = out.setdefault(key, {"count": 0, "traced_ms": 0.0, "priced_ms": 0.0})
         row["count"] += 1
@@ -169,7 +166,7 @@ def evaluate(directory: Path, model: Any) -> dict[str, Any]:
             continue
         traced, rebuilt, predicted = found.traced_s, found.rebuilt_s, found.predicted_s
         ops_rank0 = len(steps[0]["ops"])
-        op_steps.append(by_op(found, model))
+        op_steps.append(by_op(found))
         rows.append(
             {
                 "step": number,

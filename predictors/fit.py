@@ -19,13 +19,13 @@ import numpy as np
 from predictors.collective_context import fit_collective_context
 from predictors.context_model import fit_context_factors
 from predictors.dlrm_estimator import fit_overhead
-from predictors.evaluation import CV_FOLDS, error_stats, fold_assignment, paired_ratio, relative_errors
+from predictors.evaluation import CV_FOLDS, error_stats, fold_assignment, paired_ratio
 from predictors.families import baseline_model_for, default_model_for
 from predictors.fusion_model import FusionModel, FusionModelError, fusion_points, held_out_errors
 from predictors.opmodels import OpModel
 from predictors.overhead_model import OverheadModel
 from predictors.pair_estimator import fit_overlap_calibration, fit_symm_mem
-from predictors.performance_model import PerformanceModel, priced
+from predictors.performance_model import PerformanceModel, predictions
 from predictors.transformer_estimator import fit_transformer_overhead
 from probes.vocabulary.nccl import NCCL_CHOICE_FAMILY
 from probes.vocabulary.ops import (
@@ -120,42 +120,47 @@ def family_heldout(paired: dict[str, list[tuple[np.ndarray, np.ndarray]]]) -> di
     return out
 
 
-def fit_op(
-    op: str, train: Sequence[Measurement], test: Sequence[Measurement], seed: int = 0
-) -> tuple[OpModel, dict[str, Any], tuple[str, np.ndarray, np.ndarray] | None]:
+@dataclass
+class OpFit:
+    """One op's model and how it was judged: on held-out rows (`fit_op`), or fold by fold with
+    the model refitted on all rows (`cross_validate_op`)."""
+
+    model: OpModel
+    stats: dict[str, Any]  # held-out error beside the baseline's, n = rows judged
+    scored: tuple[str, np.ndarray, np.ndarray] | None  # (family, model errors, baseline errors)
+    held_out: list[tuple[float, float]]  # (measured, predicted) of every row judged
+
+
+def fit_op(op: str, train: Sequence[Measurement], test: Sequence[Measurement], seed: int = 0) -> OpFit:
     """One op's model fitted on `train` (raises ValueError / KeyError when it cannot be), its
     held-out stats on `test` beside its baseline's, and the paired (family, model errors,
-    baseline errors) on the rows both can price (None when there are none)."""
+    baseline errors) on the rows both can price (`scored`, None when there are none). Each
+    held-out row is predicted once by each model."""
     model = default_model_for(op, seed).fit(train)
-    held_out = priced(model, test)
-    stats = error_stats(relative_errors(model.predict, held_out)).to_dict()
+    held_out = predictions(model, test)
+    errors = np.array([abs(p - r.median_s) / r.median_s for r, p in held_out])
+    stats = error_stats(errors).to_dict()
     stats["n_unpriced"] = len(test) - len(held_out)  # held-out rows of a group no training row had
     scored = None
     baseline = baseline_model_for(op)
     if baseline is not None and held_out:
         try:
             baseline.fit(train)
-            both = priced(baseline, held_out)
-            pair = relative_errors(model.predict, both), relative_errors(baseline.predict, both)
+            both = predictions(baseline, [r for r, _ in held_out])
+            error_of = {id(r): e for (r, _), e in zip(held_out, errors)}  # a row's error, whichever model priced it
+            pair = (
+                np.array([error_of[id(r)] for r, _ in both]),
+                np.array([abs(p - r.median_s) / r.median_s for r, p in both]),
+            )
             stats["baseline_gmae"] = error_stats(pair[1]).gmae
             if both:
                 stats["vs_baseline"] = paired_ratio(*pair).to_dict()
-                scored = (both[0].family or op, *pair)
+                scored = (both[0][0].family or op, *pair)
         except (ValueError, KeyError):
             stats["baseline_gmae"] = None
     stats["n_train"] = len(train)
     stats["chosen"] = getattr(model, "chosen", None)  # a learned model's pick: a correction, its base, the baseline
-    return model, stats, scored
-
-
-@dataclass
-class OpFit:
-    """One op's model fitted on all its rows, judged fold by fold (`cross_validate_op`)."""
-
-    model: OpModel
-    stats: dict[str, Any]  # out-of-fold error beside the baseline's, n = rows judged
-    scored: tuple[str, np.ndarray, np.ndarray] | None  # (family, model errors, baseline errors)
-    out_of_fold: list[tuple[float, float]]  # (measured, predicted) of every row judged
+    return OpFit(model, stats, scored, [(r.median_s, p) for r, p in held_out])
 
 
 def cross_validate_op(op: str, rows: Sequence[Measurement], folds: np.ndarray, seed: int = 0) -> OpFit:
@@ -175,17 +180,16 @@ def cross_validate_op(op: str, rows: Sequence[Measurement], folds: np.ndarray, s
         train = [r for r, f in zip(rows, folds) if f != fold]
         test = [r for r, f in zip(rows, folds) if f == fold]
         try:
-            fold_model, stats, scored = fit_op(op, train, test, seed)
+            fold_fit = fit_op(op, train, test, seed)
         except (ValueError, KeyError):
             unpriced += len(test)
             continue
-        pairs = [(r.median_s, fold_model.predict(r.params)) for r in priced(fold_model, test)]
-        unpriced += stats["n_unpriced"]
-        errors.append(np.array([abs(p - m) / m for m, p in pairs]))
-        out_of_fold += pairs
-        if scored is not None:
-            family = scored[0]
-            paired.append(scored[1:])
+        unpriced += fold_fit.stats["n_unpriced"]
+        errors.append(np.array([abs(p - m) / m for m, p in fold_fit.held_out]))
+        out_of_fold += fold_fit.held_out
+        if fold_fit.scored is not None:
+            family = fold_fit.scored[0]
+            paired.append(fold_fit.scored[1:])
     stats = error_stats(np.concatenate(errors) if errors else np.array([])).to_dict()
     stats.update(judged=f"{int(folds.max()) + 1}-fold" if len(folds) and folds.max() >= 0 else None)
     stats.update(n_unpriced=unpriced, n_train=len(rows), chosen=getattr(model, "chosen", None))
@@ -227,7 +231,7 @@ def fit_performance_model(
         except (ValueError, KeyError) as exc:  # too few or degenerate rows: report the op, keep the rest
             unfitted[op] = f"{len(op_rows)} rows: {exc}"
             continue
-        models[op], metrics[op], out_of_fold[op] = fitted.model, fitted.stats, fitted.out_of_fold
+        models[op], metrics[op], out_of_fold[op] = fitted.model, fitted.stats, fitted.held_out
         judged += [r for r, f in zip(op_rows, assignment) if f >= 0]
         if fitted.scored is not None:
             family, errors, baseline_errors = fitted.scored

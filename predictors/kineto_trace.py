@@ -268,13 +268,14 @@ class PricedGraph:
     priced_traced_s: float  # the priced ops' traced time (rank 0)
     traced_s: float  # every op's traced time (rank 0)
     unpriced: dict[str, float]  # op name -> traced seconds left as traced (rank 0)
+    model_ops: list[str]  # the model op pricing each of rank 0's ops ("" where none)
 
     @property
     def priced_share(self) -> float:
         return self.priced_traced_s / self.traced_s if self.traced_s > 0 else 0.0
 
 
-def price_op(op: GraphOp, ops: Sequence[GraphOp], model: Any, world: int) -> tuple[str, float | None]:
+def _priced(op: GraphOp, ops: Sequence[GraphOp], model: Any, world: int) -> tuple[str, float | None]:
     """(the model op, its predicted isolated seconds), or ("", None) where nothing prices it.
     A collective is priced from its launching c10d op's message (the trace's ranks are one
     group, within one node: a trace does not say which nodes its ranks ran on)."""
@@ -298,14 +299,17 @@ def price_graph(graph: ExecutionGraph, model: Any) -> PricedGraph:
     world = graph.world_size
     priced_s = traced_s = 0.0
     unpriced: dict[str, float] = {}
+    model_ops: list[str] = []
     ranks = []
     for r, ops in enumerate(graph.ranks):
         new_ops: list[GraphOp] = []
         for op in ops:
             seconds = op.duration_s or 0.0
-            model_op, price = price_op(op, ops, model, world)
+            model_op, price = _priced(op, ops, model, world)
             if price is not None and context is not None:
                 price = context.in_step(model_op, price)
+            if r == 0:
+                model_ops.append(model_op)
             if r == 0 and op.name not in MARKS:
                 traced_s += seconds
                 if price is not None:
@@ -314,7 +318,9 @@ def price_graph(graph: ExecutionGraph, model: Any) -> PricedGraph:
                     unpriced[op.name] = unpriced.get(op.name, 0.0) + seconds
             new_ops.append(replace(op, duration_s=price) if price is not None else op)
         ranks.append(new_ops)
-    return PricedGraph(ExecutionGraph(ranks, meta={**graph.meta, "priced": True}), priced_s, traced_s, unpriced)
+    return PricedGraph(
+        ExecutionGraph(ranks, meta={**graph.meta, "priced": True}), priced_s, traced_s, unpriced, model_ops
+    )
 
 
 @dataclass

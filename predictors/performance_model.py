@@ -188,11 +188,15 @@ def _upgrade_v1(data: dict[str, Any]) -> dict[str, Any]:
 def priced(model: OpModel, rows: Sequence[Measurement]) -> list[Measurement]:
     """The rows `model` can price: a held-out row of a group (a dtype, a collective's group size
     and scope) that no training row had is left out of the score rather than crashing it."""
+    return [r for r, _ in predictions(model, rows)]
+
+
+def predictions(model: OpModel, rows: Sequence[Measurement]) -> list[tuple[Measurement, float]]:
+    """Each row `model` can price (`priced`) with its predicted seconds, each predicted once."""
     out = []
     for r in rows:
         try:
-            model.predict(r.params)
+            out.append((r, model.predict(r.params)))
         except KeyError:
             continue
-        out.append(r)
     return out
