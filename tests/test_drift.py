@@ -12,7 +12,7 @@ from orchestrator import nightly, registry
 from orchestrator.cli import drift as drift_cli
 from orchestrator.cli import nightly as nightly_cli
 from orchestrator.drill import DRILL_ENV, apply_drill, drill_slowdown
-from orchestrator.sentinel import choose_sentinels, score_sentinels
+from orchestrator.sentinel import choose_sentinels, confirmed, score_sentinels
 from predictors import fit_performance_model
 from probes.gemm import gemm_specs
 from probes.vocabulary.ops import gemm_params
@@ -45,6 +45,15 @@ def test_sentinels_within_the_models_error_are_fresh_and_a_slower_machine_is_sta
     # Ops the champion cannot price are reported, not scored as zero error.
     other = score_sentinels(model, [Measurement("softmax", {"rows": 4, "cols": 4}, 1e-5, 0.0, 5)])
     assert other.gmae is None and not other.stale and other.skipped == ["softmax"]
+
+
+def test_one_stale_pass_is_drift_only_when_its_re_measurement_is_stale_too(model):
+    spell = score_sentinels(model, gemm_rows(12, 1, slowdown=3.0), failures=1)
+    settled = confirmed(spell, score_sentinels(model, gemm_rows(12, 2)))
+    assert spell.stale and not settled.stale and settled.failures == 1
+    assert settled.passes == [spell.gmae, settled.gmae] and settled.gmae < 0.1
+    slower = confirmed(spell, score_sentinels(model, gemm_rows(12, 2, slowdown=3.0)))
+    assert slower.stale and slower.gmae > 0.6 and len(slower.passes) == 2
 
 
 def test_sentinels_are_fixed_per_seed_and_are_not_the_calibrations_own_points():

@@ -189,7 +189,10 @@ def test_calibrate_autotune_drift_nightly_against_a_real_server(mlflow_server, t
     nightly = cli("orchestrator.cli.nightly", "--budget-s", "20", cwd=tmp_path, url=url)
     (checked,) = nightly["checked"]
     assert checked["hardware_id"] == calibration["hardware_id"] and checked["sentinel"]["gmae"] is not None
-    assert nightly["recalibrated"] == 0, checked  # unchanged hardware: its sentinels agree, no false alarm
+    assert nightly["recalibrated"] == 0, (
+        checked["reasons"],
+        checked["sentinel"],
+    )  # unchanged hardware: its sentinels agree, no false alarm
 
     # Everything landed in the server: runs and registry in PostgreSQL, artifacts proxied into
     # the server's artifact store (no local mlruns / mlartifacts beside the client).
