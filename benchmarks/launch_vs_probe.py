@@ -1,7 +1,11 @@
-"""The same DLRM step timed two ways, side by side: as the calibration's training probe times it
-(a gang of probe actors) and as the real job runs (`orchestrator.launch.launch_dlrm`, Ray Train).
+"""The same training step timed two ways, side by side: as the calibration's training probe times
+it (a gang of probe actors) and as the real job runs (`orchestrator.launch`, Ray Train).
 
     .venv/bin/python benchmarks/launch_vs_probe.py [--seed S] [--pick 4,9,11] [--rounds 3]
+    .venv/bin/python benchmarks/launch_vs_probe.py --workload transformer --seed S --pick 4,6
+
+With `--workload transformer` the tasks are `benchmarks/e2e_accuracy_transformer.py`'s
+data-parallel draw for the seed.
 
 The step model is fitted on the probe's steps and judged on the launcher's; a step that runs
 slower under the launcher than in the probe is time no calibration row can show. For each
@@ -9,7 +13,7 @@ picked task of `benchmarks/e2e_accuracy.py`'s draw (same seed, sharders in turn,
 each round times it once each way (probe first, then launcher, alternating the order every
 round so host drift falls on both); reports per task the median of each way's medians and
 their ratio (launcher / probe) with its spread over the rounds. Writes
-benchmarks/results/launch_vs_probe.json.
+benchmarks/results/launch_vs_probe.json (launch_vs_probe_transformer.json).
 """
 
 from __future__ import annotations
@@ -27,26 +31,44 @@ sys.path.insert(0, str(REPO))
 from benchmarks.e2e_accuracy import task_plan, write_result  # noqa: E402
 from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.cluster import cluster_fingerprint  # noqa: E402
-from orchestrator.launch import launch_dlrm  # noqa: E402
+from orchestrator.launch import launch_dlrm, launch_transformer  # noqa: E402
 from orchestrator.probe_pool import ActorPool, Gang  # noqa: E402
 from probes.probe import ProbeSpec  # noqa: E402
-from probes.vocabulary.ops import DLRM_STEP_OP  # noqa: E402
+from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP  # noqa: E402
+from probes.vocabulary.transformer_spec import random_transformer  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
 
 
-def probe_step_ms(hardware_id: str, world: int, spec, plan) -> float:
-    """The task's step as the calibration times it: a fresh pool and gang, one training probe."""
+def probe_step_ms(hardware_id: str, world: int, params: dict, step_op: str) -> float:
+    """The task's step as the calibration times it: a fresh pool and gang, one training probe
+    with `params` (a DLRM job and its plan, or a transformer)."""
     pool = ActorPool("cpu", hardware_id, world).start()
     try:
         gang = Gang(pool)
         gang.form()
-        probe = gang.placed(ProbeSpec("training", {"job": spec.to_dict(), "table_to_rank": list(plan)}, "train:x"))
-        rows = gang.run([probe])
+        rows = gang.run([gang.placed(ProbeSpec("training", params, "train:x"))])
         gang.disband()
     finally:
         pool.stop()
-    (step,) = [r for r in rows if r.op == DLRM_STEP_OP]
+    (step,) = [r for r in rows if r.op == step_op]
     return step.median_s * 1e3
+
+
+def dlrm_task(i: int, spec, seed: int, iterations: int, storage: Path):
+    """A DLRM task of the e2e draw: its probe params, step op and launch."""
+    _, plan = task_plan(i, spec, seed)
+    params = {"job": spec.to_dict(), "table_to_rank": list(plan)}
+    return params, DLRM_STEP_OP, lambda: launch_dlrm(spec, plan, iterations=iterations, storage=storage).iteration_ms
+
+
+def transformer_task(spec, iterations: int, storage: Path):
+    """A transformer task of the e2e draw: its probe params, step op and launch."""
+    params = {"transformer": spec.to_dict()}
+    return (
+        params,
+        TRANSFORMER_STEP_OP,
+        lambda: launch_transformer(spec, iterations=iterations, storage=storage).iteration_ms,
+    )
 
 
 def main() -> None:
@@ -56,27 +78,36 @@ def main() -> None:
     parser.add_argument("--pick", default="4,9,11")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=20)
-    parser.add_argument("--out", default=str(REPO / "benchmarks/results/launch_vs_probe.json"))
+    parser.add_argument("--workload", choices=("dlrm", "transformer"), default="dlrm")
+    parser.add_argument("--out", help="default: benchmarks/results/launch_vs_probe[_transformer].json")
     args = parser.parse_args()
+    suffix = "" if args.workload == "dlrm" else "_transformer"
+    out = args.out or str(REPO / f"benchmarks/results/launch_vs_probe{suffix}.json")
 
     ray_runtime.connect()
     fingerprint = cluster_fingerprint()
     picked = {int(i) for i in args.pick.split(",")}
-    tasks = [(i, s) for i, s in enumerate(random_dlrm_tasks(args.tasks, 2, args.seed, 1.0)) if i in picked]
+    if args.workload == "dlrm":
+        drawn = random_dlrm_tasks(args.tasks, 2, args.seed, 1.0)
+    else:
+        drawn = [random_transformer(i, 2, 1, args.seed) for i in range(args.tasks)]
+    tasks = [(i, s) for i, s in enumerate(drawn) if i in picked]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for i, spec in tasks:
-            _, plan = task_plan(i, spec, args.seed)
+            storage = Path(tmp) / "r"
+            if args.workload == "dlrm":
+                params, step_op, launch = dlrm_task(i, spec, args.seed, args.iterations, storage)
+            else:
+                params, step_op, launch = transformer_task(spec, args.iterations, storage)
             probe, launched = [], []
             for k in range(args.rounds):
                 for way in ("probe", "launch") if k % 2 == 0 else ("launch", "probe"):
                     t0 = time.monotonic()
                     if way == "probe":
-                        probe.append(probe_step_ms(fingerprint.hardware_id, spec.world_size, spec, plan))
+                        probe.append(probe_step_ms(fingerprint.hardware_id, spec.world_size, params, step_op))
                     else:
-                        launched.append(
-                            launch_dlrm(spec, plan, iterations=args.iterations, storage=Path(tmp) / "r").iteration_ms
-                        )
+                        launched.append(launch())
                     print(
                         f"{spec.name} round {k} {way}: {(probe if way == 'probe' else launched)[-1]:.2f} ms "
                         f"({time.monotonic() - t0:.0f} s)",
@@ -86,7 +117,7 @@ def main() -> None:
             row = {
                 "name": spec.name,
                 "batch_size": spec.batch_size,
-                "tables": len(spec.tables),
+                "spec": spec.to_dict(),
                 "probe_ms": probe,
                 "launch_ms": launched,
                 "ratio_median": statistics.median(ratios),
@@ -100,10 +131,13 @@ def main() -> None:
             )
     ray_runtime.shutdown()
     write_result(
-        args.out,
+        out,
         {
             "hardware_id": fingerprint.hardware_id,
-            "command": f"python benchmarks/launch_vs_probe.py --seed {args.seed} --pick {args.pick} --rounds {args.rounds}",
+            "command": (
+                f"python benchmarks/launch_vs_probe.py --workload {args.workload} --seed {args.seed} "
+                f"--pick {args.pick} --rounds {args.rounds}"
+            ),
             "tasks": rows,
         },
     )
