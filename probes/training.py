@@ -164,11 +164,12 @@ def probe_layout(job: Any, k: int) -> dict[str, Any]:
 
 
 SMALL_HIDDEN = (64, 128, 256)  # the small stacks' widths, in turn (the random tasks' range)
-# Their sequence lengths, in turn, the longest first and shifted against the widths after each
-# round: a step's attention scores grow with the square of the sequence, and the 11-26 23:18
-# calibration's four data-parallel stacks had all drawn 32, so its step model priced jobs at
-# 128 (16x the score sizes) by extrapolation and missed the most score-heavy by 26%.
-SMALL_SEQ = (128, 32, 64)
+# Their sequence lengths, in turn, shifted against the widths after each round: a step's
+# attention scores grow with the square of the sequence, and the 11-26 23:18 calibration's four
+# data-parallel stacks had all drawn 32, so jobs at 128 (16x the score sizes) were priced by
+# extrapolation. The shortest first: the first stack is the step overhead's smallest anchor (at
+# 128 first, the 11-27 02:44 calibration's smallest step was 13 ms, and a 7 ms job was priced 48% over).
+SMALL_SEQ = (32, 128, 64)
 
 
 def transformer_training_specs(n: int, seed: int, world: int, device_kind: str = "cpu") -> list[ProbeSpec]:

@@ -77,8 +77,9 @@ def test_small_transformer_probes_span_the_task_widths_and_sequences_smallest_wi
     assert {t["hidden"] for t in small} == set(SMALL_HIDDEN)
     tasks = [random_transformer(i, 2, 1, seed) for i in range(40) for seed in range(3)]
     assert min(SMALL_HIDDEN) <= min(t.hidden for t in tasks) and max(SMALL_HIDDEN) >= max(t.hidden for t in tasks)
-    # The sequences too, the longest (the most attention-score work per width) first, and
-    # every width meets every sequence within three rounds.
-    assert small[0]["seq_len"] == max(t.seq_len for t in tasks) and {t["seq_len"] for t in small[:3]} == set(SMALL_SEQ)
+    # The sequences too, the shortest first (the smallest step), the longest within the first
+    # two, and every width meets every sequence within three rounds.
+    assert small[0]["seq_len"] == min(t.seq_len for t in tasks) and small[1]["seq_len"] == max(t.seq_len for t in tasks)
+    assert {t["seq_len"] for t in small[:3]} == set(SMALL_SEQ)
     assert {(t["hidden"], t["seq_len"]) for t in small[:9]} == {(h, q) for h in SMALL_HIDDEN for q in SMALL_SEQ}
     assert {t.seq_len for t in tasks} == set(SMALL_SEQ)
