@@ -65,21 +65,15 @@ def test_tasks_run_at_full_size_unless_the_memory_cannot_hold_them() -> None:
     assert max(sum(t.bytes for t in s.tables) for s in random_dlrm_tasks(4, 2, 5, smaller)) * 9 <= 9 * biggest // 3
 
 
-def test_small_transformer_probes_span_the_task_widths_and_sequences_smallest_width_first() -> None:
+def test_small_transformer_probes_span_the_task_widths_smallest_first() -> None:
     """A short calibration measures two small stacks: they are the smallest width and the
     next, not two random draws, so the step overhead is never fitted on large steps alone."""
-    from probes.training import SMALL_HIDDEN, SMALL_SEQ, transformer_training_specs
+    from probes.training import SMALL_HIDDEN, transformer_training_specs
     from probes.vocabulary.transformer_spec import random_transformer
 
-    specs = transformer_training_specs(36, seed=0, world=2)
+    specs = transformer_training_specs(24, seed=0, world=2)
     small = [s.params["transformer"] for i, s in enumerate(specs) if i % 4 == 0]
     assert [(t["hidden"], t["layers"]) for t in small[:3]] == [(64, 1), (128, 2), (256, 1)]
     assert {t["hidden"] for t in small} == set(SMALL_HIDDEN)
-    tasks = [random_transformer(i, 2, 1, seed) for i in range(40) for seed in range(3)]
-    assert min(SMALL_HIDDEN) <= min(t.hidden for t in tasks) and max(SMALL_HIDDEN) >= max(t.hidden for t in tasks)
-    # The sequences too, the shortest first (the smallest step), the longest within the first
-    # two, and every width meets every sequence within three rounds.
-    assert small[0]["seq_len"] == min(t.seq_len for t in tasks) and small[1]["seq_len"] == max(t.seq_len for t in tasks)
-    assert {t["seq_len"] for t in small[:3]} == set(SMALL_SEQ)
-    assert {(t["hidden"], t["seq_len"]) for t in small[:9]} == {(h, q) for h in SMALL_HIDDEN for q in SMALL_SEQ}
-    assert {t.seq_len for t in tasks} == set(SMALL_SEQ)
+    task_widths = {random_transformer(i, 2, 1, seed).hidden for i in range(40) for seed in range(3)}
+    assert min(SMALL_HIDDEN) <= min(task_widths) and max(SMALL_HIDDEN) >= max(task_widths)
