@@ -43,6 +43,11 @@ from predictors.transformer_estimator import estimate_transformer_iteration  # n
 from probes.vocabulary.transformer_spec import random_transformer  # noqa: E402
 
 
+def data_parallel_tasks(n: int, world_size: int, seed: int) -> list:
+    """The benchmark's data-parallel draw for `seed` (also `benchmarks/launch_vs_probe.py`'s)."""
+    return [random_transformer(i, world_size, 1, seed) for i in range(n)]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tasks", type=int, default=12, help="data-parallel tasks")
@@ -59,7 +64,7 @@ def main() -> None:
         args.seed = secrets.randbelow(2**31)
     print(f"tasks: {args.tasks} + {args.tp_tasks} drawn with --seed {args.seed}", flush=True)
 
-    specs = [random_transformer(i, args.world_size, 1, args.seed) for i in range(args.tasks)]
+    specs = data_parallel_tasks(args.tasks, args.world_size, args.seed)
     specs += [random_transformer(100 + i, args.world_size, args.world_size, args.seed) for i in range(args.tp_tasks)]
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)

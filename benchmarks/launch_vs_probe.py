@@ -29,13 +29,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import task_plan, write_result  # noqa: E402
+from benchmarks.e2e_accuracy_transformer import data_parallel_tasks  # noqa: E402
 from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.cluster import cluster_fingerprint  # noqa: E402
 from orchestrator.launch import launch_dlrm, launch_transformer  # noqa: E402
 from orchestrator.probe_pool import ActorPool, Gang  # noqa: E402
 from probes.probe import ProbeSpec  # noqa: E402
 from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP  # noqa: E402
-from probes.vocabulary.transformer_spec import random_transformer  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
 
 
@@ -90,7 +90,7 @@ def main() -> None:
     if args.workload == "dlrm":
         drawn = random_dlrm_tasks(args.tasks, 2, args.seed, 1.0)
     else:
-        drawn = [random_transformer(i, 2, 1, args.seed) for i in range(args.tasks)]
+        drawn = data_parallel_tasks(args.tasks, 2, args.seed)
     tasks = [(i, s) for i, s in enumerate(drawn) if i in picked]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
