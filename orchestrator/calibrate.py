@@ -76,7 +76,13 @@ FUSION_PROBE_SECONDS = 0.5
 # Whole training steps: their held-out figures are shown by default, every kernel op's with --verbose.
 STEP_OPS = (DLRM_STEP_OP, TRANSFORMER_STEP_OP)
 TRAINING_PROBES = 24
-TRANSFORMER_PROBES = 12
+TRANSFORMER_PROBES = 16
+# DLRM steps, transformer steps and overlap pairs measured in turn, this many of each. One of
+# each in turn (DLRM steps every other point) gave a 600 s calibration on two CPU cores 16
+# DLRM steps, 8 transformer steps and 8 overlap pairs, the pairs 151 s of the phase's 227 s
+# (11-28 s each against 1-7 s and 1-11 s a step): the transformer step overhead, fitted on
+# eight steps, scored 23.7% left out against the DLRM's 6.2% on sixteen.
+TRAINING_TURN = (3, 3, 1)
 
 
 @dataclass(frozen=True)
@@ -257,16 +263,16 @@ def measure(
         one_node = node_members(gang)
         coll = collective_specs(collective_groups(gang.nodes), pool.max_collective_bytes()) if devices > 1 else []
         nccl = nccl_choice_specs(nccl_groups(gang.nodes), pool.max_collective_bytes()) if device == "cuda" else []
-        # every other point a DLRM step: the step overhead's fit needs the most of them (in turn
-        # with the transformer steps and the overlap pairs, a 300 s budget measured six)
+        # The step models' fits need the most points, an overlap pair costs the most time:
+        # three DLRM steps, three transformer steps, one pair in turn (`TRAINING_TURN`).
         whole = (
             interleave(
                 training_specs(
                     TRAINING_PROBES, seed, devices, place_by_sharder, training_task_scale(fingerprint, devices, seed)
                 ),
-                interleave(
-                    transformer_training_specs(TRANSFORMER_PROBES, seed, devices, device), overlap_specs(devices)
-                ),
+                transformer_training_specs(TRANSFORMER_PROBES, seed, devices, device),
+                overlap_specs(devices),
+                per_turn=TRAINING_TURN,
             )
             if devices > 1
             else []

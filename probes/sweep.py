@@ -97,5 +97,11 @@ def job_specs(job, table_groups: Iterable[Sequence[int]] = ()) -> list[ProbeSpec
     return out
 
 
-def interleave(*lists: Sequence[ProbeSpec]) -> list[ProbeSpec]:
-    return [s for group in itertools.zip_longest(*lists) for s in group if s is not None]
+def interleave(*lists: Sequence[ProbeSpec], per_turn: Sequence[int] | None = None) -> list[ProbeSpec]:
+    """The lists' points in turn, `per_turn[i]` of list i at a time (default one each); a list
+    that runs out drops from the turns. A budget cut anywhere leaves every list its share."""
+    counts = list(per_turn) if per_turn is not None else [1] * len(lists)
+    if len(counts) != len(lists) or any(c < 1 for c in counts):
+        raise ValueError(f"per_turn must give a count >= 1 for each of the {len(lists)} lists, got {counts}")
+    chunks = [[lst[i : i + c] for i in range(0, len(lst), c)] for lst, c in zip(lists, counts)]
+    return [s for group in itertools.zip_longest(*chunks, fillvalue=[]) for chunk in group for s in chunk]

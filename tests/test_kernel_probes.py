@@ -7,7 +7,9 @@ import pytest
 from predictors.opmodels import GroupedCostModel, OpModel
 from probes.elementwise import elementwise_specs, measure_elementwise
 from probes.gemm import gemm_specs, measure_gemm
-from probes.sweep import run_local_probe
+from probes.overlap import overlap_specs
+from probes.probe import ProbeSpec
+from probes.sweep import interleave, run_local_probe
 from probes.vocabulary.ops import ELEMENTWISE_OPS, GEMM_VARIANTS, gemm_params
 from probes.vocabulary.records import Measurement
 
@@ -58,6 +60,23 @@ def test_sweeps_cover_variants_dtypes_and_ops():
     ew = elementwise_specs(16, seed=0)
     assert {s.params["op"] for s in ew} == set(ELEMENTWISE_OPS)
     assert run_local_probe(ew[0])[0].op == ew[0].params["op"]
+
+
+def test_a_budget_cut_leaves_every_list_its_share():
+    def points(name: str, n: int) -> list[ProbeSpec]:
+        return [ProbeSpec("training", {}, f"{name}{i}") for i in range(n)]
+
+    merged = interleave(points("d", 5), points("t", 4), points("o", 2), per_turn=(2, 2, 1))
+    assert [s.key for s in merged] == ["d0", "d1", "t0", "t1", "o0", "d2", "d3", "t2", "t3", "o1", "d4"]
+    assert [s.key for s in interleave(points("a", 2), points("b", 1))] == ["a0", "b0", "a1"]
+    with pytest.raises(ValueError, match="per_turn"):
+        interleave(points("a", 2), points("b", 1), per_turn=(1,))
+    # the overlap pairs in turn: any prefix of three measures every kind of pair
+    assert [s.params["pair"] for s in overlap_specs(2)[:3]] == [
+        "gemm_all_reduce",
+        "gemm_all_to_all",
+        "embedding_all_to_all",
+    ]
 
 
 def test_grouped_cost_model_fits_per_dtype_and_flags_unmeasured_groups():
