@@ -23,6 +23,7 @@ from scipy.optimize import least_squares
 
 from predictors.collective_curves import GroupCurveModel
 from predictors.evaluation import clearly_better
+from predictors.opmodels import relative_nnls
 from probes.vocabulary.records import Measurement
 
 # How many standard errors the best breakpoint pair must gain over the line: about 100 pairs
@@ -104,13 +105,9 @@ def _fit_given_breaks(x: np.ndarray, t: np.ndarray, x1: float, x2: float) -> Sig
 def _fit_alpha_beta(x: np.ndarray, t: np.ndarray) -> SigmoidCurve:
     """t = t_s + m / BW over every point (non-negative, relative least squares): the degenerate
     curve whose breakpoints both lie below the smallest message."""
-    from scipy.optimize import nnls
-
     m = np.exp2(x)
-    design = np.column_stack([np.ones_like(m), m]) / t[:, None]
-    scale = design.max(axis=0)
-    (alpha, inv_bw), _ = nnls(design / scale, np.ones_like(t))
-    alpha, inv_bw = alpha / scale[0], inv_bw / scale[1]
+    # the baseline's solver (`AlphaBetaModel`): where no transition pays, the curve is that line
+    alpha, inv_bw = relative_nnls(np.column_stack([np.ones_like(m), m]), t)
     below = float(x.min()) - 1.0
     return SigmoidCurve(
         max(float(alpha), 1e-12),

@@ -201,12 +201,16 @@ class LearnedKernelModel(OpModel):
     def predict(self, params: dict[str, Any]) -> float:
         if self.fallback is not None:
             return self.fallback.predict(params)
+        if self.regressor is None:  # the base itself: its price, not its price's log exponentiated
+            return self.base.predict(params)
         x = self._x([params])
         return float(np.exp(x[0, -1] + self._correction(x)[0]))
 
     def predict_many(self, params: Sequence[dict[str, Any]]) -> np.ndarray:
         if self.fallback is not None:
             return np.array([self.fallback.predict(p) for p in params])
+        if self.regressor is None:
+            return np.array([self.base.predict(p) for p in params])
         x = self._x(params)
         return np.exp(x[:, -1] + self._correction(x))
 

@@ -76,6 +76,16 @@ class OpModel(ABC):
     def _from_dict(cls, data: dict[str, Any]) -> "OpModel": ...
 
 
+def relative_nnls(x: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """c >= 0 minimising sum(((x c - t) / t)^2), each feature column scaled to its largest value
+    for the solver. One solver for every model that fits such a line, so a model that keeps
+    the line (the collective curves where no transition pays) equals the baseline that fits it."""
+    scale = x.max(axis=0)
+    scale = np.where(scale == 0, 1.0, scale)
+    coef, _ = nnls((x / scale) / t[:, None], np.ones_like(t), maxiter=50 * x.shape[1])
+    return coef / scale
+
+
 class LinearCostModel(OpModel):
     kind = "linear_nnls"
     RANGE_SLACK = 4.0  # how far beyond the measured range a feature may go before we flag it
@@ -99,19 +109,19 @@ class LinearCostModel(OpModel):
             raise ValueError(f"{self.op}: {len(rows)} measurements cannot fit {len(self.features)} coefficients")
         x = np.array([feature_vector(self.features, r.params) for r in rows], dtype=np.float64)
         t = np.array([r.median_s for r in rows], dtype=np.float64)
-        scale = x.max(axis=0)
-        scale[scale == 0] = 1.0
-        xs = x / scale
-        coef, _ = nnls(xs / t[:, None], np.ones_like(t), maxiter=50 * x.shape[1])
+        coef = relative_nnls(x, t)
         if offset is not None:
+            scale = np.where(x.max(axis=0) == 0, 1.0, x.max(axis=0))
+            xs = x / scale
             rest = np.asarray(offset, dtype=np.float64)
             log_whole = np.log(rest + t)
 
             def log_error(c: np.ndarray) -> np.ndarray:
                 return np.log(np.maximum(rest + xs @ c, 1e-12)) - log_whole
 
-            coef = least_squares(log_error, np.maximum(coef, 1e-12 * float(np.mean(t))), bounds=(0, np.inf)).x
-        self.coef = coef / scale
+            start = np.maximum(coef * scale, 1e-12 * float(np.mean(t)))
+            coef = least_squares(log_error, start, bounds=(0, np.inf)).x / scale
+        self.coef = coef
         self.lo, self.hi = x.min(axis=0), x.max(axis=0)
         return self
 

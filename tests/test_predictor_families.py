@@ -178,6 +178,28 @@ def test_noise_on_a_straight_line_buys_no_transition():
         assert np.allclose(fitted.predict_log2(grid), line.predict_log2(grid), rtol=0.03)
 
 
+def test_a_model_that_keeps_its_baseline_prices_as_its_baseline_does():
+    """Where nothing learned pays, the model is its baseline to the last bit a family's held-out
+    comparison can see (#26: collectives at 1.000005x their baseline, embeddings at 1 + 7e-16):
+    a collective curve that keeps the line fits it with the baseline's solver, and a learned
+    kernel model that keeps its base prices with it (not exp of its price's log)."""
+    from predictors.opmodels import LinearCostModel
+
+    line = SigmoidCurve(t_s=30e-6, x1=0.0, x2=0.0, L=0.0, x0=0.0, k=1.0, b=0.0, bw_max=5e9, x_min=2, x_max=28)
+    rows = curve_rows(line, noise=0.05, seed=0)
+    kept, baseline = SigmoidCollectiveModel("all_reduce").fit(rows), AlphaBetaModel("all_reduce").fit(rows)
+    assert all(c.L == 0.0 for c in kept.curves.values())  # no transition was kept
+    for r in rows:
+        assert kept.predict(r.params) == pytest.approx(baseline.predict(r.params), rel=1e-12, abs=0.0)
+
+    gemm = _bent_gemm_rows(12, 5)
+    learned = LearnedKernelModel("gemm", ["one", "flops"], ["log:flops"]).fit(gemm)
+    plain = LinearCostModel("gemm", ["one", "flops"]).fit(gemm)
+    assert learned.chosen == "base"
+    assert [learned.predict(r.params) for r in gemm] == [plain.predict(r.params) for r in gemm]
+    assert list(learned.predict_many([r.params for r in gemm])) == [plain.predict(r.params) for r in gemm]
+
+
 def test_a_learned_candidate_must_beat_the_plain_model_by_more_than_luck():
     """The best of several candidates validates a little better by chance: a 2% edge that
     varies row by row keeps the baseline; a clear halving of every row's error picks the
