@@ -104,13 +104,14 @@ def _fit_given_breaks(x: np.ndarray, t: np.ndarray, x1: float, x2: float) -> Sig
 
 def _fit_alpha_beta(x: np.ndarray, t: np.ndarray) -> SigmoidCurve:
     """t = t_s + m / BW over every point (non-negative, relative least squares): the degenerate
-    curve whose breakpoints both lie below the smallest message."""
+    curve whose breakpoints both lie below any message (a message is at least one byte, so
+    log2 m >= 0), so it is the line at every size, as the baseline is."""
     m = np.exp2(x)
     # the baseline's solver (`AlphaBetaModel`): where no transition pays, the curve is that line
     alpha, inv_bw = relative_nnls(np.column_stack([np.ones_like(m), m]), t)
-    below = float(x.min()) - 1.0
+    below = -1.0  # breakpoints at x.min() - 1 put a held-out message under it on the flat start-up
     return SigmoidCurve(
-        max(float(alpha), 1e-12),
+        float(alpha),
         below,
         below,
         0.0,
