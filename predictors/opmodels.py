@@ -80,10 +80,16 @@ def relative_nnls(x: np.ndarray, t: np.ndarray) -> np.ndarray:
     """c >= 0 minimising sum(((x c - t) / t)^2), each feature column scaled to its largest value
     for the solver. One solver for every model that fits such a line, so a model that keeps
     the line (the collective curves where no transition pays) equals the baseline that fits it."""
-    scale = x.max(axis=0)
-    scale = np.where(scale == 0, 1.0, scale)
+    scale = column_scale(x)
     coef, _ = nnls((x / scale) / t[:, None], np.ones_like(t), maxiter=50 * x.shape[1])
     return coef / scale
+
+
+def column_scale(x: np.ndarray) -> np.ndarray:
+    """Each feature column's largest value (1 for an all-zero column): the units the solvers
+    work in, so features of 1 and of 1e9 bytes weigh alike."""
+    scale = x.max(axis=0)
+    return np.where(scale == 0, 1.0, scale)
 
 
 class LinearCostModel(OpModel):
@@ -111,7 +117,7 @@ class LinearCostModel(OpModel):
         t = np.array([r.median_s for r in rows], dtype=np.float64)
         coef = relative_nnls(x, t)
         if offset is not None:
-            scale = np.where(x.max(axis=0) == 0, 1.0, x.max(axis=0))
+            scale = column_scale(x)
             xs = x / scale
             rest = np.asarray(offset, dtype=np.float64)
             log_whole = np.log(rest + t)
