@@ -150,18 +150,72 @@ def add_rounds_argument(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def measure_in_rounds(names: list[str], rounds: int, launch: Callable[[int], float]) -> list[list[float]]:
+def measure_in_rounds(
+    names: list[str], rounds: int, launch: Callable[[int], float], between: Callable[[str], None] | None = None
+) -> list[list[float]]:
     """Every task's measured ms in every round (`launch(i)` runs task i once). Odd rounds run
     the tasks in reverse, so a host's drift over the run falls on early and late tasks alike.
+    `between(label)` runs before the first round and after each (the host speed checks).
     On a shared host one job launched twice has measured 1.5x apart (two identical transformer
     tasks, 124 and 190 ms, in one run of 2026-11-25): a single launch cannot tell a model's
     error from the host's, and the repeats say how large the host's is."""
     times: list[list[float]] = [[] for _ in names]
+    if between is not None:
+        between("before round 1")
     for r in range(rounds):
         for i in range(len(names)) if r % 2 == 0 else range(len(names) - 1, -1, -1):
             times[i].append(launch(i))
             print(f"  round {r + 1}/{rounds} {names[i]:10s} measured {times[i][-1]:8.2f} ms", flush=True)
+        if between is not None:
+            between(f"after round {r + 1}")
     return times
+
+
+def add_host_check_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--host-check",
+        type=Path,
+        default=None,
+        help="a calibration directory whose kernel points are measured again before the first round and after "
+        "each (benchmarks/host_drift.py), so the figures carry the host's speed against the calibration's; "
+        "default: the calibration this run makes (none with --tracking-uri)",
+    )
+    parser.add_argument("--host-check-points", type=_at_least_one, default=40, help="kernel points per check")
+
+
+def own_calibration(scratch: Path) -> Path | None:
+    """The calibration directory `calibrate_into(scratch, ...)` wrote (under $AUTOTUNE_HOME, or
+    the scratch directory's default home), the newest if several; None when there is none."""
+    home = Path(os.environ["AUTOTUNE_HOME"]) if os.environ.get("AUTOTUNE_HOME") else scratch / ".autotune"
+    found = sorted((home / "calibrations").glob("*/measurements.jsonl"), key=lambda p: p.stat().st_mtime)
+    return found[-1].parent if found else None
+
+
+class HostChecks:
+    """The host's speed against a calibration's, measured at labelled moments of a benchmark:
+    each check re-measures the same seeded sample of the calibration's kernel points, so checks
+    compare with each other as well as with the calibration."""
+
+    def __init__(self, directory: Path | None, points: int):
+        self.directory, self.points = directory, points
+        self.checks: list[dict] = []
+
+    def __call__(self, label: str) -> None:
+        if self.directory is None:
+            return
+        from benchmarks.host_drift import describe, host_speed
+
+        speed = host_speed(self.directory, self.points)
+        self.checks.append({"label": label, **speed})
+        print(f"  host speed {label}: kernel time now / calibration's {describe(speed['all'])}", flush=True)
+
+    def result(self) -> dict:
+        """The checks as a result's keys (each check's overall geomean ratio, by label, and every figure)."""
+        return {
+            "host_check_dir": str(self.directory) if self.directory else None,
+            "host_speed": {c["label"]: c["all"]["geomean_ratio"] for c in self.checks},
+            "host_checks": self.checks,
+        }
 
 
 def repeat_spread(times: list[list[float]]) -> dict[str, float | None]:
@@ -171,6 +225,15 @@ def repeat_spread(times: list[list[float]]) -> dict[str, float | None]:
     if not spreads:
         return {"repeat_spread_geomean": None, "repeat_spread_max": None}
     return {"repeat_spread_geomean": geomean(spreads), "repeat_spread_max": max(spreads)}
+
+
+def print_host_speed(result: dict) -> None:
+    """One line: the host's kernel time against the calibration's at each check."""
+    if result["host_speed"]:
+        print(
+            "host speed (kernel time now / calibration's): "
+            + ", ".join(f"{label} {'-' if r is None else f'{r:.3f}'}" for label, r in result["host_speed"].items())
+        )
 
 
 def spread(errors: list[float]) -> dict[str, float]:
@@ -189,6 +252,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--seed", type=int, default=None, help="task seed (default: a fresh one, recorded)")
     add_rounds_argument(parser)
+    add_host_check_arguments(parser)
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/e2e_accuracy_dlrm.json"))
     args = parser.parse_args()
     tasks = draw_tasks(args)
@@ -196,6 +260,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         fingerprint, model = champion_on_ray(scratch, args.tracking_uri, args.budget_s, 0)
+        checks = HostChecks(
+            args.host_check or (None if args.tracking_uri else own_calibration(scratch)), args.host_check_points
+        )
 
         plans = [task_plan(i, spec, args.seed) for i, spec in enumerate(tasks)]
         launched = measure_in_rounds(
@@ -206,6 +273,7 @@ def main() -> None:
                     tasks[i], plans[i][1], iterations=args.iterations, storage=scratch / "ray_results"
                 ).iteration_ms
             ),
+            checks,
         )
         rows = []
         for spec, (sharder, placement), times in zip(tasks, plans, launched):
@@ -248,7 +316,8 @@ def main() -> None:
         "hardware_id": fingerprint.hardware_id,
         "command": f"python benchmarks/e2e_accuracy.py --tasks {args.tasks} --budget-s {args.budget_s:g} "
         f"--scale {args.scale:g} --seed {args.seed} --rounds {args.rounds}"
-        + (" --tracking-uri URI" if args.tracking_uri else ""),
+        + (" --tracking-uri URI" if args.tracking_uri else "")
+        + (f" --host-check DIR --host-check-points {args.host_check_points}" if args.host_check else ""),
         "world_size": args.world_size,
         "task_seed": args.seed,
         "scale": args.scale,
@@ -257,6 +326,7 @@ def main() -> None:
         **error_summary([r["error"] for r in rows]),
         "mean_signed_error": signed_error(rows),
         **repeat_spread(launched),
+        **checks.result(),
         "sum_overhead_geomean_error": geomean([r["sum_overhead_error"] for r in rows]),
         "baseline_geomean_error": geomean([r["baseline_error"] for r in rows]),
     }
@@ -275,6 +345,7 @@ def main() -> None:
             f"host noise: a task's {args.rounds} launches disagreed by {result['repeat_spread_geomean']:.1%} "
             f"(geomean over tasks), at most {result['repeat_spread_max']:.1%}"
         )
+    print_host_speed(result)
     print(f"wrote {out}")
 
 

@@ -27,11 +27,15 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import (  # noqa: E402
+    HostChecks,
+    add_host_check_arguments,
     add_rounds_argument,
     champion_on_ray,
     error_summary,
     geomean,
     measure_in_rounds,
+    own_calibration,
+    print_host_speed,
     repeat_spread,
     signed_error,
     spread,
@@ -58,6 +62,7 @@ def main() -> None:
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--seed", type=int, default=None, help="task seed (default: a fresh one, recorded)")
     add_rounds_argument(parser)
+    add_host_check_arguments(parser)
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/e2e_accuracy_transformer.json"))
     args = parser.parse_args()
     if args.seed is None:
@@ -69,12 +74,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         fingerprint, model = champion_on_ray(scratch, args.tracking_uri, args.budget_s, args.seed)
+        checks = HostChecks(
+            args.host_check or (None if args.tracking_uri else own_calibration(scratch)), args.host_check_points
+        )
         launched = measure_in_rounds(
             [spec.name for spec in specs],
             args.rounds,
             lambda i: (
                 launch_transformer(specs[i], iterations=args.iterations, storage=scratch / "ray_results").iteration_ms
             ),
+            checks,
         )
         rows = []
         for spec, times in zip(specs, launched):
@@ -113,13 +122,15 @@ def main() -> None:
         "hardware_id": fingerprint.hardware_id,
         "command": f"python benchmarks/e2e_accuracy_transformer.py --tasks {args.tasks} --tp-tasks {args.tp_tasks} "
         f"--budget-s {args.budget_s:g} --seed {args.seed} --rounds {args.rounds}"
-        + (" --tracking-uri URI" if args.tracking_uri else ""),
+        + (" --tracking-uri URI" if args.tracking_uri else "")
+        + (f" --host-check DIR --host-check-points {args.host_check_points}" if args.host_check else ""),
         "task_seed": args.seed,
         "tasks": dp,
         **error_summary([r["error"] for r in dp]),
         "mean_signed_error": signed_error(dp),
         "baseline_geomean_error": geomean([r["baseline_error"] for r in dp]),
         **repeat_spread([r["measured_rounds_ms"] for r in dp]),
+        **checks.result(),
         "tensor_parallel_tasks": tp,
         "tensor_parallel_geomean_error": geomean([r["error"] for r in tp]) if tp else None,
         "tensor_parallel_mean_signed_error": signed_error(tp) if tp else None,
@@ -143,6 +154,7 @@ def main() -> None:
             f"host noise (data parallel): a task's {args.rounds} launches disagreed by "
             f"{result['repeat_spread_geomean']:.1%} (geomean over tasks), at most {result['repeat_spread_max']:.1%}"
         )
+    print_host_speed(result)
     print(f"wrote {out}")
 
 

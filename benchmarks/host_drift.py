@@ -72,13 +72,39 @@ def remeasure_at_once(rows: list[Measurement], workers: int) -> dict[str, list[f
     return ratios
 
 
-def summary(ratios: list[float]) -> dict[str, float]:
+def summary(ratios: list[float]) -> dict[str, float | None]:
+    if not ratios:  # every point failed to run again
+        return {"n": 0, "geomean_ratio": None, "p25": None, "p75": None}
     r = np.asarray(ratios)
     return {
         "n": len(r),
         "geomean_ratio": float(np.exp(np.mean(np.log(r)))),
         "p25": float(np.percentile(r, 25)),
         "p75": float(np.percentile(r, 75)),
+    }
+
+
+def describe(s: dict) -> str:
+    """A summary's geomean ratio and quartiles in a few words."""
+    if s["geomean_ratio"] is None:
+        return "no point ran again"
+    return f"geomean {s['geomean_ratio']:.3f} (p25 {s['p25']:.3f}, p75 {s['p75']:.3f})"
+
+
+def host_speed(directory: Path, points: int = 60, seed: int = 0, workers: int = 2) -> dict:
+    """A seeded sample of `points` of the calibration in `directory`'s kernel points measured
+    again (`remeasure_at_once`): per family and over all, the geomean of time now over then.
+    ValueError when the calibration has no such points."""
+    rows = stored_rows(directory)
+    if not rows:
+        raise ValueError(f"no {', '.join(FAMILIES)} rows of {MIN_STORED_S * 1e6:.0f} us or more in {directory}")
+    picked = random.Random(seed).sample(rows, min(points, len(rows)))
+    ratios = remeasure_at_once(picked, workers)
+    return {
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "stored_points": len(rows),
+        "families": {family: summary(r) for family, r in sorted(ratios.items())},
+        "all": summary([x for r in ratios.values() for x in r]),
     }
 
 
@@ -100,35 +126,25 @@ def main() -> None:
         parser.error(f"--points: expected a count >= 1, got {args.points}")
     if args.workers < 1:
         parser.error(f"--workers: expected a count >= 1, got {args.workers}")
-    rows = stored_rows(args.calibration_dir)
-    if not rows:
-        parser.error(
-            f"--calibration-dir: no {', '.join(FAMILIES)} rows of {MIN_STORED_S * 1e6:.0f} us or more in {args.calibration_dir}"
-        )
-    picked = random.Random(args.seed).sample(rows, min(args.points, len(rows)))
     print(
-        f"measuring {len(picked)} of {len(rows)} stored kernel points of {args.calibration_dir} again "
+        f"measuring {args.points} stored kernel points of {args.calibration_dir} again "
         f"({args.workers} process(es) at once)",
         flush=True,
     )
-    ratios = remeasure_at_once(picked, args.workers)
-    families = {family: summary(r) for family, r in sorted(ratios.items())}
-    overall = summary([x for r in ratios.values() for x in r])
-    for family, s in {**families, "all": overall}.items():
-        print(
-            f"{family:12s} n={s['n']:3d}  now / then: geomean {s['geomean_ratio']:.3f} "
-            f"(p25 {s['p25']:.3f}, p75 {s['p75']:.3f})"
-        )
+    try:
+        speed = host_speed(args.calibration_dir, args.points, args.seed, args.workers)
+    except ValueError as exc:
+        parser.error(f"--calibration-dir: {exc}")
+    for family, s in {**speed["families"], "all": speed["all"]}.items():
+        print(f"{family:12s} n={s['n']:3d}  now / then: {describe(s)}")
     write_result(
         args.out,
         {
             "command": " ".join(["python", *sys.argv]),
             "calibration_dir": str(args.calibration_dir),
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "seed": args.seed,
             "workers": args.workers,
-            "families": families,
-            "all": overall,
+            **speed,
         },
     )
 

@@ -1,0 +1,50 @@
+"""The end-to-end benchmarks' host speed checks: when they run, and what one measures."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from benchmarks.e2e_accuracy import HostChecks, measure_in_rounds
+from benchmarks.host_drift import host_speed, stored_rows
+from orchestrator.measurement_store import MeasurementStore
+from probes.gemm import gemm_specs
+from probes.sweep import run_local_probe
+
+
+def test_checks_run_before_the_first_round_and_after_each():
+    events: list[str] = []
+
+    def launch(i: int) -> float:
+        events.append(f"task {i}")
+        return 1.0
+
+    measure_in_rounds(["a", "b"], 2, launch, events.append)
+    assert events == ["before round 1", "task 0", "task 1", "after round 1", "task 1", "task 0", "after round 2"]
+
+
+def test_a_check_measures_the_calibrations_own_points_again(tmp_path: Path):
+    store = MeasurementStore(tmp_path)
+    for spec in gemm_specs(4, seed=0, max_dim=1024):
+        store.add(run_local_probe(spec))
+    stored = len(stored_rows(tmp_path))
+    assert stored >= 1
+    checks = HostChecks(tmp_path, points=2)
+    checks("before round 1")
+    result = checks.result()
+    (check,) = result["host_checks"]
+    assert check["label"] == "before round 1" and check["all"]["n"] == min(2, stored)
+    assert result["host_speed"]["before round 1"] == check["all"]["geomean_ratio"] > 0
+
+
+def test_without_a_calibration_no_check_runs():
+    checks = HostChecks(None, points=2)
+    checks("before round 1")
+    assert checks.result()["host_speed"] == {} and checks.result()["host_checks"] == []
+
+
+def test_a_calibration_without_kernel_points_is_refused(tmp_path: Path):
+    MeasurementStore(tmp_path).sync()
+    with pytest.raises(ValueError, match="gemm"):
+        host_speed(tmp_path, points=2)
