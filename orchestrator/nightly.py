@@ -80,10 +80,12 @@ def check_hardware(fp: HardwareFingerprint, settings: NightlySettings) -> dict[s
                     "sentinel_gmae": report.gmae,
                     "sentinel_bound": report.bound,
                     "sentinel_points": float(len(report.points)),
+                    **({"sentinel_ratio": report.ratio} if report.ratio is not None else {}),
                 }
             )
+            direction = f", measured / predicted {report.ratio:.2f}" if report.ratio is not None else ""
             say(
-                f"{hw}: sentinel GMAE {report.gmae:.1%} over {len(report.points)} point(s) "
+                f"{hw}: sentinel GMAE {report.gmae:.1%} over {len(report.points)} point(s){direction} "
                 f"(stale above {report.bound:.1%}; the champion's held-out GMAE on those ops "
                 + (f"{report.expected_gmae:.1%})" if report.expected_gmae is not None else "unknown)")
             )

@@ -19,6 +19,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+import numpy as np
+
 from orchestrator.defaults import DEFAULT_SENTINEL_BOUND, DEFAULT_SENTINEL_RATIO
 from orchestrator.fanout import Phase, run_collective_probes, run_local_probes
 from orchestrator.home import home_path
@@ -106,6 +108,10 @@ class SentinelReport:
     skipped: list[str] = field(default_factory=list)  # ops the champion has no model for
     wall_s: float = 0.0
     passes: list[float | None] = field(default_factory=list)  # each measuring pass's GMAE, in order
+    # geomean of measured / predicted: which way the points moved (above 1: the machine runs
+    # them slower than the champion says). The GMAE says how far, not which way; a host or
+    # device slowed by its neighbours or its clocks moves every point the same way.
+    ratio: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -132,11 +138,23 @@ def score_sentinels(
     if not points:
         return SentinelReport(None, None, bound, False, [], failures, sorted(skipped))
     gmae = geomean([p["error"] for p in points])
+    ratios = [p["measured_s"] / p["predicted_s"] for p in points if p["predicted_s"] > 0 and p["measured_s"] > 0]
+    measured_over_predicted = float(np.exp(np.mean(np.log(ratios)))) if ratios else None
     held = [model.metrics.get(p["op"], {}).get("gmae") for p in points]
     held = [h for h in held if h is not None and h > 0]
     expected = geomean(held) if held else None
     limit = max(bound, ratio * expected) if expected is not None else bound
-    return SentinelReport(gmae, expected, limit, gmae > limit, points, failures, sorted(skipped), passes=[gmae])
+    return SentinelReport(
+        gmae,
+        expected,
+        limit,
+        gmae > limit,
+        points,
+        failures,
+        sorted(skipped),
+        passes=[gmae],
+        ratio=measured_over_predicted,
+    )
 
 
 def confirmed(first: SentinelReport, second: SentinelReport) -> SentinelReport:
@@ -151,6 +169,7 @@ def confirmed(first: SentinelReport, second: SentinelReport) -> SentinelReport:
         first.failures + second.failures,
         sorted(set(first.skipped) | set(second.skipped)),
         passes=first.passes + second.passes,
+        ratio=second.ratio,
     )
 
 
@@ -167,7 +186,8 @@ def run_sentinels(
     nodes that have them, as in calibration, not the driver) and score them; a pass over the
     bound is measured once more, and only two stale passes make the report stale. Measurements
     are stored before scoring; collective sentinels over more ranks than the cluster has now
-    are left out."""
+    are left out. Each pass waits at most `deadline_s` (its collectives half of it), so a
+    confirmed drift can take twice `deadline_s`."""
     specs = [ProbeSpec(**s) for s in (model.sentinels or choose_sentinels(0, device_kind, devices))]
     collective = [s for s in specs if s.family == "collective" and len(s.params["ranks"]) <= devices]
     local = [s for s in specs if s.family != "collective"]

@@ -42,6 +42,10 @@ def test_sentinels_within_the_models_error_are_fresh_and_a_slower_machine_is_sta
     assert fresh.bound == pytest.approx(max(0.35, 2 * fresh.expected_gmae))
     slow = score_sentinels(model, gemm_rows(12, 1, slowdown=3.0))
     assert slow.gmae > 0.6 and slow.stale
+    # The ratio says which way: the same points three times slower read three times the ratio.
+    assert slow.ratio == pytest.approx(3.0 * fresh.ratio, rel=0.05) and 0.8 < fresh.ratio < 1.25
+    fast = score_sentinels(model, gemm_rows(12, 1, slowdown=1 / 3))
+    assert fast.stale and fast.ratio < 0.5
     # Ops the champion cannot price are reported, not scored as zero error.
     other = score_sentinels(model, [Measurement("softmax", {"rows": 4, "cols": 4}, 1e-5, 0.0, 5)])
     assert other.gmae is None and not other.stale and other.skipped == ["softmax"]
