@@ -44,6 +44,17 @@ class SigmoidCurve:
     bw_max: float  # bytes / second
     x_min: float
     x_max: float
+    # A curve kept as the line (`_fit_alpha_beta`): its seconds per byte as the baseline's
+    # solver gave them, so a message is priced with the baseline's own arithmetic (`predict_bytes`)
+    # and not through 1 / bw_max and 2^log2(bytes), each a rounding away. None: a curve with a
+    # transition, or a bundle from before the field.
+    per_byte_s: float | None = None
+
+    def predict_bytes(self, size: float) -> float:
+        """Seconds for a message of `size` bytes."""
+        if self.per_byte_s is not None:
+            return float(np.dot(np.array([self.t_s, self.per_byte_s]), [1.0, float(size)]))
+        return float(self.predict_log2(np.array([np.log2(max(float(size), 1.0))]))[0])
 
     def predict_log2(self, x: np.ndarray) -> np.ndarray:
         x = np.asarray(x, dtype=np.float64)
@@ -102,11 +113,12 @@ def _fit_given_breaks(x: np.ndarray, t: np.ndarray, x1: float, x2: float) -> Sig
     return SigmoidCurve(t_s, float(x1), float(x2), L, x0, k, b, float(bw), float(x.min()), float(x.max()))
 
 
-def _fit_alpha_beta(x: np.ndarray, t: np.ndarray) -> SigmoidCurve:
+def _fit_alpha_beta(x: np.ndarray, t: np.ndarray, sizes: np.ndarray | None = None) -> SigmoidCurve:
     """t = t_s + m / BW over every point (non-negative, relative least squares): the degenerate
     curve whose breakpoints both lie below any message (a message is at least one byte, so
-    log2 m >= 0), so it is the line at every size, as the baseline is."""
-    m = np.exp2(x)
+    log2 m >= 0), so it is the line at every size, as the baseline is. `sizes`: the messages'
+    bytes as measured (default 2^x), the baseline's own inputs."""
+    m = np.exp2(x) if sizes is None else np.asarray(sizes, dtype=np.float64)
     # the baseline's solver (`AlphaBetaModel`): where no transition pays, the curve is that line
     alpha, inv_bw = relative_nnls(np.column_stack([np.ones_like(m), m]), t)
     below = -1.0  # breakpoints at x.min() - 1 put a held-out message under it on the flat start-up
@@ -121,6 +133,7 @@ def _fit_alpha_beta(x: np.ndarray, t: np.ndarray) -> SigmoidCurve:
         1.0 / max(float(inv_bw), 1e-18),
         float(x.min()),
         float(x.max()),
+        per_byte_s=float(inv_bw),
     )
 
 
@@ -143,8 +156,11 @@ def _cv_errors(
     return errors
 
 
-def fit_sigmoid_curve(x: np.ndarray, t: np.ndarray, folds: int = 4, seed: int = 0) -> SigmoidCurve:
-    """Choose (x1, x2) among the measured sizes by k-fold CV, then refit on all points.
+def fit_sigmoid_curve(
+    x: np.ndarray, t: np.ndarray, folds: int = 4, seed: int = 0, sizes: np.ndarray | None = None
+) -> SigmoidCurve:
+    """Choose (x1, x2) among the measured sizes by k-fold CV, then refit on all points (`sizes`:
+    the messages' bytes, for a line kept; default 2^x).
 
     The search is coarse to fine: every third size first, then every size within three of the
     best coarse pair, so a 50-size sweep costs ~100 fits instead of ~1300. The best of ~100
@@ -152,8 +168,9 @@ def fit_sigmoid_curve(x: np.ndarray, t: np.ndarray, folds: int = 4, seed: int = 
     only when it beats the plain start-up + bandwidth line (the baseline) by more than
     `SELECTION_SE` standard errors of the points' paired differences; otherwise the line is kept.
     """
-    order = np.argsort(x)
-    x, t = np.asarray(x, dtype=np.float64)[order], np.asarray(t, dtype=np.float64)[order]
+    x_given, t_given = np.asarray(x, dtype=np.float64), np.asarray(t, dtype=np.float64)
+    order = np.argsort(x_given)
+    x, t = x_given[order], t_given[order]
     levels = np.unique(x)
     folds = min(folds, max(2, len(x) // 3))
     assignment = np.random.default_rng(seed).permutation(len(x)) % folds
@@ -175,7 +192,9 @@ def fit_sigmoid_curve(x: np.ndarray, t: np.ndarray, folds: int = 4, seed: int = 
     _, (bi, bj) = search(near(bi), near(bj))
     line = _cv_errors(x, t, assignment, folds, None, None)
     if not clearly_better(line, _cv_errors(x, t, assignment, folds, levels[bi], levels[bj]), SELECTION_SE):
-        return _fit_alpha_beta(x, t)  # too few or too noisy points for a transition
+        # too few or too noisy points for a transition: the line, fitted on the rows in their
+        # given order as the baseline fits them (a least-squares sum's rounding follows the order)
+        return _fit_alpha_beta(x_given, t_given, sizes)
     return _fit_given_breaks(x, t, levels[bi], levels[bj])
 
 
@@ -183,12 +202,12 @@ class SigmoidCollectiveModel(GroupCurveModel[SigmoidCurve]):
     kind = "sigmoid_collective"
 
     def fit_curve(self, rows: Sequence[Measurement]) -> SigmoidCurve:
-        x = np.log2([max(float(r.params["bytes"]), 1.0) for r in rows])
-        return fit_sigmoid_curve(x, np.array([r.median_s for r in rows]))
+        sizes = np.array([float(r.params["bytes"]) for r in rows])
+        x = np.log2(np.maximum(sizes, 1.0))
+        return fit_sigmoid_curve(x, np.array([r.median_s for r in rows]), sizes=sizes)
 
     def predict(self, params: dict[str, Any]) -> float:
-        x = np.log2(max(float(params["bytes"]), 1.0))
-        return float(self._curve(params).predict_log2(np.array([x]))[0])
+        return self._curve(params).predict_bytes(float(params["bytes"]))
 
     def out_of_range(self, params: dict[str, Any]) -> list[str]:
         try:
