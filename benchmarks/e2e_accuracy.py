@@ -1,6 +1,7 @@
 """Whole-iteration accuracy of the critical-path simulator on random DLRM tasks run for real.
 
     .venv/bin/python benchmarks/e2e_accuracy.py [--tasks 12] [--budget-s 300] [--tracking-uri URI] [--seed S] [--rounds 2]
+        [--host-check CALIBRATION_DIR]
 
 Calibrates this machine (generic sweep, no knowledge of the tasks) into a scratch MLflow store,
 or uses the champion already registered under `--tracking-uri`. Then draws random DLRM tasks
@@ -16,7 +17,8 @@ one seed stream's) at full size (`--scale` 1) unless the host cannot hold a task
 at the largest halving that fits. The signed error is reported beside the absolute one. Each
 task is launched `--rounds` times (default 2, odd rounds in reverse order): its measured time is
 the median, and how far its launches disagree, the host's noise floor, is reported beside the
-errors. Prints a row per task and writes benchmarks/results/e2e_accuracy_dlrm.json.
+errors, and the host's speed against the calibration's (`--host-check`) is measured before the
+first round and after each. Prints a row per task and writes benchmarks/results/e2e_accuracy_dlrm.json.
 """
 
 from __future__ import annotations
@@ -183,6 +185,12 @@ def add_host_check_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host-check-points", type=_at_least_one, default=40, help="kernel points per check")
 
 
+def check_host_check_argument(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse a --host-check that is not a calibration directory before anything is launched."""
+    if args.host_check is not None and not (args.host_check / "measurements.jsonl").is_file():
+        parser.error(f"--host-check: no measurements.jsonl in {args.host_check} (expected a calibration's directory)")
+
+
 def own_calibration(scratch: Path) -> Path | None:
     """The calibration directory `calibrate_into(scratch, ...)` wrote (under $AUTOTUNE_HOME, or
     the scratch directory's default home), the newest if several; None when there is none."""
@@ -255,6 +263,7 @@ def main() -> None:
     add_host_check_arguments(parser)
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/e2e_accuracy_dlrm.json"))
     args = parser.parse_args()
+    check_host_check_argument(parser, args)
     tasks = draw_tasks(args)
 
     with tempfile.TemporaryDirectory() as tmp:

@@ -2,6 +2,7 @@
 run for real over 2 ranks (data parallel, and tensor parallel for comparison).
 
     .venv/bin/python benchmarks/e2e_accuracy_transformer.py [--tasks 12] [--budget-s 300] [--tracking-uri URI] [--rounds 2]
+        [--host-check CALIBRATION_DIR]
 
 Tasks are drawn from `--seed` (default: a fresh one, printed and recorded); the signed error is
 reported beside the absolute one. Calibrates this machine with the generic sweep into a scratch MLflow store (or uses the
@@ -31,6 +32,7 @@ from benchmarks.e2e_accuracy import (  # noqa: E402
     add_host_check_arguments,
     add_rounds_argument,
     champion_on_ray,
+    check_host_check_argument,
     error_summary,
     geomean,
     measure_in_rounds,
@@ -65,6 +67,7 @@ def main() -> None:
     add_host_check_arguments(parser)
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/e2e_accuracy_transformer.json"))
     args = parser.parse_args()
+    check_host_check_argument(parser, args)
     if args.seed is None:
         args.seed = secrets.randbelow(2**31)
     print(f"tasks: {args.tasks} + {args.tp_tasks} drawn with --seed {args.seed}", flush=True)

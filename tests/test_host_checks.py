@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
 
-from benchmarks.e2e_accuracy import HostChecks, measure_in_rounds
+from benchmarks.e2e_accuracy import HostChecks, add_host_check_arguments, check_host_check_argument, measure_in_rounds
 from benchmarks.host_drift import host_speed, stored_rows
 from orchestrator.measurement_store import MeasurementStore
 from probes.gemm import gemm_specs
@@ -48,3 +49,14 @@ def test_a_calibration_without_kernel_points_is_refused(tmp_path: Path):
     MeasurementStore(tmp_path).sync()
     with pytest.raises(ValueError, match="gemm"):
         host_speed(tmp_path, points=2)
+
+
+def test_a_host_check_that_is_not_a_calibration_is_refused_before_anything_runs(tmp_path: Path, capsys):
+    parser = argparse.ArgumentParser()
+    add_host_check_arguments(parser)
+    args = parser.parse_args(["--host-check", str(tmp_path)])
+    with pytest.raises(SystemExit) as exited:
+        check_host_check_argument(parser, args)
+    assert exited.value.code == 2 and "--host-check: no measurements.jsonl" in capsys.readouterr().err
+    (tmp_path / "measurements.jsonl").write_text("")
+    check_host_check_argument(parser, args)  # a calibration's directory passes
