@@ -23,11 +23,10 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
 from benchmarks.refit_e2e import read_rows  # noqa: E402
-from predictors.collective_curves import AlphaBetaModel  # noqa: E402
 from predictors.collective_model import SigmoidCollectiveModel  # noqa: E402
-from predictors.evaluation import CV_FOLDS, fold_assignment, geomean  # noqa: E402
+from predictors.evaluation import CV_FOLDS, fold_assignment  # noqa: E402
 from predictors.families import COLLECTIVES  # noqa: E402
-from predictors.fit import kernel_rows  # noqa: E402
+from predictors.fit import family_heldout, fit_op, kernel_rows  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
 
 
@@ -36,38 +35,31 @@ def transitions(model: SigmoidCollectiveModel) -> dict[str, list[float]]:
     return {k: [c.x1, c.x2] for k, c in model.curves.items() if c.per_byte_s is None}
 
 
-def errors(model, rows: list[Measurement]) -> list[float]:
-    return [abs(model.predict(r.params) - r.median_s) / r.median_s for r in rows]
-
-
-def op_folds(op: str, rows: list[Measurement], folds: np.ndarray) -> dict:
-    """One collective op's folds: each fold's model and baseline GMAE and kept transitions."""
-    out, model_errors, baseline_errors = [], [], []
+def op_folds(op: str, rows: list[Measurement], folds: np.ndarray) -> tuple[dict, list]:
+    """One collective op's folds, each judged as the calibration judges it (`fit_op`): the
+    fold's model and baseline GMAE and kept transitions; and the folds' paired (model,
+    baseline) errors, for the family."""
+    out, paired = [], []
     for fold in sorted(set(folds.tolist()) - {-1}):
         train = [r for r, f in zip(rows, folds) if f != fold]
         test = [r for r, f in zip(rows, folds) if f == fold]
-        model, baseline = SigmoidCollectiveModel(op).fit(train), AlphaBetaModel(op).fit(train)
-        m, b = errors(model, test), errors(baseline, test)
-        model_errors += m
-        baseline_errors += b
+        judged = fit_op(op, train, test)
+        assert isinstance(judged.model, SigmoidCollectiveModel)
         out.append(
             {
                 "fold": fold,
-                "n": len(test),
-                "gmae": geomean(m),
-                "baseline_gmae": geomean(b),
-                "transitions": transitions(model),
+                "n": judged.stats["n"],
+                "gmae": judged.stats["gmae"],
+                "baseline_gmae": judged.stats["baseline_gmae"],
+                "transitions": transitions(judged.model),
             }
         )
+        if judged.scored is not None:
+            paired.append(judged.scored[1:])
     whole = SigmoidCollectiveModel(op).fit(rows)
-    return {
-        "n": len(model_errors),
-        "gmae": geomean(model_errors),
-        "baseline_gmae": geomean(baseline_errors),
-        "folds": out,
-        "transitions_on_all_rows": transitions(whole),
-        "errors": (model_errors, baseline_errors),
-    }
+    pooled = family_heldout({op: paired})[op] if paired else {}
+    summary = {k: pooled.get(k) for k in ("n", "gmae", "baseline_gmae")}
+    return {**summary, "folds": out, "transitions_on_all_rows": transitions(whole)}, paired
 
 
 def main() -> None:
@@ -85,14 +77,13 @@ def main() -> None:
         for r in kernel_rows(read_rows(path)):
             by_op[r.op].append(r)
         rng = np.random.default_rng(args.seed)
-        ops, pooled = {}, ([], [])
+        ops, paired = {}, []
         for op, rows in sorted(by_op.items()):
             folds = fold_assignment(len(rows), rng, CV_FOLDS)  # drawn for every op, as the fit draws them
             if op not in COLLECTIVES:
                 continue
-            ops[op] = op_folds(op, rows, folds)
-            for i, e in enumerate(ops[op].pop("errors")):
-                pooled[i].extend(e)
+            ops[op], op_paired = op_folds(op, rows, folds)
+            paired += op_paired
             print(
                 f"{path.name} {op:15s} n={ops[op]['n']:3d}  model {ops[op]['gmae']:.4f}  baseline {ops[op]['baseline_gmae']:.4f}"
             )
@@ -101,7 +92,7 @@ def main() -> None:
                 print(
                     f"    fold {f['fold']}: n={f['n']}  model {f['gmae']:.4f}  baseline {f['baseline_gmae']:.4f}  {kept}"
                 )
-        family = {"n": len(pooled[0]), "gmae": geomean(pooled[0]), "baseline_gmae": geomean(pooled[1])}
+        family = family_heldout({"collective": paired})["collective"]
         print(
             f"{path.name} collective family: model {family['gmae']!r} baseline {family['baseline_gmae']!r} (n={family['n']})"
         )

@@ -207,13 +207,16 @@ class HostChecks:
     def __init__(self, directory: Path | None, points: int):
         self.directory, self.points = directory, points
         self.checks: list[dict] = []
+        self.sample: tuple[list, int] | None = None  # the calibration's points, read once
 
     def __call__(self, label: str) -> None:
         if self.directory is None:
             return
-        from benchmarks.host_drift import describe, host_speed
+        from benchmarks.host_drift import describe, sample_points, speed_of
 
-        speed = host_speed(self.directory, self.points)
+        if self.sample is None:
+            self.sample = sample_points(self.directory, self.points)
+        speed = speed_of(*self.sample)
         self.checks.append({"label": label, **speed})
         print(f"  host speed {label}: kernel time now / calibration's {describe(speed['all'])}", flush=True)
 

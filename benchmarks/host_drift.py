@@ -91,21 +91,30 @@ def describe(s: dict) -> str:
     return f"geomean {s['geomean_ratio']:.3f} (p25 {s['p25']:.3f}, p75 {s['p75']:.3f})"
 
 
-def host_speed(directory: Path, points: int = 60, seed: int = 0, workers: int = 2) -> dict:
-    """A seeded sample of `points` of the calibration in `directory`'s kernel points measured
-    again (`remeasure_at_once`): per family and over all, the geomean of time now over then.
-    ValueError when the calibration has no such points."""
+def sample_points(directory: Path, points: int = 60, seed: int = 0) -> tuple[list[Measurement], int]:
+    """A seeded sample of `points` of the calibration in `directory`'s kernel points, and how
+    many it stores. ValueError when it stores none."""
     rows = stored_rows(directory)
     if not rows:
         raise ValueError(f"no {', '.join(FAMILIES)} rows of {MIN_STORED_S * 1e6:.0f} us or more in {directory}")
-    picked = random.Random(seed).sample(rows, min(points, len(rows)))
+    return random.Random(seed).sample(rows, min(points, len(rows))), len(rows)
+
+
+def speed_of(picked: list[Measurement], stored: int, workers: int = 2) -> dict:
+    """`picked` (from `sample_points`) measured again (`remeasure_at_once`): per family and
+    over all, the geomean of time now over then."""
     ratios = remeasure_at_once(picked, workers)
     return {
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-        "stored_points": len(rows),
+        "stored_points": stored,
         "families": {family: summary(r) for family, r in sorted(ratios.items())},
         "all": summary([x for r in ratios.values() for x in r]),
     }
+
+
+def host_speed(directory: Path, points: int = 60, seed: int = 0, workers: int = 2) -> dict:
+    """`speed_of` a fresh `sample_points` of the calibration in `directory`."""
+    return speed_of(*sample_points(directory, points, seed), workers)
 
 
 def main() -> None:

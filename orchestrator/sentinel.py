@@ -19,8 +19,6 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-import numpy as np
-
 from orchestrator.defaults import DEFAULT_SENTINEL_BOUND, DEFAULT_SENTINEL_RATIO
 from orchestrator.fanout import Phase, run_collective_probes, run_local_probes
 from orchestrator.home import home_path
@@ -139,7 +137,7 @@ def score_sentinels(
         return SentinelReport(None, None, bound, False, [], failures, sorted(skipped))
     gmae = geomean([p["error"] for p in points])
     ratios = [p["measured_s"] / p["predicted_s"] for p in points if p["predicted_s"] > 0 and p["measured_s"] > 0]
-    measured_over_predicted = float(np.exp(np.mean(np.log(ratios)))) if ratios else None
+    measured_over_predicted = geomean(ratios) if ratios else None
     held = [model.metrics.get(p["op"], {}).get("gmae") for p in points]
     held = [h for h in held if h is not None and h > 0]
     expected = geomean(held) if held else None
