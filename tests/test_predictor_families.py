@@ -178,6 +178,36 @@ def test_noise_on_a_straight_line_buys_no_transition():
         assert np.allclose(fitted.predict_log2(grid), line.predict_log2(grid), rtol=0.03)
 
 
+def test_a_transition_is_judged_on_points_its_breakpoints_were_not_searched_on(monkeypatch):
+    """Whether a transition pays is judged by nested CV: each point is predicted by a curve whose
+    breakpoints were searched, and which was fitted, without it (#26: the best of ~100 pairs,
+    judged on the folds that had chosen it, was kept and lost to the line on 3 of 5 held-out
+    folds). A real bend still keeps its transition."""
+    import predictors.collective_model as collective_model
+
+    searched_on: list[set[float]] = []
+    search = collective_model._best_breaks
+
+    def recording(x, t, assignment, folds):
+        searched_on.append(set(np.round(x, 9)))
+        return search(x, t, assignment, folds)
+
+    monkeypatch.setattr(collective_model, "_best_breaks", recording)
+    rows = curve_rows(TRUE, noise=0.03, seed=2)
+    x = np.log2([r.params["bytes"] for r in rows])
+    t = np.array([r.median_s for r in rows])
+    assignment = np.random.default_rng(0).permutation(len(x)) % 4
+    errors = collective_model._nested_errors(x, t, assignment, 4)
+    assert len(searched_on) == 4  # one search per fold, each on the other folds alone
+    for fold, seen in enumerate(searched_on):
+        assert seen == set(np.round(x[assignment != fold], 9))
+    assert (errors > 0).all()  # every point was predicted by a curve that never saw it
+    searched_on.clear()
+    fitted = fit_sigmoid_curve(x, t)
+    assert fitted.per_byte_s is None and abs(fitted.x1 - TRUE.x1) <= 1.5 and abs(fitted.x2 - TRUE.x2) <= 1.5
+    assert len(searched_on) == 5  # the four nested searches, then the one on every point
+
+
 def test_a_model_that_keeps_its_baseline_prices_as_its_baseline_does():
     """Where nothing learned pays, the model is its baseline to the last bit a family's held-out
     comparison can see (#26: collectives at 1.000005x their baseline, then 1 + 5.8e-14, embeddings at 1 + 7e-16):
