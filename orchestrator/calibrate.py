@@ -386,7 +386,18 @@ def fit_and_register(
         raise RuntimeError(f"calibration measured nothing; failures: {failures[:3]}")
     registry.log_measurements(rows, fingerprint.hardware_id, failures)
     sentinels = choose_sentinels(seed, fingerprint.device_kind, sum(fingerprint.devices_per_node))
-    model, test_rows = fit_bundle(rows, fingerprint.hardware_id, seed, fingerprint.device_kind, sentinels)
+    bar = Progress("fitting", len({r.op for r in kernel_rows(rows)}), unit="op")
+    try:
+        model, test_rows = fit_bundle(
+            rows,
+            fingerprint.hardware_id,
+            seed,
+            fingerprint.device_kind,
+            sentinels,
+            on_op=lambda _op, fitted: bar.update(int(fitted), int(not fitted)),
+        )
+    finally:
+        bar.close()
     model.sentinels += fusion_sentinels(model)  # the curves the calibration reached
     for op, why in model.meta.get("unfitted", {}).items():
         say(f"WARNING: no model for {op} ({why}); raise the calibration budget to measure it")

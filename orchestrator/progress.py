@@ -82,7 +82,7 @@ def verbose() -> bool:
 
 
 class Progress:
-    def __init__(self, desc: str, total: int, budget_s: float | None = None):
+    def __init__(self, desc: str, total: int, budget_s: float | None = None, unit: str = "probe"):
         self.start = time.monotonic()
         self.budget_s = budget_s
         self.failed = 0
@@ -91,7 +91,7 @@ class Progress:
         self.bar = tqdm(
             total=total,
             desc=desc,
-            unit="probe",
+            unit=unit,
             file=sys.stderr,
             dynamic_ncols=interactive,
             mininterval=1.0 if interactive else 15.0,

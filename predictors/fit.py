@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -58,13 +58,15 @@ def fit_bundle(
     seed: int = 0,
     device_kind: str = "cpu",
     sentinels: Sequence[dict[str, Any]] = (),
+    on_op: Callable[[str, bool], None] | None = None,
 ) -> tuple[PerformanceModel, list[Measurement]]:
     """The bundle of everything `rows` can fit, and the rows it was judged on: kernel rows of
     every op (fitted on, and judged out of their fold) and every whole step of each workload
     (fitted on, and judged each left out in turn): those scores are in `metrics`
     (`registry.left_out_scores`). A part without rows is left empty; an op with too few rows
-    is listed in `meta["unfitted"]` with the reason."""
-    model, judged = fit_performance_model(kernel_rows(rows), hardware_id, seed=seed)
+    is listed in `meta["unfitted"]` with the reason. `on_op(op, fitted)`: after each kernel op
+    (`fit_performance_model`)."""
+    model, judged = fit_performance_model(kernel_rows(rows), hardware_id, seed=seed, on_op=on_op)
     model.device_kind, model.sentinels = device_kind, list(sentinels)
     by_op: dict[str, list[Measurement]] = defaultdict(list)
     for r in rows:
@@ -203,7 +205,11 @@ def cross_validate_op(op: str, rows: Sequence[Measurement], folds: np.ndarray, s
 
 
 def fit_performance_model(
-    rows: Sequence[Measurement], hardware_id: str, seed: int = 0, folds: int = CV_FOLDS
+    rows: Sequence[Measurement],
+    hardware_id: str,
+    seed: int = 0,
+    folds: int = CV_FOLDS,
+    on_op: Callable[[str, bool], None] | None = None,
 ) -> tuple[PerformanceModel, list[Measurement]]:
     """Fit every measured kernel and collective op (and the host dispatch cost) on all its
     rows, judge each by `folds`-fold cross-validation (`cross_validate_op`), and return the
@@ -213,6 +219,9 @@ def fit_performance_model(
     (`judged: "5-fold"`), what a refit on 80% of the rows scores on the other 20%, each row
     once. A champion is compared on the same rows by those figures
     (`orchestrator.registry.left_out_scores`), not by re-predicting rows the bundle saw.
+    `on_op(op, fitted)` after each op (`fitted` False for one listed as unfitted): a calibration's
+    fit takes minutes (a collective curve's breakpoints are searched by nested CV in every
+    fold), and says how far it has come.
     """
     by_op: dict[str, list[Measurement]] = defaultdict(list)
     for r in rows:
@@ -231,6 +240,9 @@ def fit_performance_model(
         except (ValueError, KeyError) as exc:  # too few or degenerate rows: report the op, keep the rest
             unfitted[op] = f"{len(op_rows)} rows: {exc}"
             continue
+        finally:
+            if on_op is not None:
+                on_op(op, op not in unfitted)
         models[op], metrics[op], out_of_fold[op] = fitted.model, fitted.stats, fitted.held_out
         judged += [r for r, f in zip(op_rows, assignment) if f >= 0]
         if fitted.scored is not None:

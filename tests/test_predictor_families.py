@@ -283,13 +283,15 @@ def test_a_lookup_is_priced_by_the_size_of_the_table_it_reads():
 def test_every_row_is_judged_once_by_a_model_fitted_without_its_fold():
     """The bundle's op model is fitted on every row; its figures are each row predicted by a
     refit on the other folds (#26: a 20% split judged a collective by 9 rows), pooled per
-    family. An op with under 3 rows is fitted but judges nothing."""
+    family. An op with under 3 rows is fitted but judges nothing. Progress is reported op by op."""
     from predictors.evaluation import geomean
     from predictors.fit import fit_performance_model
 
     rows = curve_rows(TRUE, noise=0.05, seed=3)[::2]
     few = curve_rows(TRUE, op="broadcast")[:2]
-    model, judged = fit_performance_model(rows + few, "hw", seed=0)
+    fitted_ops: list[tuple[str, bool]] = []
+    model, judged = fit_performance_model(rows + few, "hw", seed=0, on_op=lambda op, ok: fitted_ops.append((op, ok)))
+    assert fitted_ops == [("all_reduce", True), ("broadcast", True)]  # each op reported once it is done
     assert [id(r) for r in judged] == [id(r) for r in rows]
     stats = model.metrics["all_reduce"]
     assert stats["judged"] == "5-fold" and stats["n"] == stats["n_train"] == len(rows)
