@@ -190,8 +190,9 @@ def _nested_errors(x: np.ndarray, t: np.ndarray, assignment: np.ndarray, folds: 
     for each fold, the pair is chosen by CV on the other folds alone (`_best_breaks`, those
     folds as its inner folds) and fitted on them. What the whole procedure (search, then fit)
     predicts on points it never saw, so a pair that won the search by chance is not credited
-    with its luck; 0 for a point whose fold left too few points to search."""
-    errors = np.zeros(len(x))
+    with its luck. NaN for a point whose fold left too few points to search: it is not judged
+    (an error of 0 there would be a free gain over the line)."""
+    errors = np.full(len(x), np.nan)
     for f in range(folds):
         train, test = assignment != f, assignment == f
         inner = assignment[train]
@@ -224,7 +225,9 @@ def fit_sigmoid_curve(
     folds = min(folds, max(2, len(x) // 3))
     assignment = np.random.default_rng(seed).permutation(len(x)) % folds
     line = _cv_errors(x, t, assignment, folds, None, None)
-    if not clearly_better(line, _nested_errors(x, t, assignment, folds), SELECTION_SE):
+    nested = _nested_errors(x, t, assignment, folds)
+    judged = ~np.isnan(nested)  # the points both were judged on
+    if not clearly_better(line[judged], nested[judged], SELECTION_SE):
         # too few or too noisy points for a transition: the line, fitted on the rows in their
         # given order as the baseline fits them (a least-squares sum's rounding follows the order)
         return _fit_alpha_beta(x_given, t_given, sizes)

@@ -208,6 +208,18 @@ def test_a_transition_is_judged_on_points_its_breakpoints_were_not_searched_on(m
     assert len(searched_on) == 5  # the four nested searches, then the one on every point
 
 
+def test_a_few_points_on_a_line_keep_the_line():
+    """With 6-8 points a fold leaves too few to search breakpoints on; such points are not
+    judged at all, so they cannot count as a gain over the line (they had counted as errors of
+    0, and a noisy line kept a transition 9 times in 10)."""
+    line = SigmoidCurve(t_s=30e-6, x1=0.0, x2=0.0, L=0.0, x0=0.0, k=1.0, b=0.0, bw_max=5e9, x_min=2, x_max=28)
+    for n in (6, 7, 8):
+        for seed in range(3):
+            rows = curve_rows(line, noise=0.05, seed=seed)[:: 53 // n][:n]
+            x, t = np.log2([r.params["bytes"] for r in rows]), np.array([r.median_s for r in rows])
+            assert fit_sigmoid_curve(x, t).per_byte_s is not None  # the line
+
+
 def test_a_model_that_keeps_its_baseline_prices_as_its_baseline_does():
     """Where nothing learned pays, the model is its baseline to the last bit a family's held-out
     comparison can see (#26: collectives at 1.000005x their baseline, then 1 + 5.8e-14, embeddings at 1 + 7e-16):
