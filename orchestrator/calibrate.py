@@ -386,7 +386,8 @@ def fit_and_register(
         raise RuntimeError(f"calibration measured nothing; failures: {failures[:3]}")
     registry.log_measurements(rows, fingerprint.hardware_id, failures)
     sentinels = choose_sentinels(seed, fingerprint.device_kind, sum(fingerprint.devices_per_node))
-    bar = Progress("fitting", len({r.op for r in kernel_rows(rows)}), unit="op")
+    kernels = kernel_rows(rows)
+    bar = Progress("fitting", len({r.op for r in kernels}), unit="op")
     try:
         model, test_rows = fit_bundle(
             rows,
@@ -404,7 +405,7 @@ def fit_and_register(
     model.meta.update({"software": fingerprint.software, "devices": fingerprint.summary()})
     report_pairs(model)
     try:
-        log_calibration_plots(model, kernel_rows(rows), test_rows)
+        log_calibration_plots(model, kernels, test_rows)
     except Exception as exc:  # a plot must never cost the registration of a fitted model
         say(f"WARNING: calibration plots not drawn: {type(exc).__name__}: {exc}")
     floor = quality_problems(model, sum(fingerprint.devices_per_node))

@@ -32,8 +32,9 @@ from probes.vocabulary.records import Measurement
 # would vary on new rows: at 1.645 (one-sided 5%, one comparison) a replay of four stored
 # calibrations (benchmarks/collective_folds.py, #26) kept transitions that lost on 04:22's
 # all_gather (family 1.018x its baseline); at 3.0, the bar of the unnested selection it
-# replaced, every family was at its baseline within 0.05%. On a real bend (the tests' synthetic
-# curve, 3-10% noise) the gain is 4.3-4.5 SE.
+# replaced, every family was at its baseline within 0.05% (replays by an uncommitted script, README
+# 11-27 13:31). On a real bend (the tests' synthetic curve, 3-10% noise) the gain is 4.3-4.5 SE
+# (measured ad hoc).
 SELECTION_SE = 3.0
 
 
@@ -142,6 +143,12 @@ def _fit_alpha_beta(x: np.ndarray, t: np.ndarray, sizes: np.ndarray | None = Non
     )
 
 
+def _log_errors(curve: SigmoidCurve, x: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """|log(predicted / measured)| of `curve` at the points (x, t): the loss breakpoints are
+    chosen and judged on."""
+    return np.abs(np.log(np.maximum(curve.predict_log2(x), 1e-15)) - np.log(t))
+
+
 def _cv_errors(
     x: np.ndarray, t: np.ndarray, assignment: np.ndarray, folds: int, x1: float | None, x2: float | None
 ) -> np.ndarray:
@@ -157,7 +164,7 @@ def _cv_errors(
             if x1 is None or x2 is None
             else _fit_given_breaks(x[train], t[train], x1, x2)
         )
-        errors[test] = np.abs(np.log(np.maximum(curve.predict_log2(x[test]), 1e-15)) - np.log(t[test]))
+        errors[test] = _log_errors(curve, x[test], t[test])
     return errors
 
 
@@ -195,14 +202,13 @@ def _nested_errors(x: np.ndarray, t: np.ndarray, assignment: np.ndarray, folds: 
     errors = np.full(len(x), np.nan)
     for f in range(folds):
         train, test = assignment != f, assignment == f
-        inner = assignment[train]
-        inner_folds = len(np.unique(inner))
-        if train.sum() < 6 or inner_folds < 2 or not test.any():
+        others, inner = np.unique(assignment[train], return_inverse=True)  # the other folds, as 0..k-2
+        # two inner folds of 3 points or more: the least `_cv_errors` fits a curve on
+        if train.sum() < 6 or len(others) < 2 or not test.any():
             continue
-        inner = np.searchsorted(np.unique(inner), inner)  # the other folds, numbered 0..k-2
-        x1, x2 = _best_breaks(x[train], t[train], inner, inner_folds)
+        x1, x2 = _best_breaks(x[train], t[train], inner, len(others))
         curve = _fit_given_breaks(x[train], t[train], x1, x2)
-        errors[test] = np.abs(np.log(np.maximum(curve.predict_log2(x[test]), 1e-15)) - np.log(t[test]))
+        errors[test] = _log_errors(curve, x[test], t[test])
     return errors
 
 
