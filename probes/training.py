@@ -214,8 +214,8 @@ def run_training_probe(
     spec: ProbeSpec, device: str = "cpu", iterations: int = 30, warmup: int = 5
 ) -> list[Measurement]:
     """A few real training steps on the current process group; rank 0 returns the step time,
-    the per-op CPU overheads and the in-context kernel times of a captured step; a DLRM's step
-    row also carries its captured steps' collectives with their in-step times (every rank's
+    the per-op CPU overheads and the in-context kernel times of a captured step; the step row
+    also carries its captured steps' collectives with their in-step times (every rank's
     gathered: `in_step_collectives`)."""
     import torch.distributed as dist
 
@@ -254,8 +254,9 @@ def run_training_probe(
             model.close()  # its subgroups: a calibration builds many models on one process group
     if dist.get_rank() != 0:
         return []
-    if workload == "dlrm":  # its step model prices them (`predictors.dlrm_estimator.fit_collective_context`)
-        params["in_step_collectives"] = in_step_collectives(per_rank)
+    # the DLRM steps' collectives set their in-step prices (`predictors.collective_context`);
+    # the transformer's are kept to judge those prices on its layouts (FSDP, tensor parallel)
+    params["in_step_collectives"] = in_step_collectives(per_rank)
     times = np.asarray(result.iteration_s)
     q1, q3 = np.percentile(times, [25, 75])
     world = dist.get_world_size()

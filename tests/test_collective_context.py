@@ -158,3 +158,45 @@ def test_heavy_tailed_in_step_times_are_priced_at_their_mean():
     assert model.in_step.factor("all_to_all") == pytest.approx(3.25, rel=0.02)
     assert stats["kept"] and stats["total_error"] < 0.05 < stats["baseline_total_error"]
     assert stats["gmae"] > stats["baseline_gmae"]  # per call, the typical (isolated) price is closer
+
+
+@pytest.mark.parametrize("steps_slowed_by", [3.0, 1.0])
+def test_the_factors_stay_only_where_the_whole_steps_bear_them_out(steps_slowed_by):
+    # Every captured step saw its collectives at 3x their isolated price, so the collectives'
+    # totals keep a 3x factor; but the steps' measured times are their graphs at
+    # `steps_slowed_by` (1.0: the slowdown hid behind compute): the factor stays only when the
+    # steps, each left out in turn, come out closer with it.
+    from predictors.context_model import ContextFactorModel
+    from predictors.dlrm_estimator import estimate_iteration
+    from predictors.fit import fit_steps
+
+    model, _ = bundle(job(), [0, 0, 1])
+    truth = ContextFactorModel()
+    for op in ("all_to_all", "all_reduce"):
+        truth.factors[op], truth.adds[op], truth.counts[op] = steps_slowed_by, 0.0, 10
+    rng = np.random.default_rng(0)
+    rows, base, plan = [], job().to_dict(), [0, 0, 1]
+    for batch in (32, 128, 512):
+        for dim in (4, 8, 16, 32):  # the all-to-all's share of the step grows with the width
+            spec = JobSpec.from_dict(
+                {**base, "batch_size": batch, "tables": [{**t, "embedding_dim": dim} for t in base["tables"]]}
+            )
+            graph = build_dlrm_graph(spec, plan)
+            collectives = [o for o in graph.ranks[0] if o.kind == "collective"]
+            captured = [[[o.op, 3.0 * model.predict_params(o.op, o.params)] for o in collectives] for _ in range(3)]
+            model.in_step = truth
+            step_s = estimate_iteration(spec, plan, model, include_overhead=False).iteration_s
+            model.in_step = None
+            params = {"job": spec.to_dict(), "table_to_rank": plan, "in_step_collectives": captured}
+            rows.append(Measurement("dlrm_step", params, (step_s + 2e-4) * rng.uniform(0.99, 1.01), 0.0, 30))
+    fit_steps(model, rows, [], seed=0)
+    stats = model.metrics["in_step_collective"]
+    assert stats["total_error"] < 0.05 < 0.5 < stats["baseline_total_error"]  # the totals say 3x either way
+    if steps_slowed_by == 3.0:
+        assert stats["kept"] and stats["steps_gmae"] < stats["baseline_steps_gmae"]
+        assert model.in_step.factor("all_to_all") == pytest.approx(3.0, rel=0.05)
+        assert model.metrics["dlrm_step"]["gmae"] == pytest.approx(stats["steps_gmae"])
+    else:
+        assert not stats["kept"] and stats["baseline_steps_gmae"] <= stats["steps_gmae"]
+        assert model.in_step is None or model.in_step.factor("all_to_all") == 1.0
+        assert model.metrics["dlrm_step"]["gmae"] == pytest.approx(stats["baseline_steps_gmae"])

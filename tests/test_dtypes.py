@@ -178,6 +178,7 @@ def test_bf16_transformer_probe_runs_on_a_one_rank_group(one_rank):
     rows = run_training_probe(ProbeSpec("training", {"transformer": spec}), iterations=3, warmup=1)
     step = [r for r in rows if r.op == "transformer_step"]
     assert len(step) == 1 and step[0].params["transformer"]["dtype"] == "bfloat16" and step[0].median_s > 0
+    assert step[0].params["in_step_collectives"] == [[], [], []]  # three captured steps, one rank: no collectives
 
 
 def test_graph_prices_a_bf16_stack_in_the_dtypes_its_ops_run_in():
