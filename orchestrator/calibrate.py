@@ -50,7 +50,7 @@ from probes.sweep import interleave, job_specs
 from probes.training import CALIBRATION_TASK_STREAM, task_indices, training_specs, transformer_training_specs
 from probes.vocabulary.files import atomic_write_text
 from probes.vocabulary.jobspec import JobSpec, JobSpecError
-from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP
+from probes.vocabulary.ops import DLRM_STEP_OP, IN_STEP_COLLECTIVE_OP, TRANSFORMER_STEP_OP
 from probes.vocabulary.records import Measurement
 from probes.vocabulary.transformer_job import TransformerJob
 from probes.workloads.random_dlrm import fitting_scale
@@ -507,6 +507,7 @@ def describe(result: CalibrationResult) -> dict[str, Any]:
             for op, s in result.model.metrics.items()
         },
         "heldout_per_family": result.model.meta.get("family_heldout", {}),
+        "in_step_collectives": result.model.metrics.get(IN_STEP_COLLECTIVE_OP),
         "model": f"{result.registration.name}/{result.registration.version}",
         "promoted": result.registration.promoted,
         "promotion_reason": result.registration.reason,
@@ -538,7 +539,24 @@ def print_summary(info: dict[str, Any]) -> None:
             f"  held-out family {family:12s} GMAE {s['gmae']:.1%}, baseline {s['baseline_gmae']:.1%} "
             f"(n={s['n']}, ratio {ratio['ratio']:.2f}{interval})"
         )
+    if info.get("in_step_collectives"):
+        say("  " + in_step_verdict(info["in_step_collectives"]))
     say(f"registered {info['model']}: {'champion' if info['promoted'] else 'challenger'} ({info['promotion_reason']})")
+
+
+def in_step_verdict(stats: dict[str, Any]) -> str:
+    """Whether the collectives' in-step factors were kept, and on what (`predictors.fit.fit_steps`):
+    a step model priced on them is a different model, and a reader of a drifting step wants to know."""
+    factors = ", ".join(f"{op} {f:.2f}x" for op, f in sorted(stats.get("factors", {}).items()))
+    verdict = "kept" if stats.get("kept") else "dropped"
+    if "steps_gmae" in stats:
+        why = f"steps left out in turn {stats['steps_gmae']:.1%} with them, {stats['baseline_steps_gmae']:.1%} without"
+    else:
+        why = (
+            f"held-out collectives' total off by {stats['total_error']:.1%} with them, "
+            f"{stats['baseline_total_error']:.1%} at isolated prices"
+        )
+    return f"in-step collective factors {verdict} ({factors}): {why}"
 
 
 @contextmanager

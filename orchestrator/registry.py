@@ -265,7 +265,9 @@ def log_model_metrics(model: PerformanceModel, model_id: str | None = None) -> N
         # whole steps are judged each left out in turn; every other op out of its fold (or, in
         # a bundle from before #26, on a split)
         prefix = "leave_one_out" if stats.get("judged") == "leave-one-out" else "heldout"
-        for key in ("gmae", "mape", "std", "baseline_gmae", "gmae_low", "gmae_high"):
+        # the in-step collective factors' verdict and what it rests on (`predictors.fit.fit_steps`)
+        verdict = ("total_error", "baseline_total_error", "steps_gmae", "baseline_steps_gmae", "kept")
+        for key in ("gmae", "mape", "std", "baseline_gmae", "gmae_low", "gmae_high", *verdict):
             value = stats.get(key)
             if value is not None and math.isfinite(value):
                 metrics[f"{prefix}.{op}.{key}"] = float(value)

@@ -114,16 +114,17 @@ def fit_steps(
     stats = model.metrics.get(IN_STEP_COLLECTIVE_OP)
     if not (stats and stats["kept"]):
         return judged
-    learned = model.in_step, dict(model.step_overheads), {op: model.metrics[op] for op in STEP_OPS if op in model.metrics}
+    learned_context, learned_overheads = model.in_step, dict(model.step_overheads)
+    learned_scores = {op: model.metrics[op] for op in STEP_OPS if op in model.metrics}
     model.in_step = before
     fit_step_overheads(model, dlrm_steps, transformer_steps)
-    stats["steps_gmae"] = pooled_gmae(learned[2].values())
+    stats["steps_gmae"] = pooled_gmae(learned_scores.values())
     stats["baseline_steps_gmae"] = pooled_gmae(model.metrics[op] for op in STEP_OPS if op in model.metrics)
     stats["kept"] = bool(stats["steps_gmae"] < stats["baseline_steps_gmae"])
     if stats["kept"]:
-        model.in_step = learned[0]
-        model.step_overheads.update(learned[1])
-        model.metrics.update(learned[2])
+        model.in_step = learned_context
+        model.step_overheads.update(learned_overheads)
+        model.metrics.update(learned_scores)
     return judged
 
 

@@ -200,3 +200,15 @@ def test_the_factors_stay_only_where_the_whole_steps_bear_them_out(steps_slowed_
         assert not stats["kept"] and stats["baseline_steps_gmae"] <= stats["steps_gmae"]
         assert model.in_step is None or model.in_step.factor("all_to_all") == 1.0
         assert model.metrics["dlrm_step"]["gmae"] == pytest.approx(stats["baseline_steps_gmae"])
+
+
+def test_the_calibration_says_whether_the_factors_were_kept_and_why():
+    from orchestrator.calibrate import in_step_verdict
+
+    judged = {"kept": False, "factors": {"all_reduce": 3.92}, "steps_gmae": 0.136, "baseline_steps_gmae": 0.081}
+    assert in_step_verdict(judged) == (
+        "in-step collective factors dropped (all_reduce 3.92x): steps left out in turn 13.6% with them, 8.1% without"
+    )
+    on_totals = {"kept": False, "factors": {"all_to_all": 3.0}, "total_error": 0.9, "baseline_total_error": 0.1}
+    assert in_step_verdict(on_totals).startswith("in-step collective factors dropped (all_to_all 3.00x): held-out")
+    assert in_step_verdict({**judged, "kept": True, "steps_gmae": 0.05}).startswith("in-step collective factors kept")
