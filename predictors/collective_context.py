@@ -11,8 +11,9 @@ per captured step, per collective, the least over ranks, so no rank's wait for a
 counted); here they are paired, in issue order, with the collectives of the job's execution
 graph, priced by the isolated models, and each collective op gets the in-step affine factor
 the kernels get (`ContextFactorModel`). Fitted on the step rows the step overhead trains on,
-scored on its held-out steps against the isolated price (the baseline), and kept only when
-it beats it there.
+scored on its held-out steps against the isolated price (the baseline), and proposed only when
+it beats it there; `predictors.fit.fit_steps` then keeps it only when the whole steps, each
+left out in turn, bear it out.
 
 The factor prices a collective at its mean in-step time, not its typical one. In-step times
 are heavy tailed: most calls run near their isolated time and a few stall for milliseconds

@@ -1,6 +1,10 @@
 """Collectives inside captured training steps: the probe's record and the in-step factor the
 step model learns from it."""
 
+import copy
+import functools
+import json
+
 import numpy as np
 import pytest
 
@@ -59,7 +63,15 @@ def job() -> JobSpec:
 
 
 def bundle(spec: JobSpec, plan: list[int]):
-    """A bundle fitted on synthetic rows of every op the job's graph prices."""
+    """A bundle fitted on synthetic rows of every op the job's graph prices (a fresh copy: the
+    tests change its factors; the fit, ~25 s on 2 cores, is done once per job and plan)."""
+    model, graph = _fitted(json.dumps(spec.to_dict(), sort_keys=True), tuple(plan))
+    return copy.deepcopy(model), graph
+
+
+@functools.lru_cache(maxsize=None)
+def _fitted(spec_json: str, plan: tuple[int, ...]):
+    spec, plan = JobSpec.from_dict(json.loads(spec_json)), list(plan)
     graph = build_dlrm_graph(spec, plan)
     rows = []
     for i, o in enumerate(o for ops in graph.ranks for o in ops):
