@@ -255,6 +255,14 @@ def log_measurements(rows: Sequence[Measurement], hardware_id: str, failures: Se
     mlflow.log_metric("probe_failures", float(len(failures)))
 
 
+# An op's held-out figures, then the in-step collective factors' verdict and what it rests on
+# (`predictors.fit.fit_steps`)
+HELD_OUT_KEYS = (
+    *("gmae", "mape", "std", "baseline_gmae", "gmae_low", "gmae_high"),
+    *("total_error", "baseline_total_error", "steps_gmae", "baseline_steps_gmae", "kept"),
+)
+
+
 def log_model_metrics(model: PerformanceModel, model_id: str | None = None) -> None:
     """The bundle's held-out (and leave-one-out) figures per op, in one batch, on the run and,
     with `model_id`, on the logged model they describe. Logged after the model: MLflow links
@@ -265,9 +273,7 @@ def log_model_metrics(model: PerformanceModel, model_id: str | None = None) -> N
         # whole steps are judged each left out in turn; every other op out of its fold (or, in
         # a bundle from before #26, on a split)
         prefix = "leave_one_out" if stats.get("judged") == "leave-one-out" else "heldout"
-        # the in-step collective factors' verdict and what it rests on (`predictors.fit.fit_steps`)
-        verdict = ("total_error", "baseline_total_error", "steps_gmae", "baseline_steps_gmae", "kept")
-        for key in ("gmae", "mape", "std", "baseline_gmae", "gmae_low", "gmae_high", *verdict):
+        for key in HELD_OUT_KEYS:
             value = stats.get(key)
             if value is not None and math.isfinite(value):
                 metrics[f"{prefix}.{op}.{key}"] = float(value)

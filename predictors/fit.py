@@ -99,16 +99,17 @@ def fit_steps(
     what a plan is chosen on. So both workloads' overheads are fitted with them and without,
     and they stay only when all the steps, each left out in turn, come out closer with them
     (pooled GMAE; a tie keeps the isolated prices). They did not at the 11-27 13:31
-    calibration of #26: learned on DLRM all-reduces of 0.25-1.3 ms, the 4.0x all-reduce
-    factor priced the transformer's 5-10 ms gradient all-reduces 4x over, and the steps left
-    out in turn were 10.7% (DLRM) and 15.4% (transformer) off with the factors, 7.4% and 8.1%
-    without (an ad-hoc refit of the stored rows)."""
+    calibration of #26: learned on DLRM all-reduces of 0.25-1.3 ms isolated, the 4.0x
+    all-reduce factor priced the transformer's gradient all-reduces (up to 5.5 ms isolated) at
+    4x too, and the steps left out in turn were 10.7% (DLRM) and 15.4% (transformer) off with
+    the factors, 7.4% and 8.1% without (the ranges and the figures without: an ad-hoc refit of
+    the stored rows)."""
     before = copy.deepcopy(model.in_step)  # the kernels' in-step factors alone
     if dlrm_steps:
         try:
             fit_collective_context(model, dlrm_steps, seed=seed)  # before the overhead: its kernels
         except KeyError as exc:  # a kernel of the steps has no model (a short sweep): nothing to fit on
-            model.meta["unfitted"][DLRM_STEP_OP] = f"its steps' kernels cannot be priced: no model for {exc.args[0]}"
+            _unpriced_steps(model, exc)
             dlrm_steps = []
     judged = fit_step_overheads(model, dlrm_steps, transformer_steps)
     stats = model.metrics.get(IN_STEP_COLLECTIVE_OP)
@@ -137,10 +138,15 @@ def fit_step_overheads(
         try:
             judged += fit_overhead(model, dlrm_steps)
         except KeyError as exc:
-            model.meta["unfitted"][DLRM_STEP_OP] = f"its steps' kernels cannot be priced: no model for {exc.args[0]}"
+            _unpriced_steps(model, exc)
     if len(transformer_steps) >= MIN_TRANSFORMER_STEPS:
         judged += fit_transformer_overhead(model, transformer_steps)
     return judged
+
+
+def _unpriced_steps(model: PerformanceModel, exc: KeyError) -> None:
+    """The DLRM steps left unfitted: a kernel of theirs has no model (a short sweep)."""
+    model.meta["unfitted"][DLRM_STEP_OP] = f"its steps' kernels cannot be priced: no model for {exc.args[0]}"
 
 
 def pooled_gmae(metrics: Iterable[dict[str, Any]]) -> float:
