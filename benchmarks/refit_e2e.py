@@ -104,6 +104,13 @@ def main() -> None:
                 else ""
             )
         )
+        for workload in ("dlrm", "transformer"):
+            if f"{workload}_kept" in collectives:
+                print(
+                    f"  {workload} steps: kept {collectives[f'{workload}_kept']}, left out in turn "
+                    f"{collectives[f'{workload}_steps_gmae']:.1%} with them, "
+                    f"{collectives[f'{workload}_baseline_steps_gmae']:.1%} without"
+                )
     summaries = []
     for path in args.results:
         result = json.loads(path.read_text())

@@ -30,6 +30,7 @@ from orchestrator.defaults import DEFAULT_MODEL_AGE_DAYS
 from orchestrator.home import default_tracking_uri
 from orchestrator.progress import quieten_libraries, verbose
 from predictors.evaluation import geomean
+from predictors.fit import STEP_WORKLOADS
 from predictors.performance_model import MODEL_FILE, PerformanceModel
 from probes.vocabulary.records import Measurement, measurements_to_frame
 
@@ -255,11 +256,12 @@ def log_measurements(rows: Sequence[Measurement], hardware_id: str, failures: Se
     mlflow.log_metric("probe_failures", float(len(failures)))
 
 
-# An op's held-out figures, then the in-step collective factors' verdict and what it rests on
-# (`predictors.fit.fit_steps`)
+# An op's held-out figures, then the in-step collective factors' verdicts and what they rest
+# on: the collectives' totals, and each workload's steps (`predictors.fit.fit_steps`)
 HELD_OUT_KEYS = (
     *("gmae", "mape", "std", "baseline_gmae", "gmae_low", "gmae_high"),
-    *("total_error", "baseline_total_error", "steps_gmae", "baseline_steps_gmae", "kept"),
+    *("total_error", "baseline_total_error", "kept"),
+    *(f"{w}_{key}" for w in STEP_WORKLOADS.values() for key in ("steps_gmae", "baseline_steps_gmae", "kept")),
 )
 
 

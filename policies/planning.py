@@ -25,6 +25,7 @@ from predictors.network import (
 )
 from predictors.overlap_model import scale_gemm_rows
 from predictors.performance_model import PerformanceModel
+from predictors.simulator import model_cost
 from predictors.transformer_graph import build_transformer_graph, stage_param_numel
 from probes.vocabulary.jobspec import JobSpec, JobSpecError
 from probes.vocabulary.placement import PlacementError, RankPlacement
@@ -176,7 +177,10 @@ def make_plan(job: JobSpec, model: PerformanceModel, fingerprint: Hardware, mode
     decisions = {"sharding": sharding}
     table_to_rank = sharding.choice_detail["table_to_rank"]
     substitution = choose_substitutions(
-        build_dlrm_graph(job, table_to_rank, placement), model, dlrm_slice_params(job, table_to_rank)
+        build_dlrm_graph(job, table_to_rank, placement),
+        model,
+        dlrm_slice_params(job, table_to_rank),
+        cost=model_cost(model, workload="dlrm"),  # priced as the sharding estimate prices it
     )
     decisions["substitution"] = substitution
     predicted_ms = sharding.predicted_ms
@@ -234,7 +238,12 @@ def make_transformer_plan(
     predicted_ms = parallelism.predicted_ms
     graph = build_transformer_graph(spec, placement, fold=True)
     if graph.meta.get("substitutable"):
-        substitution = choose_substitutions(graph, model, lambda _r, op, k: scale_gemm_rows(op.params, k))
+        substitution = choose_substitutions(
+            graph,
+            model,
+            lambda _r, op, k: scale_gemm_rows(op.params, k),
+            cost=model_cost(model, workload="transformer"),
+        )
         decisions["substitution"] = substitution
         if substitution.choice_detail["substitutions"]:
             predicted_ms -= substitution.choice_detail["unfused_ms"] - substitution.predicted_ms

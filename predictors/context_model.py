@@ -11,7 +11,9 @@ every size.
 Both terms are fitted on log time with a soft-L1 loss, robust to the few ops a busy step
 stretches by scheduling; factor in [0.5, 8], add_s >= 0. Fitted on a seeded split and scored
 on the held-out rows against the isolated model alone (the baseline). An op never seen in a
-step keeps factor 1, add 0. Stored as plain JSON like every other model.
+step keeps factor 1, add 0. An op may be scoped to the workloads whose steps bear its factor
+out (`workloads`: the collectives' factors, `predictors.fit.fit_steps`); a step of any other
+workload prices it as in isolation. Stored as plain JSON like every other model.
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ class ContextFactorModel(OpModel):
         self.factors: dict[str, float] = {}
         self.adds: dict[str, float] = {}  # seconds added per call inside a step
         self.counts: dict[str, int] = {}
+        # op -> the workloads whose steps it prices; an op not listed prices every step
+        self.workloads: dict[str, list[str]] = {}
 
     def fit_against(self, rows: Sequence[Measurement], isolated: Any) -> "ContextFactorModel":
         """`isolated`: the bundle whose per-op models price the rows' params in isolation."""
@@ -53,7 +57,7 @@ class ContextFactorModel(OpModel):
                 continue
             if predicted > 0:
                 pairs[op].append((predicted, r.median_s))
-        self.factors, self.adds, self.counts = {}, {}, {}
+        self.factors, self.adds, self.counts, self.workloads = {}, {}, {}, {}
         for op, v in pairs.items():
             if len(v) >= MIN_ROWS:
                 self.factors[op], self.adds[op] = fit_affine(np.asarray(v))
@@ -63,15 +67,21 @@ class ContextFactorModel(OpModel):
     def fit(self, rows: Sequence[Measurement]) -> "ContextFactorModel":
         raise TypeError("ContextFactorModel is fitted against a bundle: use fit_context_factors")
 
-    def factor(self, op: str) -> float:
-        return self.factors.get(op, 1.0)
+    def applies(self, op: str, workload: str | None) -> bool:
+        """Whether `op`'s factor prices a step of `workload` (None: a step of no named
+        workload, which a scoped op does not price)."""
+        scope = self.workloads.get(op)
+        return scope is None or workload in scope
 
-    def add_s(self, op: str) -> float:
-        return self.adds.get(op, 0.0)
+    def factor(self, op: str, workload: str | None = None) -> float:
+        return self.factors.get(op, 1.0) if self.applies(op, workload) else 1.0
 
-    def in_step(self, op: str, isolated_s: float) -> float:
-        """The kernel's time inside a training step, from its isolated prediction."""
-        return self.factor(op) * isolated_s + self.add_s(op)
+    def add_s(self, op: str, workload: str | None = None) -> float:
+        return self.adds.get(op, 0.0) if self.applies(op, workload) else 0.0
+
+    def in_step(self, op: str, isolated_s: float, workload: str | None = None) -> float:
+        """The kernel's time inside a training step of `workload`, from its isolated prediction."""
+        return self.factor(op, workload) * isolated_s + self.add_s(op, workload)
 
     def predict(self, params: Params) -> float:
         """The op's multiplicative factor (its per-call addition is `add_s`)."""
@@ -82,7 +92,7 @@ class ContextFactorModel(OpModel):
         return [] if op in self.factors else [f"{self.op}: {op} never seen inside a training step; factor 1"]
 
     def state(self) -> dict[str, Any]:
-        return {"factors": self.factors, "adds": self.adds, "counts": self.counts}
+        return {"factors": self.factors, "adds": self.adds, "counts": self.counts, "workloads": self.workloads}
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> "ContextFactorModel":
@@ -90,6 +100,7 @@ class ContextFactorModel(OpModel):
         model.factors = {k: float(v) for k, v in data["factors"].items()}
         model.adds = {k: float(v) for k, v in data.get("adds", {}).items()}  # older bundles: ratios only
         model.counts = {k: int(v) for k, v in data.get("counts", {}).items()}
+        model.workloads = {k: [str(w) for w in v] for k, v in data.get("workloads", {}).items()}  # older: unscoped
         return model
 
 

@@ -136,7 +136,7 @@ def _simulated_kernels(
     """The kernels' critical path over the job's execution graph; ops without a model are
     priced at 0 and noted in `problems`."""
     unpriced: set[str] = set()
-    cost = model_cost(model, unpriced, memo=memo)
+    cost = model_cost(model, unpriced, memo=memo, workload="dlrm")
     ranks = dominant_ranks(spec, shards, cost)
     graph = build_dlrm_graph(spec, table_to_rank, placement, shards=shards, ranks=ranks)
     kernels = simulate(graph, cost, synchronous=model.synchronous).iteration_s

@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -85,25 +85,26 @@ def fit_bundle(
 
 
 STEP_OPS = (DLRM_STEP_OP, TRANSFORMER_STEP_OP)
+STEP_WORKLOADS = {DLRM_STEP_OP: "dlrm", TRANSFORMER_STEP_OP: "transformer"}  # whose overhead each fits
 
 
 def fit_steps(
     model: PerformanceModel, dlrm_steps: Sequence[Measurement], transformer_steps: Sequence[Measurement], seed: int
 ) -> list[Measurement]:
-    """Each workload's step overhead, on the collectives' in-step factors only where whole steps
-    bear them out. Returns the steps (each judged left out in turn).
+    """Each workload's step overhead, its collectives on the in-step factors only where its own
+    whole steps bear them out. Returns the steps (each judged left out in turn).
 
     The factors are learned from the collectives the DLRM steps captured and kept when the
-    held-out collectives add up closer with them (`fit_collective_context`); but a step prices
-    every collective with them, the transformer's too, and the steps, not the collectives, are
-    what a plan is chosen on. So both workloads' overheads are fitted with them and without,
-    and they stay only when all the steps, each left out in turn, come out closer with them
-    (pooled GMAE; a tie keeps the isolated prices). They did not at the 11-27 13:31
-    calibration of #26: learned on DLRM all-reduces of 0.25-1.3 ms isolated, the 4.0x
-    all-reduce factor priced the transformer's gradient all-reduces (up to 5.5 ms isolated) at
-    4x too, and the steps left out in turn were 10.7% (DLRM) and 15.4% (transformer) off with
-    the factors, 7.4% and 8.1% without (the ranges and the figures without: an ad-hoc refit of
-    the stored rows)."""
+    held-out collectives add up closer with them (`fit_collective_context`); but the steps,
+    not the collectives, are what a plan is chosen on, and a workload's steps may not bear
+    them out: at the 11-27 13:31 calibration of #26, learned on DLRM all-reduces of 0.25-1.3
+    ms isolated, the 4.0x all-reduce factor priced the transformer's gradient all-reduces (up
+    to 5.5 ms isolated) at 4x too, and its steps left out in turn were 15.4% off with the
+    factors, 8.1% without (an ad-hoc refit of the stored rows). So each workload's overhead is
+    fitted with them and without, and they price that workload's steps
+    (`ContextFactorModel.workloads`) only when its steps, each left out in turn, come out
+    closer with them (a tie keeps the isolated prices). A workload's overhead is fitted on its
+    own steps alone, so each verdict leaves the other's fit as it is."""
     before = copy.deepcopy(model.in_step)  # the kernels' in-step factors alone
     if dlrm_steps:
         try:
@@ -119,13 +120,20 @@ def fit_steps(
     learned_scores = {op: model.metrics[op] for op in STEP_OPS if op in model.metrics}
     model.in_step = before
     fit_step_overheads(model, dlrm_steps, transformer_steps)
-    stats["steps_gmae"] = pooled_gmae(learned_scores.values())
-    stats["baseline_steps_gmae"] = pooled_gmae(model.metrics[op] for op in STEP_OPS if op in model.metrics)
-    stats["kept"] = bool(stats["steps_gmae"] < stats["baseline_steps_gmae"])
-    if stats["kept"]:
+    kept_for = []
+    for op, learned in learned_scores.items():
+        workload, isolated = STEP_WORKLOADS[op], model.metrics[op]
+        stats[f"{workload}_steps_gmae"], stats[f"{workload}_baseline_steps_gmae"] = learned["gmae"], isolated["gmae"]
+        stats[f"{workload}_kept"] = bool(learned["gmae"] < isolated["gmae"])
+        if stats[f"{workload}_kept"]:
+            kept_for.append(workload)
+            model.step_overheads[workload] = learned_overheads[workload]
+            model.metrics[op] = learned
+    stats["kept"] = bool(kept_for)
+    if kept_for:
+        assert learned_context is not None  # the factors were kept: fit_collective_context set it
+        learned_context.workloads.update({op: list(kept_for) for op in stats["factors"]})
         model.in_step = learned_context
-        model.step_overheads.update(learned_overheads)
-        model.metrics.update(learned_scores)
     return judged
 
 
@@ -147,14 +155,6 @@ def fit_step_overheads(
 def _unpriced_steps(model: PerformanceModel, exc: KeyError) -> None:
     """The DLRM steps left unfitted: a kernel of theirs has no model (a short sweep)."""
     model.meta["unfitted"][DLRM_STEP_OP] = f"its steps' kernels cannot be priced: no model for {exc.args[0]}"
-
-
-def pooled_gmae(metrics: Iterable[dict[str, Any]]) -> float:
-    """The GMAE of several workloads' steps together, from each one's GMAE and count."""
-    scored = [(m["gmae"], m["n"]) for m in metrics if m.get("n")]
-    if not scored:
-        return float("nan")
-    return float(np.exp(sum(n * np.log(g) for g, n in scored) / sum(n for _, n in scored)))
 
 
 def fit_fusion(model: PerformanceModel, rows: Sequence[Measurement]) -> None:

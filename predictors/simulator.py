@@ -280,7 +280,11 @@ def _critical_path(graph: ExecutionGraph, spans, blamed) -> list[tuple[int, int,
 
 
 def model_cost(
-    model, unpriced: set[str] | None = None, in_context: bool = True, memo: dict[tuple, Any] | None = None
+    model,
+    unpriced: set[str] | None = None,
+    in_context: bool = True,
+    memo: dict[tuple, Any] | None = None,
+    workload: str | None = None,
 ) -> CostFn:
     """Device time of a graph op from a fitted `PerformanceModel` (ops of empty table sets: 0).
 
@@ -288,7 +292,9 @@ def model_cost(
     with too few rows to fit it) costs 0 and its name is added to `unpriced` when given, so
     callers can report the estimate as a lower bound instead of failing the whole plan.
     Kernels and collectives are corrected by the bundle's in-context model (`in_context`) when
-    it has one: the isolated probes' times, mapped to what a training step really sees.
+    it has one: the isolated probes' times, mapped to what a training step of `workload`
+    ("dlrm", "transformer") really sees; a factor scoped to other workloads' steps (the
+    collectives', `predictors.fit.fit_steps`) leaves its op at the isolated price.
     Each distinct op and params is priced once (every rank repeats the dense layers' ops);
     `memo` keeps the prices across calls on the same model (a planner pricing many plans).
     """
@@ -301,12 +307,12 @@ def model_cost(
         if unpriced is not None and op.op not in model.models:
             unpriced.add(op.op)
             return 0.0
-        key = (in_context, op.op, frozen(op.params))
+        key = (in_context, workload, op.op, frozen(op.params))
         if key in priced:
             return priced[key]
         seconds = model.predict_params(op.op, op.params)
         if context is not None:  # kernels and collectives alike (predictors/collective_context.py)
-            seconds = context.in_step(op.op, seconds)
+            seconds = context.in_step(op.op, seconds, workload)
         priced[key] = seconds
         return seconds
 

@@ -69,7 +69,7 @@ def estimate_transformer_iteration(
     unpriced: set[str] = set()
     result = simulate(
         graph,
-        model_cost(model, unpriced, memo=memo),
+        model_cost(model, unpriced, memo=memo, workload="transformer"),
         cpu_overhead=model_cpu_overhead(model),
         synchronous=model.synchronous,
     )

@@ -205,22 +205,78 @@ def test_the_factors_stay_only_where_the_whole_steps_bear_them_out(steps_slowed_
     stats = model.metrics["in_step_collective"]
     assert stats["total_error"] < 0.05 < 0.5 < stats["baseline_total_error"]  # the totals say 3x either way
     if steps_slowed_by == 3.0:
-        assert stats["kept"] and stats["steps_gmae"] < stats["baseline_steps_gmae"]
-        assert model.in_step.factor("all_to_all") == pytest.approx(3.0, rel=0.05)
-        assert model.metrics["dlrm_step"]["gmae"] == pytest.approx(stats["steps_gmae"])
+        assert stats["kept"] and stats["dlrm_kept"] and stats["dlrm_steps_gmae"] < stats["dlrm_baseline_steps_gmae"]
+        assert model.in_step.factor("all_to_all", "dlrm") == pytest.approx(3.0, rel=0.05)
+        assert model.metrics["dlrm_step"]["gmae"] == pytest.approx(stats["dlrm_steps_gmae"])
     else:
-        assert not stats["kept"] and stats["baseline_steps_gmae"] <= stats["steps_gmae"]
-        assert model.in_step is None or model.in_step.factor("all_to_all") == 1.0
-        assert model.metrics["dlrm_step"]["gmae"] == pytest.approx(stats["baseline_steps_gmae"])
+        assert not stats["kept"] and stats["dlrm_baseline_steps_gmae"] <= stats["dlrm_steps_gmae"]
+        assert model.in_step is None or model.in_step.factor("all_to_all", "dlrm") == 1.0
+        assert model.metrics["dlrm_step"]["gmae"] == pytest.approx(stats["dlrm_baseline_steps_gmae"])
+
+
+def test_each_workload_keeps_the_factors_only_where_its_own_steps_bear_them_out():
+    # The DLRM steps ran their collectives at 3x their isolated price, the transformer's steps
+    # (data parallel: gradient all-reduces) at 1x: the DLRM steps keep the factors and the
+    # transformer's are priced as in isolation, each on its own steps' verdict.
+    from predictors.context_model import ContextFactorModel
+    from predictors.dlrm_estimator import estimate_iteration
+    from predictors.fit import fit_steps
+    from predictors.transformer_estimator import estimate_transformer_iteration
+    from probes.vocabulary.transformer_spec import TransformerSpec
+
+    model, _ = bundle(job(), [0, 0, 1])
+    truth = ContextFactorModel()
+    for op in ("all_to_all", "all_reduce"):
+        truth.factors[op], truth.adds[op], truth.counts[op] = 3.0, 0.0, 10
+    rng = np.random.default_rng(1)
+    dlrm_rows, base, plan = [], job().to_dict(), [0, 0, 1]
+    for batch in (32, 128, 512):
+        for dim in (4, 8, 16, 32):
+            spec = JobSpec.from_dict(
+                {**base, "batch_size": batch, "tables": [{**t, "embedding_dim": dim} for t in base["tables"]]}
+            )
+            collectives = [o for o in build_dlrm_graph(spec, plan).ranks[0] if o.kind == "collective"]
+            captured = [[[o.op, 3.0 * model.predict_params(o.op, o.params)] for o in collectives] for _ in range(3)]
+            model.in_step = truth
+            step_s = estimate_iteration(spec, plan, model, include_overhead=False).iteration_s
+            model.in_step = None
+            params = {"job": spec.to_dict(), "table_to_rank": plan, "in_step_collectives": captured}
+            dlrm_rows.append(Measurement("dlrm_step", params, (step_s + 2e-4) * rng.uniform(0.99, 1.01), 0.0, 30))
+    transformer_rows = []
+    for layers in (1, 2, 4):
+        for hidden in (32, 64, 128):
+            spec = TransformerSpec(layers=layers, hidden=hidden, heads=4, seq_len=16, batch_size=4, world_size=2)
+            step_s = estimate_transformer_iteration(spec, model, include_overhead=False).iteration_s  # at 1x
+            measured = (step_s + 2e-4) * rng.uniform(0.99, 1.01)
+            transformer_rows.append(Measurement("transformer_step", {"transformer": spec.to_dict()}, measured, 0.0, 9))
+    fit_steps(model, dlrm_rows, transformer_rows, seed=0)
+    stats = model.metrics["in_step_collective"]
+    assert stats["kept"] and stats["dlrm_kept"] and not stats["transformer_kept"]
+    assert stats["transformer_baseline_steps_gmae"] < stats["transformer_steps_gmae"]
+    assert model.in_step.factor("all_reduce", "dlrm") == pytest.approx(3.0, rel=0.05)
+    assert model.in_step.factor("all_reduce", "transformer") == 1.0
+    assert model.metrics["transformer_step"]["gmae"] == pytest.approx(stats["transformer_baseline_steps_gmae"])
+    spec = TransformerSpec(layers=2, hidden=64, heads=4, seq_len=16, batch_size=4, world_size=2)
+    priced = estimate_transformer_iteration(spec, model, include_overhead=False).iteration_s
+    model.in_step.workloads = {}  # unscoped, as bundles before the per-workload verdict
+    assert estimate_transformer_iteration(spec, model, include_overhead=False).iteration_s > 1.2 * priced
 
 
 def test_the_calibration_says_whether_the_factors_were_kept_and_why():
     from orchestrator.calibrate import in_step_verdict
 
-    judged = {"kept": False, "factors": {"all_reduce": 3.92}, "steps_gmae": 0.136, "baseline_steps_gmae": 0.081}
+    judged = {
+        "kept": True,
+        "factors": {"all_reduce": 3.92},
+        **{"dlrm_kept": True, "dlrm_steps_gmae": 0.062, "dlrm_baseline_steps_gmae": 0.071},
+        **{"transformer_kept": False, "transformer_steps_gmae": 0.154, "transformer_baseline_steps_gmae": 0.081},
+    }
     assert in_step_verdict(judged) == (
-        "in-step collective factors dropped (all_reduce 3.92x): steps left out in turn 13.6% with them, 8.1% without"
+        "in-step collective factors (all_reduce 3.92x): dlrm kept (its steps left out in turn 6.2% with them, "
+        "7.1% without); transformer dropped (its steps left out in turn 15.4% with them, 8.1% without)"
     )
     on_totals = {"kept": False, "factors": {"all_to_all": 3.0}, "total_error": 0.9, "baseline_total_error": 0.1}
-    assert in_step_verdict(on_totals).startswith("in-step collective factors dropped (all_to_all 3.00x): held-out")
-    assert in_step_verdict({**judged, "kept": True, "steps_gmae": 0.05}).startswith("in-step collective factors kept")
+    assert in_step_verdict(on_totals) == (
+        "in-step collective factors dropped (all_to_all 3.00x): held-out collectives' total off by 90.0% with "
+        "them, 10.0% at isolated prices"
+    )

@@ -47,6 +47,24 @@ def test_factor_learned_from_steps_that_run_kernels_twice_as_slow():
     assert model_cost(model)(op) == pytest.approx(2.0 * model.predict_params("gemm", p), rel=0.05)
 
 
+def test_a_scoped_factor_prices_only_its_workloads_steps_and_survives_json():
+    model, _ = gemm_bundle()
+    context = ContextFactorModel()
+    context.factors["gemm"], context.adds["gemm"], context.counts["gemm"] = 3.0, 1e-6, 10
+    context.workloads["gemm"] = ["dlrm"]
+    model.in_step = OpModel.from_dict(context.to_dict())
+    assert model.in_step.workloads == {"gemm": ["dlrm"]}
+    op = GraphOp("fc", "compute", "gemm", gemm_params(64, 64, 64))
+    isolated = model.predict_params("gemm", op.params)
+    memo: dict = {}  # one memo across workloads: each is priced for its own
+    assert model_cost(model, memo=memo, workload="dlrm")(op) == pytest.approx(3.0 * isolated + 1e-6)
+    assert model_cost(model, memo=memo, workload="transformer")(op) == pytest.approx(isolated)
+    assert model_cost(model, memo=memo)(op) == pytest.approx(isolated)  # no named workload
+    older = context.to_dict()
+    del older["workloads"]  # a bundle from before the scope: the factor prices every step
+    assert OpModel.from_dict(older).in_step("gemm", isolated, "transformer") == pytest.approx(3.0 * isolated + 1e-6)
+
+
 def test_a_per_call_cost_is_learned_as_an_addition_not_a_ratio():
     """Steps that add 5 µs to every GEMM call: tiny GEMMs look 3x slower, big ones barely
     slower. The affine fit recovers factor 1 + 5 µs, so both ends are right; a single ratio
