@@ -12,8 +12,8 @@ counted); here they are paired, in issue order, with the collectives of the job'
 graph, priced by the isolated models, and each collective op gets the in-step affine factor
 the kernels get (`ContextFactorModel`). Fitted on the step rows the step overhead trains on,
 scored on its held-out steps against the isolated price (the baseline), and proposed only when
-it beats it there; `predictors.fit.fit_steps` then keeps it only when the whole steps, each
-left out in turn, bear it out.
+it beats it there; `predictors.fit.fit_steps` then keeps it for each workload whose whole
+steps, each left out in turn, bear it out (`ContextFactorModel.workloads`).
 
 The factor prices a collective at its mean in-step time, not its typical one. In-step times
 are heavy tailed: most calls run near their isolated time and a few stall for milliseconds
