@@ -172,35 +172,41 @@ def test_heavy_tailed_in_step_times_are_priced_at_their_mean():
     assert stats["gmae"] > stats["baseline_gmae"]  # per call, the typical (isolated) price is closer
 
 
-@pytest.mark.parametrize("steps_slowed_by", [3.0, 1.0])
-def test_the_factors_stay_only_where_the_whole_steps_bear_them_out(steps_slowed_by):
-    # Every captured step saw its collectives at 3x their isolated price, so the collectives'
-    # totals keep a 3x factor; but the steps' measured times are their graphs at
-    # `steps_slowed_by` (1.0: the slowdown hid behind compute): the factor stays only when the
-    # steps, each left out in turn, come out closer with it.
+def dlrm_steps(model, steps_slowed_by: float, rng: np.random.Generator) -> list[Measurement]:
+    """DLRM steps of widening tables whose captured collectives ran at 3x their isolated price
+    and whose measured times are their graphs with the collectives at `steps_slowed_by`."""
     from predictors.context_model import ContextFactorModel
     from predictors.dlrm_estimator import estimate_iteration
-    from predictors.fit import fit_steps
 
-    model, _ = bundle(job(), [0, 0, 1])
     truth = ContextFactorModel()
     for op in ("all_to_all", "all_reduce"):
         truth.factors[op], truth.adds[op], truth.counts[op] = steps_slowed_by, 0.0, 10
-    rng = np.random.default_rng(0)
     rows, base, plan = [], job().to_dict(), [0, 0, 1]
     for batch in (32, 128, 512):
         for dim in (4, 8, 16, 32):  # the all-to-all's share of the step grows with the width
             spec = JobSpec.from_dict(
                 {**base, "batch_size": batch, "tables": [{**t, "embedding_dim": dim} for t in base["tables"]]}
             )
-            graph = build_dlrm_graph(spec, plan)
-            collectives = [o for o in graph.ranks[0] if o.kind == "collective"]
+            collectives = [o for o in build_dlrm_graph(spec, plan).ranks[0] if o.kind == "collective"]
             captured = [[[o.op, 3.0 * model.predict_params(o.op, o.params)] for o in collectives] for _ in range(3)]
-            model.in_step = truth
+            context, model.in_step = model.in_step, truth
             step_s = estimate_iteration(spec, plan, model, include_overhead=False).iteration_s
-            model.in_step = None
+            model.in_step = context
             params = {"job": spec.to_dict(), "table_to_rank": plan, "in_step_collectives": captured}
             rows.append(Measurement("dlrm_step", params, (step_s + 2e-4) * rng.uniform(0.99, 1.01), 0.0, 30))
+    return rows
+
+
+@pytest.mark.parametrize("steps_slowed_by", [3.0, 1.0])
+def test_the_factors_stay_only_where_the_whole_steps_bear_them_out(steps_slowed_by):
+    # Every captured step saw its collectives at 3x their isolated price, so the collectives'
+    # totals keep a 3x factor; but the steps' measured times are their graphs at
+    # `steps_slowed_by` (1.0: the slowdown hid behind compute): the factor stays only when the
+    # steps, each left out in turn, come out closer with it.
+    from predictors.fit import fit_steps
+
+    model, _ = bundle(job(), [0, 0, 1])
+    rows = dlrm_steps(model, steps_slowed_by, np.random.default_rng(0))
     fit_steps(model, rows, [], seed=0)
     stats = model.metrics["in_step_collective"]
     assert stats["total_error"] < 0.05 < 0.5 < stats["baseline_total_error"]  # the totals say 3x either way
@@ -218,30 +224,13 @@ def test_each_workload_keeps_the_factors_only_where_its_own_steps_bear_them_out(
     # The DLRM steps ran their collectives at 3x their isolated price, the transformer's steps
     # (data parallel: gradient all-reduces) at 1x: the DLRM steps keep the factors and the
     # transformer's are priced as in isolation, each on its own steps' verdict.
-    from predictors.context_model import ContextFactorModel
-    from predictors.dlrm_estimator import estimate_iteration
     from predictors.fit import fit_steps
     from predictors.transformer_estimator import estimate_transformer_iteration
     from probes.vocabulary.transformer_spec import TransformerSpec
 
     model, _ = bundle(job(), [0, 0, 1])
-    truth = ContextFactorModel()
-    for op in ("all_to_all", "all_reduce"):
-        truth.factors[op], truth.adds[op], truth.counts[op] = 3.0, 0.0, 10
     rng = np.random.default_rng(1)
-    dlrm_rows, base, plan = [], job().to_dict(), [0, 0, 1]
-    for batch in (32, 128, 512):
-        for dim in (4, 8, 16, 32):
-            spec = JobSpec.from_dict(
-                {**base, "batch_size": batch, "tables": [{**t, "embedding_dim": dim} for t in base["tables"]]}
-            )
-            collectives = [o for o in build_dlrm_graph(spec, plan).ranks[0] if o.kind == "collective"]
-            captured = [[[o.op, 3.0 * model.predict_params(o.op, o.params)] for o in collectives] for _ in range(3)]
-            model.in_step = truth
-            step_s = estimate_iteration(spec, plan, model, include_overhead=False).iteration_s
-            model.in_step = None
-            params = {"job": spec.to_dict(), "table_to_rank": plan, "in_step_collectives": captured}
-            dlrm_rows.append(Measurement("dlrm_step", params, (step_s + 2e-4) * rng.uniform(0.99, 1.01), 0.0, 30))
+    dlrm_rows = dlrm_steps(model, 3.0, rng)
     transformer_rows = []
     for layers in (1, 2, 4):
         for hidden in (32, 64, 128):
