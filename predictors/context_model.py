@@ -84,8 +84,10 @@ class ContextFactorModel(OpModel):
         return self.factor(op, workload) * isolated_s + self.add_s(op, workload)
 
     def predict(self, params: Params) -> float:
-        """The op's multiplicative factor (its per-call addition is `add_s`)."""
-        return self.factor(str(params.get("model_op")))
+        """The op's multiplicative factor in a step of the params' workload (its per-call
+        addition is `add_s`)."""
+        workload = params.get("workload")
+        return self.factor(str(params.get("model_op")), None if workload is None else str(workload))
 
     def out_of_range(self, params: Params) -> list[str]:
         op = str(params.get("model_op"))

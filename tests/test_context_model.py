@@ -60,6 +60,8 @@ def test_a_scoped_factor_prices_only_its_workloads_steps_and_survives_json():
     assert model_cost(model, memo=memo, workload="dlrm")(op) == pytest.approx(3.0 * isolated + 1e-6)
     assert model_cost(model, memo=memo, workload="transformer")(op) == pytest.approx(isolated)
     assert model_cost(model, memo=memo)(op) == pytest.approx(isolated)  # no named workload
+    assert model.in_step.predict({"model_op": "gemm", "workload": "dlrm"}) == 3.0
+    assert model.in_step.predict({"model_op": "gemm", "workload": "transformer"}) == 1.0
     older = context.to_dict()
     del older["workloads"]  # a bundle from before the scope: the factor prices every step
     assert OpModel.from_dict(older).in_step("gemm", isolated, "transformer") == pytest.approx(3.0 * isolated + 1e-6)
