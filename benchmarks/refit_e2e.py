@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import error_summary, signed_error, task_plan, write_result  # noqa: E402
 from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
-from predictors.fit import fit_bundle  # noqa: E402
+from predictors.fit import fit_bundle, in_step_verdict  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
 from predictors.transformer_estimator import estimate_transformer_iteration  # noqa: E402
 from probes.collective import merge_passes  # noqa: E402
@@ -104,13 +104,7 @@ def main() -> None:
                 else ""
             )
         )
-        for workload in ("dlrm", "transformer"):
-            if f"{workload}_kept" in collectives:
-                print(
-                    f"  {workload} steps: kept {collectives[f'{workload}_kept']}, left out in turn "
-                    f"{collectives[f'{workload}_steps_gmae']:.1%} with them, "
-                    f"{collectives[f'{workload}_baseline_steps_gmae']:.1%} without"
-                )
+        print("  " + in_step_verdict(collectives))
     summaries = []
     for path in args.results:
         result = json.loads(path.read_text())

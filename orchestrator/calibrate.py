@@ -35,7 +35,7 @@ from orchestrator.sentinel import choose_sentinels, fusion_sentinels
 from policies.parallelism import layout_gemms
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from predictors.dlrm_estimator import score_steps
-from predictors.fit import STEP_WORKLOADS, fit_bundle, kernel_rows
+from predictors.fit import fit_bundle, in_step_verdict, kernel_rows
 from predictors.performance_model import PerformanceModel
 from predictors.transformer_estimator import score_transformer_steps
 from probes.collective_sweep import collective_groups, collective_specs
@@ -542,25 +542,6 @@ def print_summary(info: dict[str, Any]) -> None:
     if info.get("in_step_collectives"):
         say("  " + in_step_verdict(info["in_step_collectives"]))
     say(f"registered {info['model']}: {'champion' if info['promoted'] else 'challenger'} ({info['promotion_reason']})")
-
-
-def in_step_verdict(stats: dict[str, Any]) -> str:
-    """Whether the collectives' in-step factors were kept, for which workload's steps, and on
-    what (`predictors.fit.fit_steps`): a step model priced on them is a different model, and a
-    reader of a drifting step wants to know."""
-    factors = ", ".join(f"{op} {f:.2f}x" for op, f in sorted(stats.get("factors", {}).items()))
-    judged = [w for w in STEP_WORKLOADS.values() if f"{w}_kept" in stats]
-    if not judged:  # the collectives' totals did not bear them out: no step was priced on them
-        return (
-            f"in-step collective factors dropped ({factors}): held-out collectives' total off by "
-            f"{stats['total_error']:.1%} with them, {stats['baseline_total_error']:.1%} at isolated prices"
-        )
-    verdicts = "; ".join(
-        f"{w} {'kept' if stats[f'{w}_kept'] else 'dropped'} (its steps left out in turn "
-        f"{stats[f'{w}_steps_gmae']:.1%} with them, {stats[f'{w}_baseline_steps_gmae']:.1%} without)"
-        for w in judged
-    )
-    return f"in-step collective factors ({factors}): {verdicts}"
 
 
 @contextmanager

@@ -137,6 +137,25 @@ def fit_steps(
     return judged
 
 
+def in_step_verdict(stats: dict[str, Any]) -> str:
+    """Whether the collectives' in-step factors were kept, for which workload's steps, and on
+    what (`predictors.fit.fit_steps`): a step model priced on them is a different model, and a
+    reader of a drifting step wants to know."""
+    factors = ", ".join(f"{op} {f:.2f}x" for op, f in sorted(stats.get("factors", {}).items()))
+    judged = [w for w in STEP_WORKLOADS.values() if f"{w}_kept" in stats]
+    if not judged:  # the collectives' totals did not bear them out: no step was priced on them
+        return (
+            f"in-step collective factors dropped ({factors}): held-out collectives' total off by "
+            f"{stats['total_error']:.1%} with them, {stats['baseline_total_error']:.1%} at isolated prices"
+        )
+    verdicts = "; ".join(
+        f"{w} {'kept' if stats[f'{w}_kept'] else 'dropped'} (its steps left out in turn "
+        f"{stats[f'{w}_steps_gmae']:.1%} with them, {stats[f'{w}_baseline_steps_gmae']:.1%} without)"
+        for w in judged
+    )
+    return f"in-step collective factors ({factors}): {verdicts}"
+
+
 def fit_step_overheads(
     model: PerformanceModel, dlrm_steps: Sequence[Measurement], transformer_steps: Sequence[Measurement]
 ) -> list[Measurement]:

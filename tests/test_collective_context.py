@@ -252,7 +252,7 @@ def test_each_workload_keeps_the_factors_only_where_its_own_steps_bear_them_out(
 
 
 def test_the_calibration_says_whether_the_factors_were_kept_and_why():
-    from orchestrator.calibrate import in_step_verdict
+    from predictors.fit import in_step_verdict
 
     judged = {
         "kept": True,
