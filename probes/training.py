@@ -1,8 +1,9 @@
 """The training probe: a few real training steps of a DLRM (any plan) or a transformer block
 stack on a gang's process group, giving the step time, the per-op CPU overheads
 (`probes.overheads`) and the in-context kernel times of a captured step; the points it is
-swept over (small random models for the framework overhead, production-shaped random tasks
-for the kernels' slowdown beside each other)."""
+swept over (small random models for the framework overhead, the tasks' tables under little
+work for what many large tables cost beyond their kernels, production-shaped random tasks for
+the kernels' slowdown beside each other)."""
 
 from __future__ import annotations
 
@@ -44,14 +45,33 @@ def random_plan(job: dict, world: int, rng: np.random.Generator, mixed: bool) ->
 TaskPlacer = Callable[[dict, int, int], list]  # (job dict, world, k) -> a table-wise plan
 
 
+LIGHT_BATCH_SIZES = (16, 32, 64, 128)  # the light probes' batches: task tables, little work each
+
+
+def probe_kind(i: int) -> str:
+    """Which kind `training_specs`' point i is: "task" (odd i), else "overhead" and "light" in
+    turn."""
+    if i % 2:
+        return "task"
+    return "light" if (i // 2) % 2 else "overhead"
+
+
 def training_specs(
     n: int, seed: int, world: int, place_task: TaskPlacer | None = None, task_scale: float = 1.0
 ) -> list[ProbeSpec]:
-    """Real DLRM training steps, alternating two kinds so the step model sees both ends:
+    """Real DLRM training steps of three kinds, so the step model sees both ends and what
+    lies between (`probe_kind`: task, overhead, task, light, ...):
 
     - small random DLRMs whose kernels are tiny, so the gap between a measured step and the
       sum of its predicted kernels is the per-iteration, per-layer and per-table framework
       overhead;
+    - light steps on the tables tasks have: the first 1..all tables of a task from the same
+      generator, at a batch of 16-128 (`LIGHT_BATCH_SIZES`), on random ranks. What a step of
+      many large tables leaves over its kernels was measured only on task probes, three of
+      twelve of them light enough to show it, so the overhead of small jobs was learned from
+      tiny tables: at the 11-27 20:00 calibration of #26 the steps of 18-31 large tables left
+      4.4-8.8 ms over their kernels whatever those were (2.6-47 ms), the tiny-table steps
+      1.2-3.7 ms, and the run's 10-22 ms tasks were priced 7-25% low;
     - production-shaped tasks from the random-task generator (`random_dlrm_job`, its own
       seed stream) at `task_scale` (full size unless the devices cannot hold them:
       `task_indices` and `random_dlrm.fitting_scale`), whose steps are dominated by kernels
@@ -67,7 +87,7 @@ def training_specs(
     out = []
     placed = 0  # task probes placed by `place_task` so far (the sharders in turn)
     for i in range(n):
-        if i % 2:
+        if probe_kind(i) == "task":
             k = i // 2  # the task-shaped probe's own index
             job = random_dlrm_job(i, world, seed=seed + CALIBRATION_TASK_STREAM, scale=task_scale)
             job["name"] = f"task{i}"
@@ -85,6 +105,14 @@ def training_specs(
             if place_task is not None and not mixed and k % 2 == 0:
                 placement = [int(r) for r in place_task(job, world, placed)]
                 placed += 1
+            out.append(ProbeSpec("training", {"job": job, "table_to_rank": placement}, f"train:{i}"))
+            continue
+        if probe_kind(i) == "light":
+            job = random_dlrm_job(i, world, seed=seed + CALIBRATION_TASK_STREAM, scale=task_scale)
+            job["name"] = f"light{i}"
+            job["tables"] = job["tables"][: int(rng.integers(1, len(job["tables"]) + 1))]
+            job["batch_size"] = int(rng.choice(LIGHT_BATCH_SIZES))
+            placement = [int(r) for r in rng.integers(0, world, size=len(job["tables"]))]
             out.append(ProbeSpec("training", {"job": job, "table_to_rank": placement}, f"train:{i}"))
             continue
         n_tables = int(rng.integers(1, 13))
@@ -121,9 +149,10 @@ def task_is_mixed(k: int) -> bool:
     return (k // len(BATCH_SIZES)) % 2 == 1
 
 
-def task_indices(n: int) -> range:
-    """The indices of `training_specs(n, ...)`'s task-shaped points (the odd ones)."""
-    return range(1, n, 2)
+def task_indices(n: int) -> list[int]:
+    """The indices of `training_specs(n, ...)`'s points whose tables the task generator draws
+    (task and light ones): the memory must hold each of them (`random_dlrm.fitting_scale`)."""
+    return [i for i in range(n) if probe_kind(i) != "overhead"]
 
 
 # Which transformer probes (by index mod 4) train under bfloat16 autocast: on a GPU half of

@@ -77,3 +77,27 @@ def test_small_transformer_probes_span_the_task_widths_smallest_first() -> None:
     assert {t["hidden"] for t in small} == set(SMALL_HIDDEN)
     task_widths = {random_transformer(i, 2, 1, seed).hidden for i in range(40) for seed in range(3)}
     assert min(SMALL_HIDDEN) <= min(task_widths) and max(SMALL_HIDDEN) >= max(task_widths)
+
+
+def test_light_probes_put_task_tables_under_little_work() -> None:
+    """Between the tiny-table and the task probes, light ones: the first 1..all tables of the
+    generator's task at their index, at a small batch, so a step of many large tables is
+    measured where its kernels do not hide what it costs beyond them (#26)."""
+    from probes.training import CALIBRATION_TASK_STREAM, LIGHT_BATCH_SIZES, probe_kind, task_indices, training_specs
+
+    specs = training_specs(48, seed=0, world=2)
+    assert [probe_kind(i) for i in range(4)] == ["overhead", "task", "light", "task"]
+    light = [i for i in range(48) if probe_kind(i) == "light"]
+    assert len(light) == 12 and task_indices(48) == sorted(light + list(range(1, 48, 2)))
+    counts = []
+    for i in light:
+        job = specs[i].params["job"]
+        tables = random_dlrm_job(i, 2, seed=CALIBRATION_TASK_STREAM)["tables"]
+        assert job["tables"] == tables[: len(job["tables"])]
+        assert job["batch_size"] in LIGHT_BATCH_SIZES
+        assert len(specs[i].params["table_to_rank"]) == len(job["tables"])
+        JobSpec.from_dict(job)
+        counts.append(len(job["tables"]) / len(tables))
+    assert min(counts) < 0.5 < max(counts)  # few tables and most of a task's
+    tiny = [specs[i].params["job"] for i in range(48) if probe_kind(i) == "overhead"]
+    assert max(t["num_embeddings"] for job in tiny for t in job["tables"]) < 2000
