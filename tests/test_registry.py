@@ -90,6 +90,46 @@ def test_a_challenger_is_judged_on_its_own_steps_by_their_left_out_figures(track
     }
 
 
+def test_each_workloads_verdict_on_the_in_step_factors_reaches_the_run(tracking):
+    """What the calibration printed (`predictors.fit.in_step_verdict`) is what MLflow keeps: the
+    collectives' totals and each workload's steps with the factors and without, and whether it
+    kept them."""
+    from predictors.fit import STEP_WORKLOADS
+    from probes.vocabulary.ops import IN_STEP_COLLECTIVE_OP
+
+    model, _ = fit_performance_model(rows(0.02, 0), "cpu-verdict")
+    model.metrics[IN_STEP_COLLECTIVE_OP] = {
+        "total_error": 0.08,
+        "baseline_total_error": 0.12,
+        "kept": True,
+        "factors": {"all_to_all": 2.5},
+        "dlrm_steps_gmae": 0.06,
+        "dlrm_baseline_steps_gmae": 0.09,
+        "dlrm_kept": True,
+        "transformer_steps_gmae": 0.11,
+        "transformer_baseline_steps_gmae": 0.10,
+        "transformer_kept": False,
+        "n": 40,
+    }
+    with mlflow.start_run() as run:
+        registry.log_model_metrics(model)
+    logged = mlflow.get_run(run.info.run_id).data.metrics
+    prefix = f"heldout.{IN_STEP_COLLECTIVE_OP}"
+    assert set(STEP_WORKLOADS.values()) == {"dlrm", "transformer"}
+    assert {k: v for k, v in logged.items() if k.startswith(prefix)} == {
+        f"{prefix}.total_error": 0.08,
+        f"{prefix}.baseline_total_error": 0.12,
+        f"{prefix}.kept": 1.0,
+        f"{prefix}.dlrm_steps_gmae": 0.06,
+        f"{prefix}.dlrm_baseline_steps_gmae": 0.09,
+        f"{prefix}.dlrm_kept": 1.0,
+        f"{prefix}.transformer_steps_gmae": 0.11,
+        f"{prefix}.transformer_baseline_steps_gmae": 0.10,
+        f"{prefix}.transformer_kept": 0.0,
+        f"{prefix}.n_test": 40.0,
+    }
+
+
 def test_loading_in_a_fresh_process_reproduces_predictions_and_no_pickles(tracking, tmp_path):
     hw = "cpu-fresh"
     model, test = fit_performance_model(rows(0.05, 4), hw)
