@@ -139,7 +139,7 @@ def fit_steps(
 
 def in_step_verdict(stats: dict[str, Any]) -> str:
     """Whether the collectives' in-step factors were kept, for which workload's steps, and on
-    what (`predictors.fit.fit_steps`): a step model priced on them is a different model, and a
+    what (`fit_steps`): a step model priced on them is a different model, and a
     reader of a drifting step wants to know."""
     factors = ", ".join(f"{op} {f:.2f}x" for op, f in sorted(stats.get("factors", {}).items()))
     judged = [w for w in STEP_WORKLOADS.values() if f"{w}_kept" in stats]

@@ -90,10 +90,19 @@ def training_specs(
     out = []
     placed = 0  # task probes placed by `place_task` so far (the sharders in turn)
     for i in range(n):
-        if probe_kind(i) == "task":
-            k = i // 2  # the task-shaped probe's own index
+        kind = probe_kind(i)
+        if kind == "overhead":
+            job = overhead_job(i, world, rng)
+        else:
             job = random_dlrm_job(i, world, seed=seed + CALIBRATION_TASK_STREAM, scale=task_scale)
-            job["name"] = f"task{i}"
+            job["name"] = f"{kind}{i}"
+        if kind == "light":
+            job["tables"] = job["tables"][: int(rng.integers(1, len(job["tables"]) + 1))]
+            job["batch_size"] = int(rng.choice(LIGHT_BATCH_SIZES))
+        if kind != "task":  # the overhead and light ones on random ranks
+            placement: list = [int(r) for r in rng.integers(0, world, size=len(job["tables"]))]
+        else:
+            k = i // 2  # the task-shaped probe's own index
             # the batch sizes in turn: a draw can give one size to every early probe (a 300 s
             # calibration measured three task probes, all at 1024), and small batches on large
             # tables are where a step's framework and exchange waits weigh most
@@ -108,42 +117,36 @@ def training_specs(
             if place_task is not None and not mixed:
                 placement = [int(r) for r in place_task(job, world, placed)]
                 placed += 1
-            out.append(ProbeSpec("training", {"job": job, "table_to_rank": placement}, f"train:{i}"))
-            continue
-        if probe_kind(i) == "light":
-            job = random_dlrm_job(i, world, seed=seed + CALIBRATION_TASK_STREAM, scale=task_scale)
-            job["name"] = f"light{i}"
-            job["tables"] = job["tables"][: int(rng.integers(1, len(job["tables"]) + 1))]
-            job["batch_size"] = int(rng.choice(LIGHT_BATCH_SIZES))
-            placement = [int(r) for r in rng.integers(0, world, size=len(job["tables"]))]
-            out.append(ProbeSpec("training", {"job": job, "table_to_rank": placement}, f"train:{i}"))
-            continue
-        n_tables = int(rng.integers(1, 13))
-        job = {
-            "name": f"overhead{i}",
-            "workload": "dlrm",
-            "world_size": world,
-            "batch_size": int(rng.choice([16, 32, 64, 128])),
-            "seed": i,
-            "dense": {
-                "num_dense_features": int(rng.integers(4, 17)),
-                "bottom_mlp": [int(rng.choice([16, 32, 64])) for _ in range(int(rng.integers(1, 5)))],
-                "top_mlp": [int(rng.choice([16, 32, 64])) for _ in range(int(rng.integers(0, 4)))] + [1],
-            },
-            "tables": [
-                {
-                    "name": f"t{j}",
-                    "num_embeddings": int(rng.integers(100, 2000)),
-                    "embedding_dim": int(rng.choice([4, 8, 16])),
-                    "pooling_factor": int(rng.integers(1, 5)),
-                    "distribution": "uniform",
-                }
-                for j in range(n_tables)
-            ],
-        }
-        placement = [int(r) for r in rng.integers(0, world, size=n_tables)]
         out.append(ProbeSpec("training", {"job": job, "table_to_rank": placement}, f"train:{i}"))
     return out
+
+
+def overhead_job(i: int, world: int, rng: np.random.Generator) -> dict:
+    """A small random DLRM (1-12 tables of 100-2000 rows, batch 16-128, narrow MLPs): its
+    kernels are tiny, so its step over them is the framework's overhead."""
+    n_tables = int(rng.integers(1, 13))
+    return {
+        "name": f"overhead{i}",
+        "workload": "dlrm",
+        "world_size": world,
+        "batch_size": int(rng.choice([16, 32, 64, 128])),
+        "seed": i,
+        "dense": {
+            "num_dense_features": int(rng.integers(4, 17)),
+            "bottom_mlp": [int(rng.choice([16, 32, 64])) for _ in range(int(rng.integers(1, 5)))],
+            "top_mlp": [int(rng.choice([16, 32, 64])) for _ in range(int(rng.integers(0, 4)))] + [1],
+        },
+        "tables": [
+            {
+                "name": f"t{j}",
+                "num_embeddings": int(rng.integers(100, 2000)),
+                "embedding_dim": int(rng.choice([4, 8, 16])),
+                "pooling_factor": int(rng.integers(1, 5)),
+                "distribution": "uniform",
+            }
+            for j in range(n_tables)
+        ],
+    }
 
 
 def task_is_mixed(k: int) -> bool:
