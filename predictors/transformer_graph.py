@@ -17,6 +17,8 @@ backward. Then SGD over the rank's parameters (its shard under FSDP).
 
 from __future__ import annotations
 
+from typing import Any
+
 from predictors.dlrm_graph import DDP_BUCKET_BYTES, FLOAT, BucketFill, ddp_buckets
 from predictors.graph import ExecutionGraph, GraphOp
 from predictors.transformer_block_graph import (
@@ -294,26 +296,46 @@ class _Iteration:
         if self.next is not None:
             self.p2p(p + "send_activations", self.r, self.next)
 
+    def _loss_params(self, op: str) -> dict[str, Any]:
+        """The loss's backward, float32 (the first op of the last stage's backward: under
+        full_shard it waits for the root's gather, which the loss's own backward would in fact
+        overlap)."""
+        x = self.x
+        return elementwise_params(op, x.T, self.spec.vocab_size or x.H, "float32")
+
     def backward(self, p: str, sync: bool) -> None:
         """`sync`: the micro-batch whose backward reduces the gradients (DDP's buckets, FSDP's
         reduce-scatters); the others only accumulate."""
         spec, g, x = self.spec, self.g, self.x
         if self.next is not None:
             self.p2p(p + "recv_gradients", self.next, self.r)
+        # full_shard resharded every unit after forward, the root too: its pre-backward
+        # gathers it again and prefetches the first block's; each block's then prefetches
+        # the next one's (backward order), so a block's gather runs before the reduce-scatter
+        # of the block before it (traced under torch 2.13's FSDP2: one gather more than each
+        # block's own, in that order)
+        regather = spec.fsdp == "full_shard"
+        root = self.gather(p + "root_all_gather_bwd", self.root_numel()) if regather else None
+        order = list(reversed(self.layers))
+        waits = (
+            {order[0]: self.gather(f"{p}b{order[0]}.all_gather_bwd", block_param_numel(spec))}
+            if regather and order
+            else {}
+        )
         if self.last:
             if spec.vocab_size:
-                g.elementwise(p + "cross_entropy_bwd", "softmax_bwd", x.T, spec.vocab_size)
+                g.add(p + "cross_entropy_bwd", "compute", "softmax_bwd", self._loss_params("softmax_bwd"), (root,))
                 g.cast(p + "logits_grad_cast", x.T * spec.vocab_size)
                 linear_backward(g, x, self.ddp, p + "head", x.H, spec.vocab_size, float32_input=True)
             else:
-                g.elementwise(p + "mse_loss_bwd", "mul", x.T, x.H)
+                g.add(p + "mse_loss_bwd", "compute", "mul", self._loss_params("mul"), (root,))
             g.elementwise(p + "ln_f_bwd", "layer_norm_bwd", x.T, x.H)
             self.ddp.gradients_ready(FLOAT * 2 * x.H, g.prev)
-        for layer in reversed(self.layers):
+        for k, layer in enumerate(order):
             name = f"{p}b{layer}."
-            waited = (
-                self.gather(name + "all_gather_bwd", block_param_numel(spec)) if spec.fsdp == "full_shard" else None
-            )
+            if regather and k + 1 < len(order):
+                waits[order[k + 1]] = self.gather(f"{p}b{order[k + 1]}.all_gather_bwd", block_param_numel(spec))
+            waited = waits.get(layer)
             if spec.recompute:
                 block_forward(g, x, "recompute." + name, waited)
                 waited = None

@@ -135,3 +135,43 @@ def test_transformer_step_overhead_learns_the_in_step_slowdown_of_the_kernels():
     assert coef["collectives"] == pytest.approx(1e-3, rel=0.1)
     assert model.metrics[TRANSFORMER_STEP_OP]["n"] == len(rows)
     assert model.metrics[TRANSFORMER_STEP_OP]["judged"] == "leave-one-out"
+
+
+def _traced_collectives(rank: int, init: str, out: str, fields: dict) -> None:
+    from probes.trace_capture import capture_step_trace
+    from probes.vocabulary.in_context import in_step_collectives, step_collectives
+
+    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
+    try:
+        torch.set_num_threads(1)
+        model = ParallelTransformer(spec(**fields), rank, torch.device("cpu"))
+        model.step()  # FSDP's lazy init: the traced step is a steady one
+        trace = capture_step_trace(model.step, iterations=1, warmup=0, barrier=dist.barrier)
+        per_rank: list = [None, None]
+        dist.all_gather_object(per_rank, step_collectives(trace["steps"]))
+        if rank == 0:
+            json.dump(in_step_collectives(per_rank), open(f"{out}/steps.json", "w"))
+        model.close()
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+    exit_worker()
+
+
+@pytest.mark.parametrize(
+    "fields", [dict(fsdp="full_shard", layers=3), dict(fsdp="shard_grad_op", batch_size=4, micro_batches=2)]
+)
+def test_an_fsdp_graph_issues_the_collectives_a_real_step_does_in_its_order(fields):
+    # full_shard re-gathers the root in backward and prefetches each next block's parameters
+    # before the reduce-scatter of the block before: the graph must list the step's gathers
+    # as it runs them, or its captured in-step times cannot be paired with the graph's
+    # (`predictors.collective_context`) and its overhead is fitted on missing collectives.
+    from predictors.collective_context import RUNS_AS, graph_collectives
+    from probes.vocabulary.records import Measurement
+
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_traced_collectives, args=(f"{tmp}/init", tmp, fields), nprocs=2)
+        (traced,) = json.load(open(f"{tmp}/steps.json"))
+    graph = graph_collectives(Measurement("transformer_step", {"transformer": spec(**fields).to_dict()}, 0.0, 0.0, 1))
+    assert [kind for kind, _ in traced] and len(traced) == len(graph)
+    assert all(kind in RUNS_AS.get(op.op, {op.op}) for op, (kind, _) in zip(graph, traced))
