@@ -505,6 +505,7 @@ def describe(result: CalibrationResult) -> dict[str, Any]:
                 in ("gmae", "gmae_low", "gmae_high", "mape", "baseline_gmae", "vs_baseline", "n", "chosen", "judged")
             }
             for op, s in result.model.metrics.items()
+            if op != IN_STEP_COLLECTIVE_OP  # per workload, said by its verdict below
         },
         "heldout_per_family": result.model.meta.get("family_heldout", {}),
         "in_step_collectives": result.model.metrics.get(IN_STEP_COLLECTIVE_OP),

@@ -32,6 +32,7 @@ from orchestrator.progress import quieten_libraries, verbose
 from predictors.evaluation import geomean
 from predictors.fit import STEP_WORKLOADS
 from predictors.performance_model import MODEL_FILE, PerformanceModel
+from probes.vocabulary.ops import IN_STEP_COLLECTIVE_OP
 from probes.vocabulary.records import Measurement, measurements_to_frame
 
 EXPERIMENT = "autotune"
@@ -256,12 +257,12 @@ def log_measurements(rows: Sequence[Measurement], hardware_id: str, failures: Se
     mlflow.log_metric("probe_failures", float(len(failures)))
 
 
-# An op's held-out figures, then the in-step collective factors' verdicts and what they rest
-# on: the collectives' totals, and each workload's steps (`predictors.fit.fit_steps`)
+# An op's held-out figures; each workload's in-step collective factors' (under
+# `in_step_collective.<workload>`) add their verdict and what it rests on: the held-out
+# collectives' totals, and the workload's steps (`predictors.fit.fit_steps`)
 HELD_OUT_KEYS = (
     *("gmae", "mape", "std", "baseline_gmae", "gmae_low", "gmae_high"),
-    *("total_error", "baseline_total_error", "kept"),
-    *(f"{w}_{key}" for w in STEP_WORKLOADS.values() for key in ("steps_gmae", "baseline_steps_gmae", "kept")),
+    *("total_error", "baseline_total_error", "borne_out", "steps_gmae", "baseline_steps_gmae", "kept"),
 )
 
 
@@ -275,11 +276,15 @@ def log_model_metrics(model: PerformanceModel, model_id: str | None = None) -> N
         # whole steps are judged each left out in turn; every other op out of its fold (or, in
         # a bundle from before #26, on a split)
         prefix = "leave_one_out" if stats.get("judged") == "leave-one-out" else "heldout"
-        for key in HELD_OUT_KEYS:
-            value = stats.get(key)
-            if value is not None and math.isfinite(value):
-                metrics[f"{prefix}.{op}.{key}"] = float(value)
-        metrics[f"{prefix}.{op}.n_test"] = float(stats.get("n", 0))
+        parts = {op: stats}
+        if op == IN_STEP_COLLECTIVE_OP:  # one verdict per workload
+            parts = {f"{op}.{w}": stats[w] for w in STEP_WORKLOADS.values() if isinstance(stats.get(w), dict)}
+        for name, part in parts.items():
+            for key in HELD_OUT_KEYS:
+                value = part.get(key)
+                if value is not None and math.isfinite(value):
+                    metrics[f"{prefix}.{name}.{key}"] = float(value)
+            metrics[f"{prefix}.{name}.n_test"] = float(part.get("n", 0))
     for family, stats in model.meta.get("family_heldout", {}).items():
         ratio = stats.get("vs_baseline", {})
         for key, value in (

@@ -1,5 +1,5 @@
-"""How much slower each collective runs inside a real DLRM training step than in its isolated
-probe, learned from the steps the calibration's training probes captured.
+"""How much slower each collective runs inside a real training step than in its isolated
+probe, learned per workload from the steps the calibration's training probes captured.
 
 An isolated collective probe repeats one collective with both ranks waiting for it; inside a
 step the backend's threads (gloo) or kernels (NCCL) share the host or the SMs with the ranks'
@@ -9,11 +9,17 @@ collective-heavy job (small batches, wide dense layers) was predicted short. Eac
 probe records its collectives' in-step times (`probes.vocabulary.in_context.in_step_collectives`:
 per captured step, per collective, the least over ranks, so no rank's wait for another is
 counted); here they are paired, in issue order, with the collectives of the job's execution
-graph, priced by the isolated models, and each collective op gets the in-step affine factor
-the kernels get (`ContextFactorModel`). Fitted on the step rows the step overhead trains on,
-scored on its held-out steps against the isolated price (the baseline), and proposed only when
-it beats it there; `predictors.fit.fit_steps` then keeps it for each workload whose whole
-steps, each left out in turn, bear it out (`ContextFactorModel.workloads`).
+graph (a DLRM's or a transformer layout's), priced by the isolated models, and each collective
+op gets a factor. Learned from a seeded 80% of one workload's steps and scored on the rest
+against the isolated price (the baseline); `predictors.fit.fit_steps` then keeps a workload's
+factors where its whole steps, each left out in turn, bear them out
+(`ContextFactorModel.by_workload`).
+
+Per workload, because what a step does beside its collectives differs: a DLRM's all-to-alls
+and small dense all-reduces contend with its embedding lookups, a data-parallel transformer's
+few large gradient all-reduces with its backward GEMMs. At the 11-27 23:55 calibration of #26
+the DLRM steps' all-reduces ran 3.65x their isolated price in sum, the transformer steps'
+2.46x; priced at the DLRM's, the transformer's smallest stacks were predicted 35% long.
 
 The factor prices a collective at its mean in-step time, not its typical one. In-step times
 are heavy tailed: most calls run near their isolated time and a few stall for milliseconds
@@ -35,11 +41,14 @@ import numpy as np
 from predictors.context_model import CLIP, MIN_ROWS, ContextFactorModel
 from predictors.dlrm_graph import build_dlrm_graph
 from predictors.evaluation import error_stats, split_by_op
+from predictors.graph import GraphOp
 from predictors.performance_model import PerformanceModel
+from predictors.transformer_graph import build_transformer_graph, is_transfer
 from probes.vocabulary.jobspec import JobSpec
-from probes.vocabulary.ops import IN_STEP_COLLECTIVE_OP
+from probes.vocabulary.ops import TRANSFORMER_STEP_OP
 from probes.vocabulary.placement import placement_of
 from probes.vocabulary.records import Measurement
+from probes.vocabulary.transformer_spec import TransformerSpec
 
 # A traced kind the graph's op may run as: gloo has no reduce-scatter of its own and runs
 # `reduce_scatter_single` as an all-reduce.
@@ -54,9 +63,7 @@ def collective_pairs(model: PerformanceModel, step_rows: Sequence[Measurement]) 
         captured = row.params.get("in_step_collectives") or []
         if not captured:
             continue
-        job = JobSpec.from_dict(row.params["job"])
-        graph = build_dlrm_graph(job, row.params["table_to_rank"], placement_of(row.params, job.world_size))
-        collectives = [op for op in graph.ranks[0] if op.kind == "collective"]
+        collectives = graph_collectives(row)
         for step in captured:
             if not _matches(collectives, step):
                 continue
@@ -66,26 +73,40 @@ def collective_pairs(model: PerformanceModel, step_rows: Sequence[Measurement]) 
     return pairs
 
 
+def graph_collectives(row: Measurement) -> list[GraphOp]:
+    """Rank 0's collectives, in issue order, in the execution graph of the step `row` measured.
+    A pipeline's transfers are left out: batched sends and receives, not traced collectives."""
+    if row.op == TRANSFORMER_STEP_OP:
+        spec = TransformerSpec.from_dict(row.params["transformer"])
+        ops = build_transformer_graph(spec, placement_of(row.params, spec.world_size)).ranks[0]
+        return [op for op in ops if op.kind == "collective" and not is_transfer(op)]
+    job = JobSpec.from_dict(row.params["job"])
+    graph = build_dlrm_graph(job, row.params["table_to_rank"], placement_of(row.params, job.world_size))
+    return [op for op in graph.ranks[0] if op.kind == "collective"]
+
+
 def _matches(collectives: Sequence[Any], step: Sequence[Sequence[Any]]) -> bool:
     return len(collectives) == len(step) and all(
         kind in RUNS_AS.get(op.op, {op.op}) for op, (kind, _) in zip(collectives, step)
     )
 
 
-def fit_collective_context(model: PerformanceModel, step_rows: Sequence[Measurement], seed: int = 0) -> None:
-    """Add each collective op's in-step factor to `model.in_step` (created if the bundle has
-    none), from the collectives of a seeded 80% of `step_rows`, and keep them only where they
-    pay: the other steps' collectives, priced with them, must add up closer to their measured
-    total than the isolated prices (the baseline) do. `metrics["in_step_collective"]` says which was kept, with the per-call GMAE beside."""
+def learn_collective_factors(
+    model: PerformanceModel, step_rows: Sequence[Measurement], seed: int = 0
+) -> dict[str, Any] | None:
+    """Each collective op's in-step factor from the collectives of a seeded 80% of `step_rows`
+    (one workload's), scored on the other steps' collectives: `borne_out` when, priced with
+    them, they add up closer to their measured total than at the isolated prices (the
+    baseline). The per-call GMAE is beside. None when no op had enough captured calls. The
+    model is left as it is: `predictors.fit.fit_steps` decides what it keeps."""
     train, test = split_by_op(step_rows, seed)
     fitted = collective_pairs(model, train)
     learned = ContextFactorModel()
     for op, v in sorted(fitted.items()):
         if len(v) >= MIN_ROWS:
-            learned.factors[op], learned.adds[op] = mean_ratio(np.asarray(v)), 0.0
-            learned.counts[op] = len(v)
+            learned.factors[op], learned.counts[op] = mean_ratio(np.asarray(v)), len(v)
     if not learned.counts:
-        return
+        return None
     held = [(op, iso, s) for op, v in collective_pairs(model, test).items() for iso, s in v]
     priced = np.asarray([learned.in_step(op, iso) for op, iso, _ in held])
     isolated = np.asarray([iso for _, iso, _ in held])
@@ -95,15 +116,9 @@ def fit_collective_context(model: PerformanceModel, step_rows: Sequence[Measurem
     stats["total_error"] = total_error(priced, measured)
     stats["baseline_total_error"] = total_error(isolated, measured)
     stats["n_train"] = sum(len(v) for v in fitted.values())
-    stats["factors"] = dict(learned.factors)
-    stats["kept"] = bool(held) and stats["total_error"] < stats["baseline_total_error"]
-    if stats["kept"]:
-        context = model.in_step if model.in_step is not None else ContextFactorModel()
-        context.factors.update(learned.factors)
-        context.adds.update(learned.adds)
-        context.counts.update(learned.counts)
-        model.in_step = context
-    model.metrics[IN_STEP_COLLECTIVE_OP] = stats
+    stats["factors"], stats["counts"] = dict(learned.factors), dict(learned.counts)
+    stats["borne_out"] = bool(held) and stats["total_error"] < stats["baseline_total_error"]
+    return stats
 
 
 def mean_ratio(pairs: np.ndarray) -> float:

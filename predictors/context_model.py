@@ -11,9 +11,10 @@ every size.
 Both terms are fitted on log time with a soft-L1 loss, robust to the few ops a busy step
 stretches by scheduling; factor in [0.5, 8], add_s >= 0. Fitted on a seeded split and scored
 on the held-out rows against the isolated model alone (the baseline). An op never seen in a
-step keeps factor 1, add 0. An op may be scoped to the workloads whose steps bear its factor
-out (`workloads`: the collectives' factors, `predictors.fit.fit_steps`); a step of any other
-workload prices it as in isolation. Stored as plain JSON like every other model.
+step keeps factor 1, add 0. A workload may have factors of its own (`by_workload`: the
+collectives', learned from that workload's captured steps and kept where its whole steps bear
+them out, `predictors.fit.fit_steps`); an op some workload prices so is priced as in isolation
+in a step of any other workload. Stored as plain JSON like every other model.
 """
 
 from __future__ import annotations
@@ -41,8 +42,10 @@ class ContextFactorModel(OpModel):
         self.factors: dict[str, float] = {}
         self.adds: dict[str, float] = {}  # seconds added per call inside a step
         self.counts: dict[str, int] = {}
-        # op -> the workloads whose steps it prices; an op not listed prices every step
-        self.workloads: dict[str, list[str]] = {}
+        # workload -> op -> its steps' own factor (the collectives'); such an op prices no
+        # other workload's step
+        self.by_workload: dict[str, dict[str, float]] = {}
+        self.workload_counts: dict[str, dict[str, int]] = {}
 
     def fit_against(self, rows: Sequence[Measurement], isolated: Any) -> "ContextFactorModel":
         """`isolated`: the bundle whose per-op models price the rows' params in isolation."""
@@ -57,7 +60,8 @@ class ContextFactorModel(OpModel):
                 continue
             if predicted > 0:
                 pairs[op].append((predicted, r.median_s))
-        self.factors, self.adds, self.counts, self.workloads = {}, {}, {}, {}
+        self.factors, self.adds, self.counts = {}, {}, {}
+        self.by_workload, self.workload_counts = {}, {}
         for op, v in pairs.items():
             if len(v) >= MIN_ROWS:
                 self.factors[op], self.adds[op] = fit_affine(np.asarray(v))
@@ -67,17 +71,29 @@ class ContextFactorModel(OpModel):
     def fit(self, rows: Sequence[Measurement]) -> "ContextFactorModel":
         raise TypeError("ContextFactorModel is fitted against a bundle: use fit_context_factors")
 
-    def applies(self, op: str, workload: str | None) -> bool:
-        """Whether `op`'s factor prices a step of `workload` (None: a step of no named
-        workload, which a scoped op does not price)."""
-        scope = self.workloads.get(op)
-        return scope is None or workload in scope
+    def set_workload(self, workload: str, factors: dict[str, float], counts: dict[str, int]) -> None:
+        """`workload`'s own factors (replacing any it had)."""
+        self.by_workload[workload], self.workload_counts[workload] = dict(factors), dict(counts)
+
+    def drop_workload(self, workload: str) -> None:
+        self.by_workload.pop(workload, None)
+        self.workload_counts.pop(workload, None)
 
     def factor(self, op: str, workload: str | None = None) -> float:
-        return self.factors.get(op, 1.0) if self.applies(op, workload) else 1.0
+        """`op`'s factor in a step of `workload` (None: a step of no named workload, which no
+        workload's own factor prices)."""
+        own = self.by_workload.get(workload or "", {})
+        if op in own:
+            return own[op]
+        if any(op in factors for factors in self.by_workload.values()):
+            return 1.0  # another workload's own: its steps, not this one's, bore it out
+        return self.factors.get(op, 1.0)
 
     def add_s(self, op: str, workload: str | None = None) -> float:
-        return self.adds.get(op, 0.0) if self.applies(op, workload) else 0.0
+        """Seconds added per call: the kernels' only (a workload's own factors add none)."""
+        if any(op in factors for factors in self.by_workload.values()):
+            return 0.0
+        return self.adds.get(op, 0.0)
 
     def in_step(self, op: str, isolated_s: float, workload: str | None = None) -> float:
         """The kernel's time inside a training step of `workload`, from its isolated prediction."""
@@ -91,10 +107,17 @@ class ContextFactorModel(OpModel):
 
     def out_of_range(self, params: Params) -> list[str]:
         op = str(params.get("model_op"))
-        return [] if op in self.factors else [f"{self.op}: {op} never seen inside a training step; factor 1"]
+        seen = op in self.factors or any(op in factors for factors in self.by_workload.values())
+        return [] if seen else [f"{self.op}: {op} never seen inside a training step; factor 1"]
 
     def state(self) -> dict[str, Any]:
-        return {"factors": self.factors, "adds": self.adds, "counts": self.counts, "workloads": self.workloads}
+        return {
+            "factors": self.factors,
+            "adds": self.adds,
+            "counts": self.counts,
+            "by_workload": self.by_workload,
+            "workload_counts": self.workload_counts,
+        }
 
     @classmethod
     def _from_dict(cls, data: dict[str, Any]) -> "ContextFactorModel":
@@ -102,7 +125,16 @@ class ContextFactorModel(OpModel):
         model.factors = {k: float(v) for k, v in data["factors"].items()}
         model.adds = {k: float(v) for k, v in data.get("adds", {}).items()}  # older bundles: ratios only
         model.counts = {k: int(v) for k, v in data.get("counts", {}).items()}
-        model.workloads = {k: [str(w) for w in v] for k, v in data.get("workloads", {}).items()}  # older: unscoped
+        model.by_workload = {w: {k: float(v) for k, v in f.items()} for w, f in data.get("by_workload", {}).items()}
+        model.workload_counts = {
+            w: {k: int(v) for k, v in c.items()} for w, c in data.get("workload_counts", {}).items()
+        }
+        for op, workloads in data.get("workloads", {}).items():  # 11-27 bundles: one factor, scoped
+            factor, count = model.factors.pop(op, 1.0), model.counts.pop(op, 0)
+            model.adds.pop(op, None)
+            for w in workloads:
+                model.by_workload.setdefault(w, {})[op] = factor
+                model.workload_counts.setdefault(w, {})[op] = count
         return model
 
 

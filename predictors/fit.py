@@ -10,15 +10,14 @@ curves. The rows it returns (each judged out of its fold) score a champion on th
 
 from __future__ import annotations
 
-import copy
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from predictors.collective_context import fit_collective_context
-from predictors.context_model import fit_context_factors
+from predictors.collective_context import learn_collective_factors
+from predictors.context_model import ContextFactorModel, fit_context_factors
 from predictors.dlrm_estimator import fit_overhead
 from predictors.evaluation import CV_FOLDS, error_stats, fold_assignment, paired_ratio
 from predictors.families import baseline_model_for, default_model_for
@@ -88,72 +87,92 @@ STEP_OPS = (DLRM_STEP_OP, TRANSFORMER_STEP_OP)
 STEP_WORKLOADS = {DLRM_STEP_OP: "dlrm", TRANSFORMER_STEP_OP: "transformer"}  # whose overhead each fits
 
 
+STEP_OP_OF = {workload: op for op, workload in STEP_WORKLOADS.items()}
+
+
 def fit_steps(
     model: PerformanceModel, dlrm_steps: Sequence[Measurement], transformer_steps: Sequence[Measurement], seed: int
 ) -> list[Measurement]:
-    """Each workload's step overhead, its collectives on the in-step factors only where its own
-    whole steps bear them out. Returns the steps (each judged left out in turn).
+    """Each workload's step overhead, its collectives priced on its own in-step factors where
+    its whole steps bear them out. Returns the steps (each judged left out in turn).
 
-    The factors are learned from the collectives the DLRM steps captured and kept when the
-    held-out collectives add up closer with them (`fit_collective_context`); but the steps,
-    not the collectives, are what a plan is chosen on, and a workload's steps may not bear
-    them out: at the 11-27 13:31 calibration of #26, learned on DLRM all-reduces of 0.25-1.3
-    ms isolated, the 4.0x all-reduce factor priced the transformer's gradient all-reduces (up
-    to 5.5 ms isolated) at 4x too, and its steps left out in turn were 15.4% off with the
-    factors, 8.1% without (an ad-hoc refit of the stored rows). So each workload's overhead is
-    fitted with them and without, and they price that workload's steps
-    (`ContextFactorModel.workloads`) only when its steps, each left out in turn, come out
-    closer with them (a tie keeps the isolated prices). A workload's overhead is fitted on its
-    own steps alone, so each verdict leaves the other's fit as it is."""
-    before = copy.deepcopy(model.in_step)  # the kernels' in-step factors alone
-    if dlrm_steps:
+    Each workload's factors are learned from the collectives its own steps captured and
+    proposed when the held-out collectives add up closer with them
+    (`collective_context.learn_collective_factors`); but the steps, not the collectives, are
+    what a plan is chosen on, and they may not bear them out (at the 11-27 13:31 calibration
+    of #26 the transformer's steps left out in turn were 15.4% off with a factor learned from
+    DLRM steps, 8.1% without). So each workload's overhead is fitted at the isolated prices
+    and again on its proposed factors, which it keeps (`ContextFactorModel.by_workload`) only
+    when its steps, each left out in turn, come out closer with them (a tie keeps the
+    isolated prices). A workload's overhead is fitted on its own steps alone and its factors
+    price no other workload's step, so each verdict leaves the other's fit as it is."""
+    steps = {"dlrm": list(dlrm_steps), "transformer": list(transformer_steps)}
+    verdicts: dict[str, dict[str, Any]] = {}
+    for workload, rows in steps.items():
         try:
-            fit_collective_context(model, dlrm_steps, seed=seed)  # before the overhead: its kernels
+            learned = learn_collective_factors(model, rows, seed)
         except KeyError as exc:  # a kernel of the steps has no model (a short sweep): nothing to fit on
-            _unpriced_steps(model, exc)
-            dlrm_steps = []
-    judged = fit_step_overheads(model, dlrm_steps, transformer_steps)
-    stats = model.metrics.get(IN_STEP_COLLECTIVE_OP)
-    if not (stats and stats["kept"]):
-        return judged
-    learned_context, learned_overheads = model.in_step, dict(model.step_overheads)
-    learned_scores = {op: model.metrics[op] for op in STEP_OPS if op in model.metrics}
-    model.in_step = before
-    fit_step_overheads(model, dlrm_steps, transformer_steps)
-    kept_for = []
-    for op, learned in learned_scores.items():
-        workload, isolated = STEP_WORKLOADS[op], model.metrics[op]
-        stats[f"{workload}_steps_gmae"], stats[f"{workload}_baseline_steps_gmae"] = learned["gmae"], isolated["gmae"]
-        stats[f"{workload}_kept"] = bool(learned["gmae"] < isolated["gmae"])
-        if stats[f"{workload}_kept"]:
-            kept_for.append(workload)
-            model.step_overheads[workload] = learned_overheads[workload]
-            model.metrics[op] = learned
-    stats["kept"] = bool(kept_for)
-    if kept_for:
-        assert learned_context is not None  # the factors were kept: fit_collective_context set it
-        learned_context.workloads.update({op: list(kept_for) for op in stats["factors"]})
-        model.in_step = learned_context
+            if workload == "dlrm":
+                _unpriced_steps(model, exc)
+                steps["dlrm"] = []
+            continue
+        if learned:
+            verdicts[workload] = learned
+    judged = fit_step_overheads(model, steps["dlrm"], steps["transformer"])
+    proposed = [w for w, v in verdicts.items() if v["borne_out"] and STEP_OP_OF[w] in model.metrics]
+    if proposed:
+        _judge_on_steps(model, {w: steps[w] for w in proposed}, {w: verdicts[w] for w in proposed})
+    if verdicts:
+        model.metrics[IN_STEP_COLLECTIVE_OP] = {"kept": any(v.get("kept") for v in verdicts.values()), **verdicts}
     return judged
 
 
+def _judge_on_steps(
+    model: PerformanceModel, steps: dict[str, list[Measurement]], verdicts: dict[str, dict[str, Any]]
+) -> None:
+    """Refit each proposed workload's overhead on its factors and keep them where its steps,
+    each left out in turn, come out closer than at the isolated prices (fitted already)."""
+    isolated_overheads = dict(model.step_overheads)
+    isolated_scores = {w: model.metrics[STEP_OP_OF[w]] for w in steps}
+    before, context = model.in_step, model.in_step if model.in_step is not None else ContextFactorModel()
+    for workload, verdict in verdicts.items():
+        context.set_workload(workload, verdict["factors"], verdict["counts"])
+    model.in_step = context
+    fit_step_overheads(model, steps.get("dlrm", []), steps.get("transformer", []))
+    for workload, verdict in verdicts.items():
+        op = STEP_OP_OF[workload]
+        learned, isolated = model.metrics[op]["gmae"], isolated_scores[workload]["gmae"]
+        verdict["steps_gmae"], verdict["baseline_steps_gmae"] = learned, isolated
+        verdict["kept"] = bool(learned < isolated)
+        if not verdict["kept"]:
+            context.drop_workload(workload)
+            model.step_overheads[workload] = isolated_overheads[workload]
+            model.metrics[op] = isolated_scores[workload]
+    if before is None and not context.by_workload:
+        model.in_step = None  # nothing was kept and the bundle had no in-step factors
+
+
 def in_step_verdict(stats: dict[str, Any]) -> str:
-    """Whether the collectives' in-step factors were kept, for which workload's steps, and on
-    what (`fit_steps`): a step model priced on them is a different model, and a
-    reader of a drifting step wants to know."""
-    factors = ", ".join(f"{op} {f:.2f}x" for op, f in sorted(stats.get("factors", {}).items()))
-    judged = [w for w in STEP_WORKLOADS.values() if f"{w}_kept" in stats]
-    if not judged:  # the collectives' totals did not bear them out: no step was priced on them
-        return (
-            f"in-step collective factors dropped ({factors}): held-out collectives' total off by "
-            f"{stats['total_error']:.1%} with them, {stats['baseline_total_error']:.1%} at isolated prices"
-        )
-    verdicts = "; ".join(
-        f"{w} {'kept' if stats[f'{w}_kept'] else 'dropped'} (its steps left out in turn "
-        f"{stats[f'{w}_steps_gmae']:.1%} with them, {stats[f'{w}_baseline_steps_gmae']:.1%} without)"
-        for w in judged
-    )
-    return f"in-step collective factors ({factors}): {verdicts}"
+    """Each workload's in-step collective factors, whether they were kept and on what
+    (`fit_steps`): a step model priced on them is a different model, and a reader of a
+    drifting step wants to know."""
+    verdicts = []
+    for workload in STEP_WORKLOADS.values():
+        verdict = stats.get(workload)
+        if not verdict:
+            continue
+        factors = ", ".join(f"{op} {f:.2f}x" for op, f in sorted(verdict["factors"].items()))
+        if "kept" in verdict:
+            verdicts.append(
+                f"{workload} ({factors}) {'kept' if verdict['kept'] else 'dropped'}: its steps left out in turn "
+                f"{verdict['steps_gmae']:.1%} with them, {verdict['baseline_steps_gmae']:.1%} without"
+            )
+        else:  # the collectives' totals did not bear them out: no step was priced on them
+            verdicts.append(
+                f"{workload} ({factors}) dropped: held-out collectives' total off by "
+                f"{verdict['total_error']:.1%} with them, {verdict['baseline_total_error']:.1%} at isolated prices"
+            )
+    return "in-step collective factors: " + "; ".join(verdicts)
 
 
 def fit_step_overheads(

@@ -289,8 +289,7 @@ def run_training_probe(
             model.close()  # its subgroups: a calibration builds many models on one process group
     if dist.get_rank() != 0:
         return []
-    # the DLRM steps' collectives set their in-step prices (`predictors.collective_context`);
-    # the transformer's are kept to judge those prices on its layouts (FSDP, tensor parallel)
+    # each workload's captured collectives set its own in-step prices (`predictors.collective_context`)
     params["in_step_collectives"] = in_step_collectives(per_rank)
     times = np.asarray(result.iteration_s)
     q1, q3 = np.percentile(times, [25, 75])

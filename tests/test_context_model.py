@@ -47,24 +47,37 @@ def test_factor_learned_from_steps_that_run_kernels_twice_as_slow():
     assert model_cost(model)(op) == pytest.approx(2.0 * model.predict_params("gemm", p), rel=0.05)
 
 
-def test_a_scoped_factor_prices_only_its_workloads_steps_and_survives_json():
+def test_each_workloads_own_factor_prices_only_its_steps_and_survives_json():
     model, _ = gemm_bundle()
     context = ContextFactorModel()
-    context.factors["gemm"], context.adds["gemm"], context.counts["gemm"] = 3.0, 1e-6, 10
-    context.workloads["gemm"] = ["dlrm"]
+    context.set_workload("dlrm", {"gemm": 3.0}, {"gemm": 10})
+    context.set_workload("transformer", {"gemm": 1.5}, {"gemm": 8})
     model.in_step = OpModel.from_dict(context.to_dict())
-    assert model.in_step.workloads == {"gemm": ["dlrm"]}
+    assert model.in_step.by_workload == {"dlrm": {"gemm": 3.0}, "transformer": {"gemm": 1.5}}
     op = GraphOp("fc", "compute", "gemm", gemm_params(64, 64, 64))
     isolated = model.predict_params("gemm", op.params)
     memo: dict = {}  # one memo across workloads: each is priced for its own
-    assert model_cost(model, memo=memo, workload="dlrm")(op) == pytest.approx(3.0 * isolated + 1e-6)
-    assert model_cost(model, memo=memo, workload="transformer")(op) == pytest.approx(isolated)
+    assert model_cost(model, memo=memo, workload="dlrm")(op) == pytest.approx(3.0 * isolated)
+    assert model_cost(model, memo=memo, workload="transformer")(op) == pytest.approx(1.5 * isolated)
     assert model_cost(model, memo=memo)(op) == pytest.approx(isolated)  # no named workload
-    assert model.in_step.predict({"model_op": "gemm", "workload": "dlrm"}) == 3.0
+    model.in_step.drop_workload("transformer")  # its steps refused it: the DLRM's is not theirs
     assert model.in_step.predict({"model_op": "gemm", "workload": "transformer"}) == 1.0
-    older = context.to_dict()
-    del older["workloads"]  # a bundle from before the scope: the factor prices every step
-    assert OpModel.from_dict(older).in_step("gemm", isolated, "transformer") == pytest.approx(3.0 * isolated + 1e-6)
+    assert model.in_step.predict({"model_op": "gemm", "workload": "dlrm"}) == 3.0
+
+
+def test_bundles_from_before_price_their_steps_as_they_did():
+    # 11-27: one factor per op (the collectives', which add nothing per call), scoped to the
+    # workloads that kept it; before: unscoped
+    model, _ = gemm_bundle()
+    scoped = {"op": "in_context", "kind": "context_factors", "factors": {"gemm": 3.0}, "adds": {"gemm": 0.0}}
+    scoped |= {"counts": {"gemm": 10}, "workloads": {"gemm": ["dlrm"]}}
+    isolated = model.predict_params("gemm", gemm_params(64, 64, 64))
+    loaded = OpModel.from_dict(scoped)
+    assert loaded.in_step("gemm", isolated, "dlrm") == pytest.approx(3.0 * isolated)
+    assert loaded.in_step("gemm", isolated, "transformer") == pytest.approx(isolated)
+    assert loaded.in_step("gemm", isolated) == pytest.approx(isolated)
+    unscoped = {k: v for k, v in scoped.items() if k != "workloads"} | {"adds": {"gemm": 1e-6}}
+    assert OpModel.from_dict(unscoped).in_step("gemm", isolated, "transformer") == pytest.approx(3.0 * isolated + 1e-6)
 
 
 def test_a_per_call_cost_is_learned_as_an_addition_not_a_ratio():

@@ -99,17 +99,12 @@ def test_each_workloads_verdict_on_the_in_step_factors_reaches_the_run(tracking)
 
     model, _ = fit_performance_model(rows(0.02, 0), "cpu-verdict")
     model.metrics[IN_STEP_COLLECTIVE_OP] = {
-        "total_error": 0.08,
-        "baseline_total_error": 0.12,
         "kept": True,
-        "factors": {"all_to_all": 2.5},
-        "dlrm_steps_gmae": 0.06,
-        "dlrm_baseline_steps_gmae": 0.09,
-        "dlrm_kept": True,
-        "transformer_steps_gmae": 0.11,
-        "transformer_baseline_steps_gmae": 0.10,
-        "transformer_kept": False,
-        "n": 40,
+        "dlrm": {
+            **{"factors": {"all_to_all": 2.5}, "total_error": 0.08, "baseline_total_error": 0.12, "borne_out": True},
+            **{"steps_gmae": 0.06, "baseline_steps_gmae": 0.09, "kept": True, "n": 40},
+        },
+        "transformer": {"factors": {"all_reduce": 1.4}, "total_error": 0.2, "baseline_total_error": 0.1, "n": 12},
     }
     with mlflow.start_run() as run:
         registry.log_model_metrics(model)
@@ -117,16 +112,17 @@ def test_each_workloads_verdict_on_the_in_step_factors_reaches_the_run(tracking)
     prefix = f"heldout.{IN_STEP_COLLECTIVE_OP}"
     assert set(STEP_WORKLOADS.values()) == {"dlrm", "transformer"}
     assert {k: v for k, v in logged.items() if k.startswith(prefix)} == {
-        f"{prefix}.total_error": 0.08,
-        f"{prefix}.baseline_total_error": 0.12,
-        f"{prefix}.kept": 1.0,
-        f"{prefix}.dlrm_steps_gmae": 0.06,
-        f"{prefix}.dlrm_baseline_steps_gmae": 0.09,
-        f"{prefix}.dlrm_kept": 1.0,
-        f"{prefix}.transformer_steps_gmae": 0.11,
-        f"{prefix}.transformer_baseline_steps_gmae": 0.10,
-        f"{prefix}.transformer_kept": 0.0,
-        f"{prefix}.n_test": 40.0,
+        f"{prefix}.dlrm.total_error": 0.08,
+        f"{prefix}.dlrm.baseline_total_error": 0.12,
+        f"{prefix}.dlrm.borne_out": 1.0,
+        f"{prefix}.dlrm.steps_gmae": 0.06,
+        f"{prefix}.dlrm.baseline_steps_gmae": 0.09,
+        f"{prefix}.dlrm.kept": 1.0,
+        f"{prefix}.dlrm.n_test": 40.0,
+        # the transformer's collectives' totals refused them: its steps never judged them
+        f"{prefix}.transformer.total_error": 0.2,
+        f"{prefix}.transformer.baseline_total_error": 0.1,
+        f"{prefix}.transformer.n_test": 12.0,
     }
 
 
