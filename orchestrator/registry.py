@@ -309,8 +309,9 @@ def left_out_scores(model: PerformanceModel) -> dict[str, dict[str, Any]]:
 
 
 def _aggregate_gmae(stats: dict[str, Any]) -> float:
-    """Geometric mean over ops of each op's GMAE."""
-    values = [s["gmae"] if isinstance(s, dict) else s.gmae for s in stats.values()]
+    """Geometric mean over ops of each op's GMAE (a metric with none, such as the in-step
+    collective factors' per-workload verdicts, is no op's error)."""
+    values = [s.get("gmae") if isinstance(s, dict) else s.gmae for s in stats.values()]
     values = [v for v in values if v is not None and math.isfinite(v)]
     return geomean(values) if values else float("inf")
 
@@ -380,7 +381,7 @@ def register_bundle(
     # one tag, not one per op: each is a request, and an authenticating server takes a
     # fraction of a second over each
     tags["heldout_gmae_per_op"] = json.dumps(
-        {op: round(float(stats.get("gmae", float("nan"))), 6) for op, stats in model.metrics.items()}, sort_keys=True
+        {op: round(float(stats["gmae"]), 6) for op, stats in model.metrics.items() if "gmae" in stats}, sort_keys=True
     )
     for key, value in tags.items():
         client.set_model_version_tag(name, version, key, value)
