@@ -24,8 +24,9 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import error_summary, signed_error, task_plan, write_result  # noqa: E402
 from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
-from predictors.fit import fit_bundle, in_step_verdict  # noqa: E402
+from predictors.fit import fit_bundle  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
+from predictors.step_fit import in_step_verdict  # noqa: E402
 from predictors.transformer_estimator import estimate_transformer_iteration  # noqa: E402
 from probes.collective import merge_passes  # noqa: E402
 from probes.vocabulary.ops import IN_STEP_COLLECTIVE_OP  # noqa: E402

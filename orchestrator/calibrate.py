@@ -35,8 +35,9 @@ from orchestrator.sentinel import choose_sentinels, fusion_sentinels
 from policies.parallelism import layout_gemms
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from predictors.dlrm_estimator import score_steps
-from predictors.fit import fit_bundle, in_step_verdict, kernel_rows
+from predictors.fit import fit_bundle, kernel_rows
 from predictors.performance_model import PerformanceModel
+from predictors.step_fit import in_step_verdict
 from predictors.transformer_estimator import score_transformer_steps
 from probes.collective_sweep import collective_groups, collective_specs
 from probes.elementwise import elementwise_specs

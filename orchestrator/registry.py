@@ -30,8 +30,8 @@ from orchestrator.defaults import DEFAULT_MODEL_AGE_DAYS
 from orchestrator.home import default_tracking_uri
 from orchestrator.progress import quieten_libraries, verbose
 from predictors.evaluation import geomean
-from predictors.fit import STEP_WORKLOADS
 from predictors.performance_model import MODEL_FILE, PerformanceModel
+from predictors.step_fit import STEP_WORKLOADS
 from probes.vocabulary.ops import IN_STEP_COLLECTIVE_OP
 from probes.vocabulary.records import Measurement, measurements_to_frame
 
@@ -259,7 +259,7 @@ def log_measurements(rows: Sequence[Measurement], hardware_id: str, failures: Se
 
 # An op's held-out figures; each workload's in-step collective factors' (under
 # `in_step_collective.<workload>`) add their verdict and what it rests on: the held-out
-# collectives' totals, and the workload's steps (`predictors.fit.fit_steps`)
+# collectives' totals, and the workload's steps (`predictors.step_fit.fit_steps`)
 HELD_OUT_KEYS = (
     *("gmae", "mape", "std", "baseline_gmae", "gmae_low", "gmae_high"),
     *("total_error", "baseline_total_error", "borne_out", "steps_gmae", "baseline_steps_gmae", "kept"),

@@ -11,7 +11,7 @@ per captured step, per collective, the least over ranks, so no rank's wait for a
 counted); here they are paired, in issue order, with the collectives of the job's execution
 graph (a DLRM's or a transformer layout's), priced by the isolated models, and each collective
 op gets a factor. Learned from a seeded 80% of one workload's steps and scored on the rest
-against the isolated price (the baseline); `predictors.fit.fit_steps` then keeps a workload's
+against the isolated price (the baseline); `predictors.step_fit.fit_steps` then keeps a workload's
 factors where its whole steps, each left out in turn, bear them out
 (`ContextFactorModel.by_workload`).
 
@@ -98,7 +98,7 @@ def learn_collective_factors(
     (one workload's), scored on the other steps' collectives: `borne_out` when, priced with
     them, they add up closer to their measured total than at the isolated prices (the
     baseline). The per-call GMAE is beside. None when no op had enough captured calls. The
-    model is left as it is: `predictors.fit.fit_steps` decides what it keeps."""
+    model is left as it is: `predictors.step_fit.fit_steps` decides what it keeps."""
     train, test = split_by_op(step_rows, seed)
     fitted = collective_pairs(model, train)
     learned = ContextFactorModel()

@@ -13,7 +13,7 @@ stretches by scheduling; factor in [0.5, 8], add_s >= 0. Fitted on a seeded spli
 on the held-out rows against the isolated model alone (the baseline). An op never seen in a
 step keeps factor 1, add 0. A workload may have factors of its own (`by_workload`: the
 collectives', learned from that workload's captured steps and kept where its whole steps bear
-them out, `predictors.fit.fit_steps`); an op some workload prices so is priced as in isolation
+them out, `predictors.step_fit.fit_steps`); an op some workload prices so is priced as in isolation
 in a step of any other workload. Stored as plain JSON like every other model.
 """
 

@@ -294,7 +294,7 @@ def model_cost(
     Kernels and collectives are corrected by the bundle's in-context model (`in_context`) when
     it has one: the isolated probes' times, mapped to what a training step of `workload`
     ("dlrm", "transformer") really sees; a factor scoped to other workloads' steps (the
-    collectives', `predictors.fit.fit_steps`) leaves its op at the isolated price.
+    collectives', `predictors.step_fit.fit_steps`) leaves its op at the isolated price.
     Each distinct op and params is priced once (every rank repeats the dense layers' ops);
     `memo` keeps the prices across calls on the same model (a planner pricing many plans).
     """

@@ -297,9 +297,8 @@ class _Iteration:
             self.p2p(p + "send_activations", self.r, self.next)
 
     def _loss_params(self, op: str) -> dict[str, Any]:
-        """The loss's backward, float32 (the first op of the last stage's backward: under
-        full_shard it waits for the root's gather, which the loss's own backward would in fact
-        overlap)."""
+        """The loss's backward, float32: the last stage's first backward op, which under
+        full_shard waits for the root's gather (in the step it would overlap it)."""
         x = self.x
         return elementwise_params(op, x.T, self.spec.vocab_size or x.H, "float32")
 
@@ -309,11 +308,9 @@ class _Iteration:
         spec, g, x = self.spec, self.g, self.x
         if self.next is not None:
             self.p2p(p + "recv_gradients", self.next, self.r)
-        # full_shard resharded every unit after forward, the root too: its pre-backward
-        # gathers it again and prefetches the first block's; each block's then prefetches
-        # the next one's (backward order), so a block's gather runs before the reduce-scatter
-        # of the block before it (traced under torch 2.13's FSDP2: one gather more than each
-        # block's own, in that order)
+        # full_shard resharded every unit after forward, the root too: FSDP2 gathers the root
+        # again and prefetches each next block's gather (backward order) before the reduce-
+        # scatter of the block before it (traced under torch 2.13)
         regather = spec.fsdp == "full_shard"
         root = self.gather(p + "root_all_gather_bwd", self.root_numel()) if regather else None
         order = list(reversed(self.layers))

@@ -202,7 +202,7 @@ def test_the_factors_stay_only_where_the_whole_steps_bear_them_out(steps_slowed_
     # totals keep a 3x factor; but the steps' measured times are their graphs at
     # `steps_slowed_by` (1.0: the slowdown hid behind compute): the factor stays only when the
     # steps, each left out in turn, come out closer with it.
-    from predictors.fit import fit_steps
+    from predictors.step_fit import fit_steps
 
     model, _ = bundle(job(), [0, 0, 1])
     rows = dlrm_steps(model, steps_slowed_by, np.random.default_rng(0))
@@ -228,7 +228,7 @@ def test_each_workload_learns_its_own_factors_and_keeps_them_where_its_steps_bea
     # their graphs with them at `steps_slowed_by`: it learns its own factor from its own
     # collectives, and keeps it only where its own steps bear it out; the DLRM's 3x stays
     # the DLRM's either way.
-    from predictors.fit import fit_steps
+    from predictors.step_fit import fit_steps
     from predictors.transformer_estimator import estimate_transformer_iteration
     from probes.vocabulary.transformer_spec import TransformerSpec
 
@@ -270,7 +270,7 @@ def test_each_workload_learns_its_own_factors_and_keeps_them_where_its_steps_bea
 
 
 def test_the_calibration_says_whether_the_factors_were_kept_and_why():
-    from predictors.fit import in_step_verdict
+    from predictors.step_fit import in_step_verdict
 
     stats = {
         "kept": True,

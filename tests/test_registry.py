@@ -91,10 +91,10 @@ def test_a_challenger_is_judged_on_its_own_steps_by_their_left_out_figures(track
 
 
 def test_each_workloads_verdict_on_the_in_step_factors_reaches_the_run(tracking):
-    """What the calibration printed (`predictors.fit.in_step_verdict`) is what MLflow keeps: the
+    """What the calibration printed (`predictors.step_fit.in_step_verdict`) is what MLflow keeps: the
     collectives' totals and each workload's steps with the factors and without, and whether it
     kept them."""
-    from predictors.fit import STEP_WORKLOADS
+    from predictors.step_fit import STEP_WORKLOADS
     from probes.vocabulary.ops import IN_STEP_COLLECTIVE_OP
 
     model, _ = fit_performance_model(rows(0.02, 0), "cpu-verdict")
