@@ -17,8 +17,6 @@ from probes.vocabulary.records import Measurement
 MIN_TRANSFORMER_STEPS = 3  # fewer leave one step to fit each left-out one on
 STEP_OPS = (DLRM_STEP_OP, TRANSFORMER_STEP_OP)
 STEP_WORKLOADS = {DLRM_STEP_OP: "dlrm", TRANSFORMER_STEP_OP: "transformer"}  # whose overhead each fits
-
-
 STEP_OP_OF = {workload: op for op, workload in STEP_WORKLOADS.items()}
 
 
