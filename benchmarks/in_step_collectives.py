@@ -9,7 +9,8 @@ ROWS: a calibration's `measurements.jsonl(.gz)`. Fits the bundle the calibration
 by the isolated models (`predictors.collective_context.collective_pairs`), and prints per step
 its batch, tables, step time and the median in-step / isolated ratio of its all-reduces and
 all-to-alls, with the fitted factor beside; then, over every captured step, each collective's
-ratio as a median, a mean and a ratio of sums (heavy tailed: the mean is what a step adds up).
+ratio as a median, a mean and a ratio of sums (heavy tailed: the mean is what a step adds up),
+for the DLRM steps and for the transformer's.
 Issue #26 found the ratio depends on the batch.
 """
 
@@ -29,7 +30,7 @@ from benchmarks.refit_e2e import read_rows  # noqa: E402
 from predictors.collective_context import collective_pairs  # noqa: E402
 from predictors.fit import fit_bundle  # noqa: E402
 from probes.vocabulary.jobspec import JobSpec  # noqa: E402
-from probes.vocabulary.ops import DLRM_STEP_OP  # noqa: E402
+from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP  # noqa: E402
 
 
 def main() -> None:
@@ -65,8 +66,28 @@ def main() -> None:
             f"{a2a if a2a is None else round(a2a, 2)}",
             flush=True,
         )
+    overall = summarise("DLRM steps", every)
+    # the transformer's steps, pooled: what its own factors are learned from
+    transformer = collective_pairs(model, [r for r in rows if r.op == TRANSFORMER_STEP_OP])
+    transformer_overall = summarise("transformer steps", transformer)
+    factors = dict(model.in_step.by_workload.get("dlrm", {})) if model.in_step else {}  # kept for DLRM steps
+    print(f"kept in-step factors: all_reduce {factors.get('all_reduce')}, all_to_all {factors.get('all_to_all')}")
+    if args.out:
+        doc = {
+            "command": "benchmarks/in_step_collectives.py " + " ".join(sys.argv[1:]),
+            "steps": steps,
+            "overall": overall,
+            "transformer_overall": transformer_overall,
+            "factors": factors,
+        }
+        args.out.write_text(json.dumps(doc, indent=1))
+        print(f"wrote {args.out}")
+
+
+def summarise(label: str, pairs: dict[str, list[tuple[float, float]]]) -> dict[str, dict[str, float]]:
+    """Each collective's in-step / isolated ratio over `pairs`: median, mean and ratio of sums."""
     overall = {}
-    for op, v in sorted((op, v) for op, v in every.items() if v):
+    for op, v in sorted((op, v) for op, v in pairs.items() if v):
         isolated, in_step = [iso for iso, _ in v], [s for _, s in v]
         ratios = [s / iso for iso, s in v]
         overall[op] = {
@@ -76,20 +97,10 @@ def main() -> None:
             "ratio_of_sums": sum(in_step) / sum(isolated),
         }
         print(
-            f"over all steps {op:<14} n={len(v):>3} in-step / isolated: median {overall[op]['median_ratio']:.2f}, "
+            f"over all {label} {op:<14} n={len(v):>3} in-step / isolated: median {overall[op]['median_ratio']:.2f}, "
             f"mean {overall[op]['mean_ratio']:.2f}, ratio of sums {overall[op]['ratio_of_sums']:.2f}"
         )
-    factors = dict(model.in_step.by_workload.get("dlrm", {})) if model.in_step else {}  # kept for DLRM steps
-    print(f"kept in-step factors: all_reduce {factors.get('all_reduce')}, all_to_all {factors.get('all_to_all')}")
-    if args.out:
-        doc = {
-            "command": "benchmarks/in_step_collectives.py " + " ".join(sys.argv[1:]),
-            "steps": steps,
-            "overall": overall,
-            "factors": factors,
-        }
-        args.out.write_text(json.dumps(doc, indent=1))
-        print(f"wrote {args.out}")
+    return overall
 
 
 if __name__ == "__main__":

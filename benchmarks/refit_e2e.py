@@ -26,7 +26,7 @@ from benchmarks.e2e_accuracy import error_summary, signed_error, task_plan, writ
 from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
 from predictors.fit import fit_bundle  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
-from predictors.step_fit import in_step_verdict  # noqa: E402
+from predictors.step_fit import STEP_WORKLOADS, in_step_verdict  # noqa: E402
 from predictors.transformer_estimator import estimate_transformer_iteration  # noqa: E402
 from probes.collective import merge_passes  # noqa: E402
 from probes.vocabulary.ops import IN_STEP_COLLECTIVE_OP  # noqa: E402
@@ -96,7 +96,7 @@ def main() -> None:
             print(f"{name}: left out in turn {stats['gmae']:.1%} (n={stats['n']})")
     collectives = model.metrics.get(IN_STEP_COLLECTIVE_OP)
     if collectives:
-        for workload in ("dlrm", "transformer"):
+        for workload in STEP_WORKLOADS.values():
             verdict = collectives.get(workload)
             if verdict:
                 print(

@@ -79,21 +79,23 @@ class ContextFactorModel(OpModel):
         self.by_workload.pop(workload, None)
         self.workload_counts.pop(workload, None)
 
+    def owned(self, op: str) -> bool:
+        """Whether some workload has a factor of its own for `op`."""
+        return any(op in factors for factors in self.by_workload.values())
+
     def factor(self, op: str, workload: str | None = None) -> float:
         """`op`'s factor in a step of `workload` (None: a step of no named workload, which no
         workload's own factor prices)."""
         own = self.by_workload.get(workload or "", {})
         if op in own:
             return own[op]
-        if any(op in factors for factors in self.by_workload.values()):
+        if self.owned(op):
             return 1.0  # another workload's own: its steps, not this one's, bore it out
         return self.factors.get(op, 1.0)
 
     def add_s(self, op: str, workload: str | None = None) -> float:
         """Seconds added per call: the kernels' only (a workload's own factors add none)."""
-        if any(op in factors for factors in self.by_workload.values()):
-            return 0.0
-        return self.adds.get(op, 0.0)
+        return 0.0 if self.owned(op) else self.adds.get(op, 0.0)
 
     def in_step(self, op: str, isolated_s: float, workload: str | None = None) -> float:
         """The kernel's time inside a training step of `workload`, from its isolated prediction."""
@@ -107,8 +109,11 @@ class ContextFactorModel(OpModel):
 
     def out_of_range(self, params: Params) -> list[str]:
         op = str(params.get("model_op"))
-        seen = op in self.factors or any(op in factors for factors in self.by_workload.values())
-        return [] if seen else [f"{self.op}: {op} never seen inside a training step; factor 1"]
+        return (
+            []
+            if op in self.factors or self.owned(op)
+            else [f"{self.op}: {op} never seen inside a training step; factor 1"]
+        )
 
     def state(self) -> dict[str, Any]:
         return {

@@ -69,9 +69,12 @@ class RankOps:
             self.prev = index
         return index
 
-    def elementwise(self, name: str, op: str, rows: int, cols: int, low: bool = False) -> int:
+    def elementwise(
+        self, name: str, op: str, rows: int, cols: int, low: bool = False, extra_deps: tuple[int | None, ...] = ()
+    ) -> int:
         """`low`: the op sees the products' reduced-precision outputs (else float32)."""
-        return self.add(name, "compute", op, elementwise_params(op, rows, cols, self.dtype if low else "float32"))
+        params = elementwise_params(op, rows, cols, self.dtype if low else "float32")
+        return self.add(name, "compute", op, params, extra_deps)
 
     def gemm(self, name: str, m: int, n: int, k: int, variant: str = "mm", batch: int = 1, chain: bool = True) -> int:
         return self.add(

@@ -17,8 +17,6 @@ backward. Then SGD over the rank's parameters (its shard under FSDP).
 
 from __future__ import annotations
 
-from typing import Any
-
 from predictors.dlrm_graph import DDP_BUCKET_BYTES, FLOAT, BucketFill, ddp_buckets
 from predictors.graph import ExecutionGraph, GraphOp
 from predictors.transformer_block_graph import (
@@ -296,12 +294,6 @@ class _Iteration:
         if self.next is not None:
             self.p2p(p + "send_activations", self.r, self.next)
 
-    def _loss_params(self, op: str) -> dict[str, Any]:
-        """The loss's backward, float32: the last stage's first backward op, which under
-        full_shard waits for the root's gather (in the step it would overlap it)."""
-        x = self.x
-        return elementwise_params(op, x.T, self.spec.vocab_size or x.H, "float32")
-
     def backward(self, p: str, sync: bool) -> None:
         """`sync`: the micro-batch whose backward reduces the gradients (DDP's buckets, FSDP's
         reduce-scatters); the others only accumulate."""
@@ -309,8 +301,9 @@ class _Iteration:
         if self.next is not None:
             self.p2p(p + "recv_gradients", self.next, self.r)
         # full_shard resharded every unit after forward, the root too: FSDP2 gathers the root
-        # again and prefetches each next block's gather (backward order) before the reduce-
-        # scatter of the block before it (traced under torch 2.13)
+        # again (the loss's backward waits for it here; in the step it would overlap it) and
+        # prefetches each next block's gather (backward order) before the reduce-scatter of
+        # the block before it (traced under torch 2.13)
         regather = spec.fsdp == "full_shard"
         root = self.gather(p + "root_all_gather_bwd", self.root_numel()) if regather else None
         order = list(reversed(self.layers))
@@ -321,11 +314,11 @@ class _Iteration:
         )
         if self.last:
             if spec.vocab_size:
-                g.add(p + "cross_entropy_bwd", "compute", "softmax_bwd", self._loss_params("softmax_bwd"), (root,))
+                g.elementwise(p + "cross_entropy_bwd", "softmax_bwd", x.T, spec.vocab_size, extra_deps=(root,))
                 g.cast(p + "logits_grad_cast", x.T * spec.vocab_size)
                 linear_backward(g, x, self.ddp, p + "head", x.H, spec.vocab_size, float32_input=True)
             else:
-                g.add(p + "mse_loss_bwd", "compute", "mul", self._loss_params("mul"), (root,))
+                g.elementwise(p + "mse_loss_bwd", "mul", x.T, x.H, extra_deps=(root,))
             g.elementwise(p + "ln_f_bwd", "layer_norm_bwd", x.T, x.H)
             self.ddp.gradients_ready(FLOAT * 2 * x.H, g.prev)
         for k, layer in enumerate(order):
