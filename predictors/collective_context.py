@@ -19,7 +19,8 @@ Per workload, because what a step does beside its collectives differs: a DLRM's 
 and small dense all-reduces contend with its embedding lookups, a data-parallel transformer's
 few large gradient all-reduces with its backward GEMMs. At the 11-27 23:55 calibration of #26
 the DLRM steps' all-reduces ran 3.65x their isolated price in sum, the transformer steps'
-2.46x; priced at the DLRM's, the transformer's smallest stacks were predicted 35% long.
+2.46x (`benchmarks/in_step_collectives.py`); priced at the DLRM's, the transformer's smallest
+stacks were predicted 35% long.
 
 The factor prices a collective at its mean in-step time, not its typical one. In-step times
 are heavy tailed: most calls run near their isolated time and a few stall for milliseconds
