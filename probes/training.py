@@ -17,6 +17,7 @@ from probes.overheads import profile_overheads
 from probes.probe import ProbeSpec, SoloGangProbe
 from probes.trace_capture import capture_step_trace
 from probes.vocabulary.in_context import in_context_rows, in_step_collectives, step_collectives
+from probes.vocabulary.ops import FRAMEWORK_JOB_PREFIX
 from probes.vocabulary.placement import RankPlacement
 from probes.vocabulary.records import Measurement
 from probes.vocabulary.table_shards import split_kinds
@@ -126,7 +127,7 @@ def overhead_job(i: int, world: int, rng: np.random.Generator) -> dict:
     kernels are tiny, so its step over them is the framework's overhead."""
     n_tables = int(rng.integers(1, 13))
     return {
-        "name": f"overhead{i}",
+        "name": f"{FRAMEWORK_JOB_PREFIX}{i}",
         "workload": "dlrm",
         "world_size": world,
         "batch_size": int(rng.choice([16, 32, 64, 128])),

@@ -42,6 +42,9 @@ TRANSFORMER_STEP_OP = "transformer_step"  # a whole transformer training step, m
 DLRM_OVERHEAD_OP = "dlrm_overhead"
 TRANSFORMER_OVERHEAD_OP = "transformer_overhead"
 STEP_OVERHEAD_OPS = {"dlrm": DLRM_OVERHEAD_OP, "transformer": TRANSFORMER_OVERHEAD_OP}
+# The name prefix of the calibration's small random DLRMs (`probes.training.overhead_job`):
+# measured for the framework's per-op overheads, far below the jobs plans are made for.
+FRAMEWORK_JOB_PREFIX = "overhead"
 
 GEMM_VARIANTS = ("mm", "addmm", "bmm", "baddbmm")
 PRODUCTS = ("forward", "grad_input", "grad_weight")
@@ -156,3 +159,10 @@ def gemm_params_from_shapes(name: str, shapes: Sequence[Sequence[int]]) -> tuple
     except (IndexError, TypeError, ValueError):
         return None
     return None
+
+
+def framework_job(job: dict[str, Any]) -> bool:
+    """Whether a measured step's job (its `params["job"]`) is one of the calibration's small
+    random DLRMs for the framework's overheads (`FRAMEWORK_JOB_PREFIX`), not a job of the space
+    plans are made for."""
+    return str(job.get("name", "")).startswith(FRAMEWORK_JOB_PREFIX)
