@@ -34,7 +34,7 @@ from orchestrator.progress import Progress, detail, say
 from orchestrator.sentinel import choose_sentinels, fusion_sentinels
 from policies.parallelism import layout_gemms
 from policies.sharders import SHARDERS, NoFeasiblePlanError
-from predictors.dlrm_estimator import job_space_steps, score_steps
+from predictors.dlrm_estimator import score_steps
 from predictors.fit import fit_bundle, kernel_rows
 from predictors.performance_model import PerformanceModel
 from predictors.step_fit import in_step_verdict
@@ -439,7 +439,7 @@ def score_bundle(bundle: PerformanceModel, rows: Sequence[Measurement]) -> dict[
     """Per-op errors plus whole-step error, so a bundle that predicts kernels well but steps
     badly cannot keep the champion title."""
     scores: dict[str, Any] = bundle.score(rows)
-    steps = job_space_steps([r for r in rows if r.op == DLRM_STEP_OP])  # those its overhead is fitted on
+    steps = [r for r in rows if r.op == DLRM_STEP_OP]
     if steps:
         scores[DLRM_STEP_OP] = score_steps(bundle, steps)
     transformer_steps = [r for r in rows if r.op == TRANSFORMER_STEP_OP]

@@ -27,7 +27,7 @@ from predictors.opmodels import fit_step_overhead, step_metrics
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import frozen, model_cost, simulate
 from probes.vocabulary.jobspec import JobSpec
-from probes.vocabulary.ops import DLRM_OVERHEAD_OP, DLRM_STEP_OP, framework_job, gemm_params, linear_layer_gemms
+from probes.vocabulary.ops import DLRM_OVERHEAD_OP, DLRM_STEP_OP, gemm_params, linear_layer_gemms
 from probes.vocabulary.placement import RankPlacement, placement_of
 from probes.vocabulary.records import Measurement
 from probes.vocabulary.table_shards import PlanEntry, TableShard, local_pieces, row_wise_width, table_shards
@@ -239,34 +239,18 @@ def estimate_iteration(
 def fit_overhead(
     model: PerformanceModel, step_rows: Sequence[Measurement], simulate_graph: bool = True
 ) -> list[Measurement]:
-    """Fit the step overhead on the training-probe rows of the job space (`job_space_steps`);
-    score those steps, each left out in turn (`opmodels.fit_step_overhead`).
+    """Fit the step overhead on every training-probe row; score whole steps, each left out in
+    turn (`opmodels.fit_step_overhead`).
 
     Sets `model.step_overheads["dlrm"]` and the `dlrm_step` metrics (whole-iteration error,
     with the kernels-only sum as the baseline). Returns the steps, judged held out.
     """
-    step_rows = job_space_steps(step_rows)
     kernels, residuals = step_residuals(model, step_rows, simulate_graph)
     fitted = fit_step_overhead(DLRM_OVERHEAD_OP, OVERHEAD_FEATURES, step_rows, kernels, residuals)
     model.step_overheads["dlrm"] = fitted.model
     baseline = score_steps(model, step_rows, include_overhead=False, simulate_graph=simulate_graph)
     model.metrics[DLRM_STEP_OP] = step_metrics(fitted, baseline)
     return list(step_rows)
-
-
-def job_space_steps(step_rows: Sequence[Measurement]) -> list[Measurement]:
-    """The steps the overhead is fitted on: all but the calibration's small random DLRMs for
-    the framework's per-op overheads (`ops.framework_job`; every step where there is no other).
-
-    Why: those jobs (1-12 tables of 100-2000 rows, batch 16-128) lie far below any job a plan
-    is made for, and their 2-4 ms steps vary most (iterations' IQR 44-88% of the median at
-    the 11-28 02:36 calibration of #26, the task-shaped ones' 9-65%). A line of five features
-    does not run through both ends: fitted with them, the runs' tasks of six stored
-    calibrations leaned -5.4% (geomean 4.9%), fitted without them -4.0% (3.6%), leaner in
-    five of the six (`benchmarks/step_fit_space.py`). Their per-op overheads still feed the
-    CPU overhead model, and their captured collectives the in-step factors."""
-    in_space = [r for r in step_rows if not framework_job(r.params["job"])]
-    return in_space or list(step_rows)
 
 
 def step_residuals(

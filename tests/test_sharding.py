@@ -156,41 +156,6 @@ def test_step_overhead_learns_the_in_step_slowdown_of_the_kernels(model):
     assert "dlrm" not in model.step_overheads  # the shared fixture is untouched
 
 
-def test_the_frameworks_small_jobs_stay_out_of_the_step_overhead_fit(model):
-    """Steps of the job space at 1.4 x their kernels + 0.3 ms per table, and the calibration's
-    small random DLRMs for the framework's overheads (`ops.framework_job`) at 3 x + 2 ms: the
-    overhead is fitted and judged on the former alone, so it recovers their law; with only the
-    small ones measured (a short calibration), it is fitted on those rather than left out."""
-    from predictors.dlrm_estimator import fit_overhead
-    from probes.vocabulary.ops import DLRM_STEP_OP, FRAMEWORK_JOB_PREFIX
-
-    rng = np.random.default_rng(11)
-
-    def step(name: str, tables: list, law) -> Measurement:
-        spec = JobSpec.from_dict({**job(tables).to_dict(), "name": name})
-        placement = [t % 2 for t in range(len(tables))]
-        kernels = estimate_iteration(spec, placement, model, include_overhead=False).iteration_s
-        return Measurement(
-            DLRM_STEP_OP, {"job": spec.to_dict(), "table_to_rank": placement}, law(kernels, len(tables)), 0.0, 20
-        )
-
-    def tables(rows_lo: int, rows_hi: int, most: int) -> list:
-        return [
-            (int(rng.integers(rows_lo, rows_hi)), int(rng.choice([8, 64])), int(rng.integers(1, 40)))
-            for _ in range(int(rng.integers(2, most)))
-        ]
-
-    in_space = [step(f"task{i}", tables(1000, 200_000, 12), lambda k, n: 1.4 * k + 3e-4 * n) for i in range(12)]
-    small = [step(f"{FRAMEWORK_JOB_PREFIX}{i}", tables(100, 2000, 6), lambda k, n: 3 * k + 2e-3) for i in range(6)]
-    bundle = type(model)(model.hardware_id, dict(model.models))
-    judged = fit_overhead(bundle, small[:3] + in_space + small[3:])
-    coef = dict(zip(bundle.step_overheads["dlrm"].features, bundle.step_overheads["dlrm"].coef))
-    assert judged == in_space and bundle.metrics[DLRM_STEP_OP]["n"] == len(in_space)
-    assert coef["kernels_s"] == pytest.approx(0.4, rel=0.02) and coef["one"] == pytest.approx(0.0, abs=1e-5)
-    only_small = type(model)(model.hardware_id, dict(model.models))
-    assert fit_overhead(only_small, small) == small and only_small.metrics[DLRM_STEP_OP]["n"] == len(small)
-
-
 def test_leave_one_out_judges_each_step_without_its_own_residual():
     """Overheads of 1, 1, 1 and 5 ms: a mean fitted on all four would predict the odd step
     from its own residual; left out, it is predicted at 1 ms (the mean of the others)."""
