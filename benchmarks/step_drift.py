@@ -50,11 +50,11 @@ def calibration_steps(directory: Path) -> list[dict]:
     return steps
 
 
-def fresh_steps(seed: int, n: int) -> list[dict]:
-    """`n` tasks of the DLRM benchmark's draw for `seed`, each under its sharder's plan."""
+def fresh_steps(seed: int, n: int, world: int) -> list[dict]:
+    """`n` tasks of the DLRM benchmark's draw for `seed` on `world` ranks, each under its sharder's plan."""
     return [
         {"set": "fresh", "job": spec.to_dict(), "plan": list(task_plan(i, spec, seed)[1]), "stored_ms": None}
-        for i, spec in enumerate(random_dlrm_tasks(n, 2, seed, 1.0))
+        for i, spec in enumerate(random_dlrm_tasks(n, world, seed, 1.0))
     ]
 
 
@@ -72,7 +72,11 @@ def main() -> None:
     if args.fresh < 1 or args.rounds < 1:
         parser.error(f"--fresh and --rounds: expected counts >= 1, got {args.fresh} and {args.rounds}")
     seed = args.fresh_seed if args.fresh_seed is not None else random.SystemRandom().randrange(2**31)
-    steps = calibration_steps(args.calibration_dir) + fresh_steps(seed, args.fresh)
+    calibrated = calibration_steps(args.calibration_dir)
+    if not calibrated:
+        parser.error(f"--calibration-dir: {args.calibration_dir} has no table-wise task-shaped DLRM steps")
+    world = int(calibrated[0]["job"]["world_size"])  # the calibration's gangs, and the fresh tasks'
+    steps = calibrated + fresh_steps(seed, args.fresh, world)
     registry.configure(args.tracking_uri)
     ray_runtime.connect()
     fingerprint = cluster_fingerprint()
@@ -82,7 +86,7 @@ def main() -> None:
         order = list(range(len(steps)))
         for i in order if k % 2 == 0 else reversed(order):
             params = {"job": steps[i]["job"], "table_to_rank": steps[i]["plan"]}
-            times[i].append(probe_step_ms(fingerprint.hardware_id, 2, params, DLRM_STEP_OP))
+            times[i].append(probe_step_ms(fingerprint.hardware_id, world, params, DLRM_STEP_OP))
             print(
                 f"round {k + 1}/{args.rounds} {steps[i]['set']:11s} {steps[i]['job']['name']:9s} {times[i][-1]:7.2f} ms",
                 flush=True,

@@ -29,9 +29,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.e2e_accuracy import error_summary, signed_error, write_result  # noqa: E402
+from benchmarks.e2e_accuracy import error_summary, write_result  # noqa: E402
 from benchmarks.refit_e2e import dlrm_predictions, read_rows  # noqa: E402
 from predictors.dlrm_estimator import OVERHEAD_FEATURES, step_residuals  # noqa: E402
+from predictors.evaluation import leave_one_out_signed  # noqa: E402
 from predictors.fit import fit_bundle  # noqa: E402
 from predictors.opmodels import step_overhead_fitter  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
@@ -41,26 +42,25 @@ from probes.vocabulary.records import Measurement  # noqa: E402
 CHOICES = ("every_step", "job_space")
 
 
-def judged_choice(
-    model: PerformanceModel, steps: Sequence[Measurement], in_space: Sequence[Measurement], result: dict
-) -> dict[str, dict[str, Any]]:
+def judged_choice(model: PerformanceModel, steps: Sequence[Measurement], result: dict) -> dict[str, dict[str, Any]]:
     """Per choice of the steps the overhead is fitted on: the job space's steps, each predicted
-    by an overhead fitted without it, and the run's tasks under the overhead fitted on all of
-    that choice's steps."""
+    by an overhead fitted on that choice's other steps (`leave_one_out_signed`), and the run's
+    tasks under the overhead fitted on all of that choice's steps."""
     kernels, residuals = step_residuals(model, steps)
-    space = [i for i, r in enumerate(steps) if any(r is s for s in in_space)]
+    in_space = [not framework_job(r.params["job"]) for r in steps]
     out = {}
     for choice in CHOICES:
-        fitted_on = list(range(len(steps))) if choice == "every_step" else space
+        fitted_on = [i for i in range(len(steps)) if choice == "every_step" or in_space[i]]
         fit = step_overhead_fitter(DLRM_OVERHEAD_OP, OVERHEAD_FEATURES, len(fitted_on))  # as `fit_step_overhead` judges
-        left_out = [
-            (kernels[i] + fit([residuals[j] for j in fitted_on if j != i]).predict(residuals[i].params))
-            / steps[i].median_s
-            - 1.0
-            for i in space
-        ]
-        model.step_overheads["dlrm"] = fit([residuals[j] for j in fitted_on])
-        tasks = dlrm_predictions(model, result)
+        signed = leave_one_out_signed(
+            [residuals[i] for i in fitted_on],
+            [kernels[i] for i in fitted_on],
+            [steps[i].median_s for i in fitted_on],
+            fit,
+        )
+        left_out = [e for i, e in zip(fitted_on, signed) if in_space[i]]
+        model.step_overheads["dlrm"] = fit([residuals[i] for i in fitted_on])
+        tasks = [(t["predicted_ms"] - t["measured_ms"]) / t["measured_ms"] for t in dlrm_predictions(model, result)]
         out[choice] = {
             "fitted_steps": len(fitted_on),
             "steps_left_out": {
@@ -69,9 +69,9 @@ def judged_choice(
                 "n": len(left_out),
             },
             "tasks": {
-                **error_summary([abs(t["predicted_ms"] - t["measured_ms"]) / t["measured_ms"] for t in tasks]),
-                "mean_signed_error": signed_error(tasks),
-                "signed_errors": [(t["predicted_ms"] - t["measured_ms"]) / t["measured_ms"] for t in tasks],
+                **error_summary([abs(e) for e in tasks]),
+                "mean_signed_error": float(np.mean(tasks)),
+                "signed_errors": tasks,
             },
         }
     return out
@@ -104,7 +104,7 @@ def main() -> None:
         result = json.loads(result_path.read_text())
         model, _ = fit_bundle(rows, "refit", seed=0)
         steps = [r for r in rows if r.op == DLRM_STEP_OP]
-        choices = judged_choice(model, steps, [r for r in steps if not framework_job(r.params["job"])], result)
+        choices = judged_choice(model, steps, result)
         calibrations.append(
             {"rows": str(rows_path), "result": str(result_path), "task_seed": result["task_seed"], "choices": choices}
         )
