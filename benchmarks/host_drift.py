@@ -1,5 +1,5 @@
 """How fast the host runs now against when a calibration measured it: a seeded sample of the
-calibration's own local kernel points (GEMM, element-wise, memcpy) measured again, here, as the
+calibration's own local kernel points (GEMM, element-wise, memcpy, embedding) measured again, here, as the
 calibration measures them (`--workers` processes at once, one per device it probed, each on one
 thread, the points dealt in turn), and each point's time now over its stored median.
 
@@ -29,9 +29,12 @@ sys.path.insert(0, str(REPO))
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
 from probes.probe import ProbeSpec  # noqa: E402
 from probes.sweep import run_local_probe  # noqa: E402
+from probes.vocabulary.indices import Distribution  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
 
-FAMILIES = ("gemm", "elementwise", "memcpy")  # local kernels a point's params re-run as stored
+# local kernels a point's params re-run as stored (an embedding row keeps its tables and batch;
+# its index draw is seed 0's, the same distribution as the stored draw)
+FAMILIES = ("gemm", "elementwise", "memcpy", "embedding")
 MIN_STORED_S = 2e-5  # shorter points are mostly timer and launch jitter on a CPU host
 
 
@@ -42,6 +45,17 @@ def stored_rows(directory: Path) -> list[Measurement]:
     return [r for r in MeasurementStore(directory).rows() if r.family in FAMILIES and r.median_s >= MIN_STORED_S]
 
 
+def rerun_params(row: Measurement) -> dict:
+    """The probe params that measure `row`'s point again: an embedding row stores its tables'
+    distributions as labels, the probe takes them as specs."""
+    if row.family != "embedding":
+        return row.params
+    tables = [
+        [e, d, pooling, Distribution.from_label(label).to_json()] for e, d, pooling, label in row.params["tables"]
+    ]
+    return {"tables": tables, "B": row.params["B"], "weights_precision": row.params.get("weights_precision", "fp32")}
+
+
 def remeasure(rows: list[Measurement]) -> list[tuple[str, float]]:
     """(family, time now over the stored median) of each row, measured in this process on one
     thread, as a probe actor runs its points."""
@@ -50,7 +64,7 @@ def remeasure(rows: list[Measurement]) -> list[tuple[str, float]]:
     torch.set_num_threads(1)
     out = []
     for i, row in enumerate(rows):
-        now = [m for m in run_local_probe(ProbeSpec(row.family, row.params, f"drift:{i}")) if m.op == row.op]
+        now = [m for m in run_local_probe(ProbeSpec(row.family, rerun_params(row), f"drift:{i}")) if m.op == row.op]
         if now:
             out.append((row.family or row.op, now[0].median_s / row.median_s))
     return out

@@ -8,8 +8,9 @@ from pathlib import Path
 import pytest
 
 from benchmarks.e2e_accuracy import HostChecks, add_host_check_arguments, check_host_check_argument, measure_in_rounds
-from benchmarks.host_drift import host_speed, stored_rows
+from benchmarks.host_drift import host_speed, remeasure, stored_rows
 from orchestrator.measurement_store import MeasurementStore
+from probes.embedding import embedding_specs
 from probes.gemm import gemm_specs
 from probes.sweep import run_local_probe
 
@@ -60,3 +61,19 @@ def test_a_host_check_that_is_not_a_calibration_is_refused_before_anything_runs(
     assert exited.value.code == 2 and "--host-check: no measurements.jsonl" in capsys.readouterr().err
     (tmp_path / "measurements.jsonl").write_text("")
     check_host_check_argument(parser, args)  # a calibration's directory passes
+
+
+def test_an_embedding_row_is_measured_again_from_what_it_stored(tmp_path: Path):
+    """A DLRM step spends its time in lookups: the check re-runs the calibration's embedding
+    rows too, from the tables and batch a row keeps (its distributions stored as labels)."""
+    store = MeasurementStore(tmp_path)
+    spec = next(
+        s
+        for s in embedding_specs(40, seed=0, max_rows=20_000, max_batch=256)
+        if any(isinstance(t[3], dict) for t in s.params["tables"])
+    )  # a Zipf or profile table: labelled, not a spec
+    store.add(run_local_probe(spec))
+    rows = [r for r in stored_rows(tmp_path) if r.family == "embedding"]
+    assert {r.op for r in rows} <= {"embedding_fwd", "embedding_bwd"} and rows
+    again = remeasure(rows)
+    assert [family for family, _ in again] == ["embedding"] * len(rows) and all(r > 0 for _, r in again)

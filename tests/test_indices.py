@@ -1,4 +1,5 @@
 import numpy as np
+import pytest
 
 from probes.vocabulary.indices import REUSE_BINS, Distribution, reuse_histogram, sample_indices
 
@@ -61,3 +62,11 @@ def test_unordered_draws_give_the_same_ids_in_another_order():
         assert np.array_equal(np.sort(ordered), np.sort(unordered))
         if dist.kind != "uniform":
             assert not np.array_equal(ordered, unordered)
+
+
+def test_a_label_names_its_distribution_again():
+    for value in ("uniform", {"zipf": 1.05}, {"profile": "near_uniform"}):
+        d = Distribution.parse(value)
+        assert Distribution.from_label(d.label()) == d
+    with pytest.raises(ValueError, match="distribution must be"):
+        Distribution.from_label("gauss")

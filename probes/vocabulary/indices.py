@@ -50,6 +50,15 @@ class Distribution:
             return f"profile:{self.table}"
         return "uniform" if self.kind == "uniform" else f"zipf{self.s:g}"
 
+    @classmethod
+    def from_label(cls, label: str) -> "Distribution":
+        """The distribution a stored row's `label()` names (a row keeps labels, not specs)."""
+        if label.startswith("profile:"):
+            return cls.parse({"profile": label.removeprefix("profile:")})
+        if label.startswith("zipf"):
+            return cls("zipf", float(label.removeprefix("zipf")))
+        return cls.parse(label)
+
 
 @lru_cache(maxsize=64)
 def _zipf_cdf(num_rows: int, s: float) -> np.ndarray:
