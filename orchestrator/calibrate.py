@@ -31,7 +31,7 @@ from orchestrator.lease import Lease
 from orchestrator.measurement_store import MeasurementStore, spec_key
 from orchestrator.probe_pool import ActorPool, Gang
 from orchestrator.progress import Progress, detail, say
-from orchestrator.sentinel import choose_sentinels, fusion_sentinels
+from orchestrator.sentinel import calibration_baseline, choose_sentinels, fusion_sentinels, record_baseline
 from policies.parallelism import layout_gemms
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from predictors.dlrm_estimator import score_steps
@@ -74,6 +74,10 @@ KERNEL_MIN_SHARE = 0.25
 # of the three, the 60 s of a 600 s one all of 1-64 (21 widths).
 FUSION_SHARE = 0.1
 FUSION_PROBE_SECONDS = 0.5
+# The sentinels' baseline, timed after the sweep: at most this long (13 kernel points and 6
+# collective ones, on fresh probe actors as a nightly's); not part of the probing budget, since
+# a nightly's speed check needs it whatever the budget.
+SENTINEL_BASELINE_S = 60.0
 # Whole training steps: their held-out figures are shown by default, every kernel op's with --verbose.
 STEP_OPS = (DLRM_STEP_OP, TRANSFORMER_STEP_OP)
 TRAINING_PROBES = 24
@@ -401,6 +405,7 @@ def fit_and_register(
     finally:
         bar.close()
     model.sentinels += fusion_sentinels(model)  # the curves the calibration reached
+    model.meta["sentinel_baseline"] = calibration_baseline(store.directory)
     for op, why in model.meta.get("unfitted", {}).items():
         say(f"WARNING: no model for {op} ({why}); raise the calibration budget to measure it")
     model.meta.update({"software": fingerprint.software, "devices": fingerprint.summary()})
@@ -467,7 +472,20 @@ def calibrate(
     )
     mlflow.log_dict(fingerprint.to_dict(), "fingerprint.json")
     done, failed = measure(fingerprint, budget_s, store, job, seed)
-    say(f"measured {done} probe points ({failed} failed) in {time.monotonic() - t0:.0f}s; fitting")
+    # The sentinels, timed as a nightly pass will time them: how fast this machine ran them
+    # when it was calibrated (`orchestrator.sentinel`, speed drift).
+    devices = sum(fingerprint.devices_per_node)
+    timed = record_baseline(
+        choose_sentinels(seed, fingerprint.device_kind, devices),
+        fingerprint.device_kind,
+        fingerprint.hardware_id,
+        devices,
+        directory,
+        SENTINEL_BASELINE_S,
+    )
+    say(
+        f"measured {done} probe points ({failed} failed) and {timed} sentinel point(s) in {time.monotonic() - t0:.0f}s; fitting"
+    )
     model, registration = fit_and_register(store, fingerprint, seed, lease)
     result = CalibrationResult(
         fingerprint.hardware_id, store.rows(), store.failures(), model, registration, directory, time.monotonic() - t0

@@ -3,7 +3,8 @@ stale or drifting, and apply the promotion rule (the command is `python -m orche
 
 Per hardware of the Ray cluster: no champion, software (driver / CUDA / NCCL / torch / fbgemm)
 changed, older than the age limit, launched jobs' prediction error drifting, or the sentinel
-points re-measured off by more than their bound → a full calibration, registered as a
+points re-measured off the champion by more than their bound or running more than the speed
+bound slower or faster than the calibration timed them → a full calibration, registered as a
 challenger and promoted only if not worse on the new held-out rows. Hardware ids that MLflow
 has seen jobs for but holds no fresh champion of, and that are not in this cluster, are
 listed: they need a nightly on their own hardware. Everything is printed and logged to an
@@ -25,7 +26,12 @@ import mlflow
 from orchestrator import calibrate as calibration
 from orchestrator import registry
 from orchestrator.cluster import HardwareFingerprint
-from orchestrator.defaults import DEFAULT_MODEL_AGE_DAYS, DEFAULT_SENTINEL_BOUND, DEFAULT_SENTINEL_RATIO
+from orchestrator.defaults import (
+    DEFAULT_MODEL_AGE_DAYS,
+    DEFAULT_SENTINEL_BOUND,
+    DEFAULT_SENTINEL_RATIO,
+    DEFAULT_SENTINEL_SPEED_BOUND,
+)
 from orchestrator.lease import Lease
 from orchestrator.progress import say
 from orchestrator.sentinel import run_sentinels
@@ -51,6 +57,7 @@ class NightlySettings:
     sentinel_bound: float = DEFAULT_SENTINEL_BOUND
     sentinel_ratio: float = DEFAULT_SENTINEL_RATIO
     seed: int = 0
+    sentinel_speed_bound: float = DEFAULT_SENTINEL_SPEED_BOUND
 
 
 def check_hardware(fp: HardwareFingerprint, settings: NightlySettings) -> dict[str, Any]:
@@ -70,6 +77,7 @@ def check_hardware(fp: HardwareFingerprint, settings: NightlySettings) -> dict[s
             devices=sum(fp.devices_per_node),
             bound=settings.sentinel_bound,
             ratio=settings.sentinel_ratio,
+            speed_bound=settings.sentinel_speed_bound,
         )
         out["sentinel"] = {k: v for k, v in report.to_dict().items() if k != "points"}
         mlflow.log_dict(report.to_dict(), f"sentinel-{hw}.json")
@@ -81,6 +89,7 @@ def check_hardware(fp: HardwareFingerprint, settings: NightlySettings) -> dict[s
                     "sentinel_bound": report.bound,
                     "sentinel_points": float(len(report.points)),
                     **({"sentinel_ratio": report.ratio} if report.ratio is not None else {}),
+                    **({"sentinel_speed": report.speed} if report.speed is not None else {}),
                 }
             )
             direction = f", measured / predicted {report.ratio:.2f}" if report.ratio is not None else ""
@@ -91,8 +100,13 @@ def check_hardware(fp: HardwareFingerprint, settings: NightlySettings) -> dict[s
             )
         else:
             say(f"{hw}: no sentinel could be scored ({report.failures} failed, skipped ops {report.skipped})")
+        if report.speed is not None:
+            say(
+                f"{hw}: sentinels run {report.speed:.3f}x their calibration times over {report.speed_points} "
+                f"point(s), {report.speed_same_way:.0%} of them that way (drift past {report.speed_bound:.2f}x either way)"
+            )
         if report.stale:
-            reasons.append(f"sentinel drift: GMAE {report.gmae:.1%} > {report.bound:.1%}")
+            reasons += report.reasons
     out["reasons"] = reasons
     if not reasons:
         say(f"{hw}: champion v{champion.version} is fresh; nothing to do")

@@ -11,15 +11,27 @@ past its own held-out error no longer describes the machine: a driver, firmware 
 changed something that the version check cannot see. A pass over the bound is re-measured once
 before it is called drift: a spell of a neighbour's load reads as drift for one pass, not two,
 and a recalibration of the cluster's devices costs far more than a second pass of sentinels.
+
+The calibration also times its kernel and collective sentinels once, after its sweep and the
+way a nightly pass does (`record_baseline`), and the bundle keeps those times. A nightly's
+pass then says how fast the machine runs them now against then (`speed`, the geomean of now
+over then): the host or its neighbours can slow every lookup and copy by a tenth while no point
+strays far from the model, which the GMAE bound cannot see and every prediction inherits (11-28,
+#26: three hours after a calibration its embedding points ran 1.093x and its copies 1.099x their
+stored times, its GEMMs 1.021x, and its DLRM steps 1.195x). A speed past `speed_bound` either
+way, with most points moved the same way (noise moves them both ways), is drift as well.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Sequence
 
-from orchestrator.defaults import DEFAULT_SENTINEL_BOUND, DEFAULT_SENTINEL_RATIO
+from orchestrator.defaults import DEFAULT_SENTINEL_BOUND, DEFAULT_SENTINEL_RATIO, DEFAULT_SENTINEL_SPEED_BOUND
 from orchestrator.fanout import Phase, run_collective_probes, run_local_probes
 from orchestrator.home import home_path
 from orchestrator.measurement_store import MeasurementStore
@@ -40,6 +52,8 @@ SENTINEL_COUNTS = {"gemm": 4, "embedding": 3, "elementwise": 4, "memcpy": 2}
 SENTINEL_COLLECTIVES = ("all_reduce", "all_to_all")
 SENTINEL_COLLECTIVE_BYTES = (64 * 2**10, 2**20, 8 * 2**20)
 FUSION_SENTINEL_SECONDS = 1.0  # timed seconds of a fusion sentinel
+SPEED_SAME_WAY = 0.75  # share of points that must have moved the same way for a speed drift
+BASELINE_DIRECTORY = "sentinels"  # in a calibration's directory: its sentinel points, timed once
 
 
 def fusion_sentinels(model: PerformanceModel) -> list[dict[str, Any]]:
@@ -95,6 +109,88 @@ def choose_sentinels(seed: int, device_kind: str, world: int = 1) -> list[dict[s
     return [spec.to_dict() for spec in specs]
 
 
+def row_identity(row: Measurement) -> str:
+    """Which sentinel point a row measured: its op and params (the same spec measures the same
+    params again: its shapes, and for lookups the features of its seeded index draw)."""
+    text = json.dumps([row.op, row.params], sort_keys=True, default=str)
+    return hashlib.sha1(text.encode()).hexdigest()[:20]
+
+
+def baseline_times(rows: Sequence[Measurement]) -> dict[str, float]:
+    """The sentinel rows a calibration measured, as the bundle keeps them: identity -> seconds."""
+    return {row_identity(r): r.median_s for r in rows if r.median_s > 0}
+
+
+def calibration_baseline(directory: Path) -> dict[str, float]:
+    """The sentinel times a calibration in `directory` measured (empty when it measured none)."""
+    folder = directory / BASELINE_DIRECTORY
+    return baseline_times(MeasurementStore(folder).rows()) if (folder / "measurements.jsonl").is_file() else {}
+
+
+def split_points(specs: Sequence[dict[str, Any]], devices: int) -> tuple[list[ProbeSpec], list[ProbeSpec]]:
+    """The collective sentinels this cluster can run (over at most `devices` ranks) and the rest."""
+    points = [ProbeSpec(**s) for s in specs]
+    collective = [s for s in points if s.family == "collective" and len(s.params["ranks"]) <= devices]
+    return collective, [s for s in points if s.family != "collective"]
+
+
+def sentinel_pool(device_kind: str, hardware_id: str, devices: int, collective: bool) -> ActorPool:
+    """Probe actors for a pass: one per device when collectives run (local points spread over
+    them, as in calibration), else one."""
+    return ActorPool(device_kind, hardware_id, devices if collective else 1, strategy="SPREAD").start()
+
+
+def measure_pass(
+    pool: ActorPool, collective: list[ProbeSpec], local: list[ProbeSpec], store: MeasurementStore, deadline_s: float
+) -> int:
+    """One pass over the points into `store` (collectives first, within half of `deadline_s`);
+    returns how many failed."""
+    failed = 0
+    if collective:
+        failed += run_collective_probes(Phase(pool, collective, store, time.monotonic() + deadline_s / 2))[1]
+    if local:
+        failed += run_local_probes(Phase(pool, local, store, time.monotonic() + deadline_s))[1]
+    store.sync()
+    return failed
+
+
+def record_baseline(
+    specs: Sequence[dict[str, Any]],
+    device_kind: str,
+    hardware_id: str,
+    devices: int,
+    directory: Path,
+    deadline_s: float,
+) -> int:
+    """Time a calibration's kernel and collective sentinels once, the way a nightly pass will
+    (`sentinel_pool`, `measure_pass`), into `directory`/sentinels (not the calibration's rows:
+    they are no fit's points); returns how many it holds. A resumed calibration measures only
+    what is missing."""
+    store = MeasurementStore(directory / BASELINE_DIRECTORY)
+    done = store.done_keys()
+    collective, local = split_points([s for s in specs if s["family"] != "fusion"], devices)
+    collective, local = ([s for s in points if s.key not in done] for points in (collective, local))
+    if collective or local:
+        pool = sentinel_pool(device_kind, hardware_id, devices, bool(collective))
+        try:
+            measure_pass(pool, collective, local, store, deadline_s)
+        finally:
+            pool.stop()
+    return len(store.rows())
+
+
+def speed_against(baseline: dict[str, float], rows: Sequence[Measurement]) -> tuple[float | None, int, float]:
+    """How fast `rows` ran against the calibration's times of the same points: the geomean of
+    now over then (None without a common point), how many points, and the share of them that
+    moved the way the geomean did."""
+    ratios = [r.median_s / baseline[row_identity(r)] for r in rows if r.median_s > 0 and row_identity(r) in baseline]
+    if not ratios:
+        return None, 0, 0.0
+    speed = geomean(ratios)
+    same_way = sum((x > 1) == (speed > 1) for x in ratios) / len(ratios)
+    return speed, len(ratios), same_way
+
+
 @dataclass
 class SentinelReport:
     gmae: float | None  # None: nothing could be scored
@@ -110,9 +206,22 @@ class SentinelReport:
     # them slower than the champion says). The GMAE says how far, not which way; a host or
     # device slowed by its neighbours or its clocks moves every point the same way.
     ratio: float | None = None
+    # geomean of time now over the calibration's own time of the same points (None: the bundle
+    # keeps no times, or no point ran again); how many points; the share that moved that way
+    speed: float | None = None
+    speed_points: int = 0
+    speed_same_way: float = 0.0
+    speed_bound: float = DEFAULT_SENTINEL_SPEED_BOUND
+    reasons: list[str] = field(default_factory=list)  # why stale, in words
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def speed_drift(speed: float | None, same_way: float, bound: float) -> bool:
+    """A machine running the sentinels more than `bound` times slower or faster than when it
+    was calibrated, most points moved that way."""
+    return speed is not None and max(speed, 1 / speed) > bound and same_way >= SPEED_SAME_WAY
 
 
 def score_sentinels(
@@ -121,9 +230,12 @@ def score_sentinels(
     bound: float = DEFAULT_SENTINEL_BOUND,
     ratio: float = DEFAULT_SENTINEL_RATIO,
     failures: int = 0,
+    speed_bound: float = DEFAULT_SENTINEL_SPEED_BOUND,
 ) -> SentinelReport:
     """Score re-measured sentinel rows against `model`: stale when their GMAE exceeds both the
-    absolute bound and `ratio` x the model's own held-out GMAE on those ops."""
+    absolute bound and `ratio` x the model's own held-out GMAE on those ops, or when they run
+    more than `speed_bound` times slower or faster than the calibration timed them (`speed_drift`)."""
+    speed, speed_points, same_way = speed_against(model.meta.get("sentinel_baseline") or {}, rows)
     points, skipped = [], set()
     for r in rows:
         try:
@@ -133,8 +245,24 @@ def score_sentinels(
             continue
         error = abs(predicted - r.median_s) / r.median_s
         points.append({"op": op, "measured_s": r.median_s, "predicted_s": predicted, "error": error})
+    moved = speed_drift(speed, same_way, speed_bound)
+    speed_fields: dict[str, Any] = {
+        "speed": speed,
+        "speed_points": speed_points,
+        "speed_same_way": same_way,
+        "speed_bound": speed_bound,
+    }
+    speed_reason = (
+        [
+            f"speed drift: sentinels run {speed:.2f}x their calibration times over {speed_points} point(s) (bound {speed_bound:.2f}x either way)"
+        ]
+        if moved and speed is not None
+        else []
+    )
     if not points:
-        return SentinelReport(None, None, bound, False, [], failures, sorted(skipped))
+        return SentinelReport(
+            None, None, bound, moved, [], failures, sorted(skipped), reasons=speed_reason, **speed_fields
+        )
     gmae = geomean([p["error"] for p in points])
     ratios = [p["measured_s"] / p["predicted_s"] for p in points if p["predicted_s"] > 0 and p["measured_s"] > 0]
     measured_over_predicted = geomean(ratios) if ratios else None
@@ -142,16 +270,19 @@ def score_sentinels(
     held = [h for h in held if h is not None and h > 0]
     expected = geomean(held) if held else None
     limit = max(bound, ratio * expected) if expected is not None else bound
+    reasons = ([f"sentinel drift: GMAE {gmae:.1%} > {limit:.1%}"] if gmae > limit else []) + speed_reason
     return SentinelReport(
         gmae,
         expected,
         limit,
-        gmae > limit,
+        bool(reasons),
         points,
         failures,
         sorted(skipped),
         passes=[gmae],
         ratio=measured_over_predicted,
+        reasons=reasons,
+        **speed_fields,
     )
 
 
@@ -168,6 +299,11 @@ def confirmed(first: SentinelReport, second: SentinelReport) -> SentinelReport:
         sorted(set(first.skipped) | set(second.skipped)),
         passes=first.passes + second.passes,
         ratio=second.ratio,
+        speed=second.speed,
+        speed_points=second.speed_points,
+        speed_same_way=second.speed_same_way,
+        speed_bound=second.speed_bound,
+        reasons=second.reasons if first.stale and second.stale else [],
     )
 
 
@@ -179,6 +315,7 @@ def run_sentinels(
     deadline_s: float = 300.0,
     bound: float = DEFAULT_SENTINEL_BOUND,
     ratio: float = DEFAULT_SENTINEL_RATIO,
+    speed_bound: float = DEFAULT_SENTINEL_SPEED_BOUND,
 ) -> SentinelReport:
     """Re-measure the champion's sentinels on this hardware's devices (probe actors on the
     nodes that have them, as in calibration, not the driver) and score them; a pass over the
@@ -186,27 +323,19 @@ def run_sentinels(
     are stored before scoring; collective sentinels over more ranks than the cluster has now
     are left out. Each pass waits at most `deadline_s` (its collectives half of it), so a
     confirmed drift can take twice `deadline_s`."""
-    specs = [ProbeSpec(**s) for s in (model.sentinels or choose_sentinels(0, device_kind, devices))]
-    collective = [s for s in specs if s.family == "collective" and len(s.params["ranks"]) <= devices]
-    local = [s for s in specs if s.family != "collective"]
+    collective, local = split_points(model.sentinels or choose_sentinels(0, device_kind, devices), devices)
     t0 = time.monotonic()
     folder = home_path("sentinels") / f"{time.strftime('%Y%m%d-%H%M%S')}-{hardware_id}"
-    pool = ActorPool(device_kind, hardware_id, devices if collective else 1, strategy="SPREAD").start()
+    pool = sentinel_pool(device_kind, hardware_id, devices, bool(collective))
     try:
 
         def measure(store: MeasurementStore) -> SentinelReport:
-            failed = 0
-            if collective:
-                failed += run_collective_probes(Phase(pool, collective, store, time.monotonic() + deadline_s / 2))[1]
-            failed += run_local_probes(Phase(pool, local, store, time.monotonic() + deadline_s))[1]
-            return score_sentinels(model, store.rows(), bound, ratio, failures=failed)
+            failed = measure_pass(pool, collective, local, store, deadline_s)
+            return score_sentinels(model, store.rows(), bound, ratio, failures=failed, speed_bound=speed_bound)
 
         report = measure(MeasurementStore(folder))
         if report.stale:
-            say(
-                f"{hardware_id}: sentinel GMAE {report.gmae:.1%} over the bound {report.bound:.1%}; "
-                "re-measuring once to confirm"
-            )
+            say(f"{hardware_id}: {'; '.join(report.reasons)}; re-measuring once to confirm")
             report = confirmed(report, measure(MeasurementStore(folder.with_name(folder.name + "-confirm"))))
     finally:
         pool.stop()

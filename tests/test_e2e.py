@@ -218,6 +218,8 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     (checked,) = drilled["checked"]
     assert checked["recalibrated"] and checked["promoted"], checked.get("promotion_reason")
     assert any(r.startswith("sentinel drift") for r in checked["reasons"])
+    # The calibration timed its sentinels: the drilled machine runs them about 3x its times.
+    assert any(r.startswith("speed drift") for r in checked["reasons"]) and checked["sentinel"]["speed"] > 2
     assert str(client.get_model_version_by_alias(name, "champion").version) == checked["model"].split("/")[1]
     # The drift report shows the jump: the drilled check over its bound.
     report = last_json(cli("orchestrator.cli.drift", "--json", cwd=tmp_path).stdout)

@@ -19,6 +19,7 @@ from orchestrator.defaults import (
     DEFAULT_NIGHTLY_LOCK,
     DEFAULT_SENTINEL_BOUND,
     DEFAULT_SENTINEL_RATIO,
+    DEFAULT_SENTINEL_SPEED_BOUND,
 )
 from orchestrator.progress import say
 
@@ -57,6 +58,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=DEFAULT_SENTINEL_RATIO,
         help="... or this many times its own held-out GMAE",
     )
+    parser.add_argument(
+        "--sentinel-speed-bound",
+        type=options.number_in(1.0, 100.0),
+        default=DEFAULT_SENTINEL_SPEED_BOUND,
+        help="sentinels running this many times slower or faster than the calibration timed them: drift",
+    )
     parser.add_argument("--seed", type=options.seed, default=0, help="seed of a recalibration's sweep and split")
     options.add_common(parser)
     return parser
@@ -83,7 +90,12 @@ def _main(argv: Sequence[str] | None = None) -> int:
             lambda: fingerprint(args.ray_address, start_ray=True),
             uri,
             NightlySettings(
-                args.budget_s, args.max_model_age_days, args.sentinel_bound, args.sentinel_ratio, args.seed
+                args.budget_s,
+                args.max_model_age_days,
+                args.sentinel_bound,
+                args.sentinel_ratio,
+                args.seed,
+                args.sentinel_speed_bound,
             ),
         )
     finally:
