@@ -74,9 +74,10 @@ KERNEL_MIN_SHARE = 0.25
 # of the three, the 60 s of a 600 s one all of 1-64 (21 widths).
 FUSION_SHARE = 0.1
 FUSION_PROBE_SECONDS = 0.5
-# The sentinels' baseline, timed after the sweep: at most this long (13 kernel points and 6
-# collective ones, on fresh probe actors as a nightly's); not part of the probing budget, since
-# a nightly's speed check needs it whatever the budget.
+# The sentinels' baseline, timed after the sweep: each of its passes at most this long (13
+# kernel points and 6 collective ones took 4-5 s a pass on 2 CPU devices, on fresh probe actors
+# as a nightly's); not part of the probing budget, since a nightly's speed needs it whatever the
+# budget.
 SENTINEL_BASELINE_S = 60.0
 # Whole training steps: their held-out figures are shown by default, every kernel op's with --verbose.
 STEP_OPS = (DLRM_STEP_OP, TRANSFORMER_STEP_OP)

@@ -57,7 +57,7 @@ class NightlySettings:
     sentinel_bound: float = DEFAULT_SENTINEL_BOUND
     sentinel_ratio: float = DEFAULT_SENTINEL_RATIO
     seed: int = 0
-    sentinel_speed_bound: float = DEFAULT_SENTINEL_SPEED_BOUND
+    sentinel_speed_bound: float | None = DEFAULT_SENTINEL_SPEED_BOUND
 
 
 def check_hardware(fp: HardwareFingerprint, settings: NightlySettings) -> dict[str, Any]:
@@ -103,7 +103,12 @@ def check_hardware(fp: HardwareFingerprint, settings: NightlySettings) -> dict[s
         if report.speed is not None:
             say(
                 f"{hw}: sentinels run {report.speed:.3f}x their calibration times over {report.speed_points} "
-                f"point(s), {report.speed_same_way:.0%} of them that way (drift past {report.speed_bound:.2f}x either way)"
+                f"point(s), {report.speed_same_way:.0%} of them that way ("
+                + (
+                    f"drift past {report.speed_bound:.2f}x either way)"
+                    if report.speed_bound
+                    else "reported, not judged)"
+                )
             )
         if report.stale:
             reasons += report.reasons

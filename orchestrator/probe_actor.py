@@ -60,6 +60,15 @@ class ProbeActor:
             "device_free_bytes": free,
         }
 
+    def wait_quiet(self, max_wait_s: float = 20.0) -> dict[str, Any]:
+        """Wait until this actor's host has gone quiet (`orchestrator.quiet_host`), so a pass
+        timed seconds after Ray started does not run beside its booting workers."""
+        from dataclasses import asdict
+
+        from orchestrator.quiet_host import wait_for_quiet_host
+
+        return {"node": self.node, **asdict(wait_for_quiet_host(max_wait_s=max_wait_s))}
+
     def run_local(self, spec: ProbeSpec) -> list[Measurement]:
         started = time.perf_counter()
         return self._stamp(run_local_probe(spec, self.device), started)

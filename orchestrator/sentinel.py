@@ -12,29 +12,33 @@ changed something that the version check cannot see. A pass over the bound is re
 before it is called drift: a spell of a neighbour's load reads as drift for one pass, not two,
 and a recalibration of the cluster's devices costs far more than a second pass of sentinels.
 
-The calibration also times its kernel and collective sentinels once, after its sweep and the
-way a nightly pass does (`record_baseline`), and the bundle keeps those times. A nightly's
+The calibration also times its kernel and collective sentinels, in three passes after its sweep
+and the way a nightly pass does (`record_baseline`), and the bundle keeps each point's median. A nightly's
 pass then says how fast the machine runs them now against then (`speed`, the geomean of now
 over then): the host or its neighbours can slow every lookup and copy by a tenth while no point
 strays far from the model, which the GMAE bound cannot see and every prediction inherits (11-28,
 #26: three hours after a calibration its embedding points ran 1.093x and its copies 1.099x their
-stored times, its GEMMs 1.021x, and its DLRM steps 1.195x). A speed past `speed_bound` either
-way, with most points moved the same way (noise moves them both ways), is drift as well.
+stored times, its GEMMs 1.021x, and its DLRM steps 1.195x). With a `speed_bound`, a speed past
+it either way, with most points moved the same way (noise moves them both ways), is drift as
+well; without one the speed is reported only (see `DEFAULT_SENTINEL_SPEED_BOUND`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import statistics
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import ray
+
 from orchestrator.defaults import DEFAULT_SENTINEL_BOUND, DEFAULT_SENTINEL_RATIO, DEFAULT_SENTINEL_SPEED_BOUND
 from orchestrator.fanout import Phase, run_collective_probes, run_local_probes
 from orchestrator.home import home_path
-from orchestrator.measurement_store import MeasurementStore
+from orchestrator.measurement_store import MeasurementStore, spec_key
 from orchestrator.probe_pool import ActorPool
 from orchestrator.progress import say
 from predictors.evaluation import geomean
@@ -53,7 +57,8 @@ SENTINEL_COLLECTIVES = ("all_reduce", "all_to_all")
 SENTINEL_COLLECTIVE_BYTES = (64 * 2**10, 2**20, 8 * 2**20)
 FUSION_SENTINEL_SECONDS = 1.0  # timed seconds of a fusion sentinel
 SPEED_SAME_WAY = 0.75  # share of points that must have moved the same way for a speed drift
-BASELINE_DIRECTORY = "sentinels"  # in a calibration's directory: its sentinel points, timed once
+BASELINE_DIRECTORY = "sentinels"  # in a calibration's directory: its sentinel points' passes
+BASELINE_PASSES = 3  # a point's baseline is the median of its passes (one pass is one noise draw)
 
 
 def fusion_sentinels(model: PerformanceModel) -> list[dict[str, Any]]:
@@ -117,14 +122,22 @@ def row_identity(row: Measurement) -> str:
 
 
 def baseline_times(rows: Sequence[Measurement]) -> dict[str, float]:
-    """The sentinel rows a calibration measured, as the bundle keeps them: identity -> seconds."""
-    return {row_identity(r): r.median_s for r in rows if r.median_s > 0}
+    """The sentinel rows a calibration measured, as the bundle keeps them: identity -> seconds,
+    the median of a point's passes."""
+    passes: dict[str, list[float]] = {}
+    for r in rows:
+        if r.median_s > 0:
+            passes.setdefault(row_identity(r), []).append(r.median_s)
+    return {identity: statistics.median(times) for identity, times in passes.items()}
 
 
 def calibration_baseline(directory: Path) -> dict[str, float]:
-    """The sentinel times a calibration in `directory` measured (empty when it measured none)."""
+    """The sentinel times a calibration in `directory` measured, over its passes (empty when it
+    measured none)."""
     folder = directory / BASELINE_DIRECTORY
-    return baseline_times(MeasurementStore(folder).rows()) if (folder / "measurements.jsonl").is_file() else {}
+    stores = [folder, *sorted(folder.glob("pass*"))] if folder.is_dir() else []
+    rows = [r for f in stores if (f / "measurements.jsonl").is_file() for r in MeasurementStore(f).rows()]
+    return baseline_times(rows)
 
 
 def split_points(specs: Sequence[dict[str, Any]], devices: int) -> tuple[list[ProbeSpec], list[ProbeSpec]]:
@@ -143,8 +156,13 @@ def sentinel_pool(device_kind: str, hardware_id: str, devices: int, collective: 
 def measure_pass(
     pool: ActorPool, collective: list[ProbeSpec], local: list[ProbeSpec], store: MeasurementStore, deadline_s: float
 ) -> int:
-    """One pass over the points into `store` (collectives first, within half of `deadline_s`);
-    returns how many failed."""
+    """One pass over the points into `store` (collectives first, within half of `deadline_s`),
+    once every actor's host has gone quiet (or 20 s passed); returns how many failed."""
+    for waited in ray.get([actor.wait_quiet.remote() for actor in pool.actors]):
+        if not waited["quiet"]:
+            say(
+                f"{waited['node']}: host still {waited['busy_share']:.0%} busy after {waited['waited_s']:.0f}s; timing the sentinels anyway"
+            )
     failed = 0
     if collective:
         failed += run_collective_probes(Phase(pool, collective, store, time.monotonic() + deadline_s / 2))[1]
@@ -161,22 +179,28 @@ def record_baseline(
     devices: int,
     directory: Path,
     deadline_s: float,
+    passes: int = BASELINE_PASSES,
 ) -> int:
-    """Time a calibration's kernel and collective sentinels once, the way a nightly pass will
-    (`sentinel_pool`, `measure_pass`), into `directory`/sentinels (not the calibration's rows:
-    they are no fit's points); returns how many it holds. A resumed calibration measures only
-    what is missing."""
-    store = MeasurementStore(directory / BASELINE_DIRECTORY)
-    done = store.done_keys()
+    """Time a calibration's kernel and collective sentinels in `passes` passes, the way a
+    nightly pass will (`sentinel_pool`, `measure_pass`, each pass within `deadline_s`), into
+    `directory`/sentinels/pass<k> (not the calibration's rows: they are no fit's points);
+    returns how many points have a baseline. A resumed calibration measures only what is
+    missing."""
     collective, local = split_points([s for s in specs if s["family"] != "fusion"], devices)
-    collective, local = ([s for s in points if s.key not in done] for points in (collective, local))
-    if collective or local:
+    stores = [MeasurementStore(directory / BASELINE_DIRECTORY / f"pass{k}") for k in range(passes)]
+    todo = []
+    for store in stores:
+        done = store.done_keys()
+        todo.append([[s for s in points if spec_key(s.to_dict()) not in done] for points in (collective, local)])
+    if any(c or loc for c, loc in todo):
         pool = sentinel_pool(device_kind, hardware_id, devices, bool(collective))
         try:
-            measure_pass(pool, collective, local, store, deadline_s)
+            for store, (c, loc) in zip(stores, todo):
+                if c or loc:
+                    measure_pass(pool, c, loc, store, deadline_s)
         finally:
             pool.stop()
-    return len(store.rows())
+    return len(calibration_baseline(directory))
 
 
 def speed_against(baseline: dict[str, float], rows: Sequence[Measurement]) -> tuple[float | None, int, float]:
@@ -211,17 +235,17 @@ class SentinelReport:
     speed: float | None = None
     speed_points: int = 0
     speed_same_way: float = 0.0
-    speed_bound: float = DEFAULT_SENTINEL_SPEED_BOUND
+    speed_bound: float | None = DEFAULT_SENTINEL_SPEED_BOUND
     reasons: list[str] = field(default_factory=list)  # why stale, in words
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def speed_drift(speed: float | None, same_way: float, bound: float) -> bool:
+def speed_drift(speed: float | None, same_way: float, bound: float | None) -> bool:
     """A machine running the sentinels more than `bound` times slower or faster than when it
-    was calibrated, most points moved that way."""
-    return speed is not None and max(speed, 1 / speed) > bound and same_way >= SPEED_SAME_WAY
+    was calibrated, most points moved that way (never without a bound)."""
+    return bound is not None and speed is not None and max(speed, 1 / speed) > bound and same_way >= SPEED_SAME_WAY
 
 
 def score_sentinels(
@@ -230,7 +254,7 @@ def score_sentinels(
     bound: float = DEFAULT_SENTINEL_BOUND,
     ratio: float = DEFAULT_SENTINEL_RATIO,
     failures: int = 0,
-    speed_bound: float = DEFAULT_SENTINEL_SPEED_BOUND,
+    speed_bound: float | None = DEFAULT_SENTINEL_SPEED_BOUND,
 ) -> SentinelReport:
     """Score re-measured sentinel rows against `model`: stale when their GMAE exceeds both the
     absolute bound and `ratio` x the model's own held-out GMAE on those ops, or when they run
@@ -315,7 +339,7 @@ def run_sentinels(
     deadline_s: float = 300.0,
     bound: float = DEFAULT_SENTINEL_BOUND,
     ratio: float = DEFAULT_SENTINEL_RATIO,
-    speed_bound: float = DEFAULT_SENTINEL_SPEED_BOUND,
+    speed_bound: float | None = DEFAULT_SENTINEL_SPEED_BOUND,
 ) -> SentinelReport:
     """Re-measure the champion's sentinels on this hardware's devices (probe actors on the
     nodes that have them, as in calibration, not the driver) and score them; a pass over the

@@ -65,31 +65,41 @@ def test_one_stale_pass_is_drift_only_when_its_re_measurement_is_stale_too(model
 def test_sentinels_slower_than_the_calibration_timed_them_are_drift_however_close_to_the_model(model):
     calibrated = PerformanceModel.from_dict(copy.deepcopy(model.to_dict()))
     calibrated.meta["sentinel_baseline"] = baseline_times(gemm_rows(12, 1))  # the calibration's own times
-    slower = score_sentinels(calibrated, gemm_rows(12, 1, slowdown=1.2))
+    slower = score_sentinels(calibrated, gemm_rows(12, 1, slowdown=1.2), speed_bound=1.1)
     assert slower.gmae is not None and slower.gmae < slower.bound  # near the model: the GMAE bound passes it
     assert slower.speed == pytest.approx(1.2) and slower.speed_points == 12 and slower.speed_same_way == 1.0
     assert slower.stale and slower.reasons == [
         "speed drift: sentinels run 1.20x their calibration times over 12 point(s) (bound 1.10x either way)"
     ]
-    faster = score_sentinels(calibrated, gemm_rows(12, 1, slowdown=1 / 1.2))
+    # Without a bound (the default) the speed is reported, never acted on.
+    reported = score_sentinels(calibrated, gemm_rows(12, 1, slowdown=1.2))
+    assert reported.speed == pytest.approx(1.2) and not reported.stale and reported.speed_bound is None
+    faster = score_sentinels(calibrated, gemm_rows(12, 1, slowdown=1 / 1.2), speed_bound=1.1)
     assert faster.stale and faster.speed == pytest.approx(1 / 1.2)
-    assert not score_sentinels(calibrated, gemm_rows(12, 1, slowdown=1.05)).stale
+    assert not score_sentinels(calibrated, gemm_rows(12, 1, slowdown=1.05), speed_bound=1.1).stale
     assert score_sentinels(calibrated, gemm_rows(12, 1, slowdown=1.05), speed_bound=1.04).stale
     # Noise moves points both ways: a geomean past the bound carried by a few points is not drift.
     mixed = gemm_rows(12, 1)
     for i, row in enumerate(mixed):
         row.median_s *= 1.5 if i < 7 else 0.95
-    spread = score_sentinels(calibrated, mixed)
+    spread = score_sentinels(calibrated, mixed, speed_bound=1.1)
     assert spread.speed is not None and spread.speed > 1.2 and spread.speed_same_way < 0.75
     assert not any(r.startswith("speed drift") for r in spread.reasons)
     # A bundle without the calibration's times has no speed to judge, nor do points it did not time.
-    assert score_sentinels(model, gemm_rows(12, 1, slowdown=1.2)).speed is None
-    other = score_sentinels(calibrated, gemm_rows(12, 5, slowdown=1.2))
+    assert score_sentinels(model, gemm_rows(12, 1, slowdown=1.2), speed_bound=1.1).speed is None
+    other = score_sentinels(calibrated, gemm_rows(12, 5, slowdown=1.2), speed_bound=1.1)
     assert other.speed is None and other.speed_points == 0 and not other.stale
     # One slow pass is confirmed by a second or dropped, as for the GMAE.
-    settled = confirmed(slower, score_sentinels(calibrated, gemm_rows(12, 1)))
+    settled = confirmed(slower, score_sentinels(calibrated, gemm_rows(12, 1), speed_bound=1.1))
     assert not settled.stale and settled.reasons == [] and settled.speed == pytest.approx(1.0)
     assert confirmed(slower, slower).reasons == slower.reasons
+
+
+def test_a_points_baseline_is_the_median_of_the_calibrations_passes():
+    one, two, three = gemm_rows(4, 1), gemm_rows(4, 1, slowdown=1.3), gemm_rows(4, 1, slowdown=0.9)
+    times = baseline_times(one + two + three)
+    assert len(times) == 4
+    assert sorted(times.values()) == pytest.approx(sorted(r.median_s for r in one))
 
 
 def test_sentinels_are_fixed_per_seed_and_are_not_the_calibrations_own_points():

@@ -199,7 +199,16 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     drill = {"AUTOTUNE_DRILL_SLOWDOWN": "3"}
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli.nightly", "--budget-s", "25", "--json"],
+            [
+                sys.executable,
+                "-m",
+                "orchestrator.cli.nightly",
+                "--budget-s",
+                "25",
+                "--sentinel-speed-bound",
+                "2",
+                "--json",
+            ],
             cwd=tmp_path,
             env=cli_env(drill),
             stdout=subprocess.PIPE,
@@ -218,7 +227,8 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     (checked,) = drilled["checked"]
     assert checked["recalibrated"] and checked["promoted"], checked.get("promotion_reason")
     assert any(r.startswith("sentinel drift") for r in checked["reasons"])
-    # The calibration timed its sentinels: the drilled machine runs them about 3x its times.
+    # The calibration timed its sentinels: the drilled machine runs them about 3x its times,
+    # past the bound this nightly was given.
     assert any(r.startswith("speed drift") for r in checked["reasons"]) and checked["sentinel"]["speed"] > 2
     assert str(client.get_model_version_by_alias(name, "champion").version) == checked["model"].split("/")[1]
     # The drift report shows the jump: the drilled check over its bound.

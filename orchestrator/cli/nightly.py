@@ -62,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--sentinel-speed-bound",
         type=options.number_in(1.0, 100.0),
         default=DEFAULT_SENTINEL_SPEED_BOUND,
-        help="sentinels running this many times slower or faster than the calibration timed them: drift",
+        help="sentinels running this many times slower or faster than the calibration timed them: drift "
+        "(unset: their speed is reported and logged, not acted on)",
     )
     parser.add_argument("--seed", type=options.seed, default=0, help="seed of a recalibration's sweep and split")
     options.add_common(parser)
