@@ -82,6 +82,8 @@ def check_hardware(fp: HardwareFingerprint, settings: NightlySettings) -> dict[s
         out["sentinel"] = {k: v for k, v in report.to_dict().items() if k != "points"}
         mlflow.log_dict(report.to_dict(), f"sentinel-{hw}.json")
         mlflow.set_tag("checked_version", champion.version)
+        if report.speed is not None:
+            mlflow.log_metric("sentinel_speed", report.speed)
         if report.gmae is not None:
             mlflow.log_metrics(
                 {
@@ -89,7 +91,6 @@ def check_hardware(fp: HardwareFingerprint, settings: NightlySettings) -> dict[s
                     "sentinel_bound": report.bound,
                     "sentinel_points": float(len(report.points)),
                     **({"sentinel_ratio": report.ratio} if report.ratio is not None else {}),
-                    **({"sentinel_speed": report.speed} if report.speed is not None else {}),
                 }
             )
             direction = f", measured / predicted {report.ratio:.2f}" if report.ratio is not None else ""

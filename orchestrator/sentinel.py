@@ -34,12 +34,13 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import ray
+from ray.exceptions import RayError
 
 from orchestrator.defaults import DEFAULT_SENTINEL_BOUND, DEFAULT_SENTINEL_RATIO, DEFAULT_SENTINEL_SPEED_BOUND
 from orchestrator.fanout import Phase, run_collective_probes, run_local_probes
 from orchestrator.home import home_path
 from orchestrator.measurement_store import MeasurementStore, spec_key
-from orchestrator.probe_pool import ActorPool
+from orchestrator.probe_pool import ACTOR_CALL_TIMEOUT_S, ActorPool
 from orchestrator.progress import say
 from predictors.evaluation import geomean
 from predictors.performance_model import PerformanceModel
@@ -57,6 +58,9 @@ SENTINEL_COLLECTIVES = ("all_reduce", "all_to_all")
 SENTINEL_COLLECTIVE_BYTES = (64 * 2**10, 2**20, 8 * 2**20)
 FUSION_SENTINEL_SECONDS = 1.0  # timed seconds of a fusion sentinel
 SPEED_SAME_WAY = 0.75  # share of points that must have moved the same way for a speed drift
+SPEED_MIN_POINTS = 4  # common points a speed is judged on (one point always moved "the same way")
+PASS_DEADLINE_S = 300.0  # a pass's wait, the calibration's baseline and a nightly's alike
+QUIET_WAIT_S = 20.0  # at most, per pass, for the hosts to go quiet
 BASELINE_DIRECTORY = "sentinels"  # in a calibration's directory: its sentinel points' passes
 BASELINE_PASSES = 3  # a point's baseline is the median of its passes (one pass is one noise draw)
 
@@ -158,11 +162,18 @@ def measure_pass(
 ) -> int:
     """One pass over the points into `store` (collectives first, within half of `deadline_s`),
     once every actor's host has gone quiet (or 20 s passed); returns how many failed."""
-    for waited in ray.get([actor.wait_quiet.remote() for actor in pool.actors]):
+    refs = [actor.wait_quiet.remote(QUIET_WAIT_S) for actor in pool.actors]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=QUIET_WAIT_S + ACTOR_CALL_TIMEOUT_S)
+    busy = {}
+    for ref in ready:  # an actor that does not answer is the probes' business (fanout replaces it)
+        try:
+            waited = ray.get(ref)
+        except RayError:
+            continue
         if not waited["quiet"]:
-            say(
-                f"{waited['node']}: host still {waited['busy_share']:.0%} busy after {waited['waited_s']:.0f}s; timing the sentinels anyway"
-            )
+            busy[waited["node"]] = waited
+    for node, waited in busy.items():
+        say(f"{node}: host still {waited['busy_share']:.0%} busy after {waited['waited_s']:.0f}s; timing anyway")
     failed = 0
     if collective:
         failed += run_collective_probes(Phase(pool, collective, store, time.monotonic() + deadline_s / 2))[1]
@@ -242,10 +253,17 @@ class SentinelReport:
         return asdict(self)
 
 
-def speed_drift(speed: float | None, same_way: float, bound: float | None) -> bool:
+def speed_drift(speed: float | None, points: int, same_way: float, bound: float | None) -> bool:
     """A machine running the sentinels more than `bound` times slower or faster than when it
-    was calibrated, most points moved that way (never without a bound)."""
-    return bound is not None and speed is not None and max(speed, 1 / speed) > bound and same_way >= SPEED_SAME_WAY
+    was calibrated, over `SPEED_MIN_POINTS` or more points, most of them moved that way (never
+    without a bound)."""
+    return (
+        bound is not None
+        and speed is not None
+        and points >= SPEED_MIN_POINTS
+        and max(speed, 1 / speed) > bound
+        and same_way >= SPEED_SAME_WAY
+    )
 
 
 def score_sentinels(
@@ -269,7 +287,7 @@ def score_sentinels(
             continue
         error = abs(predicted - r.median_s) / r.median_s
         points.append({"op": op, "measured_s": r.median_s, "predicted_s": predicted, "error": error})
-    moved = speed_drift(speed, same_way, speed_bound)
+    moved = speed_drift(speed, speed_points, same_way, speed_bound)
     speed_fields: dict[str, Any] = {
         "speed": speed,
         "speed_points": speed_points,
@@ -312,12 +330,15 @@ def score_sentinels(
 
 def confirmed(first: SentinelReport, second: SentinelReport) -> SentinelReport:
     """The verdict of a stale pass `first` and its re-measurement `second`: the second pass's
-    figures, stale only when both passes were, with both passes' GMAE and failures kept."""
+    figures, stale only for a test (GMAE, speed) both passes failed, with both passes' GMAE and
+    failures kept."""
+    kinds = {reason.split(":")[0] for reason in first.reasons}
+    kept = [reason for reason in second.reasons if reason.split(":")[0] in kinds]
     return SentinelReport(
         second.gmae,
         second.expected_gmae,
         second.bound,
-        first.stale and second.stale,
+        bool(kept),
         second.points,
         first.failures + second.failures,
         sorted(set(first.skipped) | set(second.skipped)),
@@ -327,7 +348,7 @@ def confirmed(first: SentinelReport, second: SentinelReport) -> SentinelReport:
         speed_points=second.speed_points,
         speed_same_way=second.speed_same_way,
         speed_bound=second.speed_bound,
-        reasons=second.reasons if first.stale and second.stale else [],
+        reasons=kept,
     )
 
 
@@ -336,7 +357,7 @@ def run_sentinels(
     device_kind: str,
     hardware_id: str,
     devices: int = 1,
-    deadline_s: float = 300.0,
+    deadline_s: float = PASS_DEADLINE_S,
     bound: float = DEFAULT_SENTINEL_BOUND,
     ratio: float = DEFAULT_SENTINEL_RATIO,
     speed_bound: float | None = DEFAULT_SENTINEL_SPEED_BOUND,

@@ -93,6 +93,13 @@ def test_sentinels_slower_than_the_calibration_timed_them_are_drift_however_clos
     settled = confirmed(slower, score_sentinels(calibrated, gemm_rows(12, 1), speed_bound=1.1))
     assert not settled.stale and settled.reasons == [] and settled.speed == pytest.approx(1.0)
     assert confirmed(slower, slower).reasons == slower.reasons
+    # Each test must fail twice: a pass far off the model, then one only slower, is no drift.
+    off_model = score_sentinels(calibrated, gemm_rows(12, 1, slowdown=3.0), speed_bound=100)
+    assert off_model.reasons[0].startswith("sentinel drift") and len(off_model.reasons) == 1
+    assert not confirmed(off_model, slower).stale
+    # Three common points are too few to call a speed (one always "moved the same way").
+    few = score_sentinels(calibrated, gemm_rows(12, 1, slowdown=1.2)[:3], speed_bound=1.1)
+    assert few.speed == pytest.approx(1.2) and few.speed_points == 3 and not few.stale
 
 
 def test_a_points_baseline_is_the_median_of_the_calibrations_passes():
