@@ -14,20 +14,20 @@ gang (the "aged" arm, as the calibration's training phase does); each step is al
 fresh pool and gang (`launch_vs_probe.probe_step_ms`, the "fresh" arm). In every round each
 step is timed once each way, the order alternating by round, so host drift falls on both.
 Reports per step the median of each arm and their ratio (fresh / aged), and over steps the
-geomean ratio with a bootstrap 90% interval over the steps. Writes
+geomean ratio with its 95% interval over the steps (`predictors.evaluation.error_stats`). Writes
 benchmarks/results/gang_history.json (or `--out`).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
-import random
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -40,17 +40,20 @@ from orchestrator.cluster import cluster_fingerprint  # noqa: E402
 from orchestrator.fanout import Phase, run_collective_probes  # noqa: E402
 from orchestrator.measurement_store import MeasurementStore  # noqa: E402
 from orchestrator.probe_pool import ActorPool, Gang  # noqa: E402
+from predictors.evaluation import error_stats  # noqa: E402
 from probes.collective_sweep import collective_groups, collective_specs  # noqa: E402
 from probes.probe import ProbeSpec  # noqa: E402
 from probes.vocabulary.ops import DLRM_STEP_OP  # noqa: E402
 
 
-def geomean_interval(ratios: list[float], draws: int = 2000, seed: int = 0) -> tuple[float, float, float]:
-    """Geomean of `ratios` and a bootstrap 90% interval over them."""
-    logs = [math.log(r) for r in ratios]
-    rng = random.Random(seed)
-    means = sorted(statistics.fmean(rng.choices(logs, k=len(logs))) for _ in range(draws))
-    return math.exp(statistics.fmean(logs)), math.exp(means[int(0.05 * draws)]), math.exp(means[int(0.95 * draws)])
+def summarize(rows: list[dict], pairs: list[float]) -> dict:
+    """Over the steps: each ratio's geomean with its 95% interval (a ratio's geomean is the
+    GMAE of `error_stats`, whose interval is a t-interval on the mean log), and the pairs."""
+    out: dict = {"pairs_above_1": sum(p > 1 for p in pairs), "pairs": len(pairs)}
+    for key in ("fresh_over_aged", "aged_over_stored"):
+        stats = error_stats(np.asarray([r[key] for r in rows]))
+        out[f"{key}_geomean"], out[f"{key}_interval95"] = stats.gmae, [stats.gmae_low, stats.gmae_high]
+    return out
 
 
 def main() -> None:
@@ -115,13 +118,11 @@ def main() -> None:
             f"{rows[-1]['job']:9s} stored {step['stored_ms']:7.2f}  aged {a:7.2f}  fresh {f:7.2f}  fresh/aged {f / a:.3f}"
         )
     pairs = [f / a for i in range(len(steps)) for a, f in zip(times["aged"][i], times["fresh"][i])]
-    ratio, low, high = geomean_interval([r["fresh_over_aged"] for r in rows])
-    aged_stored = geomean_interval([r["aged_over_stored"] for r in rows])
-    print(
-        f"fresh / aged: geomean {ratio:.3f} [90% {low:.3f}, {high:.3f}] over {len(rows)} steps; "
-        f"{sum(p > 1 for p in pairs)} of {len(pairs)} pairs above 1"
-    )
-    print(f"aged / stored: geomean {aged_stored[0]:.3f} [90% {aged_stored[1]:.3f}, {aged_stored[2]:.3f}]")
+    summary = summarize(rows, pairs)
+    for key, label in (("fresh_over_aged", "fresh / aged"), ("aged_over_stored", "aged / stored")):
+        low, high = summary[f"{key}_interval95"]
+        print(f"{label}: geomean {summary[f'{key}_geomean']:.3f} [95% {low:.3f}, {high:.3f}] over {len(rows)} steps")
+    print(f"{summary['pairs_above_1']} of {summary['pairs']} fresh / aged pairs above 1")
     result = {
         "hardware_id": hardware_id,
         "command": f"python benchmarks/gang_history.py --calibration-dir DIR --history-s {args.history_s:g} "
@@ -129,14 +130,7 @@ def main() -> None:
         "calibration_dir": str(args.calibration_dir),
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "steps": rows,
-        "summary": {
-            "fresh_over_aged_geomean": ratio,
-            "fresh_over_aged_interval90": [low, high],
-            "pairs_above_1": sum(p > 1 for p in pairs),
-            "pairs": len(pairs),
-            "aged_over_stored_geomean": aged_stored[0],
-            "aged_over_stored_interval90": list(aged_stored[1:]),
-        },
+        "summary": summary,
     }
     print(f"wrote {write_result(args.out, result)}")
 

@@ -138,9 +138,8 @@ def baseline_times(rows: Sequence[Measurement]) -> dict[str, float]:
 def calibration_baseline(directory: Path) -> dict[str, float]:
     """The sentinel times a calibration in `directory` measured, over its passes (empty when it
     measured none)."""
-    folder = directory / BASELINE_DIRECTORY
-    stores = [folder, *sorted(folder.glob("pass*"))] if folder.is_dir() else []
-    rows = [r for f in stores if (f / "measurements.jsonl").is_file() for r in MeasurementStore(f).rows()]
+    stores = sorted((directory / BASELINE_DIRECTORY).glob("pass*/measurements.jsonl"))
+    rows = [r for path in stores for r in MeasurementStore(path.parent).rows()]
     return baseline_times(rows)
 
 
@@ -218,7 +217,8 @@ def speed_against(baseline: dict[str, float], rows: Sequence[Measurement]) -> tu
     """How fast `rows` ran against the calibration's times of the same points: the geomean of
     now over then (None without a common point), how many points, and the share of them that
     moved the way the geomean did."""
-    ratios = [r.median_s / baseline[row_identity(r)] for r in rows if r.median_s > 0 and row_identity(r) in baseline]
+    then = [(r.median_s, baseline.get(row_identity(r))) for r in rows if r.median_s > 0]
+    ratios = [now / before for now, before in then if before]
     if not ratios:
         return None, 0, 0.0
     speed = geomean(ratios)
