@@ -326,9 +326,9 @@ def main() -> None:
 
     result = {
         "hardware_id": fingerprint.hardware_id,
-        "command": f"python benchmarks/e2e_accuracy.py --tasks {args.tasks} --budget-s {args.budget_s:g} "
-        f"--scale {args.scale:g} --seed {args.seed} --rounds {args.rounds}"
-        + (" --tracking-uri URI" if args.tracking_uri else "")
+        "command": f"python benchmarks/e2e_accuracy.py --tasks {args.tasks} "
+        + ("--tracking-uri URI " if args.tracking_uri else f"--budget-s {args.budget_s:g} ")
+        + f"--scale {args.scale:g} --seed {args.seed} --rounds {args.rounds}"
         + (f" --host-check DIR --host-check-points {args.host_check_points}" if args.host_check else ""),
         "world_size": args.world_size,
         "task_seed": args.seed,

@@ -124,8 +124,8 @@ def main() -> None:
     result = {
         "hardware_id": fingerprint.hardware_id,
         "command": f"python benchmarks/e2e_accuracy_transformer.py --tasks {args.tasks} --tp-tasks {args.tp_tasks} "
-        f"--budget-s {args.budget_s:g} --seed {args.seed} --rounds {args.rounds}"
-        + (" --tracking-uri URI" if args.tracking_uri else "")
+        + ("--tracking-uri URI " if args.tracking_uri else f"--budget-s {args.budget_s:g} ")
+        + f"--seed {args.seed} --rounds {args.rounds}"
         + (f" --host-check DIR --host-check-points {args.host_check_points}" if args.host_check else ""),
         "task_seed": args.seed,
         "tasks": dp,
