@@ -3,12 +3,18 @@ held-out error against its roofline baseline, refitted from stored calibrations 
 `MIN_ROWS_FOR_CORRECTION`.
 
     PYTHONPATH=. .venv/bin/python benchmarks/correction_rows.py [FILES...] [--min-rows 20 40 60]
+        [--judge split|folds]
 
 A short calibration measures each element-wise op 20-35 times, so its corrections (an MLP or
 gradient-boosted trees over 7 inputs: 6 shape and dtype features and the roofline's log time)
 are chosen by 5-fold cross-validation on folds of 4-7 rows. Below the threshold the op takes its roofline base or baseline (whichever wins
 with each row left out in turn). Each file's rows are split by the same seed for every
 threshold, so the held-out rows are the same and the ratios are paired.
+
+`--judge folds` instead refits every kernel row as a calibration does
+(`predictors.fit.fit_performance_model`: each op judged by 5-fold cross-validation, the same
+fold draw for every threshold) and reports every family's held-out ratio to its baseline, as
+the calibration prints it. FILES may be gzipped rows or a calibration's `measurements.jsonl`.
 
 Writes benchmarks/results/correction_rows.json.
 """
@@ -19,7 +25,9 @@ import argparse
 import gzip
 import json
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -29,32 +37,45 @@ DEFAULT_FILES = sorted(str(p) for p in REPO.glob("benchmarks/results/e2e_issue26
 OUT = REPO / "benchmarks/results/correction_rows.json"
 
 
+def stored_rows(path: str) -> list:
+    """A calibration's rows, gzipped or as its `measurements.jsonl`, as stored."""
+    from probes.vocabulary.records import Measurement
+
+    with gzip.open(path, "rt") if path.endswith(".gz") else open(path) as f:
+        return [Measurement.from_row(json.loads(line)) for line in f if line.strip()]
+
+
 def kernel_split(path: str, seed: int) -> tuple[list, list]:
     """The calibration's own split of its kernel rows (one seeded draw per op, every op in
     turn), then its element-wise rows only: the held-out rows the calibration scored."""
     from predictors.evaluation import split_by_op
     from predictors.fit import kernel_rows
-    from probes.vocabulary.records import Measurement
 
-    with gzip.open(path, "rt") as f:
-        rows = [Measurement.from_row(json.loads(line)) for line in f if line.strip()]
-    train, test = split_by_op(kernel_rows(rows), seed)
+    train, test = split_by_op(kernel_rows(stored_rows(path)), seed)
     return [r for r in train if r.family == "elementwise"], [r for r in test if r.family == "elementwise"]
+
+
+@contextmanager
+def min_rows_for_correction(min_rows: int) -> Iterator[None]:
+    """`learned_model.MIN_ROWS_FOR_CORRECTION` set to `min_rows` while the block runs."""
+    from predictors import learned_model
+
+    saved = learned_model.MIN_ROWS_FOR_CORRECTION
+    learned_model.MIN_ROWS_FOR_CORRECTION = min_rows
+    try:
+        yield
+    finally:
+        learned_model.MIN_ROWS_FOR_CORRECTION = saved
 
 
 def refit(train: list, test: list, min_rows: int, seed: int) -> dict:
     """Each element-wise op fitted and scored as the calibration scored it on its split
     (`family_heldout.split_fits`), under `min_rows`; the family pooled."""
     from benchmarks.family_heldout import split_fits
-    from predictors import learned_model
     from predictors.fit import family_heldout
 
-    saved = learned_model.MIN_ROWS_FOR_CORRECTION
-    learned_model.MIN_ROWS_FOR_CORRECTION = min_rows
-    try:
+    with min_rows_for_correction(min_rows):
         fits = split_fits(train, test, seed)
-    finally:
-        learned_model.MIN_ROWS_FOR_CORRECTION = saved
     stats = {op: fit.stats for op, fit in fits.items()}
     pairs = [fit.scored[1:] for fit in fits.values() if fit.scored is not None]
     family = family_heldout({"elementwise": pairs})["elementwise"]
@@ -68,13 +89,55 @@ def refit(train: list, test: list, min_rows: int, seed: int) -> dict:
     }
 
 
+def refit_folds(rows: list, min_rows: int, seed: int) -> dict:
+    """Every kernel row refitted and judged as a calibration does, under `min_rows`: each
+    family's held-out figures beside its baseline's."""
+    from predictors.fit import fit_performance_model
+
+    with min_rows_for_correction(min_rows):
+        model, _ = fit_performance_model(rows, "refit", seed)
+    return {
+        family: {k: stats[k] for k in ("gmae", "baseline_gmae", "n", "vs_baseline")}
+        for family, stats in model.meta["family_heldout"].items()
+    }
+
+
+def main_folds(files: list[str], min_rows: list[int], seed: int) -> list[dict]:
+    """`--judge folds`: one line per file and threshold, every family's ratio [95%]."""
+    from predictors.fit import kernel_rows
+    from probes.collective import merge_passes
+
+    results = []
+    for path in files:
+        # read as the calibration reads them (`MeasurementStore.rows`): a collective point of
+        # several sweep passes is one row
+        rows = kernel_rows(merge_passes(stored_rows(path)))
+        fits = {m: refit_folds(rows, m, seed) for m in min_rows}
+        results.append({"file": path, "rows": len(rows), "fits": fits})
+        for m, families in fits.items():
+            cells = [
+                f"{name} {f['gmae']:.1%} / {f['baseline_gmae']:.1%} n={f['n']} "
+                f"{f['vs_baseline']['ratio']:.2f} [{f['vs_baseline']['low']:.2f}, {f['vs_baseline']['high']:.2f}]"
+                for name, f in families.items()
+            ]
+            print(f"{path}  min {m}: " + "; ".join(cells), flush=True)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("files", nargs="*", default=DEFAULT_FILES)
     parser.add_argument("--min-rows", type=int, nargs="+", default=[20, 40, 60])
     parser.add_argument("--seed", type=int, default=0, help="the split's seed (calibrations use 0)")
     parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--judge", choices=("split", "folds"), default="split", help="see the module's docstring")
     args = parser.parse_args()
+    command = "python benchmarks/correction_rows.py " + " ".join(sys.argv[1:])
+    if args.judge == "folds":
+        runs = main_folds(args.files, args.min_rows, args.seed)
+        Path(args.out).write_text(json.dumps({"command": command, "runs": runs}, indent=1))
+        print(f"wrote {args.out}")
+        return
     results = []
     print(f"{'calibration':<44} {'rows/op':>7} | " + " | ".join(f"min {m:>3}: ratio [95%]" for m in args.min_rows))
     for path in args.files:
@@ -92,11 +155,7 @@ def main() -> None:
             + " | ".join(cells),
             flush=True,
         )
-    Path(args.out).write_text(
-        json.dumps(
-            {"command": "python benchmarks/correction_rows.py " + " ".join(sys.argv[1:]), "runs": results}, indent=1
-        )
-    )
+    Path(args.out).write_text(json.dumps({"command": command, "runs": results}, indent=1))
     print(f"wrote {args.out}")
 
 

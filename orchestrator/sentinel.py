@@ -63,6 +63,10 @@ PASS_DEADLINE_S = 300.0  # a pass's wait, the calibration's baseline and a night
 QUIET_WAIT_S = 20.0  # at most, per pass, for the hosts to go quiet
 BASELINE_DIRECTORY = "sentinels"  # in a calibration's directory: its sentinel points' passes
 BASELINE_PASSES = 3  # a point's baseline is the median of its passes (one pass is one noise draw)
+# The tests a pass can fail, each reason starting with its test's name and a colon
+# (`confirmed` keeps only the tests both passes failed).
+GMAE_TEST = "sentinel drift"
+SPEED_TEST = "speed drift"
 
 
 def fusion_sentinels(model: PerformanceModel) -> list[dict[str, Any]]:
@@ -296,7 +300,7 @@ def score_sentinels(
     }
     speed_reason = (
         [
-            f"speed drift: sentinels run {speed:.2f}x their calibration times over {speed_points} point(s) (bound {speed_bound:.2f}x either way)"
+            f"{SPEED_TEST}: sentinels run {speed:.2f}x their calibration times over {speed_points} point(s) (bound {speed_bound:.2f}x either way)"
         ]
         if moved and speed is not None
         else []
@@ -312,7 +316,7 @@ def score_sentinels(
     held = [h for h in held if h is not None and h > 0]
     expected = geomean(held) if held else None
     limit = max(bound, ratio * expected) if expected is not None else bound
-    reasons = ([f"sentinel drift: GMAE {gmae:.1%} > {limit:.1%}"] if gmae > limit else []) + speed_reason
+    reasons = ([f"{GMAE_TEST}: GMAE {gmae:.1%} > {limit:.1%}"] if gmae > limit else []) + speed_reason
     return SentinelReport(
         gmae,
         expected,
@@ -328,12 +332,17 @@ def score_sentinels(
     )
 
 
+def failed_test(reason: str) -> str:
+    """Which test (`GMAE_TEST`, `SPEED_TEST`) a report's reason says failed."""
+    return reason.split(":", 1)[0]
+
+
 def confirmed(first: SentinelReport, second: SentinelReport) -> SentinelReport:
     """The verdict of a stale pass `first` and its re-measurement `second`: the second pass's
     figures, stale only for a test (GMAE, speed) both passes failed, with both passes' GMAE and
     failures kept."""
-    kinds = {reason.split(":")[0] for reason in first.reasons}
-    kept = [reason for reason in second.reasons if reason.split(":")[0] in kinds]
+    failed_first = {failed_test(reason) for reason in first.reasons}
+    kept = [reason for reason in second.reasons if failed_test(reason) in failed_first]
     return SentinelReport(
         second.gmae,
         second.expected_gmae,
