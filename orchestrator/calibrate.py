@@ -68,6 +68,13 @@ COLLECTIVE_SHARE = 0.25  # of the budget: six collective variants per group need
 # (at 0.2 of a 300 s budget a 2-device host measured four DLRM steps, and the fit fell back to
 # a constant; at 0.3, with full-size tasks, six).
 TRAINING_SHARE = 0.35
+# The training points run in this many rounds, each followed by a share of the kernel points
+# (`measure_rounds`), so that the steps sample the host over the whole sweep. In one phase of
+# 35% of the budget, a spell of the host in those minutes moved every step row, and the step
+# overhead fitted on them, together: four 600 s calibrations' steps, re-timed minutes later,
+# ran 1.012x, 1.031x, 1.070x and 1.147x their stored times, and the DLRM predictions leaned
+# -2.6, -4.6, -9.5 and -6.4% (#26, 11-27 08:50 to 11-28 12:40).
+TRAINING_ROUNDS = 3
 # On NCCL clusters: each tunable collective under every forced (algorithm, protocol) pair and
 # NCCL's own choice, for the tuner CSV (orchestrator/cli/nccl_tuner.py); none on gloo.
 NCCL_CHOICE_SHARE = 0.1
@@ -319,28 +326,80 @@ def measure(
             )
             bar.close()
             done, failed = done + d, failed + f
-        for specs, members, label in (
-            (whole, None, "training probes"),
-            (within, one_node, "training probes (one node)"),
-        ):
-            if not specs:
-                continue
-            share = budget_s * TRAINING_SHARE * len(specs) / (len(whole) + len(within))
-            bar = Progress(label, len(specs), share)
-            d, f = run_collective_probes(
-                Phase(pool, specs, store, time.monotonic() + share, bar.update), members=members
-            )
-            bar.close()
-            done, failed = done + d, failed + f
-        remaining = max(budget_s * (1 - FUSION_SHARE) - (time.monotonic() - start), budget_s * KERNEL_MIN_SHARE)
-        bar = Progress("kernels", len(local), remaining)
-        d, f = run_local_probes(Phase(pool, local, store, time.monotonic() + remaining, bar.update))
-        bar.close()
+        d, f = measure_rounds(pool, store, Rounds(whole, within, one_node, local), start, budget_s)
         done, failed = done + d, failed + f
     finally:
         pool.stop()
     fused = measure_fusion(fingerprint, store, time.monotonic() + budget_s * FUSION_SHARE, seed)
     return done + fused, failed
+
+
+@dataclass
+class Rounds:
+    """What `measure_rounds` alternates: the whole-cluster and one-node training points (and
+    the one node's pool members) with the kernel points."""
+
+    whole: list[ProbeSpec]
+    within: list[ProbeSpec]
+    one_node: list[int]
+    local: list[ProbeSpec]
+
+
+def measure_rounds(
+    pool: ActorPool, store: MeasurementStore, work: Rounds, start: float, budget_s: float
+) -> tuple[int, int]:
+    """The training points in `TRAINING_ROUNDS` rounds, each followed by its share of the
+    kernel points; returns (points measured, points failed). A round's training points left
+    when its time is up go first in the next round; the kernels always get `KERNEL_MIN_SHARE`
+    of the budget in all, even when the phases before them ran over."""
+    training = bool(work.whole or work.within)
+    rounds = TRAINING_ROUNDS if training else 1
+    begin = time.monotonic()
+    end = max(
+        start + budget_s * (1 - FUSION_SHARE),
+        begin + budget_s * (KERNEL_MIN_SHARE + (TRAINING_SHARE if training else 0.0)),
+    )
+    total_training = len(work.whole) + len(work.within)
+    parts = [(work.whole, None, "training probes"), (work.within, work.one_node, "training probes (one node)")]
+    cuts = {label: _cut(specs, rounds) for specs, _, label in parts}
+    carried: dict[str, list[ProbeSpec]] = {label: [] for _, _, label in parts}
+    local = list(work.local)
+    done = failed = 0
+    for r in range(rounds):
+        tag = f" ({r + 1}/{rounds})" if rounds > 1 else ""
+        for group, members, label in parts:
+            specs = carried[label] + cuts[label][r]
+            if not specs:
+                continue
+            share = budget_s * TRAINING_SHARE / rounds * len(group) / total_training
+            bar = Progress(label + tag, len(specs), share)
+            d, f = run_collective_probes(
+                Phase(pool, specs, store, time.monotonic() + share, bar.update), members=members
+            )
+            bar.close()
+            done, failed = done + d, failed + f
+            carried[label] = _unattempted(specs, store)
+        round_end = begin + (end - begin) * (r + 1) / rounds
+        seconds = max(round_end - time.monotonic(), budget_s * KERNEL_MIN_SHARE / rounds)
+        bar = Progress("kernels" + tag, len(local), seconds)
+        d, f = run_local_probes(Phase(pool, local, store, time.monotonic() + seconds, bar.update))
+        bar.close()
+        done, failed = done + d, failed + f
+        if r + 1 < rounds:
+            local = _unattempted(local, store)
+    return done, failed
+
+
+def _cut(specs: Sequence[ProbeSpec], rounds: int) -> list[list[ProbeSpec]]:
+    """`specs` in `rounds` runs of consecutive points (the turns of `TRAINING_TURN` kept)."""
+    bounds = np.linspace(0, len(specs), rounds + 1).round().astype(int)
+    return [list(specs[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _unattempted(specs: Sequence[ProbeSpec], store: MeasurementStore) -> list[ProbeSpec]:
+    """The points neither stored nor recorded as failed (a failure was retried once already)."""
+    tried = store.done_keys() | {spec_key(f["spec"]) for f in store.failures() if isinstance(f.get("spec"), dict)}
+    return [s for s in specs if spec_key(s.to_dict()) not in tried]
 
 
 def measure_fusion(fingerprint: HardwareFingerprint, store: MeasurementStore, deadline: float, seed: int) -> int:

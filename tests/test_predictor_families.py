@@ -248,16 +248,44 @@ def test_a_model_that_keeps_its_baseline_prices_as_its_baseline_does():
 def test_a_learned_candidate_must_beat_the_plain_model_by_more_than_luck():
     """The best of several candidates validates a little better by chance: a 2% edge that
     varies row by row keeps the baseline; a clear halving of every row's error picks the
-    candidate. Without a baseline the base is the plain model."""
+    candidate. Without a baseline the base is the plain model. Rows left out one at a time
+    are judged the same way."""
     from predictors.learned_model import _choose
 
     rng = np.random.default_rng(0)
     plain = np.abs(rng.normal(0.1, 0.05, size=40)) + 1e-3
     luck = plain * np.exp(rng.normal(-0.02, 0.3, size=40))
-    assert _choose({"baseline": plain, "base": plain * 1.5, "mlp": luck, "gbt": plain * 1.1}) == "baseline"
-    assert _choose({"baseline": plain, "base": plain * 1.5, "mlp": plain * 0.5, "gbt": plain}) == "mlp"
-    assert _choose({"base": plain, "mlp": luck, "gbt": plain * 1.2}) == "base"
-    assert _choose({}) == "base"
+
+    def folds(errors: dict[str, np.ndarray]) -> dict[str, list[np.ndarray]]:
+        return {name: np.array_split(e, 5) for name, e in errors.items()}
+
+    for split, by_fold in ((folds, True), (lambda e: {n: [x] for n, x in e.items()}, False)):
+        assert (
+            _choose(split({"baseline": plain, "base": plain * 1.5, "mlp": luck, "gbt": plain * 1.1}), by_fold)
+            == "baseline"
+        )
+        assert (
+            _choose(split({"baseline": plain, "base": plain * 1.5, "mlp": plain * 0.5, "gbt": plain}), by_fold) == "mlp"
+        )
+        assert _choose(split({"base": plain, "mlp": luck, "gbt": plain * 1.2}), by_fold) == "base"
+        assert _choose({}, by_fold) == "base"
+
+
+def test_a_gain_one_fold_alone_makes_is_not_clear():
+    """Cross-validation's folds share their training rows: a candidate that gains on every row
+    of one fold and nothing on the others clears the per-row test (its rows look like 45
+    independent draws) but not the folds' corrected one; the same gain spread over every fold
+    clears both."""
+    from predictors.evaluation import clearly_better, clearly_better_folds
+
+    rng = np.random.default_rng(1)
+    reference = [np.full(9, 1.0) + rng.normal(0, 0.01, 9) for _ in range(5)]
+    one_fold = [r - (0.6 if k == 0 else 0.0) for k, r in enumerate(reference)]
+    every_fold = [r - 0.12 + rng.normal(0, 0.01, 9) for r in reference]
+    assert clearly_better(np.concatenate(reference), np.concatenate(one_fold), 2.0)
+    assert not clearly_better_folds(reference, one_fold, 2.0)
+    assert clearly_better_folds(reference, every_fold, 2.0)
+    assert not clearly_better_folds(reference[:1], every_fold[:1], 2.0)  # one fold cannot say
 
 
 def test_a_family_pools_its_ops_held_out_rows_against_their_baselines():

@@ -1,0 +1,122 @@
+"""How a learned kernel model's correction is chosen, judged as a calibration judges it: every
+learned family's held-out error beside its baseline's, refitted from stored calibrations under
+each rule for "the candidate clearly beats the plain model".
+
+    PYTHONPATH=. .venv/bin/python benchmarks/choice_rules.py FILES... [--rules folds rows] [--seed 0]
+
+Rules (the test `predictors.learned_model._choose` applies to the cross-validated log errors):
+- `folds` (what calibrations use): `evaluation.clearly_better_folds`, the gain over the folds'
+  standard error corrected for the training rows the folds share (Nadeau and Bengio);
+- `rows`: `evaluation.clearly_better` over every row of every fold as if independent (the rule
+  before it);
+- `rows_nb`: the per-row standard error times the same correction's factor for rows that are
+  independent within a fold, sqrt(1 + k / (k - 1)).
+
+Each op is judged by 5-fold cross-validation with the fold draw of `fit_performance_model`
+(`--seed`), the same draw for every rule, so the ratios are paired. Collectives and the host
+dispatch cost have no learned correction and are left out (their folds are still drawn, in
+op order, as a calibration draws them). FILES: gzipped rows or a calibration's
+`measurements.jsonl`.
+
+Writes benchmarks/results/choice_rules.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.correction_rows import stored_rows  # noqa: E402
+from predictors import learned_model  # noqa: E402
+from predictors.evaluation import CV_FOLDS, clearly_better, clearly_better_folds, fold_assignment  # noqa: E402
+from predictors.families import COLLECTIVES  # noqa: E402
+from predictors.fit import cross_validate_op, family_heldout, kernel_rows  # noqa: E402
+from probes.collective import merge_passes  # noqa: E402
+from probes.vocabulary.ops import CPU_OVERHEAD_OP  # noqa: E402
+
+OUT = REPO / "benchmarks/results/choice_rules.json"
+Rule = Callable[[Sequence[np.ndarray], Sequence[np.ndarray], float], bool]
+
+
+def _rows(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray], se: float) -> bool:
+    return clearly_better(np.concatenate(reference), np.concatenate(candidate), se)
+
+
+def _rows_nb(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray], se: float) -> bool:
+    k = len(reference)
+    return k > 1 and clearly_better(np.concatenate(reference), np.concatenate(candidate), se * np.sqrt(1 + k / (k - 1)))
+
+
+RULES: dict[str, Rule] = {"folds": clearly_better_folds, "rows": _rows, "rows_nb": _rows_nb}
+
+
+def judge(rows: list, rule: Rule, seed: int) -> dict:
+    """Every learned op cross-validated under `rule`; each family pooled, and each op's pick."""
+    by_op: dict[str, list] = defaultdict(list)
+    for r in rows:
+        by_op[r.op].append(r)
+    rng = np.random.default_rng(seed)
+    paired: dict[str, list] = defaultdict(list)
+    chosen: dict[str, str] = {}
+    saved = learned_model.clearly_better_folds
+    learned_model.clearly_better_folds = rule  # type: ignore[assignment]
+    try:
+        for op in sorted(by_op):
+            folds = fold_assignment(len(by_op[op]), rng, CV_FOLDS)  # drawn for every op, as a calibration does
+            if op in COLLECTIVES or op == CPU_OVERHEAD_OP:
+                continue
+            fitted = cross_validate_op(op, by_op[op], folds, seed)
+            chosen[op] = fitted.stats["chosen"]
+            if fitted.scored is not None:
+                paired[fitted.scored[0]].append(fitted.scored[1:])
+    finally:
+        learned_model.clearly_better_folds = saved
+    families = {
+        name: {k: stats[k] for k in ("gmae", "baseline_gmae", "n", "vs_baseline")}
+        for name, stats in family_heldout(paired).items()
+    }
+    return {"families": families, "chosen": chosen}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("files", nargs="+")
+    parser.add_argument("--rules", nargs="+", choices=sorted(RULES), default=["folds", "rows"])
+    parser.add_argument("--seed", type=int, default=0, help="the fold draw's seed (calibrations use 0)")
+    parser.add_argument("--out", default=str(OUT))
+    args = parser.parse_args()
+    runs = []
+    for path in args.files:
+        rows = kernel_rows(merge_passes(stored_rows(path)))  # as a calibration reads them
+        fits = {}
+        for name in args.rules:
+            began = time.monotonic()
+            fits[name] = judge(rows, RULES[name], args.seed)
+            cells = [
+                f"{family} {f['gmae']:.1%} / {f['baseline_gmae']:.1%} n={f['n']} "
+                f"{f['vs_baseline']['ratio']:.2f} [{f['vs_baseline']['low']:.2f}, {f['vs_baseline']['high']:.2f}]"
+                for family, f in fits[name]["families"].items()
+            ]
+            print(
+                f"{Path(path).name} seed {args.seed} {name:<7} ({time.monotonic() - began:.0f} s): " + "; ".join(cells),
+                flush=True,
+            )
+        runs.append({"file": path, "rows": len(rows), "fits": fits})
+    command = "python benchmarks/choice_rules.py " + " ".join(sys.argv[1:])
+    Path(args.out).write_text(json.dumps({"command": command, "seed": args.seed, "runs": runs}, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

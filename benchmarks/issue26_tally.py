@@ -1,0 +1,137 @@
+"""#26's bars over every stored e2e cycle: which cycles met them, for DLRM, for the transformer's
+data-parallel tasks, and for both at once.
+
+    python benchmarks/issue26_tally.py [--since '2026-11-27 02:44']
+
+A cycle is one stamp's `dlrm_<stamp>.json` and `transformer_<stamp>.json` under
+`benchmarks/results/e2e_issue26_<day>/` (written by `benchmarks/e2e_accuracy.py` and
+`benchmarks/e2e_accuracy_transformer.py`). A run counts only when it meets the issue's
+conditions: at least 12 tasks, a recorded task seed, DLRM at full size (`scale` 1). Its bars:
+geomean at or under 10%, mean signed error within +-5%, no task above 25%.
+
+Writes benchmarks/results/issue26_tally.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from dataclasses import asdict, dataclass
+from datetime import datetime, timedelta
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "benchmarks/results/issue26_tally.json"
+GEOMEAN_BAR, SIGNED_BAR, MAX_BAR, MIN_TASKS = 0.10, 0.05, 0.25, 12
+STAMP = re.compile(r"^(dlrm|transformer)_(\d{4})\.json$")  # a rerun or variant has a longer name
+
+
+@dataclass
+class Run:
+    """One benchmark's figures, and whether they meet the bars (None: not a run the bars judge)."""
+
+    geomean: float
+    max: float
+    signed: float
+    tasks: int
+    seed: int | None
+    met: bool | None
+
+
+def judge(data: dict) -> Run:
+    tasks = len(data.get("tasks") or [])
+    eligible = tasks >= MIN_TASKS and data.get("task_seed") is not None and data.get("scale", 1.0) == 1.0
+    geomean, worst, signed = data["geomean_error"], data["max_error"], data["mean_signed_error"]
+    met = geomean <= GEOMEAN_BAR and abs(signed) <= SIGNED_BAR and worst <= MAX_BAR if eligible else None
+    return Run(geomean, worst, signed, tasks, data.get("task_seed"), met)
+
+
+def added(root: Path) -> dict[str, datetime]:
+    """When git first committed each stored result (its path -> commit time)."""
+    log = subprocess.run(
+        ["git", "log", "--diff-filter=A", "--name-only", "--format=@%cI", "--", "e2e_issue26_*"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    out: dict[str, datetime] = {}
+    when = None
+    for line in log.splitlines():
+        if line.startswith("@"):
+            when = datetime.fromisoformat(line[1:])
+        elif line.strip() and when is not None:
+            out.setdefault(Path(line).name if "/" not in line else line.split("benchmarks/results/", 1)[-1], when)
+    return out
+
+
+def started(stamp: str, committed: datetime | None) -> str:
+    """The cycle's start, "YYYY-MM-DD HH:MM": the last time of day `stamp` (HHMM) at or before
+    its commit (a day's directory holds the cycles of the night after it too); the stamp alone
+    when the file is not committed yet."""
+    if committed is None:
+        return f"uncommitted {stamp[:2]}:{stamp[2:]}"
+    at = committed.replace(hour=int(stamp[:2]), minute=int(stamp[2:]), second=0, microsecond=0)
+    return (at if at <= committed else at - timedelta(days=1)).strftime("%Y-%m-%d %H:%M")
+
+
+def cycles(root: Path, since: str) -> dict[str, dict[str, Run]]:
+    """{"YYYY-MM-DD HH:MM": {"dlrm": Run, "transformer": Run}} for every stored cycle started at
+    or after `since`, in time order."""
+    commits = added(root)
+    out: dict[str, dict[str, Run]] = {}
+    for path in sorted(root.glob("e2e_issue26_*/*.json")):
+        match = STAMP.match(path.name)
+        if not match:
+            continue
+        cycle = started(match.group(2), commits.get(f"{path.parent.name}/{path.name}"))
+        if cycle < since:
+            continue
+        out.setdefault(cycle, {})[match.group(1)] = judge(json.loads(path.read_text()))
+    return dict(sorted(out.items()))
+
+
+def cell(run: Run | None) -> str:
+    if run is None:
+        return f"{'not run':<27}"
+    verdict = {True: "met", False: "MISSED", None: "n/a"}[run.met]
+    return f"{run.geomean:5.1%} {run.max:5.1%} {run.signed:+6.1%} {verdict:<6}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--since", default="", help='the first cycle counted, "YYYY-MM-DD HH:MM"')
+    parser.add_argument("--root", default=str(REPO / "benchmarks/results"))
+    parser.add_argument("--out", default=str(OUT))
+    args = parser.parse_args()
+    found = cycles(Path(args.root), args.since)
+    print(f"{'cycle':<16} {'DLRM geomean max signed':<27} | {'transformer DP geomean max signed':<27}")
+    for name, runs in found.items():
+        print(f"{name:<16} {cell(runs.get('dlrm'))} | {cell(runs.get('transformer'))}")
+    judged = {
+        kind: [r[kind].met for r in found.values() if kind in r and r[kind].met is not None]
+        for kind in ("dlrm", "transformer")
+    }
+    both = [
+        r["dlrm"].met and r["transformer"].met
+        for r in found.values()
+        if all(k in r and r[k].met is not None for k in ("dlrm", "transformer"))
+    ]
+    summary = {kind: {"met": sum(v), "judged": len(v)} for kind, v in judged.items()}
+    summary["both"] = {"met": sum(both), "judged": len(both)}
+    print("; ".join(f"{kind}: {s['met']} of {s['judged']} met every bar" for kind, s in summary.items()))
+    command = "python benchmarks/issue26_tally.py " + " ".join(sys.argv[1:])
+    record = {
+        "command": command.strip(),
+        "summary": summary,
+        "cycles": {k: {n: asdict(r) for n, r in v.items()} for k, v in found.items()},
+    }
+    Path(args.out).write_text(json.dumps(record, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
