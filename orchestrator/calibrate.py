@@ -75,6 +75,10 @@ TRAINING_SHARE = 0.35
 # ran 1.012x, 1.031x, 1.070x and 1.147x their stored times, and the DLRM predictions leaned
 # -2.6, -4.6, -9.5 and -6.4% (#26, 11-27 08:50 to 11-28 12:40).
 TRAINING_ROUNDS = 3
+# Fewer rounds when a round's share of the training time would be under this: each round forms
+# its probe gang again (seconds) and a whole step probe takes seconds (up to ~9 s on two CPU
+# cores), so shorter rounds would spend their time starting up (a 25 s budget: one round).
+MIN_ROUND_S = 10.0
 # On NCCL clusters: each tunable collective under every forced (algorithm, protocol) pair and
 # NCCL's own choice, for the tuner CSV (orchestrator/cli/nccl_tuner.py); none on gloo.
 NCCL_CHOICE_SHARE = 0.1
@@ -348,12 +352,12 @@ class Rounds:
 def measure_rounds(
     pool: ActorPool, store: MeasurementStore, work: Rounds, start: float, budget_s: float
 ) -> tuple[int, int]:
-    """The training points in `TRAINING_ROUNDS` rounds, each followed by its share of the
-    kernel points; returns (points measured, points failed). A round's training points left
+    """The training points in `TRAINING_ROUNDS` rounds (fewer where a round would get under
+    `MIN_ROUND_S`), each followed by its share of the kernel points; returns (points measured, points failed). A round's training points left
     when its time is up go first in the next round; the kernels always get `KERNEL_MIN_SHARE`
     of the budget in all, even when the phases before them ran over."""
     training = bool(work.whole or work.within)
-    rounds = TRAINING_ROUNDS if training else 1
+    rounds = max(1, min(TRAINING_ROUNDS, int(budget_s * TRAINING_SHARE // MIN_ROUND_S))) if training else 1
     begin = time.monotonic()
     end = max(
         start + budget_s * (1 - FUSION_SHARE),

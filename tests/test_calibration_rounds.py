@@ -40,7 +40,7 @@ def test_training_points_alternate_with_kernels_and_carry_what_a_round_left(tmp_
     store = MeasurementStore(tmp_path)
     work = calibrate.Rounds(_specs("step", 12), _specs("node_step", 3), [0, 1], _specs("gemm", 30))
     rounds = calibrate.TRAINING_ROUNDS
-    done, failed = calibrate.measure_rounds(None, store, work, 0.0, budget_s=0.0)  # type: ignore[arg-type]
+    done, failed = calibrate.measure_rounds(None, store, work, 0.0, budget_s=600.0)  # type: ignore[arg-type]
 
     kinds = [kind for kind, _, _ in runs]
     assert kinds == ["training", "training", "kernels"] * rounds  # each round: both scopes, then kernels
@@ -63,14 +63,23 @@ def test_training_points_alternate_with_kernels_and_carry_what_a_round_left(tmp_
 def test_a_round_carries_the_points_its_time_left(tmp_path, runs) -> None:
     """Six new points a round, three measured and one failed: the other two go first next round."""
     store = MeasurementStore(tmp_path)
-    calibrate.measure_rounds(None, store, calibrate.Rounds(_specs("step", 18), [], [], []), 0.0, budget_s=0.0)  # type: ignore[arg-type]
+    calibrate.measure_rounds(None, store, calibrate.Rounds(_specs("step", 18), [], [], []), 0.0, budget_s=600.0)  # type: ignore[arg-type]
     whole = [keys for kind, keys, _ in runs if kind == "training"]
     assert whole[0] == [f"step-{i}" for i in range(6)]
     assert whole[1] == ["step-4", "step-5"] + [f"step-{i}" for i in range(6, 12)]
 
 
+def test_a_budget_too_short_for_rounds_runs_the_training_points_once(tmp_path, runs) -> None:
+    """25 s: a third of the training share would be under `MIN_ROUND_S`."""
+    store = MeasurementStore(tmp_path)
+    calibrate.measure_rounds(
+        None, store, calibrate.Rounds(_specs("step", 3), [], [], _specs("gemm", 3)), 0.0, budget_s=25.0
+    )  # type: ignore[arg-type]
+    assert [kind for kind, _, _ in runs] == ["training", "kernels"]
+
+
 def test_without_training_points_the_kernels_run_once(tmp_path, runs) -> None:
     """One device: no training points, one kernel phase to the end."""
     store = MeasurementStore(tmp_path)
-    calibrate.measure_rounds(None, store, calibrate.Rounds([], [], [], _specs("gemm", 5)), 0.0, budget_s=0.0)  # type: ignore[arg-type]
+    calibrate.measure_rounds(None, store, calibrate.Rounds([], [], [], _specs("gemm", 5)), 0.0, budget_s=600.0)  # type: ignore[arg-type]
     assert [kind for kind, _, _ in runs] == ["kernels"]
