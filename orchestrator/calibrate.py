@@ -73,7 +73,9 @@ TRAINING_SHARE = 0.35
 # 35% of the budget, a spell of the host in those minutes moved every step row, and the step
 # overhead fitted on them, together: four 600 s calibrations' steps, re-timed minutes later,
 # ran 1.012x, 1.031x, 1.070x and 1.147x their stored times, and the DLRM predictions leaned
-# -2.6, -4.6, -9.5 and -6.4% (#26, 11-27 08:50 to 11-28 12:40).
+# -2.6, -4.6, -9.5 and -6.4% (#26, 11-27 08:50 to 11-28 12:40). Rounds guard against such a
+# spell, not against the lean itself: the first cycle with them (11-28 15:28) re-timed its
+# steps at 1.019x and still leaned -8.2%.
 TRAINING_ROUNDS = 3
 # Fewer rounds when a round's share of the training time would be under this: each round forms
 # its probe gang again (seconds) and a whole step probe takes seconds (up to ~9 s on two CPU
@@ -353,9 +355,10 @@ def measure_rounds(
     pool: ActorPool, store: MeasurementStore, work: Rounds, start: float, budget_s: float
 ) -> tuple[int, int]:
     """The training points in `TRAINING_ROUNDS` rounds (fewer where a round would get under
-    `MIN_ROUND_S`), each followed by its share of the kernel points; returns (points measured, points failed). A round's training points left
-    when its time is up go first in the next round; the kernels always get `KERNEL_MIN_SHARE`
-    of the budget in all, even when the phases before them ran over."""
+    `MIN_ROUND_S`), each followed by its share of the kernel points; returns (points measured,
+    points failed). A round's training points left when its time is up go first in the next
+    round; the kernels always get `KERNEL_MIN_SHARE` of the budget in all, even when the
+    phases before them ran over."""
     training = bool(work.whole or work.within)
     rounds = max(1, min(TRAINING_ROUNDS, int(budget_s * TRAINING_SHARE // MIN_ROUND_S))) if training else 1
     begin = time.monotonic()

@@ -46,8 +46,9 @@ FOLDS = 5
 # comparisons (Bonferroni) needs ~2.1. Over the rows of all folds as if independent, this
 # let a default 120 s calibration's embedding backward take trees in one of the family
 # judge's five folds and GEMM its base in two, and both families held out 1.05x their
-# baselines; with the folds' corrected error (`clearly_better_folds`) 1.00x and 0.90x, and
-# 600 s calibrations keep their corrections (#26, `benchmarks/correction_rows.py --judge folds`).
+# baselines; with the folds' corrected error (`clearly_better_folds`) 1.00x and 0.90x (with
+# seed 1, GEMM 1.16x -> 1.00x), and 600 s calibrations keep most of their gains (one's
+# embedding family 0.87x -> 0.95x; `benchmarks/choice_rules.py`, #26).
 CHOICE_SE = 2.0
 
 
