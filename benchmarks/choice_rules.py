@@ -12,10 +12,9 @@ Rules (the test `predictors.learned_model._choose` applies to the cross-validate
 - `rows_nb`: the per-row standard error times the same correction's factor for rows that are
   independent within a fold, sqrt(1 + k / (k - 1)).
 
-Each op is judged by 5-fold cross-validation with the fold draw of `fit_performance_model`
-(`--seed`), the same draw for every rule, so the ratios are paired. Collectives and the host
-dispatch cost have no learned correction and are left out (their folds are still drawn, in
-op order, as a calibration draws them). FILES: gzipped rows or a calibration's
+Each op is judged by 5-fold cross-validation in `fit_performance_model` (`--seed`), the same
+fold draw for every rule, so the ratios are paired; collectives have no learned correction
+and come out the same under every rule. FILES: gzipped rows or a calibration's
 `measurements.jsonl`.
 
 Writes benchmarks/results/choice_rules.json.
@@ -27,7 +26,6 @@ import argparse
 import json
 import sys
 import time
-from collections import defaultdict
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -39,11 +37,9 @@ if str(REPO) not in sys.path:
 
 from benchmarks.correction_rows import stored_rows  # noqa: E402
 from predictors import learned_model  # noqa: E402
-from predictors.evaluation import CV_FOLDS, clearly_better, clearly_better_folds, fold_assignment  # noqa: E402
-from predictors.families import COLLECTIVES  # noqa: E402
-from predictors.fit import cross_validate_op, family_heldout, kernel_rows  # noqa: E402
+from predictors.evaluation import clearly_better, clearly_better_folds  # noqa: E402
+from predictors.fit import fit_performance_model, kernel_rows  # noqa: E402
 from probes.collective import merge_passes  # noqa: E402
-from probes.vocabulary.ops import CPU_OVERHEAD_OP  # noqa: E402
 
 OUT = REPO / "benchmarks/results/choice_rules.json"
 Rule = Callable[[Sequence[np.ndarray], Sequence[np.ndarray], float], bool]
@@ -62,30 +58,19 @@ RULES: dict[str, Rule] = {"folds": clearly_better_folds, "rows": _rows, "rows_nb
 
 
 def judge(rows: list, rule: Rule, seed: int) -> dict:
-    """Every learned op cross-validated under `rule`; each family pooled, and each op's pick."""
-    by_op: dict[str, list] = defaultdict(list)
-    for r in rows:
-        by_op[r.op].append(r)
-    rng = np.random.default_rng(seed)
-    paired: dict[str, list] = defaultdict(list)
-    chosen: dict[str, str] = {}
+    """Every kernel op fitted and judged as a calibration does (`fit_performance_model`), its
+    learned models choosing by `rule`; each family pooled, and each op's pick."""
     saved = learned_model.clearly_better_folds
     learned_model.clearly_better_folds = rule  # type: ignore[assignment]
     try:
-        for op in sorted(by_op):
-            folds = fold_assignment(len(by_op[op]), rng, CV_FOLDS)  # drawn for every op, as a calibration does
-            if op in COLLECTIVES or op == CPU_OVERHEAD_OP:
-                continue
-            fitted = cross_validate_op(op, by_op[op], folds, seed)
-            chosen[op] = fitted.stats["chosen"]
-            if fitted.scored is not None:
-                paired[fitted.scored[0]].append(fitted.scored[1:])
+        model, _ = fit_performance_model(rows, "refit", seed)
     finally:
         learned_model.clearly_better_folds = saved
     families = {
         name: {k: stats[k] for k in ("gmae", "baseline_gmae", "n", "vs_baseline")}
-        for name, stats in family_heldout(paired).items()
+        for name, stats in model.meta["family_heldout"].items()
     }
+    chosen = {op: stats["chosen"] for op, stats in model.metrics.items() if stats.get("chosen")}
     return {"families": families, "chosen": chosen}
 
 

@@ -64,7 +64,7 @@ def added(root: Path) -> dict[str, datetime]:
         if line.startswith("@"):
             when = datetime.fromisoformat(line[1:])
         elif line.strip() and when is not None:
-            out.setdefault(Path(line).name if "/" not in line else line.split("benchmarks/results/", 1)[-1], when)
+            out.setdefault(line.removeprefix("benchmarks/results/"), when)  # git names it from the repository's root
     return out
 
 

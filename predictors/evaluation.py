@@ -116,10 +116,9 @@ def clearly_better_folds(
     gains = [g for g in gains if len(g)]
     if len(gains) < 2:
         return False
-    n = sum(len(g) for g in gains)
+    k = len(gains)
     fold_means = np.array([g.mean() for g in gains])
-    test_share = (n / len(gains)) / (n - n / len(gains))
-    spread = float(np.var(fold_means, ddof=1)) * (1.0 / len(gains) + test_share)
+    spread = float(np.var(fold_means, ddof=1)) * (1.0 / k + 1.0 / (k - 1))  # n_test / n_train = 1 / (k - 1)
     return float(np.concatenate(gains).mean()) > standard_errors * float(np.sqrt(spread))
 
 
