@@ -6,7 +6,9 @@ each rule for "the candidate clearly beats the plain model".
 
 Rules (the test `predictors.learned_model._choose` applies to the cross-validated log errors):
 - `folds` (what calibrations use): `evaluation.clearly_better_folds`, the gain over the folds'
-  standard error corrected for the training rows the folds share (Nadeau and Bengio);
+  standard error corrected for the training rows the folds share (Nadeau and Bengio), against
+  Student's t of k - 1 degrees of freedom;
+- `folds_z`: the same against the normal threshold (2 standard errors);
 - `rows`: `evaluation.clearly_better` over every row of every fold as if independent (the rule
   before it);
 - `rows_nb`: the per-row standard error times the same correction's factor for rows that are
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
+from scipy import stats
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -38,7 +41,7 @@ if str(REPO) not in sys.path:
 from benchmarks.correction_rows import stored_rows  # noqa: E402
 from predictors import learned_model  # noqa: E402
 from predictors.evaluation import clearly_better, clearly_better_folds  # noqa: E402
-from predictors.fit import fit_performance_model, kernel_rows  # noqa: E402
+from predictors.fit import fit_performance_model, fold_pick, kernel_rows  # noqa: E402
 from probes.collective import merge_passes  # noqa: E402
 
 OUT = REPO / "benchmarks/results/choice_rules.json"
@@ -54,7 +57,14 @@ def _rows_nb(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray], s
     return k > 1 and clearly_better(np.concatenate(reference), np.concatenate(candidate), se * np.sqrt(1 + k / (k - 1)))
 
 
-RULES: dict[str, Rule] = {"folds": clearly_better_folds, "rows": _rows, "rows_nb": _rows_nb}
+def _folds_z(reference: Sequence[np.ndarray], candidate: Sequence[np.ndarray], se: float) -> bool:
+    """`folds` with the normal threshold (`se` itself) in place of Student's t of k - 1 degrees
+    of freedom (the rule before 11-28 19:00): the confidence whose t threshold is `se`."""
+    k = len(reference)
+    return k > 1 and clearly_better_folds(reference, candidate, float(stats.norm.ppf(stats.t.cdf(se, k - 1))))
+
+
+RULES: dict[str, Rule] = {"folds": clearly_better_folds, "rows": _rows, "rows_nb": _rows_nb, "folds_z": _folds_z}
 
 
 def judge(rows: list, rule: Rule, seed: int) -> dict:
@@ -71,7 +81,8 @@ def judge(rows: list, rule: Rule, seed: int) -> dict:
         for name, stats in model.meta["family_heldout"].items()
     }
     chosen = {op: stats["chosen"] for op, stats in model.metrics.items() if stats.get("chosen")}
-    return {"families": families, "chosen": chosen}
+    by_fold = {op: stats["fold_picks"] for op, stats in model.metrics.items() if stats.get("fold_picks")}
+    return {"families": families, "chosen": chosen, "fold_picks": by_fold}
 
 
 def main() -> None:
@@ -97,6 +108,9 @@ def main() -> None:
                 f"{Path(path).name} seed {args.seed} {name:<7} ({time.monotonic() - began:.0f} s): " + "; ".join(cells),
                 flush=True,
             )
+            for op, picks in fits[name]["fold_picks"].items():
+                if len({p["chosen"] for p in picks}) > 1:  # the folds disagree: where a family's figure moves
+                    print(f"  {op} by fold: " + ", ".join(fold_pick(p) for p in picks), flush=True)
         runs.append({"file": path, "rows": len(rows), "fits": fits})
     command = "python benchmarks/choice_rules.py " + " ".join(sys.argv[1:])
     Path(args.out).write_text(json.dumps({"command": command, "seed": args.seed, "runs": runs}, indent=1))

@@ -42,7 +42,7 @@ from orchestrator.sentinel import (
 from policies.parallelism import layout_gemms
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from predictors.dlrm_estimator import score_steps
-from predictors.fit import fit_bundle, kernel_rows
+from predictors.fit import fit_bundle, fold_pick, kernel_rows
 from predictors.performance_model import PerformanceModel
 from predictors.step_fit import in_step_verdict
 from predictors.transformer_estimator import score_transformer_steps
@@ -96,6 +96,19 @@ FUSION_SHARE = 0.1
 FUSION_PROBE_SECONDS = 0.5
 # Whole training steps: their held-out figures are shown by default, every kernel op's with --verbose.
 STEP_OPS = (DLRM_STEP_OP, TRANSFORMER_STEP_OP)
+# each op's held-out figures the summary carries (`fold_picks`: each judge fold's choice)
+SUMMARY_KEYS = (
+    "gmae",
+    "gmae_low",
+    "gmae_high",
+    "mape",
+    "baseline_gmae",
+    "vs_baseline",
+    "n",
+    "chosen",
+    "judged",
+    "fold_picks",
+)
 TRAINING_PROBES = 24
 TRANSFORMER_PROBES = 16
 # DLRM steps, transformer steps and overlap pairs measured in turn, this many of each. One of
@@ -593,12 +606,7 @@ def describe(result: CalibrationResult) -> dict[str, Any]:
         "rows_per_op": result.rows_per_op(),
         "failures": len(result.failures),
         "heldout": {
-            op: {
-                k: v
-                for k, v in s.items()
-                if k
-                in ("gmae", "gmae_low", "gmae_high", "mape", "baseline_gmae", "vs_baseline", "n", "chosen", "judged")
-            }
+            op: {k: v for k, v in s.items() if k in SUMMARY_KEYS}
             for op, s in result.model.metrics.items()
             if op != IN_STEP_COLLECTIVE_OP  # per workload, said by its verdict below
         },
@@ -628,6 +636,8 @@ def print_summary(info: dict[str, Any]) -> None:
         interval = f" [{s['gmae_low']:.1%}, {s['gmae_high']:.1%}]" if s.get("gmae_low") is not None else ""
         judged = s.get("judged") or "held-out"
         shown(f"  {judged} {op:16s} GMAE {s['gmae']:.1%}{interval}  MAPE {s['mape']:.1%}  (n={s['n']}{base}{chosen})")
+        if s.get("fold_picks"):
+            detail(f"    {op} by fold: " + ", ".join(fold_pick(p) for p in s["fold_picks"]))
     for family, s in info.get("heldout_per_family", {}).items():
         ratio = s["vs_baseline"]
         interval = f" [{ratio['low']:.2f}, {ratio['high']:.2f}]" if ratio.get("low") is not None else ""

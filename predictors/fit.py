@@ -11,6 +11,7 @@ curves. The rows it returns (each judged out of its fold) score a champion on th
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
@@ -156,6 +157,13 @@ def fit_op(op: str, train: Sequence[Measurement], test: Sequence[Measurement], s
     return OpFit(model, stats, scored, [(r.median_s, p) for r, p in held_out])
 
 
+def fold_pick(pick: dict[str, Any]) -> str:
+    """One judge fold's choice and its held-out error against the baseline's ("base 1.60x")."""
+    ratio = pick.get("vs_baseline")
+    shown = f" {ratio:.2f}x" if ratio is not None and math.isfinite(ratio) else ""
+    return f"{pick['chosen']}{shown}"
+
+
 def cross_validate_op(op: str, rows: Sequence[Measurement], folds: np.ndarray, seed: int = 0) -> OpFit:
     """The op's model fitted on all of `rows` (raises ValueError / KeyError when it cannot be),
     and judged by k-fold cross-validation: each fold (`folds[i]` is row i's, -1 for none) is
@@ -169,6 +177,7 @@ def cross_validate_op(op: str, rows: Sequence[Measurement], folds: np.ndarray, s
     paired: list[tuple[np.ndarray, np.ndarray]] = []
     out_of_fold: list[tuple[float, float]] = []
     unpriced, family = 0, None
+    picks: list[dict[str, Any]] = []  # each fold's choice and how it held out
     for fold in sorted(set(folds.tolist()) - {-1}):
         train = [r for r, f in zip(rows, folds) if f != fold]
         test = [r for r, f in zip(rows, folds) if f == fold]
@@ -178,6 +187,9 @@ def cross_validate_op(op: str, rows: Sequence[Measurement], folds: np.ndarray, s
             unpriced += len(test)
             continue
         unpriced += fold_fit.stats["n_unpriced"]
+        if getattr(fold_fit.model, "chosen", None):
+            ratio = fold_fit.stats.get("vs_baseline", {}).get("ratio")
+            picks.append({"chosen": fold_fit.model.chosen, "n": len(fold_fit.held_out), "vs_baseline": ratio})
         errors.append(np.array([abs(p - m) / m for m, p in fold_fit.held_out]))
         out_of_fold += fold_fit.held_out
         if fold_fit.scored is not None:
@@ -186,6 +198,8 @@ def cross_validate_op(op: str, rows: Sequence[Measurement], folds: np.ndarray, s
     stats = error_stats(np.concatenate(errors) if errors else np.array([])).to_dict()
     stats.update(judged=f"{int(folds.max()) + 1}-fold" if len(folds) and folds.max() >= 0 else None)
     stats.update(n_unpriced=unpriced, n_train=len(rows), chosen=getattr(model, "chosen", None))
+    if picks:  # a learned model: which candidate each fold's model took, where the figure comes from
+        stats["fold_picks"] = picks
     scored = None
     if paired:
         model_errors, baseline_errors = (np.concatenate([p[i] for p in paired]) for i in (0, 1))

@@ -288,6 +288,24 @@ def test_a_gain_one_fold_alone_makes_is_not_clear():
     assert not clearly_better_folds(reference[:1], every_fold[:1], 2.0)  # one fold cannot say
 
 
+def test_few_folds_need_a_larger_gain_than_many():
+    """k fold means estimate their own spread with k - 1 degrees of freedom: a gain 2.5 corrected
+    standard errors above zero is not clear from 5 folds (Student's t needs 2.87 for the
+    confidence of 2 normal standard errors) but is from 10 (2.32)."""
+    from predictors.evaluation import clearly_better_folds
+
+    def gains_at(ratio: float, k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        offsets = np.linspace(-1.0, 1.0, k)
+        scale = float(np.sqrt(np.var(offsets, ddof=1) * (1.0 / k + 1.0 / (k - 1))))
+        means = ratio * scale + offsets
+        reference = [np.full(6, 2.0) for _ in range(k)]
+        return reference, [r - m for r, m in zip(reference, means)]
+
+    assert not clearly_better_folds(*gains_at(2.5, 5), 2.0)
+    assert clearly_better_folds(*gains_at(2.5, 10), 2.0)
+    assert clearly_better_folds(*gains_at(3.0, 5), 2.0)
+
+
 def test_a_family_pools_its_ops_held_out_rows_against_their_baselines():
     """Each op holds out a handful of rows; the family's figure pools them, and its ratio's
     interval says whether the model beats its baseline on the same rows."""
@@ -346,3 +364,23 @@ def test_every_row_is_judged_once_by_a_model_fitted_without_its_fold():
     assert geomean(out_of_fold) == pytest.approx(stats["gmae"])
     in_sample = np.array([abs(registered.predict(r.params) - r.median_s) / r.median_s for r in rows])
     assert geomean(out_of_fold) > geomean(in_sample)  # it did not see its rows
+
+
+def test_each_judge_fold_says_which_candidate_it_took():
+    """A learned op's figure pools five judge folds, each of which chose among its candidates
+    anew: the stats say which each took and how its rows held out against the baseline's, so a
+    family above its baseline can be traced to the fold that took a correction."""
+    from predictors.fit import fit_performance_model, fold_pick
+
+    rng = np.random.default_rng(2)
+    rows = [
+        Measurement("gemm", r.params, r.median_s * float(rng.lognormal(0.0, 0.05)), 0.0, 15)
+        for r in _bent_gemm_rows(50, 7)
+    ]
+    model, _ = fit_performance_model(rows, "hw", seed=0)
+    picks = model.metrics["gemm"]["fold_picks"]
+    assert len(picks) == 5 and sum(p["n"] for p in picks) == model.metrics["gemm"]["n"] == len(rows)
+    assert all(p["chosen"] in {"base", "mlp", "gbt", "baseline"} for p in picks)
+    assert all(p["vs_baseline"] > 0 for p in picks)
+    assert fold_pick({"chosen": "base", "vs_baseline": 1.6}) == "base 1.60x"
+    assert "fold_picks" not in model.metrics.get("all_reduce", {})
