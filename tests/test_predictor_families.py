@@ -306,6 +306,21 @@ def test_few_folds_need_a_larger_gain_than_many():
     assert clearly_better_folds(*gains_at(3.0, 5), 2.0)
 
 
+def test_few_rows_left_out_need_a_larger_gain_than_many():
+    """The per-row test reads its threshold as a confidence too: a base 2.5 standard errors
+    better than its baseline over 5 rows left out in turn is kept out (a short calibration's
+    softmax backward: 2.68 over 5 rows, then 10x off the row held out), over 50 it is taken."""
+    from predictors.evaluation import clearly_better
+
+    def losses_at(ratio: float, n: int) -> tuple[np.ndarray, np.ndarray]:
+        spread = np.linspace(-1.0, 1.0, n)
+        gain = ratio * float(np.std(spread, ddof=1)) / np.sqrt(n) + spread
+        return np.full(n, 3.0), 3.0 - gain
+
+    assert not clearly_better(*losses_at(2.5, 5), 2.0)
+    assert clearly_better(*losses_at(2.5, 50), 2.0)
+
+
 def test_a_family_pools_its_ops_held_out_rows_against_their_baselines():
     """Each op holds out a handful of rows; the family's figure pools them, and its ratio's
     interval says whether the model beats its baseline on the same rows."""
