@@ -187,9 +187,10 @@ def cross_validate_op(op: str, rows: Sequence[Measurement], folds: np.ndarray, s
             unpriced += len(test)
             continue
         unpriced += fold_fit.stats["n_unpriced"]
-        if getattr(fold_fit.model, "chosen", None):
+        pick = getattr(fold_fit.model, "chosen", None)
+        if pick:
             ratio = fold_fit.stats.get("vs_baseline", {}).get("ratio")
-            picks.append({"chosen": fold_fit.model.chosen, "n": len(fold_fit.held_out), "vs_baseline": ratio})
+            picks.append({"chosen": pick, "n": len(fold_fit.held_out), "vs_baseline": ratio})
         errors.append(np.array([abs(p - m) / m for m, p in fold_fit.held_out]))
         out_of_fold += fold_fit.held_out
         if fold_fit.scored is not None:

@@ -50,7 +50,8 @@ FOLDS = 5
 # seed 1, GEMM 1.16x -> 1.00x), and 600 s calibrations keep most of their gains (one's
 # embedding family 0.87x -> 0.95x; `benchmarks/choice_rules.py`, #26). Against 5 folds the
 # threshold is Student's t at the same confidence (2.87): with 2.0 itself, another default
-# calibration (11-28 16:56) held embedding and GEMM out at 1.01x and 1.02x, with t 1.00x both.
+# calibration (11-28 16:56) held embedding and GEMM out at 1.01x and 1.02x, with t 1.00x both;
+# the per-row test under 40 rows likewise (`evaluation.t_threshold`, 2.87 over 5 rows).
 CHOICE_SE = 2.0
 
 
