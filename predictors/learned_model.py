@@ -8,8 +8,9 @@ were not fitted on: an MLP correction, gradient-boosted trees, the base alone, o
 plain `baseline` (the simple model it is scored against) when one is given. A correction is
 kept only where it pays: the choice is made by 5-fold cross-validation (one 20% split of a
 few dozen rows judged a correction by a handful of points, and one calibration kept a
-correction that was 12.7% off held out against 2.6% for the baseline); and a candidate must beat the plain model by more than `CHOICE_SE`
-standard errors of its gain (picking the best of several flatters it), the folds' standard
+correction that was 12.7% off held out against 2.6% for the baseline), the same folds and
+test at every size (under `MIN_ROWS_FOR_CORRECTION` rows only the base and the baseline
+compete); and a candidate must beat the plain model by more than `CHOICE_SE` standard errors of its gain (picking the best of several flatters it), the folds' standard
 error corrected for the training rows they share (`evaluation.clearly_better_folds`). The
 winner is refitted on every training row. Outside the measured range the base model's range
 check applies.
@@ -21,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from predictors.evaluation import clearly_better, clearly_better_folds
+from predictors.evaluation import clearly_better_folds
 from predictors.features import design_row
 from predictors.opmodels import GroupedCostModel, LinearCostModel, OpModel
 from predictors.regressors import ArrayMLP, ArrayTrees, RegressorKind, regressor_from_dict
@@ -29,8 +30,8 @@ from probes.vocabulary.records import Measurement
 
 CANDIDATES: dict[str, RegressorKind] = {"mlp": ArrayMLP, "gbt": ArrayTrees}
 # Below this many training rows a validation split leaves too little to fit or judge a
-# regressor (an element-wise op's 7 inputs; 5 folds of under 8 rows each), so the base or the baseline
-# is used alone. At 20, a 600 s calibration's element-wise ops (21-27 training rows each) took
+# regressor (an element-wise op's 7 inputs; 5 folds of under 8 rows each), so only the base and
+# the baseline compete, on the same folds. At 20, a 600 s calibration's element-wise ops (21-27 training rows each) took
 # corrections that lost on their held-out rows (gelu_bwd's MLP 3.9x its roofline's error);
 # refitting eight stored calibrations at 40 left every one's element-wise family at or under
 # its baseline, against one of eight above it at 20 (`benchmarks/correction_rows.py`).
@@ -50,8 +51,10 @@ FOLDS = 5
 # seed 1, GEMM 1.16x -> 1.00x), and 600 s calibrations keep most of their gains (one's
 # embedding family 0.87x -> 0.95x; `benchmarks/choice_rules.py`, #26). Against 5 folds the
 # threshold is Student's t at the same confidence (2.87): with 2.0 itself, another default
-# calibration (11-28 16:56) held embedding and GEMM out at 1.01x and 1.02x, with t 1.00x both;
-# the per-row test under 40 rows likewise (`evaluation.t_threshold`, 2.87 over 5 rows).
+# calibration (11-28 16:56) held embedding and GEMM out at 1.01x and 1.02x, with t 1.00x both.
+# Under 40 rows the base and the baseline used to be judged on each row left out in turn, a
+# per-row test; they are judged on the folds now, one rule for every size (the stored default
+# and 600 s calibrations refit to the same families, `benchmarks/choice_rules.py`).
 CHOICE_SE = 2.0
 
 
@@ -71,14 +74,13 @@ def _prices(model: OpModel, row: Measurement) -> bool:
     return True
 
 
-def _choose(errors: dict[str, list[np.ndarray]], folds: bool) -> str:
+def _choose(errors: dict[str, list[np.ndarray]]) -> str:
     """The candidate that predicts the validation rows best, if it beats the plain model (the
-    baseline, else the base) by more than `CHOICE_SE` standard errors of the paired log errors;
-    else the plain model. The best of several candidates validates a little better than it
-    will predict (it was picked for it), and a held-out set of a few dozen rows cannot tell a
-    small gain from that luck. `errors`: each candidate's errors, one array per fold; `folds`:
-    they come from k-fold cross-validation (`clearly_better_folds`), else each row was left
-    out alone (`clearly_better` over the rows)."""
+    baseline, else the base) by more than `CHOICE_SE` standard errors of the paired log errors
+    (`clearly_better_folds`); else the plain model. The best of several candidates validates a
+    little better than it will predict (it was picked for it), and a held-out set of a few
+    dozen rows cannot tell a small gain from that luck. `errors`: each candidate's errors, one
+    array per cross-validation fold."""
     if not errors:
         return "base"
     joined = {name: np.concatenate(errs) for name, errs in errors.items()}
@@ -87,13 +89,7 @@ def _choose(errors: dict[str, list[np.ndarray]], folds: bool) -> str:
     if best == reference or reference not in joined:
         return best
     log_error = lambda name: [np.log(np.maximum(e, 1e-6)) for e in errors[name]]  # noqa: E731
-    if folds:
-        return best if clearly_better_folds(log_error(reference), log_error(best), CHOICE_SE) else reference
-    return (
-        best
-        if clearly_better(np.concatenate(log_error(reference)), np.concatenate(log_error(best)), CHOICE_SE)
-        else reference
-    )
+    return best if clearly_better_folds(log_error(reference), log_error(best), CHOICE_SE) else reference
 
 
 class LearnedKernelModel(OpModel):
@@ -135,68 +131,44 @@ class LearnedKernelModel(OpModel):
         self.base = self._new_base().fit(rows)
         self.regressor = self.fallback = None
         y_log = np.log([r.median_s for r in rows])
-        if len(rows) < MIN_ROWS_FOR_CORRECTION:
-            return self._fit_plain(rows, y_log)
+        learn = len(rows) >= MIN_ROWS_FOR_CORRECTION
+        if not learn and self.make_baseline is None:  # the base alone: nothing to choose between
+            self.chosen, self.validation = "base", {"base": _gmae(self._x([r.params for r in rows])[:, -1], y_log)}
+            return self
         errors: dict[str, list[np.ndarray]] = {}
         for train, val in self._splits(len(rows)):
             try:
-                judged = self._validate([rows[i] for i in train], [rows[i] for i in val])
+                judged = self._validate([rows[i] for i in train], [rows[i] for i in val], learn)
             except (ValueError, KeyError):  # this fold's share leaves some candidate unfittable: skip it
                 continue
             for name, err in judged.items():
                 errors.setdefault(name, []).append(err)
         self.validation = {name: _gmae_of(np.concatenate(errs)) for name, errs in errors.items()}
-        self.chosen = _choose(errors, folds=True)
+        if learn or errors:
+            self.chosen = _choose(errors)
+        else:  # no fold could fit and price both: too few rows to judge, the simpler model it is
+            self.chosen = "baseline"
         if self.chosen in CANDIDATES:
             x = self._x([r.params for r in rows])
             self.regressor = CANDIDATES[self.chosen].fit(x, y_log - x[:, -1], seed=self.seed)
         elif self.chosen == "baseline" and self.make_baseline is not None:
-            self.fallback = self.make_baseline().fit(rows)
-        return self
-
-    def _fit_plain(self, rows: Sequence[Measurement], y_log: np.ndarray) -> "LearnedKernelModel":
-        """Too few rows for a correction: the base or the op's plain baseline, each row left out
-        in turn. The base has more coefficients (a row op's per-row cost, GEMM's bytes and
-        M*N terms), and on a dozen rows it can miss an unseen shape by 10x (a short
-        calibration's softmax backward: 957% held out against 1.5% for the baseline), so the
-        baseline is kept unless the base beats it by `CHOICE_SE` standard errors."""
-        self.chosen, self.validation = "base", {"base": _gmae(self._x([r.params for r in rows])[:, -1], y_log)}
-        if self.make_baseline is None:
-            return self
-        base, baseline = (self._left_out_errors(rows, make) for make in (self._new_base, self.make_baseline))
-        if base is not None and baseline is not None:
-            self.validation = {"base": _gmae_of(base), "baseline": _gmae_of(baseline)}
-            self.chosen = _choose({"base": [base], "baseline": [baseline]}, folds=False)
-        else:  # some row cannot be left out: too few to judge, the simpler model it is
-            self.chosen = "baseline"
-        if self.chosen == "baseline":
             try:
                 self.fallback = self.make_baseline().fit(rows)
             except (ValueError, KeyError):  # not even the baseline fits these rows: the base it is
                 self.chosen = "base"
         return self
 
-    @staticmethod
-    def _left_out_errors(rows: Sequence[Measurement], make: Callable[[], OpModel]) -> np.ndarray | None:
-        """Each row's relative error under the model fitted on the others (None when some
-        row's complement cannot fit or price it)."""
-        out = []
-        for i, row in enumerate(rows):
-            try:
-                model = make().fit([r for j, r in enumerate(rows) if j != i])
-                out.append(abs(model.predict(row.params) - row.median_s) / row.median_s)
-            except (ValueError, KeyError):
-                return None
-        return np.asarray(out)
-
     def _splits(self, n: int) -> list[tuple[np.ndarray, np.ndarray]]:
         order = np.random.default_rng(self.seed).permutation(n)
         folds = np.array_split(order, FOLDS)
         return [(np.concatenate(folds[:k] + folds[k + 1 :]), folds[k]) for k in range(FOLDS)]
 
-    def _validate(self, train: Sequence[Measurement], val: Sequence[Measurement]) -> dict[str, np.ndarray]:
+    def _validate(
+        self, train: Sequence[Measurement], val: Sequence[Measurement], learn: bool = True
+    ) -> dict[str, np.ndarray]:
         """Each candidate fitted on `train`, its relative errors on the `val` rows every
-        candidate can price (a group absent from `train` is left out for all of them)."""
+        candidate can price (a group absent from `train` is left out for all of them). Without
+        `learn` (too few rows for a correction), only the base and the baseline."""
         base = self._new_base().fit(train)
         baseline = self.make_baseline().fit(train) if self.make_baseline is not None else None
         val = [r for r in val if _prices(base, r) and (baseline is None or _prices(baseline, r))]
@@ -205,7 +177,7 @@ class LearnedKernelModel(OpModel):
         x_train, x_val = self._x([r.params for r in train], base), self._x([r.params for r in val], base)
         y_train, y_val = np.log([r.median_s for r in train]), np.log([r.median_s for r in val])
         predicted = {"base": x_val[:, -1]}
-        for name, cls in CANDIDATES.items():
+        for name, cls in CANDIDATES.items() if learn else ():
             reg = cls.fit(x_train, y_train - x_train[:, -1], seed=self.seed)
             predicted[name] = x_val[:, -1] + reg.predict(x_val)
         if baseline is not None:
