@@ -33,7 +33,12 @@ from probes.vocabulary.records import Measurement
 from probes.vocabulary.table_shards import PlanEntry, TableShard, local_pieces, row_wise_width, table_shards
 from probes.vocabulary.tbe_features import expected_features
 
-OVERHEAD_FEATURES = ["one", "dense_layers", "tables_total", "split_pieces", "kernels_s"]
+# `pooled_elems`: the step's framework work on the pooled embeddings (the exchange's splits and
+# concatenations, autograd's copies of their gradients) grows with batch x summed dims, which
+# no probed kernel carries. Without it the overhead took ~16% of the kernels and a small
+# constant, pinned by the calibration's light jobs, and every stored DLRM run leaned low by
+# ~1.2 ms a step at every batch (`benchmarks/dlrm_lean.py`: -9.6% at batch 128, -1.5% at 1024).
+OVERHEAD_FEATURES = ["one", "dense_layers", "tables_total", "split_pieces", "pooled_elems", "kernels_s"]
 
 
 @dataclass
@@ -65,7 +70,9 @@ def overhead_params(
 ) -> dict:
     """`split_pieces`: table pieces beyond one per table (a row-/column-wise or replicated table
     is a piece on every rank it spans, each one more TBE table to launch and bookkeep);
-    `shards`: the plan's pieces when the caller has them already."""
+    `pooled_elems`: the pooled embeddings each rank's dense part takes (batch x the tables'
+    summed dims, whatever the plan); `shards`: the plan's pieces when the caller has them
+    already."""
     if shards is None:
         shards = table_shards(spec, plan) if plan else None
     pieces = len(shards) if shards is not None else len(spec.tables)
@@ -74,6 +81,7 @@ def overhead_params(
         "tables_total": len(spec.tables),
         "world": spec.world_size,
         "split_pieces": pieces - len(spec.tables),
+        "pooled_elems": float(spec.batch_size * sum(t.embedding_dim for t in spec.tables)),
         "kernels_s": float(kernels_s),
     }
 

@@ -44,6 +44,7 @@ FEATURES: dict[str, Callable[[Params], float]] = {
     "dense_layers": lambda p: float(p["dense_layers"]),
     "tables_total": lambda p: float(p["tables_total"]),
     "split_pieces": lambda p: float(p.get("split_pieces", 0)),
+    "pooled_elems": lambda p: float(p["pooled_elems"]),  # batch x summed embedding dims
     "layers": lambda p: float(p["layers"]),
     "ops": lambda p: float(p["ops"]),  # graph ops a step issues on its busiest rank
     "collectives": lambda p: float(p["collectives"]),  # of them, collectives
