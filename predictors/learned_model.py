@@ -10,10 +10,10 @@ kept only where it pays: the choice is made by 5-fold cross-validation (one 20% 
 few dozen rows judged a correction by a handful of points, and one calibration kept a
 correction that was 12.7% off held out against 2.6% for the baseline), the same folds and
 test at every size (under `MIN_ROWS_FOR_CORRECTION` rows only the base and the baseline
-compete); and a candidate must beat the plain model by more than `CHOICE_SE` standard errors of its gain (picking the best of several flatters it), the folds' standard
-error corrected for the training rows they share (`evaluation.clearly_better_folds`). The
-winner is refitted on every training row. Outside the measured range the base model's range
-check applies.
+compete); and a candidate must beat the plain model by more than `CHOICE_SE` standard errors
+of its gain (picking the best of several flatters it), the folds' standard error corrected
+for the training rows they share (`evaluation.clearly_better_folds`). The winner is refitted
+on every training row. Outside the measured range the base model's range check applies.
 """
 
 from __future__ import annotations
@@ -30,11 +30,12 @@ from probes.vocabulary.records import Measurement
 
 CANDIDATES: dict[str, RegressorKind] = {"mlp": ArrayMLP, "gbt": ArrayTrees}
 # Below this many training rows a validation split leaves too little to fit or judge a
-# regressor (an element-wise op's 7 inputs; 5 folds of under 8 rows each), so only the base and
-# the baseline compete, on the same folds. At 20, a 600 s calibration's element-wise ops (21-27 training rows each) took
-# corrections that lost on their held-out rows (gelu_bwd's MLP 3.9x its roofline's error);
-# refitting eight stored calibrations at 40 left every one's element-wise family at or under
-# its baseline, against one of eight above it at 20 (`benchmarks/correction_rows.py`).
+# regressor (an element-wise op's 7 inputs; 5 folds of under 8 rows each), so only the base
+# and the baseline compete, on the same folds. At 20, a 600 s calibration's element-wise ops
+# (21-27 training rows each) took corrections that lost on their held-out rows (gelu_bwd's MLP
+# 3.9x its roofline's error); refitting eight stored calibrations at 40 left every one's
+# element-wise family at or under its baseline, against one of eight above it at 20
+# (`benchmarks/correction_rows.py`).
 MIN_ROWS_FOR_CORRECTION = 40
 # The choice is cross-validated (every row validates once) at any size. One 20% split, used
 # above 200 rows before, let the MLP through in one of the family judge's five folds of the
