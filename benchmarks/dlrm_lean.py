@@ -3,7 +3,7 @@ predicted steps fall short of measured ones, as a share and in milliseconds.
 
     python benchmarks/dlrm_lean.py [FILES...]
 
-FILES: `benchmarks/e2e_accuracy.py` results (default: every full-size `dlrm_<stamp>.json`
+FILES: `benchmarks/e2e_accuracy.py` results, full-size ones only (default: every `dlrm_<stamp>.json`
 under `benchmarks/results/e2e_issue26_*/`). A lean that is the same share at every batch is a
 price off by a factor (a kernel model, an in-step factor); one that is the same number of
 milliseconds at every batch is time per step that no batch-dependent kernel carries (the
@@ -26,15 +26,20 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.issue26_tally import STAMP  # noqa: E402
+
 OUT = REPO / "benchmarks/results/dlrm_lean.json"
 
 
 def stored_runs() -> list[Path]:
-    """Every full-size DLRM run of the e2e cycles (a stamp's result, not its reruns)."""
+    """Every DLRM run of the e2e cycles (a stamp's result, not its reruns: the tally's names)."""
     return sorted(
         p
-        for p in REPO.glob("benchmarks/results/e2e_issue26_*/dlrm_[0-9][0-9][0-9][0-9].json")
-        if json.loads(p.read_text()).get("scale", 1.0) == 1.0
+        for p in REPO.glob("benchmarks/results/e2e_issue26_*/dlrm_*.json")
+        if (m := STAMP.match(p.name)) and m.group(1) == "dlrm"
     )
 
 
@@ -46,6 +51,8 @@ def lean_by_batch(paths: list[Path]) -> dict:
     runs = []
     for path in paths:
         data = json.loads(path.read_text())
+        if data.get("scale", 1.0) != 1.0:  # a down-scaled run's tasks are not the jobs users run
+            continue
         for task in data["tasks"]:
             by_batch[int(task["batch_size"])].append((task["measured_ms"], task["predicted_ms"]))
         speeds = list((data.get("host_speed") or {}).values())

@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import error_summary, signed_error, task_plan, write_result  # noqa: E402
+from predictors import dlrm_estimator  # noqa: E402
 from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
 from predictors.fit import fit_bundle  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
@@ -88,7 +89,16 @@ def main() -> None:
     parser.add_argument("rows", type=Path)
     parser.add_argument("results", type=Path, nargs="+")
     parser.add_argument("--out", help="also write the summaries (and the in-step collective figures) as JSON here")
+    parser.add_argument(
+        "--without-dlrm-overhead-feature",
+        action="append",
+        default=[],
+        choices=[f for f in dlrm_estimator.OVERHEAD_FEATURES if f != "one"],
+        help="refit with the DLRM step overhead lacking this feature (repeatable): a feature's paired 'before'",
+    )
     args = parser.parse_args()
+    dropped = set(args.without_dlrm_overhead_feature)
+    dlrm_estimator.OVERHEAD_FEATURES = [f for f in dlrm_estimator.OVERHEAD_FEATURES if f not in dropped]
     model, _ = fit_bundle(read_rows(args.rows), "refit", seed=0)
     for name in ("dlrm_step", "transformer_step"):
         stats = model.metrics.get(name)
@@ -120,7 +130,13 @@ def main() -> None:
                     )
                 )
     if args.out:
-        command = "benchmarks/refit_e2e.py " + " ".join([str(args.rows), *map(str, args.results)])
+        command = "benchmarks/refit_e2e.py " + " ".join(
+            [
+                str(args.rows),
+                *map(str, args.results),
+                *(f"--without-dlrm-overhead-feature {f}" for f in sorted(dropped)),
+            ]
+        )
         print(
             f"wrote {write_result(args.out, {'command': command, 'in_step_collective': collectives, 'summaries': summaries})}"
         )
