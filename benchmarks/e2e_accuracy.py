@@ -39,11 +39,15 @@ from typing import Callable
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import numpy as np  # noqa: E402
+from scipy.stats import t as t_dist  # noqa: E402
+
 from orchestrator import ray_runtime, registry  # noqa: E402
 from orchestrator.cluster import cluster_fingerprint  # noqa: E402
 from orchestrator.launch import launch_dlrm  # noqa: E402
 from policies.sharders import SHARDERS, rank_memory  # noqa: E402
 from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
+from predictors.evaluation import error_stats  # noqa: E402
 from probes.workloads.random_dlrm import fitting_scale, random_dlrm_tasks  # noqa: E402
 
 MEMORY_CAP_BYTES = 4 * 2**30
@@ -122,9 +126,31 @@ def signed_error(rows: list[dict]) -> float:
     return sum((r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] for r in rows) / len(rows)
 
 
-def error_summary(errors: list[float]) -> dict[str, float]:
-    """The geomean error with its spread (see `spread`), as a result's keys."""
-    return {"geomean_error": geomean(errors), **spread(errors)}
+def signed_summary(rows: list[dict]) -> dict:
+    """The mean signed error with its 95% t-interval over the tasks (None for one task): a
+    dozen jobs cannot place a lean more finely than that, so a bar is read against it."""
+    signed = np.array([(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] for r in rows])
+    interval = None
+    if len(signed) >= 2:
+        half = float(t_dist.ppf(0.975, len(signed) - 1) * signed.std(ddof=1) / np.sqrt(len(signed)))
+        interval = [float(signed.mean() - half), float(signed.mean() + half)]
+    return {"mean_signed_error": float(signed.mean()), "mean_signed_interval": interval}
+
+
+def error_summary(errors: list[float]) -> dict:
+    """The geomean error with its 95% interval and count (`predictors.evaluation.error_stats`)
+    and its spread (see `spread`), as a result's keys."""
+    stats = error_stats(np.asarray(errors, dtype=np.float64))
+    interval = None if stats.gmae_low is None else [stats.gmae_low, stats.gmae_high]
+    return {"geomean_error": geomean(errors), "geomean_interval": interval, "count": len(errors), **spread(errors)}
+
+
+def interval_text(interval: list[float] | None, signed: bool = False) -> str:
+    """' [low, high]' of a 95% interval, or nothing when there is none."""
+    if interval is None:
+        return ""
+    fmt = "{:+.1%}" if signed else "{:.1%}"
+    return " [" + ", ".join(fmt.format(v) for v in interval) + "]"
 
 
 def write_result(path: str, result: dict) -> Path:
@@ -336,7 +362,7 @@ def main() -> None:
         "model_ops": sorted(model.models),
         "tasks": rows,
         **error_summary([r["error"] for r in rows]),
-        "mean_signed_error": signed_error(rows),
+        **signed_summary(rows),
         **repeat_spread(launched),
         **checks.result(),
         "sum_overhead_geomean_error": geomean([r["sum_overhead_error"] for r in rows]),
@@ -344,8 +370,10 @@ def main() -> None:
     }
     out = write_result(args.out, result)
     print(
-        f"simulator error: geomean {result['geomean_error']:.1%}, median {result['median_error']:.1%}, mean "
+        f"simulator error over {result['count']} tasks: geomean {result['geomean_error']:.1%}"
+        f"{interval_text(result['geomean_interval'])}, median {result['median_error']:.1%}, mean "
         f"{result['mean_error']:.1%}, max {result['max_error']:.1%}, mean signed {result['mean_signed_error']:+.1%}"
+        f"{interval_text(result['mean_signed_interval'], signed=True)} (95% intervals over the tasks)"
     )
     print(
         f"geomean error: simulator {result['geomean_error']:.1%}, sum+overhead "

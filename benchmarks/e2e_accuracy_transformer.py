@@ -35,11 +35,13 @@ from benchmarks.e2e_accuracy import (  # noqa: E402
     check_host_check_argument,
     error_summary,
     geomean,
+    interval_text,
     measure_in_rounds,
     own_calibration,
     print_host_speed,
     repeat_spread,
     signed_error,
+    signed_summary,
     spread,
     write_result,
 )
@@ -130,7 +132,7 @@ def main() -> None:
         "task_seed": args.seed,
         "tasks": dp,
         **error_summary([r["error"] for r in dp]),
-        "mean_signed_error": signed_error(dp),
+        **signed_summary(dp),
         "baseline_geomean_error": geomean([r["baseline_error"] for r in dp]),
         **repeat_spread([r["measured_rounds_ms"] for r in dp]),
         **checks.result(),
@@ -142,10 +144,10 @@ def main() -> None:
     }
     out = write_result(args.out, result)
     print(
-        f"data parallel: geomean error {result['geomean_error']:.1%} (median {result['median_error']:.1%}, "
-        f"mean {result['mean_error']:.1%}, max {result['max_error']:.1%}, mean signed "
-        f"{result['mean_signed_error']:+.1%}; kernel-sum baseline "
-        f"{result['baseline_geomean_error']:.1%}) over {len(dp)} tasks"
+        f"data parallel: geomean error {result['geomean_error']:.1%}{interval_text(result['geomean_interval'])} "
+        f"(median {result['median_error']:.1%}, mean {result['mean_error']:.1%}, max {result['max_error']:.1%}, "
+        f"mean signed {result['mean_signed_error']:+.1%}{interval_text(result['mean_signed_interval'], signed=True)}; "
+        f"kernel-sum baseline {result['baseline_geomean_error']:.1%}) over {len(dp)} tasks (95% intervals)"
     )
     if tp:
         print(

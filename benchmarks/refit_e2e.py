@@ -22,7 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.e2e_accuracy import error_summary, signed_error, task_plan, write_result  # noqa: E402
+from benchmarks.e2e_accuracy import error_summary, interval_text, signed_summary, task_plan, write_result  # noqa: E402
 from predictors import dlrm_estimator  # noqa: E402
 from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
 from predictors.fit import fit_bundle  # noqa: E402
@@ -76,12 +76,17 @@ def report(label: str, rows: list[dict]) -> dict:
         print(
             f"  {r['name']:10s} measured {r['measured_ms']:8.2f}  now {r['predicted_ms']:8.2f} ({error:+6.1%})  then {r['was_ms']:8.2f}"
         )
-    summary = error_summary([abs(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] for r in rows])
+    summary = {
+        **error_summary([abs(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] for r in rows]),
+        **signed_summary(rows),
+    }
     print(
-        f"{label}: geomean {summary['geomean_error']:.1%}, median {summary['median_error']:.1%}, "
-        f"max {summary['max_error']:.1%}, mean signed {signed_error(rows):+.1%} over {len(rows)} tasks"
+        f"{label}: geomean {summary['geomean_error']:.1%}{interval_text(summary['geomean_interval'])}, "
+        f"median {summary['median_error']:.1%}, max {summary['max_error']:.1%}, mean signed "
+        f"{summary['mean_signed_error']:+.1%}{interval_text(summary['mean_signed_interval'], signed=True)} "
+        f"over {len(rows)} tasks (95% intervals)"
     )
-    return {"label": label, **summary, "mean_signed_error": signed_error(rows), "tasks": len(rows)}
+    return {"label": label, **summary, "tasks": len(rows)}
 
 
 def main() -> None:

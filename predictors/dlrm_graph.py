@@ -5,12 +5,22 @@ tables are exchanged as narrower pieces, data-parallel tables are looked up loca
 gradients all-reduced (`probes/vocabulary/table_shards.py`).
 
 Per rank, in issue order: TBE forward of the rank's tables; the pooled-embedding all-to-all
-(uneven: the message is the largest per-rank send or receive); bottom MLP forward (addmm +
-relu per layer); the concatenation (a copy); top MLP forward; then backward: top MLP (the
-grad_input and grad_weight products, relu backward), bottom MLP, with DDP gradient all-reduces
-on the communication stream as buckets fill (a small first bucket, then `bucket_bytes`); then
-the replicas' lookup backward, the backward all-gather / all-to-all (queued behind DDP's
-all-reduces), the TBE backward with its fused update; the optimizer step.
+(uneven: the message is the largest per-rank send or receive); the copies that lay the
+received pieces side by side and join every embedding part (two concatenations); bottom MLP
+forward (addmm + relu per layer); the interaction's concatenation (a copy); top MLP forward;
+then backward: top MLP (the grad_input and grad_weight products, relu backward), bottom MLP,
+with DDP gradient all-reduces on the communication stream as buckets fill (a small first
+bucket, then `bucket_bytes`; each layer's gradients copied into their bucket first); then the
+replicas' lookup backward, the copies that make the embeddings' gradient contiguous for its
+collectives, the backward all-gather / all-to-all (queued behind DDP's all-reduces), the TBE
+backward with its fused update; DDP's copies of the reduced buckets back into the gradients;
+the optimizer step.
+
+The concatenations and gradient copies are memcpy ops priced by the memcpy model, as a
+profiled step shows them (`aten::cat`, `aten::clone`, `aten::copy_`): a traced 2-rank
+batch-512 step spent 2.1 ms a rank in `aten::cat` where the graph had only the interaction's
+(`benchmarks/step_breakdown.py`). The embeddings' grow with batch x pooled width, DDP's with
+the dense parameters (DDP's default keeps gradients apart from its buckets).
 """
 
 from __future__ import annotations
@@ -127,7 +137,9 @@ class _Layout:
     a2a: dict[str, Any] | None  # the pooled-embedding all-to-all (None: no table- or column-wise piece)
     rw_width: int
     rw_bytes: int  # the partial pooled sums of the global batch
+    exchanged_width: int  # summed width of the table- and column-wise pieces every rank receives
     dp_tables: list[TableShape]
+    dp_width: int
     dp_grad_bytes: int
     layers: list[tuple[int, int]]
     n_bottom: int
@@ -169,7 +181,9 @@ def build_dlrm_graph(
         _all_to_all(spec, widths, scope) if sum(widths) else None,
         rw_width,
         FLOAT * B * W * rw_width,
+        sum(widths),
         dp_tables,
+        sum(t.embedding_dim for t in dp_tables),
         FLOAT * sum(t.num_embeddings * t.embedding_dim for t in dp_tables),
         spec.dense_layers(),
         len(spec.dense.bottom_mlp),
@@ -222,25 +236,28 @@ def _rank_ops(x: _Layout, r: int) -> list[GraphOp]:
         exchanged.append(
             g.add(GraphOp("reduce_scatter_fwd", "collective", "reduce_scatter", rs, "comm", sent, x.group))
         )
+    if x.a2a is not None:  # the received pieces laid side by side: [B, exchanged width]
+        exchanged[0] = _copy(g, "exchange_cat", B * x.exchanged_width, [exchanged[0]])
     dp_feats = x.embedding_features(x.dp_tables, B, seed=spec.seed) if x.dp_tables else None
     if dp_feats is not None:  # replicas: the local batch only, nothing to exchange
         exchanged.append(g.add(GraphOp("embedding_dp_fwd", "compute", "embedding_fwd", dp_feats)))
+    if exchanged:  # every part joined into the [B, all widths] embeddings
+        width = x.exchanged_width + x.rw_width + x.dp_width
+        exchanged = [_copy(g, "embeddings_cat", B * width, exchanged)]
     prev = _dense_forward(g, x, exchanged)
     reduces, concat_grad = _dense_backward(g, x, prev)
     dp_bwd = None
     if dp_feats is not None:  # the replicas' lookup was made last: autograd reaches it first
-        dp_bwd = g.add(
-            GraphOp(
-                "embedding_dp_bwd",
-                "compute",
-                "embedding_bwd",
-                dp_feats,
-                deps=[concat_grad] if concat_grad is not None else [],
-            )
-        )
+        # the lookup's backward takes its slice of the concatenation's gradient contiguous
+        grad = _copy(g, "embedding_dp_grad_copy", B * x.dp_width, [concat_grad] if concat_grad is not None else [])
+        dp_bwd = g.add(GraphOp("embedding_dp_bwd", "compute", "embedding_bwd", dp_feats, deps=[grad]))
     returned = _return_embedding_grads(g, x, concat_grad)
     if local:
         g.add(GraphOp("embedding_bwd", "compute", "embedding_bwd", feats or {}, deps=returned))
+    # once the backward is done DDP copies each reduced bucket back into the gradients
+    reduces = [
+        _copy(g, f"ddp_grad_copy{i}", size // FLOAT, [ar]) for i, (ar, size) in enumerate(zip(reduces, x.bucket_sizes))
+    ]
     if dp_bwd is not None:  # their gradients all-reduced once the backward is done
         ar = {"bytes": x.dp_grad_bytes, "world": W, "scope": x.scope}
         reduces.append(g.add(GraphOp("dp_table_all_reduce", "collective", "all_reduce", ar, "comm", [dp_bwd], x.group)))
@@ -252,6 +269,11 @@ def _rank_ops(x: _Layout, r: int) -> list[GraphOp]:
         )
     )
     return g.ops
+
+
+def _copy(g: _RankBuilder, name: str, elems: int, deps: list[int]) -> int:
+    """A device-to-device copy of `elems` floats (a concatenation or a contiguous gradient)."""
+    return g.add(GraphOp(name, "memory", "memcpy", memcpy_params("d2d", FLOAT * elems), deps=deps))
 
 
 def _dense_forward(g: _RankBuilder, x: _Layout, exchanged: list[int]) -> int:
@@ -302,13 +324,13 @@ def _dense_backward(g: _RankBuilder, x: _Layout, prev: int) -> tuple[list[int], 
         )
         if li > 0:
             prev = g.add(GraphOp(f"fc{li}_grad_input", "compute", "gemm", gemm_params(B, fan_in, fan_out), deps=[prev]))
+        # DDP copies the layer's gradients into their bucket as they are written
+        filled = _copy(g, f"fc{li}_bucket_copy", fan_in * fan_out + fan_out, [weight_grad])
         for size in buckets.add(FLOAT * (fan_in * fan_out + fan_out)):
             ar = {"bytes": size, "world": x.spec.world_size, "scope": x.scope}
             reduces.append(
                 g.add(
-                    GraphOp(
-                        f"ddp_all_reduce{len(reduces)}", "collective", "all_reduce", ar, "comm", [weight_grad], x.group
-                    )
+                    GraphOp(f"ddp_all_reduce{len(reduces)}", "collective", "all_reduce", ar, "comm", [filled], x.group)
                 )
             )
         if li == x.n_bottom:
@@ -322,14 +344,22 @@ def _return_embedding_grads(g: _RankBuilder, x: _Layout, concat_grad: int | None
     the bottom MLP's (autograd runs the latest-made ready node first), and the row-wise
     all-gather (made after the all-to-all) before the all-to-all. On the communication stream
     they queue behind the DDP all-reduces already issued: a traced 2-rank gloo step issued its
-    backward all-to-all after both DDP buckets and ran it once they were done."""
+    backward all-to-all after both DDP buckets and ran it once they were done.
+
+    Each is sent from a contiguous copy of its slice of the concatenation's gradient; the
+    all-to-all's takes two (each received piece's gradient made contiguous, then the pieces
+    joined back in receive order)."""
+    B = x.spec.batch_size
     deps = [concat_grad] if concat_grad is not None else []
     returned: list[int] = []
     if x.rw_width:
         ag = {"bytes": x.rw_bytes, "world": x.spec.world_size, "scope": x.scope}
-        returned.append(g.add(GraphOp("all_gather_bwd", "collective", "all_gather", ag, "comm", deps, x.group)))
+        grad = _copy(g, "row_wise_grad_copy", B * x.rw_width, deps)
+        returned.append(g.add(GraphOp("all_gather_bwd", "collective", "all_gather", ag, "comm", [grad], x.group)))
     if x.a2a is not None:
-        returned.append(g.add(GraphOp("all_to_all_bwd", "collective", "all_to_all", x.a2a, "comm", deps, x.group)))
+        pieces = _copy(g, "exchange_grad_copy", B * x.exchanged_width, deps)
+        grad = _copy(g, "exchange_grad_cat", B * x.exchanged_width, [pieces])
+        returned.append(g.add(GraphOp("all_to_all_bwd", "collective", "all_to_all", x.a2a, "comm", [grad], x.group)))
     return returned
 
 

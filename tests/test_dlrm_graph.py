@@ -38,10 +38,19 @@ def test_graph_mirrors_the_workload_op_for_op():
     assert names.index("all_to_all_bwd") > names.index("fc0_grad_weight")
     last_reduce = max(i for i, n in enumerate(names) if n.startswith("ddp_all_reduce"))
     assert names.index("all_to_all_bwd") > last_reduce
-    assert names[-3:] == ["all_to_all_bwd", "embedding_bwd", "optimizer_step"]
-    assert sum(n.startswith("ddp_all_reduce") for n in names) == len(
-        ddp_buckets(4 * sum(i * o + o for i, o in spec.dense_layers()))
-    )
+    buckets = ddp_buckets(4 * sum(i * o + o for i, o in spec.dense_layers()))
+    assert sum(n.startswith("ddp_all_reduce") for n in names) == len(buckets)
+    # DDP copies each layer's gradients into its bucket before the bucket's all-reduce, and the
+    # reduced buckets back into the gradients once the backward is done
+    op = {o.name: o for o in g.ranks[0]}
+    for li, (fan_in, fan_out) in enumerate(spec.dense_layers()):
+        copy = op[f"fc{li}_bucket_copy"]
+        assert copy.op == "memcpy" and copy.params["bytes"] == 4 * (fan_in * fan_out + fan_out)
+        assert [g.ranks[0][d].name for d in copy.deps] == [f"fc{li}_grad_weight"]
+    back = [f"ddp_grad_copy{i}" for i in range(len(buckets))]
+    assert names[-4 - len(back) :] == ["exchange_grad_cat", "all_to_all_bwd", "embedding_bwd", *back, "optimizer_step"]
+    assert [op[n].params["bytes"] for n in back] == buckets
+    assert [g.ranks[0][d].name for d in op["optimizer_step"].deps] == back
     # rank 0 sends 2 ranks x 32 x 16 floats; receives 32 x 24: the larger is the message
     assert all_to_all_bytes(spec, [0, 0, 1]) == 4 * max(2 * 32 * 16, 32 * 24)
     # unequal pooled widths per rank: the all-to-all is priced on the uneven curve

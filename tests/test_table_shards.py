@@ -81,18 +81,37 @@ def test_graph_of_a_mixed_plan():
     g = build_dlrm_graph(spec, [0, RW, cw(0, 1), DP])
     for rank in g.ranks:
         names = [o.name for o in rank]
-        assert names[:5] == ["embedding_fwd", "all_to_all_fwd", "reduce_scatter_fwd", "embedding_dp_fwd", "fc0_fwd"]
-        cat = next(o for o in rank if o.name == "interaction_cat")
-        # the interaction waits for every way embeddings arrive, and for the bottom MLP
-        assert sorted(rank[d].name for d in cat.deps) == [
+        assert names[:7] == [
+            "embedding_fwd",
             "all_to_all_fwd",
-            "embedding_dp_fwd",
             "reduce_scatter_fwd",
-            "relu1_fwd",
+            "exchange_cat",
+            "embedding_dp_fwd",
+            "embeddings_cat",
+            "fc0_fwd",
         ]
+        op = {o.name: o for o in rank}
+        # every way embeddings arrive is joined into one [B, 24 + 16 + 4] tensor (the received
+        # pieces laid side by side first), which the interaction waits for with the bottom MLP
+        assert [rank[d].name for d in op["exchange_cat"].deps] == ["all_to_all_fwd"]
+        assert sorted(rank[d].name for d in op["embeddings_cat"].deps) == [
+            "embedding_dp_fwd",
+            "exchange_cat",
+            "reduce_scatter_fwd",
+        ]
+        assert op["exchange_cat"].params["bytes"] == 4 * 32 * 24
+        assert op["embeddings_cat"].params["bytes"] == 4 * 32 * (24 + 16 + 4)
+        assert sorted(rank[d].name for d in op["interaction_cat"].deps) == ["embeddings_cat", "relu1_fwd"]
         assert {"all_to_all_bwd", "all_gather_bwd", "embedding_dp_bwd", "dp_table_all_reduce"} <= set(names)
-        bwd = next(o for o in rank if o.name == "embedding_bwd")
-        assert sorted(rank[d].name for d in bwd.deps) == ["all_gather_bwd", "all_to_all_bwd"]
+        # each backward exchange is sent from contiguous copies of its gradient slice
+        assert [rank[d].name for d in op["all_to_all_bwd"].deps] == ["exchange_grad_cat"]
+        assert [rank[d].name for d in op["exchange_grad_cat"].deps] == ["exchange_grad_copy"]
+        assert op["exchange_grad_copy"].params["bytes"] == op["exchange_grad_cat"].params["bytes"] == 4 * 32 * 24
+        assert [rank[d].name for d in op["all_gather_bwd"].deps] == ["row_wise_grad_copy"]
+        assert op["row_wise_grad_copy"].params["bytes"] == 4 * 32 * 16
+        assert [rank[d].name for d in op["embedding_dp_bwd"].deps] == ["embedding_dp_grad_copy"]
+        assert op["embedding_dp_grad_copy"].params["bytes"] == 4 * 32 * 4
+        assert sorted(rank[d].name for d in op["embedding_bwd"].deps) == ["all_gather_bwd", "all_to_all_bwd"]
         step = rank[-1]
         assert step.name == "optimizer_step" and "dp_table_all_reduce" in [rank[d].name for d in step.deps]
     rs = next(o for o in g.ranks[0] if o.name == "reduce_scatter_fwd")

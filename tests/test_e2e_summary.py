@@ -1,0 +1,41 @@
+"""The end-to-end benchmarks' summaries: each figure with its count and 95% interval over the tasks."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.e2e_accuracy import error_summary, interval_text, signed_summary
+
+
+def tasks(*pairs: tuple[float, float]) -> list[dict]:
+    return [{"predicted_ms": p, "measured_ms": m} for p, m in pairs]
+
+
+def test_a_lean_shared_by_every_task_is_told_from_noise():
+    leaning = signed_summary(tasks((9.0, 10.0), (18.5, 20.0), (27.0, 30.0), (8.8, 10.0)))
+    low, high = leaning["mean_signed_interval"]
+    assert leaning["mean_signed_error"] == pytest.approx((-0.1 - 0.075 - 0.1 - 0.12) / 4)
+    assert low < leaning["mean_signed_error"] < high < 0  # every task under: the interval excludes zero
+    mixed = signed_summary(tasks((9.0, 10.0), (11.0, 10.0), (9.5, 10.0), (10.5, 10.0)))
+    low, high = mixed["mean_signed_interval"]
+    assert low < 0 < high
+
+
+def test_one_task_has_a_figure_but_no_interval():
+    one = signed_summary(tasks((9.0, 10.0)))
+    assert one["mean_signed_error"] == pytest.approx(-0.1) and one["mean_signed_interval"] is None
+    summary = error_summary([0.1])
+    assert summary["count"] == 1 and summary["geomean_interval"] is None
+    assert interval_text(None) == ""
+
+
+def test_the_geomean_interval_brackets_it_and_narrows_with_more_tasks():
+    few = error_summary([0.05, 0.1, 0.2])
+    many = error_summary([0.05, 0.1, 0.2] * 8)
+    assert few["count"] == 3 and many["count"] == 24
+    assert few["geomean_interval"][0] < few["geomean_error"] < few["geomean_interval"][1]
+    assert many["geomean_error"] == pytest.approx(few["geomean_error"])
+    width = lambda s: s["geomean_interval"][1] - s["geomean_interval"][0]  # noqa: E731
+    assert width(many) < width(few)
+    assert interval_text([0.05, 0.2]) == " [5.0%, 20.0%]"
+    assert interval_text([-0.1, 0.02], signed=True) == " [-10.0%, +2.0%]"
