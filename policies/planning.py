@@ -14,8 +14,9 @@ from policies.parallelism import choose_parallelism
 from policies.plan import Decision, Plan
 from policies.sharding import choose_sharding
 from policies.substitution import choose_substitutions
+from predictors.ddp_buckets import ddp_buckets
 from predictors.dlrm_estimator import estimate_iteration
-from predictors.dlrm_graph import FLOAT, build_dlrm_graph, ddp_buckets, dense_parameter_bytes, dlrm_slice_params
+from predictors.dlrm_graph import FLOAT, build_dlrm_graph, dense_parameter_bytes, dlrm_slice_params
 from predictors.network import (
     NetworkError,
     NetworkTopology,

@@ -20,7 +20,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from predictors.dlrm_graph import FLOAT, build_dlrm_graph, ddp_buckets, shards_all_to_all_params
+from predictors.ddp_buckets import ddp_buckets
+from predictors.dlrm_graph import FLOAT, build_dlrm_graph, shards_all_to_all_params
 from predictors.evaluation import ErrorStats, error_stats
 from predictors.graph import GraphOp
 from predictors.opmodels import fit_step_overhead, step_metrics

@@ -28,6 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from predictors.ddp_buckets import DDP_BUCKET_BYTES, BucketFill, ddp_buckets
 from predictors.graph import ExecutionGraph, GraphOp
 from probes.vocabulary.jobspec import JobSpec, TableShape
 from probes.vocabulary.ops import elementwise_params, gemm_params, memcpy_params
@@ -43,44 +44,12 @@ from probes.vocabulary.table_shards import (
 )
 from probes.vocabulary.tbe_features import expected_features
 
-DDP_FIRST_BUCKET_BYTES = 1 * 2**20
-DDP_BUCKET_BYTES = 25 * 2**20
 FLOAT = 4
 
 
 def dense_parameter_bytes(spec: JobSpec) -> int:
     """float32 bytes of the bottom and top MLPs' weights and biases: what DDP all-reduces."""
     return FLOAT * sum(i * o + o for i, o in spec.dense_layers())
-
-
-def ddp_buckets(param_bytes: int, bucket_bytes: int = DDP_BUCKET_BYTES) -> list[int]:
-    """Bucket sizes DDP all-reduces: a small first bucket, then up to `bucket_bytes` each."""
-    buckets, left = [], param_bytes
-    first = min(left, DDP_FIRST_BUCKET_BYTES)
-    if first:
-        buckets.append(first)
-        left -= first
-    while left > 0:
-        buckets.append(min(left, bucket_bytes))
-        left -= buckets[-1]
-    return buckets
-
-
-class BucketFill:
-    """DDP's buckets as gradients fill them, last layer first: a bucket's all-reduce is
-    launched once its last gradient is written."""
-
-    def __init__(self, sizes: Sequence[int], filled: float = 0.0) -> None:
-        self.left, self.filled = list(sizes), filled
-
-    def add(self, nbytes: float) -> list[int]:
-        """The sizes of the buckets that `nbytes` more gradient bytes complete, in order."""
-        self.filled += nbytes
-        done = []
-        while self.left and self.filled >= self.left[0] - 1e-9:
-            self.filled -= self.left[0]
-            done.append(int(self.left.pop(0)))
-        return done
 
 
 def _all_to_all(spec: JobSpec, widths: Sequence[int], scope: str) -> dict[str, Any]:

@@ -25,7 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from predictors.dlrm_graph import FLOAT, BucketFill
+from predictors.ddp_buckets import BucketFill
+from predictors.dlrm_graph import FLOAT
 from predictors.graph import GraphOp
 from probes.vocabulary.ops import element_bytes, elementwise_params, gemm_params, memcpy_params
 from probes.vocabulary.placement import RankPlacement

@@ -17,7 +17,8 @@ backward. Then SGD over the rank's parameters (its shard under FSDP).
 
 from __future__ import annotations
 
-from predictors.dlrm_graph import DDP_BUCKET_BYTES, FLOAT, BucketFill, ddp_buckets
+from predictors.ddp_buckets import DDP_BUCKET_BYTES, BucketFill, ddp_buckets
+from predictors.dlrm_graph import FLOAT
 from predictors.graph import ExecutionGraph, GraphOp
 from predictors.transformer_block_graph import (
     BlockSizes,

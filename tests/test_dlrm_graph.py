@@ -2,7 +2,8 @@
 
 import pytest
 
-from predictors.dlrm_graph import all_to_all_bytes, build_dlrm_graph, ddp_buckets
+from predictors.ddp_buckets import ddp_buckets
+from predictors.dlrm_graph import all_to_all_bytes, build_dlrm_graph
 from predictors.simulator import simulate
 from probes.vocabulary.jobspec import JobSpec
 
