@@ -40,14 +40,13 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 import numpy as np  # noqa: E402
-from scipy.stats import t as t_dist  # noqa: E402
 
 from orchestrator import ray_runtime, registry  # noqa: E402
 from orchestrator.cluster import cluster_fingerprint  # noqa: E402
 from orchestrator.launch import launch_dlrm  # noqa: E402
 from policies.sharders import SHARDERS, rank_memory  # noqa: E402
 from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
-from predictors.evaluation import error_stats  # noqa: E402
+from predictors.evaluation import error_stats, mean_interval  # noqa: E402
 from probes.workloads.random_dlrm import fitting_scale, random_dlrm_tasks  # noqa: E402
 
 MEMORY_CAP_BYTES = 4 * 2**30
@@ -121,19 +120,21 @@ def draw_tasks(args: argparse.Namespace) -> list:
     return random_dlrm_tasks(args.tasks, args.world_size, args.seed, args.scale)
 
 
+def signed_errors(rows: list[dict]) -> np.ndarray:
+    """Each task's (predicted - measured) / measured: below 0 when the model leans low."""
+    return np.array([(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] for r in rows])
+
+
 def signed_error(rows: list[dict]) -> float:
-    """Mean of (predicted - measured) / measured: below 0 when the model leans low."""
-    return sum((r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] for r in rows) / len(rows)
+    """Their mean."""
+    return float(signed_errors(rows).mean())
 
 
 def signed_summary(rows: list[dict]) -> dict:
     """The mean signed error with its 95% t-interval over the tasks (None for one task): a
     dozen jobs cannot place a lean more finely than that, so a bar is read against it."""
-    signed = np.array([(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] for r in rows])
-    interval = None
-    if len(signed) >= 2:
-        half = float(t_dist.ppf(0.975, len(signed) - 1) * signed.std(ddof=1) / np.sqrt(len(signed)))
-        interval = [float(signed.mean() - half), float(signed.mean() + half)]
+    signed = signed_errors(rows)
+    interval = list(mean_interval(signed)) if len(signed) >= 2 else None
     return {"mean_signed_error": float(signed.mean()), "mean_signed_interval": interval}
 
 

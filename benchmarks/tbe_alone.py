@@ -18,11 +18,22 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.e2e_accuracy import task_plan, write_result  # noqa: E402
 from benchmarks.step_breakdown import isolated_tbe  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
+
+
+def heavier_rank_ratio(ranks: list[dict]) -> float:
+    """The model's price over the time alone of the lookups (forward + backward) of the rank
+    whose lookups take longest alone: the rank that sets the step."""
+    totals = [
+        (sum(v["model_ms"] for v in ops.values()), sum(v["alone_ms"] for v in ops.values())) for ops in ranks if ops
+    ]
+    model_ms, alone_ms = max(totals, key=lambda t: t[1])
+    return model_ms / alone_ms
 
 
 def main() -> None:
@@ -46,15 +57,30 @@ def main() -> None:
         _, plan = task_plan(i, spec, result["task_seed"])
         ranks = [isolated_tbe(spec, plan, model, r) for r in range(spec.world_size)]
         error = (task["predicted_ms"] - task["measured_ms"]) / task["measured_ms"]
-        line = f"{task['name']:9s} B={spec.batch_size:4d} e2e {error:+6.1%} |"
+        ratio = heavier_rank_ratio(ranks)
+        line = f"{task['name']:9s} B={spec.batch_size:4d} e2e {error:+6.1%} heavier rank {ratio:.2f} |"
         for r, ops in enumerate(ranks):
             line += "".join(f" r{r} {op[10:]} {v['model_ms']:.2f}/{v['alone_ms']:.2f}" for op, v in ops.items())
         print(line + "  (model/alone ms)", flush=True)
-        rows.append({"task": task["name"], "batch_size": spec.batch_size, "e2e_signed_error": error, "ranks": ranks})
+        rows.append(
+            {
+                "task": task["name"],
+                "batch_size": spec.batch_size,
+                "e2e_signed_error": error,
+                "heavier_rank_model_over_alone": ratio,
+                "ranks": ranks,
+            }
+        )
+    ratios = [r["heavier_rank_model_over_alone"] for r in rows]
+    summary = {"geomean": float(np.exp(np.mean(np.log(ratios)))), "min": min(ratios), "max": max(ratios)}
+    print(
+        f"heavier rank's lookups, model / alone: geomean {summary['geomean']:.3f} "
+        f"({summary['min']:.2f}-{summary['max']:.2f}) over {len(rows)} tasks"
+    )
     command = (
         f"python benchmarks/tbe_alone.py {args.result.relative_to(REPO) if args.result.is_absolute() else args.result}"
     )
-    out = write_result(args.out, {"command": command + " --tracking-uri URI", "tasks": rows})
+    out = write_result(args.out, {"command": command + " --tracking-uri URI", "summary": summary, "tasks": rows})
     print(f"wrote {out}")
 
 

@@ -206,43 +206,42 @@ def _rank_ops(x: _Layout, r: int) -> list[GraphOp]:
             g.add(GraphOp("reduce_scatter_fwd", "collective", "reduce_scatter", rs, "comm", sent, x.group))
         )
     if x.a2a is not None:  # the received pieces laid side by side: [B, exchanged width]
-        exchanged[0] = _copy(g, "exchange_cat", B * x.exchanged_width, [exchanged[0]])
+        exchanged[0] = _copy(g, "exchange_cat", FLOAT * B * x.exchanged_width, [exchanged[0]])
     dp_feats = x.embedding_features(x.dp_tables, B, seed=spec.seed) if x.dp_tables else None
     if dp_feats is not None:  # replicas: the local batch only, nothing to exchange
         exchanged.append(g.add(GraphOp("embedding_dp_fwd", "compute", "embedding_fwd", dp_feats)))
     if exchanged:  # every part joined into the [B, all widths] embeddings
         width = x.exchanged_width + x.rw_width + x.dp_width
-        exchanged = [_copy(g, "embeddings_cat", B * width, exchanged)]
+        exchanged = [_copy(g, "embeddings_cat", FLOAT * B * width, exchanged)]
     prev = _dense_forward(g, x, exchanged)
     reduces, concat_grad = _dense_backward(g, x, prev)
     dp_bwd = None
     if dp_feats is not None:  # the replicas' lookup was made last: autograd reaches it first
         # the lookup's backward takes its slice of the concatenation's gradient contiguous
-        grad = _copy(g, "embedding_dp_grad_copy", B * x.dp_width, [concat_grad] if concat_grad is not None else [])
+        deps = [concat_grad] if concat_grad is not None else []
+        grad = _copy(g, "embedding_dp_grad_copy", FLOAT * B * x.dp_width, deps)
         dp_bwd = g.add(GraphOp("embedding_dp_bwd", "compute", "embedding_bwd", dp_feats, deps=[grad]))
     returned = _return_embedding_grads(g, x, concat_grad)
     if local:
         g.add(GraphOp("embedding_bwd", "compute", "embedding_bwd", feats or {}, deps=returned))
     # once the backward is done DDP copies each reduced bucket back into the gradients
-    reduces = [
-        _copy(g, f"ddp_grad_copy{i}", size // FLOAT, [ar]) for i, (ar, size) in enumerate(zip(reduces, x.bucket_sizes))
-    ]
+    reduced = [_copy(g, f"ddp_grad_copy{i}", size, [ar]) for i, (ar, size) in enumerate(zip(reduces, x.bucket_sizes))]
     if dp_bwd is not None:  # their gradients all-reduced once the backward is done
         ar = {"bytes": x.dp_grad_bytes, "world": W, "scope": x.scope}
-        reduces.append(g.add(GraphOp("dp_table_all_reduce", "collective", "all_reduce", ar, "comm", [dp_bwd], x.group)))
+        reduced.append(g.add(GraphOp("dp_table_all_reduce", "collective", "all_reduce", ar, "comm", [dp_bwd], x.group)))
     params_numel = sum(i * o + o for i, o in x.layers)
     cols = 1024
     g.add(
         GraphOp(
-            "optimizer_step", "compute", "add", elementwise_params("add", -(-params_numel // cols), cols), deps=reduces
+            "optimizer_step", "compute", "add", elementwise_params("add", -(-params_numel // cols), cols), deps=reduced
         )
     )
     return g.ops
 
 
-def _copy(g: _RankBuilder, name: str, elems: int, deps: list[int]) -> int:
-    """A device-to-device copy of `elems` floats (a concatenation or a contiguous gradient)."""
-    return g.add(GraphOp(name, "memory", "memcpy", memcpy_params("d2d", FLOAT * elems), deps=deps))
+def _copy(g: _RankBuilder, name: str, nbytes: int, deps: list[int]) -> int:
+    """A device-to-device copy of `nbytes` (a concatenation or a contiguous gradient)."""
+    return g.add(GraphOp(name, "memory", "memcpy", memcpy_params("d2d", nbytes), deps=deps))
 
 
 def _dense_forward(g: _RankBuilder, x: _Layout, exchanged: list[int]) -> int:
@@ -294,8 +293,9 @@ def _dense_backward(g: _RankBuilder, x: _Layout, prev: int) -> tuple[list[int], 
         if li > 0:
             prev = g.add(GraphOp(f"fc{li}_grad_input", "compute", "gemm", gemm_params(B, fan_in, fan_out), deps=[prev]))
         # DDP copies the layer's gradients into their bucket as they are written
-        filled = _copy(g, f"fc{li}_bucket_copy", fan_in * fan_out + fan_out, [weight_grad])
-        for size in buckets.add(FLOAT * (fan_in * fan_out + fan_out)):
+        grad_bytes = FLOAT * (fan_in * fan_out + fan_out)
+        filled = _copy(g, f"fc{li}_bucket_copy", grad_bytes, [weight_grad])
+        for size in buckets.add(grad_bytes):
             ar = {"bytes": size, "world": x.spec.world_size, "scope": x.scope}
             reduces.append(
                 g.add(
@@ -323,11 +323,11 @@ def _return_embedding_grads(g: _RankBuilder, x: _Layout, concat_grad: int | None
     returned: list[int] = []
     if x.rw_width:
         ag = {"bytes": x.rw_bytes, "world": x.spec.world_size, "scope": x.scope}
-        grad = _copy(g, "row_wise_grad_copy", B * x.rw_width, deps)
+        grad = _copy(g, "row_wise_grad_copy", FLOAT * B * x.rw_width, deps)
         returned.append(g.add(GraphOp("all_gather_bwd", "collective", "all_gather", ag, "comm", [grad], x.group)))
     if x.a2a is not None:
-        pieces = _copy(g, "exchange_grad_copy", B * x.exchanged_width, deps)
-        grad = _copy(g, "exchange_grad_cat", B * x.exchanged_width, [pieces])
+        pieces = _copy(g, "exchange_grad_copy", FLOAT * B * x.exchanged_width, deps)
+        grad = _copy(g, "exchange_grad_cat", FLOAT * B * x.exchanged_width, [pieces])
         returned.append(g.add(GraphOp("all_to_all_bwd", "collective", "all_to_all", x.a2a, "comm", [grad], x.group)))
     return returned
 

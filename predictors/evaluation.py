@@ -58,10 +58,17 @@ def _logs(errors: np.ndarray) -> np.ndarray:
     return np.log(np.maximum(np.asarray(errors, dtype=np.float64), ERROR_FLOOR))
 
 
+def mean_interval(values: np.ndarray) -> tuple[float, float]:
+    """The 95% t-interval of the mean of `values` (two or more)."""
+    values = np.asarray(values, dtype=np.float64)
+    half = float(t_dist.ppf(0.975, len(values) - 1) * np.std(values, ddof=1) / np.sqrt(len(values)))
+    return float(values.mean() - half), float(values.mean() + half)
+
+
 def _exp_interval(logs: np.ndarray) -> tuple[float, float]:
     """exp of the 95% t-interval of the mean of `logs` (two or more values)."""
-    half = float(t_dist.ppf(0.975, len(logs) - 1) * np.std(logs, ddof=1) / np.sqrt(len(logs)))
-    return float(np.exp(logs.mean() - half)), float(np.exp(logs.mean() + half))
+    low, high = mean_interval(logs)
+    return float(np.exp(low)), float(np.exp(high))
 
 
 @dataclass

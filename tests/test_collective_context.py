@@ -74,11 +74,10 @@ def bundle(spec: JobSpec, plan: list[int]):
 def _fitted(spec_json: str, plan: tuple[int, ...]):
     spec, plan = JobSpec.from_dict(json.loads(spec_json)), list(plan)
     graph = build_dlrm_graph(spec, plan)
-    rows, copies = [], 0
+    rows = []
     for i, o in enumerate(o for ops in graph.ranks for o in ops):
-        copies += o.op == "memcpy"
-        if o.op == "memcpy" and copies > 1:  # one copy's rows: the memcpy model prices every copy by its bytes
-            continue
+        if o.op == "memcpy" and any(r.op == "memcpy" for r in rows):
+            continue  # one copy's rows: the memcpy model prices every copy by its bytes
         for k in range(12):
             p = dict(o.params)
             if "bytes" in p:
