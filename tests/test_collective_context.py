@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from predictors.collective_context import collective_pairs, fit_in_step, graph_collectives, learn_collective_factors
+from predictors.collective_context import collective_pairs, graph_collectives, learn_collective_factors
 from predictors.context_model import ContextFactorModel
 from predictors.dlrm_graph import build_dlrm_graph
 from predictors.fit import fit_performance_model
@@ -172,49 +172,6 @@ def test_heavy_tailed_in_step_times_are_priced_at_their_mean():
     assert stats["factors"]["all_to_all"] == pytest.approx(3.25, rel=0.02)
     assert stats["borne_out"] and stats["total_error"] < 0.05 < stats["baseline_total_error"]
     assert stats["gmae"] > stats["baseline_gmae"]  # per call, the typical (isolated) price is closer
-
-
-def test_a_per_call_stall_is_priced_as_an_addition_and_keeps_the_total():
-    isolated = np.linspace(1e-4, 1e-3, 20)
-    factor, add = fit_in_step(np.c_[isolated, 1.5 * isolated + 4e-4])
-    assert factor == pytest.approx(1.5) and add == pytest.approx(4e-4)
-    # a negative intercept is no per-call cost: the ratio of the totals, nothing added
-    in_step = 3.0 * isolated - 1e-4
-    assert fit_in_step(np.c_[isolated, in_step]) == pytest.approx((in_step.sum() / isolated.sum(), 0.0))
-    # one size: no slope to fit
-    assert fit_in_step(np.c_[np.full(5, 2e-4), np.full(5, 6e-4)]) == pytest.approx((3.0, 0.0))
-    # a factor past its bound: the addition keeps the priced total the measured one
-    in_step = 20.0 * isolated + 1e-4
-    factor, add = fit_in_step(np.c_[isolated, in_step])
-    assert factor == 8.0 and (factor * isolated + add).sum() == pytest.approx(in_step.sum())
-
-
-def test_collectives_stalling_a_fixed_time_a_call_are_priced_right_at_every_size():
-    # Every captured collective ran its isolated time plus a 0.5 ms stall, in steps of
-    # widening tables and growing batches: the small calls stalled 3-10x their price, the
-    # large ones little. One ratio per collective would misprice both ends; the learned
-    # addition prices each call.
-    model, _ = bundle(job(), [0, 0, 1])
-    rng = np.random.default_rng(0)
-    rows, base, plan = [], job().to_dict(), [0, 0, 1]
-    for batch in (32, 128, 512, 2048):
-        for dim in (4, 16, 64):
-            spec = JobSpec.from_dict(
-                {**base, "batch_size": batch, "tables": [{**t, "embedding_dim": dim} for t in base["tables"]]}
-            )
-            calls = [o for o in build_dlrm_graph(spec, plan).ranks[0] if o.kind == "collective"]
-            captured = [
-                [[o.op, (model.predict_params(o.op, o.params) + 5e-4) * rng.uniform(0.98, 1.02)] for o in calls]
-                for _ in range(3)
-            ]
-            params = {"job": spec.to_dict(), "table_to_rank": plan, "in_step_collectives": captured}
-            rows.append(Measurement("dlrm_step", params, 0.01, 0.0, 30))
-    sizes = [iso for iso, _ in collective_pairs(model, rows)["all_to_all"]]
-    assert max(sizes) > 3 * min(sizes)  # the calls span sizes: a ratio cannot fit both ends
-    stats = learn_collective_factors(model, rows, seed=0)
-    assert stats["adds"]["all_to_all"] == pytest.approx(5e-4, rel=0.1)
-    assert stats["factors"]["all_to_all"] == pytest.approx(1.0, abs=0.1)
-    assert stats["borne_out"] and stats["gmae"] < 0.05 and stats["total_error"] < 0.02
 
 
 def dlrm_steps(model, steps_slowed_by: float, rng: np.random.Generator) -> list[Measurement]:

@@ -65,17 +65,6 @@ def test_each_workloads_own_factor_prices_only_its_steps_and_survives_json():
     assert model.in_step.predict({"model_op": "gemm", "workload": "dlrm"}) == 3.0
 
 
-def test_a_workloads_own_per_call_addition_prices_only_its_steps_and_survives_json():
-    context = ContextFactorModel()
-    context.set_workload("dlrm", {"all_to_all": 2.0}, {"all_to_all": 40}, {"all_to_all": 5e-4})
-    loaded = OpModel.from_dict(context.to_dict())
-    assert loaded.in_step("all_to_all", 1e-3, "dlrm") == pytest.approx(2.5e-3)
-    assert loaded.in_step("all_to_all", 1e-3, "transformer") == pytest.approx(1e-3)  # the DLRM's, not theirs
-    assert loaded.in_step("all_to_all", 1e-3) == pytest.approx(1e-3)
-    loaded.drop_workload("dlrm")
-    assert loaded.in_step("all_to_all", 1e-3, "dlrm") == pytest.approx(1e-3)
-
-
 def test_bundles_from_before_price_their_steps_as_they_did():
     # 11-27: one factor per op (the collectives', which add nothing per call), scoped to the
     # workloads that kept it; before: unscoped
