@@ -27,17 +27,9 @@ are heavy tailed: most calls run near their isolated time and a few stall for mi
 (a backend thread waiting for a core, a rank late to the rendezvous). A step adds several
 collectives up, and the expected sum is the sum of the means: calibrations of issue #26 had
 in-step/isolated ratios with medians of 1.1 (all-to-all) and 1.5-2.6 (all-reduce) but means
-of 2.6-3.2, and the typical-call factor left every small-batch step short. So the in-step
-time is fitted by least squares in seconds, which prices the mean, and judged on what the
-simulator sums: the held-out collectives' total time.
-
-And the stall is mostly per call, not per byte: at the 11-29 01:03 calibration the DLRM
-steps' all-to-alls stalled 0.49 ms a call on average at 0.11 ms alone and 0.81 ms at
-0.3-0.9 ms alone (5.4x and 2.6x in ratio). One ratio per collective (the summed in-step over
-the summed isolated time, until 11-29) over-priced the large calls of large batches and
-under-priced the small ones of small batches, the DLRM's lean at batch 128. So each
-collective op gets `factor * isolated + add_s` (`fit_in_step`), its total on the fitted calls
-the measured total.
+of 2.6-3.2, and the typical-call factor left every small-batch step short. So the factor is
+the ratio of the summed in-step times to the summed isolated prices (per collective op), and
+it is judged on what the simulator sums: the held-out collectives' total time.
 """
 
 from __future__ import annotations
@@ -113,8 +105,7 @@ def learn_collective_factors(
     learned = ContextFactorModel()
     for op, v in sorted(fitted.items()):
         if len(v) >= MIN_ROWS:
-            learned.factors[op], learned.adds[op] = fit_in_step(np.asarray(v))
-            learned.counts[op] = len(v)
+            learned.factors[op], learned.counts[op] = mean_ratio(np.asarray(v)), len(v)
     if not learned.counts:
         return None
     held = [(op, iso, s) for op, v in collective_pairs(model, test).items() for iso, s in v]
@@ -126,29 +117,16 @@ def learn_collective_factors(
     stats["total_error"] = total_error(priced, measured)
     stats["baseline_total_error"] = total_error(isolated, measured)
     stats["n_train"] = sum(len(v) for v in fitted.values())
-    stats["factors"], stats["adds"], stats["counts"] = dict(learned.factors), dict(learned.adds), dict(learned.counts)
+    stats["factors"], stats["counts"] = dict(learned.factors), dict(learned.counts)
     stats["borne_out"] = bool(held) and stats["total_error"] < stats["baseline_total_error"]
     return stats
 
 
-def fit_in_step(pairs: np.ndarray) -> tuple[float, float]:
-    """(factor, add_s) of `factor * isolated + add_s` over `pairs` (rows of (isolated, in-step
-    seconds)): least squares in seconds, whose intercept makes the priced total the measured
-    total. The terms are bounded as every in-step one is (add_s >= 0, factor within CLIP);
-    where a bound binds the other term keeps the total: no addition gives the summed in-step
-    over the summed isolated time, a clipped factor the mean remainder as the addition."""
-    isolated, in_step = pairs[:, 0], pairs[:, 1]
-    ratio = in_step.sum() / isolated.sum()
-    if len(pairs) < 3 or np.ptp(isolated) <= 1e-9 * isolated.max():  # one size: no slope to fit
-        factor, add = ratio, 0.0
-    else:
-        factor, add = np.polyfit(isolated, in_step, 1)
-        if add < 0:
-            factor, add = ratio, 0.0
-    clipped = float(np.clip(factor, *CLIP))
-    if clipped != factor and add > 0:
-        add = max(0.0, float(in_step.mean() - clipped * isolated.mean()))
-    return clipped, float(add)
+def mean_ratio(pairs: np.ndarray) -> float:
+    """Summed in-step seconds over summed isolated prices (`pairs`: rows of (isolated,
+    in-step)): the factor whose priced total matches the measured total, clipped as every
+    in-step factor is."""
+    return float(np.clip(pairs[:, 1].sum() / pairs[:, 0].sum(), *CLIP))
 
 
 def total_error(priced: np.ndarray, measured: np.ndarray) -> float:
