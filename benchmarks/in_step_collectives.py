@@ -10,7 +10,9 @@ by the isolated models (`predictors.collective_context.collective_pairs`), and p
 its batch, tables, step time and the median in-step / isolated ratio of its all-reduces and
 all-to-alls, with the fitted factor beside; then, over every captured step, each collective's
 ratio as a median, a mean and a ratio of sums (heavy tailed: the mean is what a step adds up),
-for the DLRM steps and for the transformer's.
+for the DLRM steps and for the transformer's; and, per quarter of the calls by isolated price,
+the ratio of sums and the mean seconds a call added, with the least-squares line
+(in-step = slope x isolated + intercept): a ratio prices a per-call stall only at one size.
 Issue #26 found the ratio depends on the batch.
 """
 
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from collections import defaultdict
@@ -100,7 +103,34 @@ def summarise(label: str, pairs: dict[str, list[tuple[float, float]]]) -> dict[s
             f"over all {label} {op:<14} n={len(v):>3} in-step / isolated: median {overall[op]['median_ratio']:.2f}, "
             f"mean {overall[op]['mean_ratio']:.2f}, ratio of sums {overall[op]['ratio_of_sums']:.2f}"
         )
+        overall[op]["by_size"] = by_size(v)
+        if len(set(isolated)) > 2:
+            slope, intercept = statistics.linear_regression(isolated, in_step)
+            overall[op]["line"] = {"slope": slope, "intercept_ms": intercept * 1e3}
+            print(f"    least squares: in-step = {slope:.2f} x isolated + {intercept * 1e3:.3f} ms")
+        for q in overall[op]["by_size"]:
+            print(
+                f"    isolated {q['isolated_ms'][0]:.3f}-{q['isolated_ms'][1]:.3f} ms (n={q['n']}): ratio of sums "
+                f"{q['ratio_of_sums']:.2f}, mean added {q['mean_added_ms']:.3f} ms"
+            )
     return overall
+
+
+def by_size(pairs: list[tuple[float, float]], parts: int = 4) -> list[dict]:
+    """The calls in `parts` groups of rising isolated price: each group's price range, ratio of
+    sums and mean seconds added a call (in-step minus isolated)."""
+    ordered = sorted(pairs)
+    size = math.ceil(len(ordered) / parts)
+    groups = [ordered[i : i + size] for i in range(0, len(ordered), size)]
+    return [
+        {
+            "n": len(g),
+            "isolated_ms": [g[0][0] * 1e3, g[-1][0] * 1e3],
+            "ratio_of_sums": sum(s for _, s in g) / sum(iso for iso, _ in g),
+            "mean_added_ms": statistics.fmean(s - iso for iso, s in g) * 1e3,
+        }
+        for g in groups
+    ]
 
 
 if __name__ == "__main__":

@@ -246,16 +246,20 @@ def estimate_iteration(
 
 
 def fit_overhead(
-    model: PerformanceModel, step_rows: Sequence[Measurement], simulate_graph: bool = True
+    model: PerformanceModel,
+    step_rows: Sequence[Measurement],
+    simulate_graph: bool = True,
+    features: Sequence[str] = OVERHEAD_FEATURES,
 ) -> list[Measurement]:
-    """Fit the step overhead on every training-probe row; score whole steps, each left out in
-    turn (`opmodels.fit_step_overhead`).
+    """Fit the step overhead (on `features`, a subset of `OVERHEAD_FEATURES` for a paired
+    "before") on every training-probe row; score whole steps, each left out in turn
+    (`opmodels.fit_step_overhead`).
 
     Sets `model.step_overheads["dlrm"]` and the `dlrm_step` metrics (whole-iteration error,
     with the kernels-only sum as the baseline). Returns the steps, judged held out.
     """
     kernels, residuals = step_residuals(model, step_rows, simulate_graph)
-    fitted = fit_step_overhead(DLRM_OVERHEAD_OP, OVERHEAD_FEATURES, step_rows, kernels, residuals)
+    fitted = fit_step_overhead(DLRM_OVERHEAD_OP, list(features), step_rows, kernels, residuals)
     model.step_overheads["dlrm"] = fitted.model
     baseline = score_steps(model, step_rows, include_overhead=False, simulate_graph=simulate_graph)
     model.metrics[DLRM_STEP_OP] = step_metrics(fitted, baseline)

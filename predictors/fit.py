@@ -19,6 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from predictors.context_model import fit_context_factors
+from predictors.dlrm_estimator import OVERHEAD_FEATURES
 from predictors.evaluation import CV_FOLDS, error_stats, fold_assignment, paired_ratio
 from predictors.families import baseline_model_for, default_model_for
 from predictors.fusion_model import FusionModel, FusionModelError, fusion_points, held_out_errors
@@ -58,13 +59,15 @@ def fit_bundle(
     device_kind: str = "cpu",
     sentinels: Sequence[dict[str, Any]] = (),
     on_op: Callable[[str, bool], None] | None = None,
+    dlrm_overhead_features: Sequence[str] = OVERHEAD_FEATURES,
 ) -> tuple[PerformanceModel, list[Measurement]]:
     """The bundle of everything `rows` can fit, and the rows it was judged on: kernel rows of
     every op (fitted on, and judged out of their fold) and every whole step of each workload
     (fitted on, and judged each left out in turn): those scores are in `metrics`
     (`registry.left_out_scores`). A part without rows is left empty; an op with too few rows
     is listed in `meta["unfitted"]` with the reason. `on_op(op, fitted)`: after each kernel op
-    (`fit_performance_model`)."""
+    (`fit_performance_model`). `dlrm_overhead_features`: what the DLRM step overhead is
+    fitted on (a subset, for a benchmark's paired "before" without one feature)."""
     model, judged = fit_performance_model(kernel_rows(rows), hardware_id, seed=seed, on_op=on_op)
     model.device_kind, model.sentinels = device_kind, list(sentinels)
     by_op: dict[str, list[Measurement]] = defaultdict(list)
@@ -72,7 +75,7 @@ def fit_bundle(
         by_op[r.op].append(r)
     if by_op[IN_CONTEXT_OP]:  # its held-out rows score kernels in context, not the bundle's ops
         fit_context_factors(model, by_op[IN_CONTEXT_OP], seed=seed)
-    judged += fit_steps(model, by_op[DLRM_STEP_OP], by_op[TRANSFORMER_STEP_OP], seed)
+    judged += fit_steps(model, by_op[DLRM_STEP_OP], by_op[TRANSFORMER_STEP_OP], seed, dlrm_overhead_features)
     model.symm_mem = fit_symm_mem(by_op[PAIR_OP] + by_op[SYMM_MEM_OP])
     if by_op[PAIR_OP] or by_op[TRANSFER_OP]:  # fitted on the bundle's own kernel and collective models
         model.overlap = fit_overlap_calibration(model, by_op[PAIR_OP] + by_op[TRANSFER_OP])

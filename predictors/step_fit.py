@@ -8,7 +8,7 @@ from typing import Any, Sequence
 
 from predictors.collective_context import learn_collective_factors
 from predictors.context_model import ContextFactorModel
-from predictors.dlrm_estimator import fit_overhead
+from predictors.dlrm_estimator import OVERHEAD_FEATURES, fit_overhead
 from predictors.performance_model import PerformanceModel
 from predictors.transformer_estimator import fit_transformer_overhead
 from probes.vocabulary.ops import DLRM_STEP_OP, IN_STEP_COLLECTIVE_OP, TRANSFORMER_STEP_OP
@@ -21,10 +21,15 @@ STEP_OP_OF = {workload: op for op, workload in STEP_WORKLOADS.items()}
 
 
 def fit_steps(
-    model: PerformanceModel, dlrm_steps: Sequence[Measurement], transformer_steps: Sequence[Measurement], seed: int
+    model: PerformanceModel,
+    dlrm_steps: Sequence[Measurement],
+    transformer_steps: Sequence[Measurement],
+    seed: int,
+    dlrm_features: Sequence[str] = OVERHEAD_FEATURES,
 ) -> list[Measurement]:
     """Each workload's step overhead, its collectives priced on its own in-step factors where
     its whole steps bear them out. Returns the steps (each judged left out in turn).
+    `dlrm_features`: what the DLRM's overhead is fitted on (fewer for a paired "before").
 
     Each workload's factors are learned from the collectives its own steps captured and
     proposed when the held-out collectives add up closer with them
@@ -48,17 +53,20 @@ def fit_steps(
             continue
         if learned:
             verdicts[workload] = learned
-    judged = fit_step_overheads(model, steps["dlrm"], steps["transformer"])
+    judged = fit_step_overheads(model, steps["dlrm"], steps["transformer"], dlrm_features)
     proposed = [w for w, v in verdicts.items() if v["borne_out"] and STEP_OP_OF[w] in model.metrics]
     if proposed:
-        _judge_on_steps(model, {w: steps[w] for w in proposed}, {w: verdicts[w] for w in proposed})
+        _judge_on_steps(model, {w: steps[w] for w in proposed}, {w: verdicts[w] for w in proposed}, dlrm_features)
     if verdicts:
         model.metrics[IN_STEP_COLLECTIVE_OP] = {"kept": any(v.get("kept") for v in verdicts.values()), **verdicts}
     return judged
 
 
 def _judge_on_steps(
-    model: PerformanceModel, steps: dict[str, list[Measurement]], verdicts: dict[str, dict[str, Any]]
+    model: PerformanceModel,
+    steps: dict[str, list[Measurement]],
+    verdicts: dict[str, dict[str, Any]],
+    dlrm_features: Sequence[str],
 ) -> None:
     """Refit each proposed workload's overhead on its factors and keep them where its steps,
     each left out in turn, come out closer than at the isolated prices (fitted already)."""
@@ -68,7 +76,7 @@ def _judge_on_steps(
     for workload, verdict in verdicts.items():
         context.set_workload(workload, verdict["factors"], verdict["counts"])
     model.in_step = context
-    fit_step_overheads(model, steps.get("dlrm", []), steps.get("transformer", []))
+    fit_step_overheads(model, steps.get("dlrm", []), steps.get("transformer", []), dlrm_features)
     for workload, verdict in verdicts.items():
         op = STEP_OP_OF[workload]
         learned, isolated = model.metrics[op]["gmae"], isolated_scores[workload]["gmae"]
@@ -106,13 +114,16 @@ def in_step_verdict(stats: dict[str, Any]) -> str:
 
 
 def fit_step_overheads(
-    model: PerformanceModel, dlrm_steps: Sequence[Measurement], transformer_steps: Sequence[Measurement]
+    model: PerformanceModel,
+    dlrm_steps: Sequence[Measurement],
+    transformer_steps: Sequence[Measurement],
+    dlrm_features: Sequence[str] = OVERHEAD_FEATURES,
 ) -> list[Measurement]:
     """Each workload's step overhead on the model's prices as they stand; the steps judged."""
     judged: list[Measurement] = []
     if dlrm_steps:
         try:
-            judged += fit_overhead(model, dlrm_steps)
+            judged += fit_overhead(model, dlrm_steps, features=dlrm_features)
         except KeyError as exc:
             _unpriced_steps(model, exc)
     if len(transformer_steps) >= MIN_TRANSFORMER_STEPS:

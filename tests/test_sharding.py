@@ -186,6 +186,14 @@ def test_step_overhead_learns_a_cost_per_pooled_embedding_element(model):
     assert coef["pooled_elems"] == pytest.approx(2e-8, rel=0.02)
     assert coef["kernels_s"] < 0.01 and coef["tables_total"] < 1e-6
     assert bundle.metrics[DLRM_STEP_OP]["gmae"] < 0.01
+    # a paired "before" without the term (`benchmarks/refit_e2e.py --without-dlrm-overhead-feature`):
+    # fitted on the other features only, it misses, and the module's feature list is untouched
+    from predictors.dlrm_estimator import OVERHEAD_FEATURES
+
+    without = type(model)(model.hardware_id, dict(model.models))
+    fit_overhead(without, rows, features=[f for f in OVERHEAD_FEATURES if f != "pooled_elems"])
+    assert "pooled_elems" not in without.step_overheads["dlrm"].features and "pooled_elems" in OVERHEAD_FEATURES
+    assert without.metrics[DLRM_STEP_OP]["gmae"] > bundle.metrics[DLRM_STEP_OP]["gmae"]
 
 
 def test_leave_one_out_judges_each_step_without_its_own_residual():
