@@ -25,11 +25,11 @@ def fit_steps(
     dlrm_steps: Sequence[Measurement],
     transformer_steps: Sequence[Measurement],
     seed: int,
-    dlrm_features: Sequence[str] = OVERHEAD_FEATURES,
+    dlrm_overhead_features: Sequence[str] = OVERHEAD_FEATURES,
 ) -> list[Measurement]:
     """Each workload's step overhead, its collectives priced on its own in-step factors where
     its whole steps bear them out. Returns the steps (each judged left out in turn).
-    `dlrm_features`: what the DLRM's overhead is fitted on (fewer for a paired "before").
+    `dlrm_overhead_features`: what the DLRM's overhead is fitted on (fewer for a paired "before").
 
     Each workload's factors are learned from the collectives its own steps captured and
     proposed when the held-out collectives add up closer with them
@@ -53,10 +53,12 @@ def fit_steps(
             continue
         if learned:
             verdicts[workload] = learned
-    judged = fit_step_overheads(model, steps["dlrm"], steps["transformer"], dlrm_features)
+    judged = fit_step_overheads(model, steps["dlrm"], steps["transformer"], dlrm_overhead_features)
     proposed = [w for w, v in verdicts.items() if v["borne_out"] and STEP_OP_OF[w] in model.metrics]
     if proposed:
-        _judge_on_steps(model, {w: steps[w] for w in proposed}, {w: verdicts[w] for w in proposed}, dlrm_features)
+        _judge_on_steps(
+            model, {w: steps[w] for w in proposed}, {w: verdicts[w] for w in proposed}, dlrm_overhead_features
+        )
     if verdicts:
         model.metrics[IN_STEP_COLLECTIVE_OP] = {"kept": any(v.get("kept") for v in verdicts.values()), **verdicts}
     return judged
@@ -66,7 +68,7 @@ def _judge_on_steps(
     model: PerformanceModel,
     steps: dict[str, list[Measurement]],
     verdicts: dict[str, dict[str, Any]],
-    dlrm_features: Sequence[str],
+    dlrm_overhead_features: Sequence[str],
 ) -> None:
     """Refit each proposed workload's overhead on its factors and keep them where its steps,
     each left out in turn, come out closer than at the isolated prices (fitted already)."""
@@ -76,7 +78,7 @@ def _judge_on_steps(
     for workload, verdict in verdicts.items():
         context.set_workload(workload, verdict["factors"], verdict["counts"])
     model.in_step = context
-    fit_step_overheads(model, steps.get("dlrm", []), steps.get("transformer", []), dlrm_features)
+    fit_step_overheads(model, steps.get("dlrm", []), steps.get("transformer", []), dlrm_overhead_features)
     for workload, verdict in verdicts.items():
         op = STEP_OP_OF[workload]
         learned, isolated = model.metrics[op]["gmae"], isolated_scores[workload]["gmae"]
@@ -117,13 +119,13 @@ def fit_step_overheads(
     model: PerformanceModel,
     dlrm_steps: Sequence[Measurement],
     transformer_steps: Sequence[Measurement],
-    dlrm_features: Sequence[str] = OVERHEAD_FEATURES,
+    dlrm_overhead_features: Sequence[str] = OVERHEAD_FEATURES,
 ) -> list[Measurement]:
     """Each workload's step overhead on the model's prices as they stand; the steps judged."""
     judged: list[Measurement] = []
     if dlrm_steps:
         try:
-            judged += fit_overhead(model, dlrm_steps, features=dlrm_features)
+            judged += fit_overhead(model, dlrm_steps, features=dlrm_overhead_features)
         except KeyError as exc:
             _unpriced_steps(model, exc)
     if len(transformer_steps) >= MIN_TRANSFORMER_STEPS:
