@@ -18,11 +18,11 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from benchmarks.e2e_accuracy import task_plan, write_result  # noqa: E402
 from benchmarks.step_breakdown import isolated_tbe  # noqa: E402
+from predictors.evaluation import geomean  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
 
 
@@ -72,7 +72,7 @@ def main() -> None:
             }
         )
     ratios = [r["heavier_rank_model_over_alone"] for r in rows]
-    summary = {"geomean": float(np.exp(np.mean(np.log(ratios)))), "min": min(ratios), "max": max(ratios)}
+    summary = {"geomean": geomean(ratios), "min": min(ratios), "max": max(ratios)}
     print(
         f"heavier rank's lookups, model / alone: geomean {summary['geomean']:.3f} "
         f"({summary['min']:.2f}-{summary['max']:.2f}) over {len(rows)} tasks"
