@@ -25,20 +25,18 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-import numpy as np  # noqa: E402
-
-from benchmarks.e2e_accuracy import write_result  # noqa: E402
+from benchmarks.e2e_accuracy import signed_summary, write_result  # noqa: E402
 from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
-from predictors.evaluation import geomean, mean_interval  # noqa: E402
+from predictors.evaluation import geomean  # noqa: E402
 from probes.vocabulary.jobspec import JobSpec  # noqa: E402
 
 SMALL_BATCHES = (128, 256)
 
 
-def signed(errors: list[float]) -> dict:
-    """Mean signed error, its 95% t-interval (None for one step) and the count."""
-    interval = list(mean_interval(np.asarray(errors))) if len(errors) >= 2 else None
-    return {"mean_signed_error": float(np.mean(errors)), "interval": interval, "n": len(errors)}
+def signed(steps: list[dict]) -> dict | None:
+    """The steps' mean signed error with its 95% interval (`e2e_accuracy.signed_summary`) and
+    their count; None when there are none."""
+    return {**signed_summary(steps), "n": len(steps)} if steps else None
 
 
 def priced(model, steps: list[dict]) -> list[dict]:
@@ -51,15 +49,17 @@ def priced(model, steps: list[dict]) -> list[dict]:
                 "name": step["job"]["name"],
                 "batch_size": step["job"]["batch_size"],
                 "predicted_ms": predicted,
-                "now_ms": step["now_ms"],
+                "measured_ms": step["now_ms"],
                 "error": (predicted - step["now_ms"]) / step["now_ms"],
             }
         )
     return out
 
 
-def text(summary: dict) -> str:
-    low, high = summary["interval"] or (float("nan"), float("nan"))
+def text(summary: dict | None) -> str:
+    if summary is None:
+        return "      –            n= 0"
+    low, high = summary["mean_signed_interval"] or (float("nan"), float("nan"))
     return f"{summary['mean_signed_error']:+6.1%} [{low:+.1%}, {high:+.1%}] n={summary['n']:2d}"
 
 
@@ -90,15 +90,14 @@ def main() -> None:
                 steps = priced(model, [s for s in run["data"]["steps"] if s["set"] == kind])
                 if not steps:
                     continue
-                errors = [s["error"] for s in steps]
                 row = {
                     "champion": champion["label"],
                     "steps": f"{run['label']}:{kind}",
                     "own": champion is run and kind == "calibration",
-                    "all": signed(errors),
-                    "small_batches": signed([s["error"] for s in steps if s["batch_size"] in SMALL_BATCHES]),
-                    "large_batches": signed([s["error"] for s in steps if s["batch_size"] not in SMALL_BATCHES]),
-                    "geomean_error": geomean([abs(e) for e in errors]),
+                    "all": signed(steps),
+                    "small_batches": signed([s for s in steps if s["batch_size"] in SMALL_BATCHES]),
+                    "large_batches": signed([s for s in steps if s["batch_size"] not in SMALL_BATCHES]),
+                    "geomean_error": geomean([abs(s["error"]) for s in steps]),
                     "priced": steps,
                 }
                 rows.append(row)
