@@ -151,7 +151,7 @@ class CalibrationResult:
 def place_by_sharder(job: dict, world: int, k: int) -> list[int]:
     """The k-th classic sharder's plan (in turn) for a task-shaped training probe, so the step
     model is fitted on the balanced plans the policies price, not only on random placements.
-    The probes' tables are small; no memory cap binds."""
+    No memory cap: `training_task_scale` already sized the tasks to the devices."""
     names = list(SHARDERS)
     return SHARDERS[names[k % len(names)]](JobSpec.from_dict(job).tables, world, float("inf"), seed=k)
 
