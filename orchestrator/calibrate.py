@@ -39,12 +39,14 @@ from orchestrator.sentinel import (
     fusion_sentinels,
     record_baseline,
 )
+from orchestrator.step_history import CALIBRATION_TAG, earlier_calibrations
 from policies.parallelism import layout_gemms
 from policies.sharders import SHARDERS, NoFeasiblePlanError
 from predictors.dlrm_estimator import score_steps
 from predictors.fit import fit_bundle, fold_pick, kernel_rows
 from predictors.performance_model import PerformanceModel
 from predictors.step_fit import in_step_verdict
+from predictors.step_pool import StepHistory
 from predictors.transformer_estimator import score_transformer_steps
 from probes.collective_sweep import collective_groups, collective_specs
 from probes.elementwise import elementwise_specs
@@ -466,12 +468,15 @@ def quality_problems(model: PerformanceModel, devices: int, bound: float = MAX_P
 def fit_and_register(
     store: MeasurementStore, fingerprint: HardwareFingerprint, seed: int = 0, lease: Any = None
 ) -> tuple[PerformanceModel, registry.Registration]:
-    """Log the table (first: it is the asset), fit (each op judged by cross-validation), log
-    errors, register."""
+    """Log the table (first: it is the asset), fit (each op judged by cross-validation; the
+    step overheads also on the steps of the hardware's earlier calibrations that measured this
+    machine), log errors, register."""
     rows, failures = store.rows(), store.failures()
     if not rows:
         raise RuntimeError(f"calibration measured nothing; failures: {failures[:3]}")
     registry.log_measurements(rows, fingerprint.hardware_id, failures)
+    mlflow.set_tag(CALIBRATION_TAG, store.directory.name)
+    history = step_history(fingerprint, store.directory.name)
     sentinels = choose_sentinels(seed, fingerprint.device_kind, sum(fingerprint.devices_per_node))
     kernels = kernel_rows(rows)
     bar = Progress("fitting", len({r.op for r in kernels}), unit="op")
@@ -483,9 +488,11 @@ def fit_and_register(
             fingerprint.device_kind,
             sentinels,
             on_op=lambda _op, fitted: bar.update(int(fitted), int(not fitted)),
+            history=history,
         )
     finally:
         bar.close()
+    report_pooled_steps(model)
     model.sentinels += fusion_sentinels(model)  # the curves the calibration reached
     model.meta["sentinel_baseline"] = calibration_baseline(store.directory)
     for op, why in model.meta.get("unfitted", {}).items():
@@ -503,6 +510,33 @@ def fit_and_register(
         model, test_rows, fingerprint.software, scorer=score_bundle, below_floor=floor, lease=lease
     )
     return model, registration
+
+
+def step_history(fingerprint: HardwareFingerprint, calibration: str) -> StepHistory:
+    """The hardware's earlier calibrations the step fit may pool (none when the store cannot
+    give them: pooling is worth having, never a calibration)."""
+    try:
+        earlier = earlier_calibrations(fingerprint.hardware_id, calibration)
+    except Exception as exc:  # a store that cannot be searched must not cost the fit
+        say(f"WARNING: earlier calibrations not read ({type(exc).__name__}: {exc}); fitting the steps on this one's")
+        earlier = []
+    return StepHistory(fingerprint.software, earlier)
+
+
+def report_pooled_steps(model: PerformanceModel) -> None:
+    """Say which earlier calibrations lent their steps to the step fit, and why not the rest."""
+    verdicts = model.meta.get("pooled_steps", [])
+    lent = [v for v in verdicts if v["pooled"]]
+    if verdicts:
+        say(
+            f"step fit: {sum(v['steps'] for v in lent)} whole step(s) of {len(lent)} earlier calibration(s) "
+            f"of this hardware pooled with this one's"
+        )
+    for verdict in verdicts:
+        detail(
+            f"  {verdict['label']}: {verdict['steps']} step(s) {'pooled' if verdict['pooled'] else 'not pooled'}: {verdict['why']}"
+        )
+    mlflow.log_metric("pooled_steps", float(sum(v["steps"] for v in lent)))
 
 
 def report_pairs(model: PerformanceModel) -> None:

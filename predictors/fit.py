@@ -27,7 +27,7 @@ from predictors.opmodels import OpModel
 from predictors.overhead_model import OverheadModel
 from predictors.pair_estimator import fit_overlap_calibration, fit_symm_mem
 from predictors.performance_model import PerformanceModel, predictions
-from predictors.step_fit import fit_steps
+from predictors.step_pool import StepHistory, fit_pooled_steps
 from probes.vocabulary.nccl import NCCL_CHOICE_FAMILY
 from probes.vocabulary.ops import (
     CPU_OVERHEAD_OP,
@@ -60,6 +60,7 @@ def fit_bundle(
     sentinels: Sequence[dict[str, Any]] = (),
     on_op: Callable[[str, bool], None] | None = None,
     dlrm_overhead_features: Sequence[str] = OVERHEAD_FEATURES,
+    history: StepHistory | None = None,
 ) -> tuple[PerformanceModel, list[Measurement]]:
     """The bundle of everything `rows` can fit, and the rows it was judged on: kernel rows of
     every op (fitted on, and judged out of their fold) and every whole step of each workload
@@ -67,15 +68,20 @@ def fit_bundle(
     (`registry.left_out_scores`). A part without rows is left empty; an op with too few rows
     is listed in `meta["unfitted"]` with the reason. `on_op(op, fitted)`: after each kernel op
     (`fit_performance_model`). `dlrm_overhead_features`: what the DLRM step overhead is
-    fitted on (a subset, for a benchmark's paired "before" without one feature)."""
-    model, judged = fit_performance_model(kernel_rows(rows), hardware_id, seed=seed, on_op=on_op)
+    fitted on (a subset, for a benchmark's paired "before" without one feature). `history`:
+    the hardware's earlier calibrations, whose whole steps the step fit pools with these where
+    they measured this machine (`step_pool.pool_steps`; the verdicts in `meta["pooled_steps"]`);
+    the rows returned are this calibration's own, so a champion is compared on what it never saw."""
+    kernels = kernel_rows(rows)
+    model, judged = fit_performance_model(kernels, hardware_id, seed=seed, on_op=on_op)
     model.device_kind, model.sentinels = device_kind, list(sentinels)
     by_op: dict[str, list[Measurement]] = defaultdict(list)
     for r in rows:
         by_op[r.op].append(r)
     if by_op[IN_CONTEXT_OP]:  # its held-out rows score kernels in context, not the bundle's ops
         fit_context_factors(model, by_op[IN_CONTEXT_OP], seed=seed)
-    judged += fit_steps(model, by_op[DLRM_STEP_OP], by_op[TRANSFORMER_STEP_OP], seed, dlrm_overhead_features)
+    own_steps = by_op[DLRM_STEP_OP] + by_op[TRANSFORMER_STEP_OP]
+    judged += fit_pooled_steps(model, own_steps, kernels, history, seed, dlrm_overhead_features)
     model.symm_mem = fit_symm_mem(by_op[PAIR_OP] + by_op[SYMM_MEM_OP])
     if by_op[PAIR_OP] or by_op[TRANSFER_OP]:  # fitted on the bundle's own kernel and collective models
         model.overlap = fit_overlap_calibration(model, by_op[PAIR_OP] + by_op[TRANSFER_OP])

@@ -231,6 +231,12 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     # past the bound this nightly was given.
     assert any(r.startswith("speed drift") for r in checked["reasons"]) and checked["sentinel"]["speed"] > 2
     assert str(client.get_model_version_by_alias(name, "champion").version) == checked["model"].split("/")[1]
+    # Its step fit left the undrilled calibration's steps out (one calibration, with its refit):
+    # they measured a machine three times faster.
+    from orchestrator import registry
+
+    lent = registry.get_alias(hw, registry.CHAMPION).model.meta["pooled_steps"]
+    assert len(lent) == 1 and not lent[0]["pooled"] and lent[0]["speed"] < 0.5, lent
     # The drift report shows the jump: the drilled check over its bound.
     report = last_json(cli("orchestrator.cli.drift", "--json", cwd=tmp_path).stdout)
     series = report["hardware"][hw]["sentinel"]

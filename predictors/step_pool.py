@@ -1,0 +1,152 @@
+"""Which earlier calibrations of the same hardware lend their whole steps to a new
+calibration's step fit.
+
+Why pool: a calibration measures a couple of dozen whole steps per workload, and the step
+overhead fitted on them takes its level from that handful of jobs and the spell they ran in.
+In #26 three calibrations of one host within three hours priced the same measured steps
+10-14% apart, each within its interval of zero on its own steps
+(`benchmarks/step_drift_cross.py`), more than the +-5% a run's mean signed error may lean.
+The same hardware's earlier calibrations measured other jobs in other spells; the step fit on
+all of them averages both out (`benchmarks/pooled_steps.py`).
+
+Why not every one: steps measured on other software, or on hardware that has since changed
+speed, describe another machine. An earlier calibration lends its steps only when its software
+is the new one's and its kernels ran at the new calibration's speed: a sample of its kernel
+rows, priced by the new kernel models, measured within `SPEED_BOUND` of what the new
+calibration's own rows measured against the same models.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from predictors.dlrm_estimator import OVERHEAD_FEATURES
+from predictors.performance_model import PerformanceModel
+from predictors.step_fit import fit_steps
+from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP
+from probes.vocabulary.records import Measurement
+
+EARLIER_CALIBRATIONS = 3  # the newest earlier calibrations of the hardware considered
+# Beyond this ratio of kernel speeds (either way) an earlier calibration measured another
+# machine: a host or device throttled, clocked or shared that much moves every step with it.
+SPEED_BOUND = 1.10
+SPEED_SAMPLE = 400  # kernel rows priced per calibration (evenly spaced): enough for a geomean
+POOLED_OPS = (DLRM_STEP_OP, TRANSFORMER_STEP_OP)
+
+
+@dataclass
+class EarlierCalibration:
+    """An earlier calibration of the hardware, as its store kept it."""
+
+    label: str  # where it came from (an MLflow run, a directory), for the record
+    rows: list[Measurement]
+    software: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class StepHistory:
+    """What a calibration's step fit may pool: the earlier calibrations of its hardware, and
+    its own software (theirs must be the same)."""
+
+    software: dict[str, str]
+    calibrations: list[EarlierCalibration]
+
+
+@dataclass
+class PoolVerdict:
+    """Whether an earlier calibration's steps were pooled, and on what."""
+
+    label: str
+    steps: int
+    pooled: bool
+    why: str
+    speed: float | None = None  # its kernels' time over the new calibration's, same models
+    kernel_rows: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def kernel_speed(model: PerformanceModel, rows: Sequence[Measurement], sample: int = SPEED_SAMPLE) -> tuple[float, int]:
+    """Geomean of measured over predicted time over up to `sample` of `rows` (evenly spaced)
+    that `model` prices, and how many it priced."""
+    priced = [r for r in rows if r.op in model.models and r.median_s > 0]
+    if len(priced) > sample:
+        priced = [priced[int(i)] for i in np.linspace(0, len(priced) - 1, sample)]
+    ratios = []
+    for row in priced:
+        try:
+            predicted = model.predict_params(row.op, row.params)
+        except (KeyError, TypeError, ValueError):  # a point this model cannot price (rows of older code)
+            continue
+        if predicted > 0 and np.isfinite(predicted):
+            ratios.append(row.median_s / predicted)
+    if not ratios:
+        return float("nan"), 0
+    return float(np.exp(np.mean(np.log(ratios)))), len(ratios)
+
+
+def pool_steps(
+    model: PerformanceModel, own_kernels: Sequence[Measurement], history: StepHistory, bound: float = SPEED_BOUND
+) -> tuple[list[Measurement], list[PoolVerdict]]:
+    """The whole steps of the `history`'s calibrations that measured this machine (its
+    software, its kernels within `bound` of `own_kernels`' speed under `model`, the bundle's
+    kernel models fitted on them) and a verdict on each earlier calibration."""
+    own_speed, own_points = kernel_speed(model, own_kernels)
+    software = history.software
+    pooled: list[Measurement] = []
+    verdicts = []
+    for calibration in history.calibrations:
+        steps = [r for r in calibration.rows if r.op in POOLED_OPS]
+        verdict = PoolVerdict(calibration.label, len(steps), False, "")
+        if not steps:
+            verdict.why = "no whole steps"
+        elif calibration.software != software:
+            changed = sorted(
+                k for k in set(software) | set(calibration.software) if software.get(k) != calibration.software.get(k)
+            )
+            verdict.why = f"other software ({', '.join(changed)})"
+        else:
+            speed, points = kernel_speed(model, [r for r in calibration.rows if r.op not in POOLED_OPS])
+            verdict.kernel_rows = points
+            if not points or not own_points:
+                verdict.why = "no kernel rows to compare speeds on"
+            else:
+                verdict.speed = speed / own_speed
+                if max(verdict.speed, 1 / verdict.speed) > bound:
+                    verdict.why = f"its kernels ran {verdict.speed:.2f}x this calibration's (bound {bound:.2f}x)"
+                else:
+                    verdict.pooled, verdict.why = True, f"same software, kernels at {verdict.speed:.3f}x"
+                    pooled += steps
+        verdicts.append(verdict)
+    return pooled, verdicts
+
+
+def fit_pooled_steps(
+    model: PerformanceModel,
+    own_steps: Sequence[Measurement],
+    own_kernels: Sequence[Measurement],
+    history: StepHistory | None,
+    seed: int,
+    dlrm_overhead_features: Sequence[str] = OVERHEAD_FEATURES,
+) -> list[Measurement]:
+    """`step_fit.fit_steps` on this calibration's whole steps and those its `history` lends
+    (`pool_steps`; the verdicts in `meta["pooled_steps"]`). Returns this calibration's own
+    steps, judged: a champion is compared on rows it never saw, and it fitted the lent ones."""
+    lent: list[Measurement] = []
+    if history is not None and history.calibrations:
+        lent, verdicts = pool_steps(model, own_kernels, history)
+        model.meta["pooled_steps"] = [v.to_dict() for v in verdicts]
+    steps = list(own_steps) + lent
+    borrowed = {id(r) for r in lent}
+    fitted = fit_steps(
+        model,
+        [r for r in steps if r.op == DLRM_STEP_OP],
+        [r for r in steps if r.op == TRANSFORMER_STEP_OP],
+        seed,
+        dlrm_overhead_features,
+    )
+    return [r for r in fitted if id(r) not in borrowed]
