@@ -646,6 +646,7 @@ def describe(result: CalibrationResult) -> dict[str, Any]:
         },
         "heldout_per_family": result.model.meta.get("family_heldout", {}),
         "in_step_collectives": result.model.metrics.get(IN_STEP_COLLECTIVE_OP),
+        "pooled_steps": result.model.meta.get("pooled_steps", []),
         "model": f"{result.registration.name}/{result.registration.version}",
         "promoted": result.registration.promoted,
         "promotion_reason": result.registration.reason,

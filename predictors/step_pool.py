@@ -26,6 +26,7 @@ import numpy as np
 from predictors.dlrm_estimator import OVERHEAD_FEATURES
 from predictors.performance_model import PerformanceModel
 from predictors.step_fit import fit_steps
+from probes.vocabulary.nccl import NCCL_CHOICE_FAMILY
 from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP
 from probes.vocabulary.records import Measurement
 
@@ -72,8 +73,9 @@ class PoolVerdict:
 
 def kernel_speed(model: PerformanceModel, rows: Sequence[Measurement], sample: int = SPEED_SAMPLE) -> tuple[float, int]:
     """Geomean of measured over predicted time over up to `sample` of `rows` (evenly spaced)
-    that `model` prices, and how many it priced."""
-    priced = [r for r in rows if r.op in model.models and r.median_s > 0]
+    that `model` prices, and how many it priced. A collective timed under a forced NCCL
+    algorithm is not what the model prices (NCCL's own choice): never compared."""
+    priced = [r for r in rows if r.op in model.models and r.median_s > 0 and r.family != NCCL_CHOICE_FAMILY]
     if len(priced) > sample:
         priced = [priced[int(i)] for i in np.linspace(0, len(priced) - 1, sample)]
     ratios = []

@@ -157,6 +157,7 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
         cli("orchestrator.cli.calibrate", "--refit", str(measurements.parent), "--json", cwd=tmp_path).stdout
     )
     assert refit["model"] == f"{name}/2" and refit["rows_per_op"] == first["calibration"]["rows_per_op"]
+    assert refit["pooled_steps"] == []  # the calibration it refits is the store's only one: nothing to pool
 
     # Nightly: the champion's sentinel points, re-measured, still agree with it: nothing to do.
     # A transformer job with the same champion: autotune chooses its layout and runs it (through
