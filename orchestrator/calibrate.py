@@ -725,6 +725,9 @@ def refit(directory: Path, seed: int = 0) -> dict[str, Any]:
     t0 = time.monotonic()
     store = MeasurementStore(directory)
     with calibration_run(fingerprint.hardware_id, "refit", refit_of=str(directory)):
+        # as a calibration's run holds it: a later calibration pools this run's steps only on
+        # the same software (`step_history`)
+        mlflow.log_dict(fingerprint.to_dict(), "fingerprint.json")
         model, registration = fit_and_register(store, fingerprint, seed)
         result = CalibrationResult(
             fingerprint.hardware_id,
