@@ -2,6 +2,7 @@
 hold better on fresh jobs than fitting them on the newest calibration's steps alone?
 
     .venv/bin/python benchmarks/pooled_steps.py [--pool 1 2 3] [--judge 4] MEASUREMENTS [MEASUREMENTS ...]
+    .venv/bin/python benchmarks/pooled_steps.py --summarize benchmarks/results/pooled_steps.json
 
 MEASUREMENTS: stored calibrations of one hardware, oldest first (`measurements_T.jsonl.gz`,
 with that cycle's `dlrm_T.json` and `transformer_T.json` beside it, as the #26 cycles keep
@@ -27,6 +28,8 @@ import json
 import re
 import sys
 from pathlib import Path
+
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -89,13 +92,51 @@ def line(label: str, scores: dict[str, dict]) -> str:
     return "  ".join(parts)
 
 
+def met(score: dict) -> bool:
+    """#26's bars for one run: geomean <= 10%, mean signed within +-5%, no task above 25%."""
+    return score["geomean_error"] <= 0.10 and abs(score["mean_signed_error"]) <= 0.05 and score["max_error"] <= 0.25
+
+
+def summarize(results: list[dict]) -> dict[str, dict[str, dict]]:
+    """Per step-fit variant and workload, over the judged runs: the runs' mean signed error
+    (mean and spread), their mean |signed| error, and how many met every bar."""
+    out: dict[str, dict[str, dict]] = {}
+    for variant in dict.fromkeys(r["variant"] for r in results):
+        for workload in ("dlrm", "transformer_dp"):
+            scores = [r[workload] for r in results if r["variant"] == variant and workload in r]
+            if not scores:
+                continue
+            signed = np.array([s["mean_signed_error"] for s in scores])
+            out.setdefault(variant, {})[workload] = {
+                "runs": len(scores),
+                "mean_signed": float(signed.mean()),
+                "sd_signed": float(signed.std()),
+                "mean_abs_signed": float(np.abs(signed).mean()),
+                "met": sum(met(s) for s in scores),
+            }
+            print(
+                f"{variant:18s} {workload:15s} over {len(scores)} runs: mean signed {signed.mean():+.1%} "
+                f"(sd {signed.std():.1%}), mean |signed| {np.abs(signed).mean():.1%}, "
+                f"bars met {out[variant][workload]['met']} of {len(scores)}"
+            )
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("measurements", type=Path, nargs="+", help="stored calibrations of one hardware, oldest first")
+    parser.add_argument("measurements", type=Path, nargs="*", help="stored calibrations of one hardware, oldest first")
     parser.add_argument("--pool", type=int, nargs="+", default=[1, 2, 3], help="earlier calibrations to add (each k)")
     parser.add_argument("--judge", type=int, default=4, help="how many of the newest calibrations to judge")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "pooled_steps.json"))
+    parser.add_argument("--summarize", type=Path, help="only summarize an earlier run's JSON (and write it back)")
     args = parser.parse_args()
+    if args.summarize is not None:
+        data = json.loads(args.summarize.read_text())
+        data["summary"] = summarize(data["results"])
+        print(f"wrote {write_result(str(args.summarize), data)}")
+        return
+    if not args.measurements:
+        parser.error("MEASUREMENTS: expected stored calibrations' rows (or --summarize JSON)")
     if args.judge < 1 or any(k < 1 for k in args.pool):
         parser.error("--judge and every --pool must be >= 1")
     cycles = [cycle_files(p) for p in args.measurements]
@@ -124,7 +165,8 @@ def main() -> None:
     command = "python benchmarks/pooled_steps.py " + " ".join(
         ["--pool", *map(str, args.pool), "--judge", str(args.judge), *map(str, args.measurements)]
     )
-    print(f"wrote {write_result(args.out, {'command': command, 'results': results})}")
+    summary = summarize(results)
+    print(f"wrote {write_result(args.out, {'command': command, 'results': results, 'summary': summary})}")
 
 
 if __name__ == "__main__":

@@ -476,7 +476,7 @@ def fit_and_register(
         raise RuntimeError(f"calibration measured nothing; failures: {failures[:3]}")
     registry.log_measurements(rows, fingerprint.hardware_id, failures)
     mlflow.set_tag(CALIBRATION_TAG, store.directory.name)
-    history = step_history(fingerprint, store.directory.name)
+    history = step_history_of(fingerprint, store.directory.name)
     sentinels = choose_sentinels(seed, fingerprint.device_kind, sum(fingerprint.devices_per_node))
     kernels = kernel_rows(rows)
     bar = Progress("fitting", len({r.op for r in kernels}), unit="op")
@@ -512,7 +512,7 @@ def fit_and_register(
     return model, registration
 
 
-def step_history(fingerprint: HardwareFingerprint, calibration: str) -> StepHistory:
+def step_history_of(fingerprint: HardwareFingerprint, calibration: str) -> StepHistory:
     """The hardware's earlier calibrations the step fit may pool (none when the store cannot
     give them: pooling is worth having, never a calibration)."""
     try:
