@@ -41,11 +41,16 @@ class Run:
     met: bool | None
 
 
+def meets_bars(geomean: float, worst: float, signed: float) -> bool:
+    """#26's bars for one run: geomean <= 10%, mean signed within +-5%, no task above 25%."""
+    return geomean <= GEOMEAN_BAR and abs(signed) <= SIGNED_BAR and worst <= MAX_BAR
+
+
 def judge(data: dict) -> Run:
     tasks = len(data.get("tasks") or [])
     eligible = tasks >= MIN_TASKS and data.get("task_seed") is not None and data.get("scale", 1.0) == 1.0
     geomean, worst, signed = data["geomean_error"], data["max_error"], data["mean_signed_error"]
-    met = geomean <= GEOMEAN_BAR and abs(signed) <= SIGNED_BAR and worst <= MAX_BAR if eligible else None
+    met = meets_bars(geomean, worst, signed) if eligible else None
     return Run(geomean, worst, signed, tasks, data.get("task_seed"), met)
 
 

@@ -34,8 +34,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.e2e_accuracy import error_summary, signed_summary, write_result  # noqa: E402
-from benchmarks.refit_e2e import dlrm_predictions, read_rows, transformer_predictions  # noqa: E402
+from benchmarks.e2e_accuracy import write_result  # noqa: E402
+from benchmarks.issue26_tally import meets_bars  # noqa: E402
+from benchmarks.refit_e2e import dlrm_predictions, read_rows, run_summary, transformer_predictions  # noqa: E402
 from predictors.fit import fit_bundle, kernel_rows  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
 from predictors.step_fit import STEP_OPS  # noqa: E402
@@ -63,18 +64,13 @@ def with_history(base: dict, rows: list[Measurement], history: StepHistory | Non
     return model
 
 
-def summary(rows: list[dict]) -> dict:
-    errors = [abs(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] for r in rows]
-    return {**error_summary(errors), **signed_summary(rows), "tasks": len(rows)}
-
-
 def judged(model: PerformanceModel, files: dict[str, Path | None]) -> dict[str, dict]:
     """The cycle's e2e jobs re-predicted by `model`: DLRM and transformer data parallel."""
     out = {}
     if files["dlrm"] is not None:
-        out["dlrm"] = summary(dlrm_predictions(model, json.loads(files["dlrm"].read_text())))
+        out["dlrm"] = run_summary(dlrm_predictions(model, json.loads(files["dlrm"].read_text())))
     if files["transformer"] is not None:
-        out["transformer_dp"] = summary(
+        out["transformer_dp"] = run_summary(
             transformer_predictions(model, json.loads(files["transformer"].read_text())["tasks"])
         )
     return out
@@ -92,11 +88,6 @@ def line(label: str, scores: dict[str, dict]) -> str:
     return "  ".join(parts)
 
 
-def met(score: dict) -> bool:
-    """#26's bars for one run: geomean <= 10%, mean signed within +-5%, no task above 25%."""
-    return score["geomean_error"] <= 0.10 and abs(score["mean_signed_error"]) <= 0.05 and score["max_error"] <= 0.25
-
-
 def summarize(results: list[dict]) -> dict[str, dict[str, dict]]:
     """Per step-fit variant and workload, over the judged runs: the runs' mean signed error
     (mean and spread), their mean |signed| error, and how many met every bar."""
@@ -112,7 +103,7 @@ def summarize(results: list[dict]) -> dict[str, dict[str, dict]]:
                 "mean_signed": float(signed.mean()),
                 "sd_signed": float(signed.std()),
                 "mean_abs_signed": float(np.abs(signed).mean()),
-                "met": sum(met(s) for s in scores),
+                "met": sum(meets_bars(s["geomean_error"], s["max_error"], s["mean_signed_error"]) for s in scores),
             }
             print(
                 f"{variant:18s} {workload:15s} over {len(scores)} runs: mean signed {signed.mean():+.1%} "

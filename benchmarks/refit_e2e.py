@@ -70,23 +70,29 @@ def transformer_predictions(model: PerformanceModel, rows: list[dict]) -> list[d
     ]
 
 
+def run_summary(rows: list[dict]) -> dict:
+    """A run's figures from its re-predicted tasks: the errors' summary and the signed one."""
+    return {
+        **error_summary([abs(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] for r in rows]),
+        **signed_summary(rows),
+        "tasks": len(rows),
+    }
+
+
 def report(label: str, rows: list[dict]) -> dict:
     for r in rows:
         error = (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"]
         print(
             f"  {r['name']:10s} measured {r['measured_ms']:8.2f}  now {r['predicted_ms']:8.2f} ({error:+6.1%})  then {r['was_ms']:8.2f}"
         )
-    summary = {
-        **error_summary([abs(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] for r in rows]),
-        **signed_summary(rows),
-    }
+    summary = run_summary(rows)
     print(
         f"{label}: geomean {summary['geomean_error']:.1%}{interval_text(summary['geomean_interval'])}, "
         f"median {summary['median_error']:.1%}, max {summary['max_error']:.1%}, mean signed "
         f"{summary['mean_signed_error']:+.1%}{interval_text(summary['mean_signed_interval'], signed=True)} "
         f"over {len(rows)} tasks (95% intervals)"
     )
-    return {"label": label, **summary, "tasks": len(rows)}
+    return {"label": label, **summary}
 
 
 def main() -> None:

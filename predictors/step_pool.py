@@ -24,8 +24,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from predictors.dlrm_estimator import OVERHEAD_FEATURES
+from predictors.evaluation import geomean
 from predictors.performance_model import PerformanceModel
-from predictors.step_fit import fit_steps
+from predictors.step_fit import STEP_OPS, fit_steps
 from probes.vocabulary.nccl import NCCL_CHOICE_FAMILY
 from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP
 from probes.vocabulary.records import Measurement
@@ -35,7 +36,6 @@ EARLIER_CALIBRATIONS = 3  # the newest earlier calibrations of the hardware cons
 # machine: a host or device throttled, clocked or shared that much moves every step with it.
 SPEED_BOUND = 1.10
 SPEED_SAMPLE = 400  # kernel rows priced per calibration (evenly spaced): enough for a geomean
-POOLED_OPS = (DLRM_STEP_OP, TRANSFORMER_STEP_OP)
 
 
 @dataclass
@@ -88,7 +88,7 @@ def kernel_speed(model: PerformanceModel, rows: Sequence[Measurement], sample: i
             ratios.append(row.median_s / predicted)
     if not ratios:
         return float("nan"), 0
-    return float(np.exp(np.mean(np.log(ratios)))), len(ratios)
+    return geomean(ratios), len(ratios)
 
 
 def pool_steps(
@@ -102,7 +102,7 @@ def pool_steps(
     pooled: list[Measurement] = []
     verdicts = []
     for calibration in history.calibrations:
-        steps = [r for r in calibration.rows if r.op in POOLED_OPS]
+        steps = [r for r in calibration.rows if r.op in STEP_OPS]
         verdict = PoolVerdict(calibration.label, len(steps), False, "")
         if not steps:
             verdict.why = "no whole steps"
@@ -112,7 +112,7 @@ def pool_steps(
             )
             verdict.why = f"other software ({', '.join(changed)})"
         else:
-            speed, points = kernel_speed(model, [r for r in calibration.rows if r.op not in POOLED_OPS])
+            speed, points = kernel_speed(model, [r for r in calibration.rows if r.op not in STEP_OPS])
             verdict.kernel_rows = points
             if not points or not own_points:
                 verdict.why = "no kernel rows to compare speeds on"
