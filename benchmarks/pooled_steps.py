@@ -39,7 +39,7 @@ from benchmarks.issue26_tally import meets_bars  # noqa: E402
 from benchmarks.refit_e2e import dlrm_predictions, read_rows, run_summary, transformer_predictions  # noqa: E402
 from predictors.fit import fit_bundle, kernel_rows  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
-from predictors.step_fit import STEP_OPS  # noqa: E402
+from predictors.step_fit import OVERHEAD_FEATURES, STEP_OPS, OverheadFeatures  # noqa: E402
 from predictors.step_pool import EarlierCalibration, StepHistory, fit_pooled_steps  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
 
@@ -56,11 +56,14 @@ def cycle_files(path: Path) -> dict[str, Path | None]:
     return {"rows": path, **{k: (p if p.is_file() else None) for k, p in found.items()}}
 
 
-def with_history(base: dict, rows: list[Measurement], history: StepHistory | None) -> PerformanceModel:
-    """The bundle fitted without steps, its step overheads and in-step factors fitted as a
-    calibration fits them (`step_pool.fit_pooled_steps`) on its own steps and what `history` lends."""
+def with_history(
+    base: dict, rows: list[Measurement], history: StepHistory | None, features: OverheadFeatures = OVERHEAD_FEATURES
+) -> PerformanceModel:
+    """The bundle fitted without steps, its step overheads (on `features`) and in-step factors
+    fitted as a calibration fits them (`step_pool.fit_pooled_steps`) on its own steps and what
+    `history` lends."""
     model = PerformanceModel.from_dict(base)
-    fit_pooled_steps(model, [r for r in rows if r.op in STEP_OPS], kernel_rows(rows), history, seed=0)
+    fit_pooled_steps(model, [r for r in rows if r.op in STEP_OPS], kernel_rows(rows), history, 0, features)
     return model
 
 

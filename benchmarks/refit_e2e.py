@@ -110,7 +110,7 @@ def main() -> None:
     args = parser.parse_args()
     dropped = set(args.without_dlrm_overhead_feature)
     features = [f for f in dlrm_estimator.OVERHEAD_FEATURES if f not in dropped]
-    model, _ = fit_bundle(read_rows(args.rows), "refit", seed=0, dlrm_overhead_features=features)
+    model, _ = fit_bundle(read_rows(args.rows), "refit", seed=0, overhead_features={"dlrm": features})
     for name in ("dlrm_step", "transformer_step"):
         stats = model.metrics.get(name)
         if stats:

@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
 from benchmarks.refit_e2e import read_rows  # noqa: E402
-from predictors.dlrm_estimator import OVERHEAD_FEATURES, _predicted_step_s, _residual  # noqa: E402
+from predictors.dlrm_estimator import OVERHEAD_FEATURES, step_residuals  # noqa: E402
 from predictors.evaluation import leave_one_out_signed  # noqa: E402
 from predictors.fit import fit_bundle  # noqa: E402
 from predictors.opmodels import fit_linear_or_constant, step_kernels  # noqa: E402
@@ -35,8 +35,7 @@ def left_out_errors(path: Path) -> dict[str, list[tuple[str, float, bool]]]:
     rows = read_rows(path)
     model, _ = fit_bundle(rows, "lean", seed=0)
     steps = [r for r in rows if r.op == DLRM_STEP_OP]
-    kernels = [_predicted_step_s(model, r, include_overhead=False, simulate_graph=True) for r in steps]
-    residuals = [_residual(r, k) for r, k in zip(steps, kernels)]
+    kernels, residuals = step_residuals(model, steps)
     names = [row.params["job"]["name"] for row in steps]
     mixed = [any(isinstance(p, dict) for p in row.params["table_to_rank"]) for row in steps]
     fits = {

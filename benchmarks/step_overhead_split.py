@@ -47,8 +47,8 @@ def dlrm_tasks(model: PerformanceModel, result: dict) -> list[Task]:
     out = []
     for i, (spec, row) in enumerate(zip(specs, result["tasks"])):
         _, plan = task_plan(i, spec, result["task_seed"])
-        kernels = dlrm_estimator.estimate_iteration(spec, plan, model, include_overhead=False).iteration_s
-        out.append((kernels, dlrm_estimator.overhead_params(spec, kernels, plan), row["measured_ms"] / 1e3))
+        kernels = dlrm_estimator.estimate_iteration(spec, plan, model, include_overhead=False)
+        out.append((kernels.iteration_s, kernels.overhead_params, row["measured_ms"] / 1e3))
     return out
 
 

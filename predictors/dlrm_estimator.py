@@ -9,13 +9,14 @@ per bucket. Either way the CPU-side framework overhead of a step is added; it is
 short real training probes (`fit_overhead`): what their measured step time leaves over after
 the kernels, as a function of the number of dense layers, tables and extra table pieces of
 split or replicated tables (per-op framework cost)
-and of the predicted kernel time itself (on a shared host, gloo's threads and the compute
-thread slow each other in proportion to the work; the fitted coefficient is that slowdown).
+and of the busiest rank's kernel time in each class (`kernel_classes`: on a shared host, gloo's
+threads and the compute thread slow each other in proportion to the work, and each class of
+kernel by its own share; the fitted coefficients are those slowdowns).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -24,6 +25,7 @@ from predictors.ddp_buckets import ddp_buckets
 from predictors.dlrm_graph import FLOAT, build_dlrm_graph, shards_all_to_all_params
 from predictors.evaluation import ErrorStats, error_stats
 from predictors.graph import GraphOp
+from predictors.kernel_classes import KERNEL_CLASSES, busiest_rank_classes
 from predictors.opmodels import fit_step_overhead, step_metrics
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import frozen, model_cost, simulate
@@ -39,7 +41,10 @@ from probes.vocabulary.tbe_features import expected_features
 # no probed kernel carries. Without it the overhead took ~16% of the kernels and a small
 # constant, pinned by the calibration's light jobs, and every stored DLRM run leaned low by
 # ~1.2 ms a step at every batch (`benchmarks/dlrm_lean.py`: -9.6% at batch 128, -1.5% at 1024).
-OVERHEAD_FEATURES = ["one", "dense_layers", "tables_total", "split_pieces", "pooled_elems", "kernels_s"]
+# The busiest rank's kernels by class (`kernel_classes`), each with its own slowdown in a step:
+# one coefficient on all the kernels (`kernels_s`) slowed the GEMMs of dense-heavy steps as much
+# as the lookups of table-heavy ones.
+OVERHEAD_FEATURES = ["one", "dense_layers", "tables_total", "split_pieces", "pooled_elems", *KERNEL_CLASSES]
 
 
 @dataclass
@@ -52,6 +57,7 @@ class CostBreakdown:
     all_reduce_s: float
     overhead_s: float
     out_of_range: list[str]
+    overhead_params: dict[str, float] = field(default_factory=dict)  # what the step overhead reads
 
     def to_dict(self) -> dict:
         return {
@@ -67,13 +73,17 @@ class CostBreakdown:
 
 
 def overhead_params(
-    spec: JobSpec, kernels_s: float, plan: Sequence[PlanEntry] = (), shards: Sequence[TableShard] | None = None
+    spec: JobSpec,
+    kernels_s: float,
+    plan: Sequence[PlanEntry] = (),
+    shards: Sequence[TableShard] | None = None,
+    classes: dict[str, float] | None = None,
 ) -> dict:
     """`split_pieces`: table pieces beyond one per table (a row-/column-wise or replicated table
     is a piece on every rank it spans, each one more TBE table to launch and bookkeep);
     `pooled_elems`: the pooled embeddings each rank's dense part takes (batch x the tables'
     summed dims, whatever the plan); `shards`: the plan's pieces when the caller has them
-    already."""
+    already; `classes`: the busiest rank's kernels by class (`kernel_classes`)."""
     if shards is None:
         shards = table_shards(spec, plan) if plan else None
     pieces = len(shards) if shards is not None else len(spec.tables)
@@ -84,6 +94,7 @@ def overhead_params(
         "split_pieces": pieces - len(spec.tables),
         "pooled_elems": float(spec.batch_size * sum(t.embedding_dim for t in spec.tables)),
         "kernels_s": float(kernels_s),
+        **(classes or {}),
     }
 
 
@@ -133,7 +144,7 @@ def _all_reduce_time(spec: JobSpec, scope: str, predict: Predict) -> float:
     return sum(predict("all_reduce", bytes=b, world=W, scope=scope) for b in ddp_buckets(param_bytes)) if W > 1 else 0.0
 
 
-def _simulated_kernels(
+def _kernels(
     spec: JobSpec,
     table_to_rank: Sequence[PlanEntry],
     shards: Sequence[TableShard],
@@ -141,16 +152,18 @@ def _simulated_kernels(
     model: PerformanceModel,
     problems: list[str],
     memo: dict | None = None,
-) -> float:
-    """The kernels' critical path over the job's execution graph; ops without a model are
-    priced at 0 and noted in `problems`."""
+    simulate_graph: bool = True,
+) -> tuple[float | None, dict[str, float]]:
+    """The kernels' critical path over the job's execution graph (None unless `simulate_graph`)
+    and the busiest rank's kernels by class; ops without a model are priced at 0 and noted in
+    `problems`."""
     unpriced: set[str] = set()
     cost = model_cost(model, unpriced, memo=memo, workload="dlrm")
     ranks = dominant_ranks(spec, shards, cost)
     graph = build_dlrm_graph(spec, table_to_rank, placement, shards=shards, ranks=ranks)
-    kernels = simulate(graph, cost, synchronous=model.synchronous).iteration_s
+    kernels = simulate(graph, cost, synchronous=model.synchronous).iteration_s if simulate_graph else None
     problems.extend(f"no model for {op}: priced at 0, the estimate is a lower bound" for op in unpriced)
-    return kernels
+    return kernels, busiest_rank_classes(graph.ranks, cost)
 
 
 def dominant_ranks(spec: JobSpec, shards: Sequence[TableShard], cost: Callable[[GraphOp], float]) -> list[int]:
@@ -185,20 +198,12 @@ def dominant_ranks(spec: JobSpec, shards: Sequence[TableShard], cost: Callable[[
     return sorted(front)
 
 
-def _step_overhead(
-    spec: JobSpec,
-    kernels: float,
-    table_to_rank: Sequence[PlanEntry],
-    shards: Sequence[TableShard],
-    model: PerformanceModel,
-    include_overhead: bool,
-    problems: list[str],
-) -> float:
-    """The fitted per-step CPU overhead (0 without one, or when not included)."""
+def _step_overhead(params: dict, model: PerformanceModel, include_overhead: bool, problems: list[str]) -> float:
+    """The fitted per-step CPU overhead for the step's `params` (0 without one, or when not
+    included)."""
     step_overhead = model.step_overheads.get("dlrm") if include_overhead else None
     if step_overhead is None:
         return 0.0
-    params = overhead_params(spec, kernels, table_to_rank, shards)
     problems.extend(step_overhead.out_of_range(params))
     return step_overhead.predict(params)
 
@@ -236,13 +241,14 @@ def estimate_iteration(
     dense = _dense_time(spec, predict)
     a2a = _exchange_time(spec, shards, scope, predict)
     allreduce = _all_reduce_time(spec, scope, predict)
-    if simulate_graph:
-        kernels = _simulated_kernels(spec, table_to_rank, shards, placement, model, problems, memo)
-    else:
-        kernels = max(f + b for f, b in zip(emb_fwd, emb_bwd)) + dense + a2a + allreduce
-    overhead = _step_overhead(spec, kernels, table_to_rank, shards, model, include_overhead, problems)
+    simulated, classes = _kernels(spec, table_to_rank, shards, placement, model, problems, memo, simulate_graph)
+    kernels = (
+        simulated if simulated is not None else max(f + b for f, b in zip(emb_fwd, emb_bwd)) + dense + a2a + allreduce
+    )
+    params = overhead_params(spec, kernels, table_to_rank, shards, classes)
+    overhead = _step_overhead(params, model, include_overhead, problems)
     total = kernels + overhead
-    return CostBreakdown(total, emb_fwd, emb_bwd, dense, a2a, allreduce, overhead, sorted(set(problems)))
+    return CostBreakdown(total, emb_fwd, emb_bwd, dense, a2a, allreduce, overhead, sorted(set(problems)), params)
 
 
 def fit_overhead(
@@ -271,20 +277,21 @@ def step_residuals(
 ) -> tuple[list[float], list[Measurement]]:
     """Each measured step's simulated kernels and what the step leaves over them (the rows the
     overhead is fitted on)."""
-    kernels = [
-        _predicted_step_s(model, row, include_overhead=False, simulate_graph=simulate_graph) for row in step_rows
-    ]
-    return kernels, [_residual(row, k) for row, k in zip(step_rows, kernels)]
+    kernels, residuals = [], []
+    for row in step_rows:
+        estimate = _estimate_step(model, row, include_overhead=False, simulate_graph=simulate_graph)
+        kernels.append(estimate.iteration_s)
+        residuals.append(_residual(row, estimate))
+    return kernels, residuals
 
 
-def _residual(row: Measurement, kernels_s: float) -> Measurement:
-    """A measured step's overhead: what it leaves over after its kernels (a step cannot cost
-    less than its kernels: floored at 2% of the step)."""
-    job = JobSpec.from_dict(row.params["job"])
+def _residual(row: Measurement, kernels: CostBreakdown) -> Measurement:
+    """A measured step's overhead: what it leaves over after its `kernels` (an estimate without
+    the overhead; a step cannot cost less than its kernels: floored at 2% of the step)."""
     return Measurement(
         DLRM_OVERHEAD_OP,
-        overhead_params(job, kernels_s, row.params["table_to_rank"]),
-        max(row.median_s - kernels_s, 0.02 * row.median_s),
+        dict(kernels.overhead_params),
+        max(row.median_s - kernels.iteration_s, 0.02 * row.median_s),
         0.0,
         row.repeats,
     )
@@ -304,10 +311,15 @@ def score_steps(
     return error_stats(np.asarray(errors))
 
 
-def _predicted_step_s(model: PerformanceModel, row: Measurement, include_overhead: bool, simulate_graph: bool) -> float:
-    """The predicted iteration time of a measured `dlrm_step` row's job, plan and placement."""
+def _estimate_step(
+    model: PerformanceModel, row: Measurement, include_overhead: bool, simulate_graph: bool
+) -> CostBreakdown:
+    """The estimate of a measured `dlrm_step` row's job, plan and placement."""
     job = JobSpec.from_dict(row.params["job"])
     placement = placement_of(row.params, job.world_size)
-    return estimate_iteration(
-        job, row.params["table_to_rank"], model, include_overhead, simulate_graph, placement
-    ).iteration_s
+    return estimate_iteration(job, row.params["table_to_rank"], model, include_overhead, simulate_graph, placement)
+
+
+def _predicted_step_s(model: PerformanceModel, row: Measurement, include_overhead: bool, simulate_graph: bool) -> float:
+    """The predicted iteration time of a measured `dlrm_step` row's job, plan and placement."""
+    return _estimate_step(model, row, include_overhead, simulate_graph).iteration_s

@@ -50,6 +50,10 @@ FEATURES: dict[str, Callable[[Params], float]] = {
     "collectives": lambda p: float(p["collectives"]),  # of them, collectives
     # the step's predicted kernel time: in-step interference grows with the work it slows
     "kernels_s": lambda p: float(p["kernels_s"]),
+    # the busiest rank's kernels by class: a step slows each class differently (kernel_classes)
+    "gemm_s": lambda p: float(p["gemm_s"]),
+    "memory_s": lambda p: float(p["memory_s"]),
+    "collective_s": lambda p: float(p["collective_s"]),
 }
 
 

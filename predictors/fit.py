@@ -19,7 +19,6 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from predictors.context_model import fit_context_factors
-from predictors.dlrm_estimator import OVERHEAD_FEATURES
 from predictors.evaluation import CV_FOLDS, error_stats, fold_assignment, paired_ratio
 from predictors.families import baseline_model_for, default_model_for
 from predictors.fusion_model import FusionModel, FusionModelError, fusion_points, held_out_errors
@@ -27,6 +26,7 @@ from predictors.opmodels import OpModel
 from predictors.overhead_model import OverheadModel
 from predictors.pair_estimator import fit_overlap_calibration, fit_symm_mem
 from predictors.performance_model import PerformanceModel, predictions
+from predictors.step_fit import OVERHEAD_FEATURES, OverheadFeatures
 from predictors.step_pool import StepHistory, fit_pooled_steps
 from probes.vocabulary.nccl import NCCL_CHOICE_FAMILY
 from probes.vocabulary.ops import (
@@ -59,7 +59,7 @@ def fit_bundle(
     device_kind: str = "cpu",
     sentinels: Sequence[dict[str, Any]] = (),
     on_op: Callable[[str, bool], None] | None = None,
-    dlrm_overhead_features: Sequence[str] = OVERHEAD_FEATURES,
+    overhead_features: OverheadFeatures = OVERHEAD_FEATURES,
     history: StepHistory | None = None,
 ) -> tuple[PerformanceModel, list[Measurement]]:
     """The bundle of everything `rows` can fit, and the rows it was judged on: kernel rows of
@@ -67,8 +67,8 @@ def fit_bundle(
     (fitted on, and judged each left out in turn): those scores are in `metrics`
     (`registry.left_out_scores`). A part without rows is left empty; an op with too few rows
     is listed in `meta["unfitted"]` with the reason. `on_op(op, fitted)`: after each kernel op
-    (`fit_performance_model`). `dlrm_overhead_features`: what the DLRM step overhead is
-    fitted on (a subset, for a benchmark's paired "before" without one feature). `history`:
+    (`fit_performance_model`). `overhead_features`: what each workload's step overhead is
+    fitted on (others, for a benchmark's paired "before"). `history`:
     the hardware's earlier calibrations, whose whole steps the step fit pools with these where
     they measured this machine (`step_pool.pool_steps`; the verdicts in `meta["pooled_steps"]`);
     the rows returned are this calibration's own, so a champion is compared on what it never saw."""
@@ -81,7 +81,7 @@ def fit_bundle(
     if by_op[IN_CONTEXT_OP]:  # its held-out rows score kernels in context, not the bundle's ops
         fit_context_factors(model, by_op[IN_CONTEXT_OP], seed=seed)
     own_steps = by_op[DLRM_STEP_OP] + by_op[TRANSFORMER_STEP_OP]
-    judged += fit_pooled_steps(model, own_steps, kernels, history, seed, dlrm_overhead_features)
+    judged += fit_pooled_steps(model, own_steps, kernels, history, seed, overhead_features)
     model.symm_mem = fit_symm_mem(by_op[PAIR_OP] + by_op[SYMM_MEM_OP])
     if by_op[PAIR_OP] or by_op[TRANSFER_OP]:  # fitted on the bundle's own kernel and collective models
         model.overlap = fit_overlap_calibration(model, by_op[PAIR_OP] + by_op[TRANSFER_OP])

@@ -4,12 +4,14 @@ the last stage of `fit.fit_bundle`, apart from the per-op fits it rests on."""
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from predictors.collective_context import learn_collective_factors
 from predictors.context_model import ContextFactorModel
-from predictors.dlrm_estimator import OVERHEAD_FEATURES, fit_overhead
+from predictors.dlrm_estimator import OVERHEAD_FEATURES as DLRM_OVERHEAD_FEATURES
+from predictors.dlrm_estimator import fit_overhead
 from predictors.performance_model import PerformanceModel
+from predictors.transformer_estimator import OVERHEAD_FEATURES as TRANSFORMER_OVERHEAD_FEATURES
 from predictors.transformer_estimator import fit_transformer_overhead
 from probes.vocabulary.ops import DLRM_STEP_OP, IN_STEP_COLLECTIVE_OP, TRANSFORMER_STEP_OP
 from probes.vocabulary.records import Measurement
@@ -18,6 +20,8 @@ MIN_TRANSFORMER_STEPS = 3  # fewer leave one step to fit each left-out one on
 STEP_OPS = (DLRM_STEP_OP, TRANSFORMER_STEP_OP)
 STEP_WORKLOADS = {DLRM_STEP_OP: "dlrm", TRANSFORMER_STEP_OP: "transformer"}  # whose overhead each fits
 STEP_OP_OF = {workload: op for op, workload in STEP_WORKLOADS.items()}
+OVERHEAD_FEATURES = {"dlrm": DLRM_OVERHEAD_FEATURES, "transformer": TRANSFORMER_OVERHEAD_FEATURES}
+OverheadFeatures = Mapping[str, Sequence[str]]  # workload -> what its step overhead is fitted on
 
 
 def fit_steps(
@@ -25,11 +29,12 @@ def fit_steps(
     dlrm_steps: Sequence[Measurement],
     transformer_steps: Sequence[Measurement],
     seed: int,
-    dlrm_overhead_features: Sequence[str] = OVERHEAD_FEATURES,
+    overhead_features: OverheadFeatures = OVERHEAD_FEATURES,
 ) -> list[Measurement]:
     """Each workload's step overhead, its collectives priced on its own in-step factors where
     its whole steps bear them out. Returns the steps (each judged left out in turn).
-    `dlrm_overhead_features`: what the DLRM's overhead is fitted on (fewer for a paired "before").
+    `overhead_features`: what each workload's overhead is fitted on (others for a paired
+    "before"; a workload not named takes its default).
 
     Each workload's factors are learned from the collectives its own steps captured and
     proposed when the held-out collectives add up closer with them
@@ -53,12 +58,10 @@ def fit_steps(
             continue
         if learned:
             verdicts[workload] = learned
-    judged = fit_step_overheads(model, steps["dlrm"], steps["transformer"], dlrm_overhead_features)
+    judged = fit_step_overheads(model, steps["dlrm"], steps["transformer"], overhead_features)
     proposed = [w for w, v in verdicts.items() if v["borne_out"] and STEP_OP_OF[w] in model.metrics]
     if proposed:
-        _judge_on_steps(
-            model, {w: steps[w] for w in proposed}, {w: verdicts[w] for w in proposed}, dlrm_overhead_features
-        )
+        _judge_on_steps(model, {w: steps[w] for w in proposed}, {w: verdicts[w] for w in proposed}, overhead_features)
     if verdicts:
         model.metrics[IN_STEP_COLLECTIVE_OP] = {"kept": any(v.get("kept") for v in verdicts.values()), **verdicts}
     return judged
@@ -68,7 +71,7 @@ def _judge_on_steps(
     model: PerformanceModel,
     steps: dict[str, list[Measurement]],
     verdicts: dict[str, dict[str, Any]],
-    dlrm_overhead_features: Sequence[str],
+    overhead_features: OverheadFeatures,
 ) -> None:
     """Refit each proposed workload's overhead on its factors and keep them where its steps,
     each left out in turn, come out closer than at the isolated prices (fitted already)."""
@@ -78,7 +81,7 @@ def _judge_on_steps(
     for workload, verdict in verdicts.items():
         context.set_workload(workload, verdict["factors"], verdict["counts"])
     model.in_step = context
-    fit_step_overheads(model, steps.get("dlrm", []), steps.get("transformer", []), dlrm_overhead_features)
+    fit_step_overheads(model, steps.get("dlrm", []), steps.get("transformer", []), overhead_features)
     for workload, verdict in verdicts.items():
         op = STEP_OP_OF[workload]
         learned, isolated = model.metrics[op]["gmae"], isolated_scores[workload]["gmae"]
@@ -119,17 +122,18 @@ def fit_step_overheads(
     model: PerformanceModel,
     dlrm_steps: Sequence[Measurement],
     transformer_steps: Sequence[Measurement],
-    dlrm_overhead_features: Sequence[str] = OVERHEAD_FEATURES,
+    overhead_features: OverheadFeatures = OVERHEAD_FEATURES,
 ) -> list[Measurement]:
     """Each workload's step overhead on the model's prices as they stand; the steps judged."""
+    features = {**OVERHEAD_FEATURES, **overhead_features}
     judged: list[Measurement] = []
     if dlrm_steps:
         try:
-            judged += fit_overhead(model, dlrm_steps, features=dlrm_overhead_features)
+            judged += fit_overhead(model, dlrm_steps, features=features["dlrm"])
         except KeyError as exc:
             _unpriced_steps(model, exc)
     if len(transformer_steps) >= MIN_TRANSFORMER_STEPS:
-        judged += fit_transformer_overhead(model, transformer_steps)
+        judged += fit_transformer_overhead(model, transformer_steps, features["transformer"])
     return judged
 
 

@@ -23,10 +23,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from predictors.dlrm_estimator import OVERHEAD_FEATURES
 from predictors.evaluation import geomean
 from predictors.performance_model import PerformanceModel
-from predictors.step_fit import STEP_OPS, fit_steps
+from predictors.step_fit import OVERHEAD_FEATURES, STEP_OPS, OverheadFeatures, fit_steps
 from probes.vocabulary.nccl import NCCL_CHOICE_FAMILY
 from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP
 from probes.vocabulary.records import Measurement
@@ -133,7 +132,7 @@ def fit_pooled_steps(
     own_kernels: Sequence[Measurement],
     history: StepHistory | None,
     seed: int,
-    dlrm_overhead_features: Sequence[str] = OVERHEAD_FEATURES,
+    overhead_features: OverheadFeatures = OVERHEAD_FEATURES,
 ) -> list[Measurement]:
     """`step_fit.fit_steps` on this calibration's whole steps and those its `history` lends
     (`pool_steps`; the verdicts in `meta["pooled_steps"]`). Returns this calibration's own
@@ -149,6 +148,6 @@ def fit_pooled_steps(
         [r for r in steps if r.op == DLRM_STEP_OP],
         [r for r in steps if r.op == TRANSFORMER_STEP_OP],
         seed,
-        dlrm_overhead_features,
+        overhead_features,
     )
     return [r for r in fitted if id(r) not in borrowed]

@@ -14,10 +14,11 @@ import numpy as np
 
 from predictors.evaluation import ErrorStats, error_stats
 from predictors.graph import ExecutionGraph
+from predictors.kernel_classes import KERNEL_CLASSES, busiest_rank_classes
 from predictors.memory import MemoryEstimate
 from predictors.opmodels import fit_step_overhead, step_metrics
 from predictors.performance_model import PerformanceModel
-from predictors.simulator import SimResult, model_cost, model_cpu_overhead, simulate
+from predictors.simulator import CostFn, SimResult, model_cost, model_cpu_overhead, simulate
 from predictors.transformer_graph import build_transformer_graph, is_transfer
 from predictors.transformer_memory import transformer_memory
 from probes.vocabulary.ops import TRANSFORMER_OVERHEAD_OP, TRANSFORMER_STEP_OP
@@ -26,22 +27,28 @@ from probes.vocabulary.records import Measurement
 from probes.vocabulary.transformer_spec import TransformerSpec
 
 # Per step, per op issued and per collective on the busiest rank, and a slowdown in proportion
-# to the simulated kernels (on a shared host gloo's threads and the compute thread slow each
-# other; steps measured 1.2-2x their kernels, and a per-layer term alone left a 4-layer stack's
-# overhead 4x short), as the DLRM's. Ops, not layers: a layout's framework work grows with what
+# to the busiest rank's kernels of each class (`kernel_classes`: on a shared host gloo's threads
+# and the compute thread slow each other; steps measured 1.2-2x their kernels, and a per-layer
+# term alone left a 4-layer stack's overhead 4x short), as the DLRM's. Ops, not layers: a layout's framework work grows with what
 # it issues (micro-batches, recomputed forwards, FSDP's gathers, a pipeline's transfers), and
 # a gloo collective inside a step costs more than its isolated probe (#26: 1.3-2 ms vs 0.15 ms).
 # A pipeline's transfers are not counted as collectives: they are batched isend / irecv pairs,
 # not group collectives, and the simulator already waits at each.
-OVERHEAD_FEATURES = ["one", "ops", "collectives", "kernels_s"]
+OVERHEAD_FEATURES = ["one", "ops", "collectives", *KERNEL_CLASSES]
 
 
-def overhead_params(spec: TransformerSpec, graph: ExecutionGraph, kernels_s: float) -> dict[str, float]:
-    """The step overhead's features for one layout (and `layers`, which bundles fitted before
-    the op counts read)."""
+def overhead_params(
+    spec: TransformerSpec, graph: ExecutionGraph, kernels_s: float, cost: CostFn | None = None
+) -> dict[str, float]:
+    """The step overhead's features for one layout (and `layers` and `kernels_s`, which bundles
+    fitted before read); with `cost`, the busiest rank's kernels by class
+    (`kernel_classes`)."""
     ops = max(sum(1 for o in rank if o.params) for rank in graph.ranks)
     collectives = max(sum(1 for o in rank if o.kind == "collective" and not is_transfer(o)) for rank in graph.ranks)
-    return {"layers": spec.layers, "ops": ops, "collectives": collectives, "kernels_s": kernels_s}
+    counts: dict[str, float] = {"layers": spec.layers, "ops": ops, "collectives": collectives, "kernels_s": kernels_s}
+    if cost is not None:
+        counts.update(busiest_rank_classes(graph.ranks, cost))
+    return counts
 
 
 @dataclass
@@ -67,12 +74,8 @@ def estimate_transformer_iteration(
     which share most of their ops' shapes)."""
     graph = build_transformer_graph(spec, placement, fold=True)
     unpriced: set[str] = set()
-    result = simulate(
-        graph,
-        model_cost(model, unpriced, memo=memo, workload="transformer"),
-        cpu_overhead=model_cpu_overhead(model),
-        synchronous=model.synchronous,
-    )
+    cost = model_cost(model, unpriced, memo=memo, workload="transformer")
+    result = simulate(graph, cost, cpu_overhead=model_cpu_overhead(model), synchronous=model.synchronous)
     # The builder gives every rank the same ops (only collective groups differ), so one rank
     # prices the baseline and checks ranges: a 64-rank graph is not re-priced 64 times.
     isolated = model_cost(model, set(), in_context=False, memo=memo)
@@ -86,19 +89,22 @@ def estimate_transformer_iteration(
         }
     )
     problems += [f"no model for {op}: priced at 0, the estimate is a lower bound" for op in sorted(unpriced)]
-    counts = overhead_params(spec, graph, result.iteration_s)
+    counts = overhead_params(spec, graph, result.iteration_s, cost)
     overhead = model.step_overhead_s("transformer", counts) if include_overhead else 0.0
     return TransformerEstimate(
         result.iteration_s + overhead, kernel_sum, result, overhead, problems, transformer_memory(spec), counts
     )
 
 
-def fit_transformer_overhead(model: PerformanceModel, step_rows: Sequence[Measurement]) -> list[Measurement]:
-    """Fit the per-step overhead on every `transformer_step` row and score the steps, each left
-    out in turn, beside the kernel-sum baseline. Returns the steps: judged by models that never
-    saw them, they are held out as a bundle's other rows are (`opmodels.fit_step_overhead`)."""
+def fit_transformer_overhead(
+    model: PerformanceModel, step_rows: Sequence[Measurement], features: Sequence[str] = OVERHEAD_FEATURES
+) -> list[Measurement]:
+    """Fit the per-step overhead (on `features`, others for a paired "before") on every
+    `transformer_step` row and score the steps, each left out in turn, beside the kernel-sum
+    baseline. Returns the steps: judged by models that never saw them, they are held out as a
+    bundle's other rows are (`opmodels.fit_step_overhead`)."""
     simulated, residuals = step_residuals(model, step_rows)
-    fitted = fit_step_overhead(TRANSFORMER_OVERHEAD_OP, OVERHEAD_FEATURES, step_rows, simulated, residuals)
+    fitted = fit_step_overhead(TRANSFORMER_OVERHEAD_OP, list(features), step_rows, simulated, residuals)
     model.step_overheads["transformer"] = fitted.model
     model.metrics[TRANSFORMER_STEP_OP] = step_metrics(fitted, score_transformer_steps(model, step_rows, baseline=True))
     return list(step_rows)

@@ -198,6 +198,16 @@ def dlrm_steps(model, steps_slowed_by: float, rng: np.random.Generator) -> list[
     return rows
 
 
+# Step overheads with one slowdown on all the kernels: an overhead with a collective class of
+# its own (the default, `predictors.kernel_classes`) prices a slowdown of the collectives alone
+# at their isolated prices as well as the factors do, and a tie keeps the isolated prices, so
+# the verdict between the two is tested where only the factors can price it.
+ONE_SLOWDOWN = {
+    "dlrm": ["one", "dense_layers", "tables_total", "split_pieces", "pooled_elems", "kernels_s"],
+    "transformer": ["one", "ops", "collectives", "kernels_s"],
+}
+
+
 @pytest.mark.parametrize("steps_slowed_by", [3.0, 1.0])
 def test_the_factors_stay_only_where_the_whole_steps_bear_them_out(steps_slowed_by):
     # Every captured step saw its collectives at 3x their isolated price, so the collectives'
@@ -208,7 +218,10 @@ def test_the_factors_stay_only_where_the_whole_steps_bear_them_out(steps_slowed_
 
     model, _ = bundle(job(), [0, 0, 1])
     rows = dlrm_steps(model, steps_slowed_by, np.random.default_rng(0))
-    fit_steps(model, rows, [], seed=0)
+    with_classes = copy.deepcopy(model)
+    fit_steps(with_classes, rows, [], seed=0)  # by factors or by its collective class, the steps come out right
+    assert with_classes.metrics["dlrm_step"]["gmae"] < 0.03
+    fit_steps(model, rows, [], seed=0, overhead_features=ONE_SLOWDOWN)
     stats = model.metrics["in_step_collective"]["dlrm"]
     assert stats["total_error"] < 0.05 < 0.5 < stats["baseline_total_error"]  # the totals say 3x either way
     if steps_slowed_by == 3.0:
@@ -254,7 +267,7 @@ def test_each_workload_learns_its_own_factors_and_keeps_them_where_its_steps_bea
             model.in_step = context
             row.median_s = (step_s + 2e-4) * rng.uniform(0.99, 1.01)
             transformer_rows.append(row)
-    fit_steps(model, dlrm_rows, transformer_rows, seed=0)
+    fit_steps(model, dlrm_rows, transformer_rows, seed=0, overhead_features=ONE_SLOWDOWN)
     stats = model.metrics["in_step_collective"]
     dlrm, transformer = stats["dlrm"], stats["transformer"]
     assert stats["kept"] and dlrm["kept"]

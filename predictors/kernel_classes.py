@@ -1,0 +1,44 @@
+"""A rank's kernel time split by how a training step slows each kind of kernel beyond its
+probed time: the step overheads' features (`dlrm_estimator`, `transformer_estimator`).
+
+Why split: a step runs its kernels beside the other ranks' and beside the framework's threads,
+and each kind suffers that differently. A GEMM is compute-bound: on a rank with its own cores
+(or its own GPU) it runs about as fast as it was probed alone. Lookups, element-wise ops and
+copies are memory-bound and share the memory system with everything else on the host.
+Collectives wait for the slowest rank, and on CPU ranks their threads compete with compute.
+One slowdown for all kernels (the overheads' `kernels_s`, a single coefficient) took its value
+from the mix of the calibration's steps and missed the steps whose mix differs: fitted on the
+stored #26 calibrations' transformer steps, the split slowed GEMMs by 0-10%, the memory-bound
+rest by 38-78% and the collectives by 1.3-1.5x (`benchmarks/kernel_class_split.py`)."""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable, Sequence
+
+from predictors.graph import GraphOp
+
+GEMM, MEMORY, COLLECTIVE = "gemm_s", "memory_s", "collective_s"
+KERNEL_CLASSES = (GEMM, MEMORY, COLLECTIVE)
+
+
+def kernel_class(op: GraphOp) -> str:
+    """Which class `op` is in: collectives (and point-to-point transfers), GEMMs, the rest."""
+    if op.kind == "collective":
+        return COLLECTIVE
+    return GEMM if op.op == "gemm" else MEMORY
+
+
+def kernel_classes(ops: Iterable[GraphOp], cost: Callable[[GraphOp], float]) -> dict[str, float]:
+    """Seconds of `ops` (one rank's) in each class, priced by `cost`."""
+    seconds = dict.fromkeys(KERNEL_CLASSES, 0.0)
+    for op in ops:
+        seconds[kernel_class(op)] += cost(op)
+    return seconds
+
+
+def busiest_rank_classes(ranks: Sequence[Sequence[GraphOp]], cost: Callable[[GraphOp], float]) -> dict[str, float]:
+    """The class split of the rank whose kernels add up to the most (the step waits for it)."""
+    splits = [kernel_classes(ops, cost) for ops in ranks if ops]
+    if not splits:
+        return dict.fromkeys(KERNEL_CLASSES, 0.0)
+    return max(splits, key=lambda s: sum(s.values()))
