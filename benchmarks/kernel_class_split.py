@@ -34,6 +34,7 @@ from benchmarks.pooled_steps import cycle_files, judged, line, summarize, with_h
 from benchmarks.refit_e2e import read_rows  # noqa: E402
 from predictors.fit import fit_bundle  # noqa: E402
 from predictors.kernel_classes import KERNEL_CLASSES  # noqa: E402
+from predictors.performance_model import PerformanceModel  # noqa: E402
 from predictors.step_fit import OVERHEAD_FEATURES, STEP_OP_OF, STEP_OPS, OverheadFeatures  # noqa: E402
 from predictors.step_pool import EARLIER_CALIBRATIONS, EarlierCalibration, StepHistory  # noqa: E402
 
@@ -49,6 +50,13 @@ VARIANTS: dict[str, OverheadFeatures] = {
     "one slowdown": one_slowdown(OVERHEAD_FEATURES),
     "kernel classes": OVERHEAD_FEATURES,
 }
+
+
+def slowdown(model: PerformanceModel, workload: str) -> dict[str, float]:
+    """The fitted overhead's share of each kernel feature (the step's slowdown of that class)."""
+    overhead = model.step_overheads[workload]
+    coef = dict(zip(getattr(overhead, "features", []), getattr(overhead, "coef", [])))
+    return {f: float(c) for f, c in coef.items() if f in (*KERNEL_CLASSES, "kernels_s")}
 
 
 def base_state(rows: list, label: str, cache: Path | None) -> dict:
@@ -85,10 +93,13 @@ def main() -> None:
         for label, features in VARIANTS.items():
             model = with_history(base, stored[i], history, features)
             steps = {w: model.metrics[op]["gmae"] for w, op in STEP_OP_OF.items() if op in model.metrics}
+            slowdowns = {w: slowdown(model, w) for w in model.step_overheads}
             scores = judged(model, cycles[i])
             left_out = ", ".join(f"{w} steps {g:.1%}" for w, g in steps.items())
             print(f"  {line(label, scores)}  left out in turn: {left_out}", flush=True)
-            results.append({"cycle": name, "variant": label, "steps_gmae": steps, **scores})
+            for workload, shares in slowdowns.items():
+                print(f"      {workload} slowdown: " + ", ".join(f"{f} {c:.3f}" for f, c in shares.items()))
+            results.append({"cycle": name, "variant": label, "steps_gmae": steps, "slowdowns": slowdowns, **scores})
     summary = summarize(results)
     for label in VARIANTS:
         for workload in STEP_OP_OF:
