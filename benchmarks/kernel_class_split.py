@@ -33,21 +33,13 @@ from benchmarks.e2e_accuracy import write_result  # noqa: E402
 from benchmarks.pooled_steps import cycle_files, judged, line, summarize, with_history  # noqa: E402
 from benchmarks.refit_e2e import read_rows  # noqa: E402
 from predictors.fit import fit_bundle  # noqa: E402
-from predictors.kernel_classes import KERNEL_CLASSES  # noqa: E402
+from predictors.kernel_classes import ALL_KERNELS, KERNEL_CLASSES, one_slowdown  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
 from predictors.step_fit import OVERHEAD_FEATURES, STEP_OP_OF, STEP_OPS, OverheadFeatures  # noqa: E402
 from predictors.step_pool import EARLIER_CALIBRATIONS, EarlierCalibration, StepHistory  # noqa: E402
 
-
-def one_slowdown(features: OverheadFeatures) -> OverheadFeatures:
-    """Each workload's features with the kernel classes folded back into one `kernels_s`."""
-    return {
-        workload: [f for f in names if f not in KERNEL_CLASSES] + ["kernels_s"] for workload, names in features.items()
-    }
-
-
 VARIANTS: dict[str, OverheadFeatures] = {
-    "one slowdown": one_slowdown(OVERHEAD_FEATURES),
+    "one slowdown": {workload: one_slowdown(names) for workload, names in OVERHEAD_FEATURES.items()},
     "kernel classes": OVERHEAD_FEATURES,
 }
 
@@ -56,7 +48,7 @@ def slowdown(model: PerformanceModel, workload: str) -> dict[str, float]:
     """The fitted overhead's share of each kernel feature (the step's slowdown of that class)."""
     overhead = model.step_overheads[workload]
     coef = dict(zip(getattr(overhead, "features", []), getattr(overhead, "coef", [])))
-    return {f: float(c) for f, c in coef.items() if f in (*KERNEL_CLASSES, "kernels_s")}
+    return {f: float(c) for f, c in coef.items() if f in (*KERNEL_CLASSES, ALL_KERNELS)}
 
 
 def base_state(rows: list, label: str, cache: Path | None) -> dict:

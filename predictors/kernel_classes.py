@@ -22,6 +22,16 @@ from predictors.graph import GraphOp
 
 GEMM, MEMORY, COLLECTIVE = "gemm_s", "memory_s", "collective_s"
 KERNEL_CLASSES = (GEMM, MEMORY, COLLECTIVE)
+ALL_KERNELS = "kernels_s"  # the simulated kernels as a whole: one slowdown for every class
+
+
+def one_slowdown(features: Sequence[str]) -> list[str]:
+    """`features` with the kernel classes folded into one slowdown on all the kernels: what a
+    step overhead is fitted on when there are too few steps for a slowdown per class (the
+    overheads before the split, and a benchmark's paired "before")."""
+    if not any(f in KERNEL_CLASSES for f in features):
+        return list(features)
+    return [f for f in features if f not in KERNEL_CLASSES] + [ALL_KERNELS]
 
 
 def kernel_class(op: GraphOp) -> str:

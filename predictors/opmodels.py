@@ -25,6 +25,7 @@ from scipy.optimize import least_squares, nnls
 
 from predictors.evaluation import ErrorStats, leave_one_out
 from predictors.features import feature_vector
+from predictors.kernel_classes import one_slowdown
 from probes.vocabulary.records import Measurement
 
 Params = dict[str, Any]
@@ -161,8 +162,14 @@ SPARE_ROWS = 2
 
 def overhead_features(features: Sequence[str], rows: int) -> list[str]:
     """The features a step overhead fitted on `rows` steps takes: all of them when there are
-    `SPARE_ROWS` steps beyond one per coefficient, else the constant alone."""
-    return list(features) if rows >= len(features) + SPARE_ROWS else ["one"]
+    `SPARE_ROWS` steps beyond one per coefficient; else, with the kernel classes folded into
+    one slowdown (`kernel_classes.one_slowdown`), when that many fit (a 120 s calibration
+    measures 6-8 steps a workload: its overheads are fitted as before the split); else the
+    constant alone."""
+    for chosen in (list(features), one_slowdown(features)):
+        if rows >= len(chosen) + SPARE_ROWS:
+            return chosen
+    return ["one"]
 
 
 def fit_linear_or_constant(

@@ -13,7 +13,9 @@ from predictors.context_model import ContextFactorModel
 from predictors.dlrm_graph import build_dlrm_graph
 from predictors.fit import fit_performance_model
 from predictors.graph import GraphOp
+from predictors.kernel_classes import one_slowdown
 from predictors.simulator import model_cost
+from predictors.step_fit import OVERHEAD_FEATURES
 from probes.vocabulary.in_context import collective_kind, in_step_collectives, step_collectives
 from probes.vocabulary.jobspec import JobSpec
 from probes.vocabulary.records import Measurement
@@ -202,10 +204,7 @@ def dlrm_steps(model, steps_slowed_by: float, rng: np.random.Generator) -> list[
 # its own (the default, `predictors.kernel_classes`) prices a slowdown of the collectives alone
 # at their isolated prices as well as the factors do, and a tie keeps the isolated prices, so
 # the verdict between the two is tested where only the factors can price it.
-ONE_SLOWDOWN = {
-    "dlrm": ["one", "dense_layers", "tables_total", "split_pieces", "pooled_elems", "kernels_s"],
-    "transformer": ["one", "ops", "collectives", "kernels_s"],
-}
+ONE_SLOWDOWN = {workload: one_slowdown(names) for workload, names in OVERHEAD_FEATURES.items()}
 
 
 @pytest.mark.parametrize("steps_slowed_by", [3.0, 1.0])

@@ -215,3 +215,18 @@ def test_too_few_rows_for_every_feature_fit_the_leading_features_not_nothing():
     assert all(model.predict(r.params) > 0 for r in rows)
     with pytest.raises(ValueError, match="no weights_precision group has 2 measurements"):
         GroupedCostModel("embedding_fwd", EMBEDDING_FEATURES, *PRECISION_GROUP).fit(rows[:1])
+
+
+def test_a_short_calibration_fits_one_slowdown_before_it_falls_back_to_a_constant():
+    """A slowdown per kernel class takes two more coefficients than one on all the kernels: the
+    6-8 steps of a 120 s calibration get the one slowdown (the overheads as before the split),
+    fewer get the constant, and enough get every class."""
+    from predictors.kernel_classes import KERNEL_CLASSES
+    from predictors.opmodels import SPARE_ROWS, overhead_features
+
+    features = ["one", "ops", *KERNEL_CLASSES]
+    assert overhead_features(features, len(features) + SPARE_ROWS) == features
+    folded = overhead_features(features, len(features) + SPARE_ROWS - 1)
+    assert folded == ["one", "ops", "kernels_s"]
+    assert overhead_features(features, len(folded) + SPARE_ROWS - 1) == ["one"]
+    assert overhead_features(["one", "ops"], 3) == ["one"]  # nothing to fold: the constant
