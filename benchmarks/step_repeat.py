@@ -127,7 +127,8 @@ def main() -> None:
         parser.error("--rounds must be >= 1")
     files = cycle_files(args.measurements)
     rows = read_rows(args.measurements)
-    steps = [r for r in rows if r.op == DLRM_STEP_OP]
+    # one per job (a step row retried after a failure is the same job timed again)
+    steps = list({step_name(r): r for r in rows if r.op == DLRM_STEP_OP}.values())
     if not steps:
         parser.error(f"{args.measurements}: no {DLRM_STEP_OP} rows")
     command = f"python benchmarks/step_repeat.py {args.measurements} --rounds {args.rounds}"
