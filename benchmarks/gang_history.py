@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
-from benchmarks.launch_vs_probe import probe_step_ms  # noqa: E402
+from benchmarks.launch_vs_probe import gang_step_s, probe_step_ms  # noqa: E402
 from benchmarks.step_drift import calibration_steps  # noqa: E402
 from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.cluster import cluster_fingerprint  # noqa: E402
@@ -42,7 +42,6 @@ from orchestrator.measurement_store import MeasurementStore  # noqa: E402
 from orchestrator.probe_pool import ActorPool, Gang  # noqa: E402
 from predictors.evaluation import error_stats  # noqa: E402
 from probes.collective_sweep import collective_groups, collective_specs  # noqa: E402
-from probes.probe import ProbeSpec  # noqa: E402
 from probes.vocabulary.ops import DLRM_STEP_OP  # noqa: E402
 
 
@@ -85,15 +84,15 @@ def main() -> None:
         gang = Gang(aged)
         gang.form()
 
-        def aged_ms(params: dict) -> float:
-            rows = gang.run([gang.placed(ProbeSpec("training", params, "train:aged"))])
-            return next(r.median_s for r in rows if r.op == DLRM_STEP_OP) * 1e3
-
         for k in range(args.rounds):
             for i, step in enumerate(steps):
                 params = {"job": step["job"], "table_to_rank": step["plan"]}
                 for arm in ("aged", "fresh") if (k + i) % 2 == 0 else ("fresh", "aged"):
-                    ms = aged_ms(params) if arm == "aged" else probe_step_ms(hardware_id, world, params, DLRM_STEP_OP)
+                    ms = (
+                        gang_step_s(gang, params, DLRM_STEP_OP) * 1e3
+                        if arm == "aged"
+                        else probe_step_ms(hardware_id, world, params, DLRM_STEP_OP)
+                    )
                     times[arm][i].append(ms)
                     print(f"round {k + 1}/{args.rounds} {step['job']['name']:9s} {arm:5s} {ms:7.2f} ms", flush=True)
         gang.disband()

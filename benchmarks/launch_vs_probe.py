@@ -39,19 +39,25 @@ from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP  # noqa: E40
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
 
 
+def gang_step_s(gang: Gang, params: dict, step_op: str) -> float:
+    """One training probe with `params` (a DLRM job and its plan, or a transformer) on a formed
+    gang, as the calibration's training phase runs it: its step's median seconds."""
+    rows = gang.run([gang.placed(ProbeSpec("training", params, "train:x"))])
+    (step,) = [r for r in rows if r.op == step_op]
+    return step.median_s
+
+
 def probe_step_ms(hardware_id: str, world: int, params: dict, step_op: str) -> float:
-    """The task's step as the calibration times it: a fresh pool and gang, one training probe
-    with `params` (a DLRM job and its plan, or a transformer)."""
+    """The task's step as the calibration times it, on a fresh pool and gang (`gang_step_s`)."""
     pool = ActorPool("cpu", hardware_id, world).start()
     try:
         gang = Gang(pool)
         gang.form()
-        rows = gang.run([gang.placed(ProbeSpec("training", params, "train:x"))])
+        seconds = gang_step_s(gang, params, step_op)
         gang.disband()
     finally:
         pool.stop()
-    (step,) = [r for r in rows if r.op == step_op]
-    return step.median_s * 1e3
+    return seconds * 1e3
 
 
 def dlrm_task(i: int, spec, seed: int, iterations: int, storage: Path):

@@ -36,6 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
 from benchmarks.kernel_class_split import base_state  # noqa: E402
+from benchmarks.launch_vs_probe import gang_step_s  # noqa: E402
 from benchmarks.pooled_steps import cycle_files, judged, line, with_history  # noqa: E402
 from benchmarks.refit_e2e import read_rows  # noqa: E402
 from predictors.step_fit import STEP_OP_OF  # noqa: E402
@@ -57,7 +58,6 @@ def time_steps(steps: list[Measurement], rounds: int) -> dict[str, list[float]]:
     from orchestrator import ray_runtime
     from orchestrator.cluster import cluster_fingerprint
     from orchestrator.probe_pool import ActorPool, Gang
-    from probes.probe import ProbeSpec
 
     ray_runtime.connect()
     world = steps[0].world_size
@@ -69,12 +69,11 @@ def time_steps(steps: list[Measurement], rounds: int) -> dict[str, list[float]]:
         for k in range(rounds):
             for step in steps if k % 2 == 0 else steps[::-1]:
                 params = {"job": step.params["job"], "table_to_rank": step.params["table_to_rank"]}
-                rows = gang.run([gang.placed(ProbeSpec("training", params, f"train:{step_name(step)}"))])
-                (timed,) = [r for r in rows if r.op == DLRM_STEP_OP]
-                times[step_name(step)].append(timed.median_s)
+                seconds = gang_step_s(gang, params, DLRM_STEP_OP)
+                times[step_name(step)].append(seconds)
                 print(
                     f"round {k + 1}/{rounds} {step_name(step):12s} stored {step.median_s * 1e3:7.2f} ms, "
-                    f"now {timed.median_s * 1e3:7.2f} ms",
+                    f"now {seconds * 1e3:7.2f} ms",
                     flush=True,
                 )
         gang.disband()
@@ -131,7 +130,11 @@ def main() -> None:
     steps = list({step_name(r): r for r in rows if r.op == DLRM_STEP_OP}.values())
     if not steps:
         parser.error(f"{args.measurements}: no {DLRM_STEP_OP} rows")
-    command = f"python benchmarks/step_repeat.py {args.measurements} --rounds {args.rounds}"
+    command = f"python benchmarks/step_repeat.py {args.measurements.name} " + (
+        f"--timed {args.timed.name}" if args.timed is not None else f"--rounds {args.rounds}"
+    )
+    if args.also_dlrm is not None:
+        command += f" --also-dlrm {args.also_dlrm.name}"
     if args.timed is not None:
         times = json.loads(args.timed.read_text())["times_s"]
         missing = sorted({step_name(s) for s in steps} - set(times))
