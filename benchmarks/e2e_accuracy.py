@@ -1,7 +1,7 @@
 """Whole-iteration accuracy of the critical-path simulator on random DLRM tasks run for real.
 
     .venv/bin/python benchmarks/e2e_accuracy.py [--tasks 12] [--budget-s 300] [--tracking-uri URI] [--seed S] [--rounds 2]
-        [--host-check CALIBRATION_DIR]
+        [--host-check CALIBRATION_DIR] [--step-checks 4]
 
 Calibrates this machine (generic sweep, no knowledge of the tasks) into a scratch MLflow store,
 or uses the champion already registered under `--tracking-uri`. Then draws random DLRM tasks
@@ -18,7 +18,10 @@ at the largest halving that fits. The signed error is reported beside the absolu
 task is launched `--rounds` times (default 2, odd rounds in reverse order): its measured time is
 the median, and how far its launches disagree, the host's noise floor, is reported beside the
 errors, and the host's speed against the calibration's (`--host-check`) is measured before the
-first round and after each. Prints a row per task and writes benchmarks/results/e2e_accuracy_dlrm.json.
+first round and after each; with it, a few of that calibration's own table-wise task steps are
+timed again at each check and priced by the champion (`--step-checks`, benchmarks/step_checks.py):
+the champion's signed error on its own steps now is the host's spell, what the tasks lean beyond
+it is the jobs'. Prints a row per task and writes benchmarks/results/e2e_accuracy_dlrm.json.
 """
 
 from __future__ import annotations
@@ -291,17 +294,32 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None, help="task seed (default: a fresh one, recorded)")
     add_rounds_argument(parser)
     add_host_check_arguments(parser)
+    parser.add_argument(
+        "--step-checks",
+        type=int,
+        default=4,
+        help="the calibration's own table-wise task steps timed again at each host check and priced by the "
+        "champion (benchmarks/step_checks.py), so the run's lean can be read against the host's spell; 0: none",
+    )
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/e2e_accuracy_dlrm.json"))
     args = parser.parse_args()
     check_host_check_argument(parser, args)
+    if args.step_checks < 0:
+        parser.error(f"--step-checks must be >= 0 (0: none), got {args.step_checks}")
     tasks = draw_tasks(args)
 
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         fingerprint, model = champion_on_ray(scratch, args.tracking_uri, args.budget_s, 0)
-        checks = HostChecks(
-            args.host_check or (None if args.tracking_uri else own_calibration(scratch)), args.host_check_points
-        )
+        from benchmarks.step_checks import StepChecks  # it imports this module's helpers
+
+        calibration = args.host_check or (None if args.tracking_uri else own_calibration(scratch))
+        checks = HostChecks(calibration, args.host_check_points)
+        own_steps = StepChecks(calibration, args.step_checks, model, fingerprint.hardware_id)
+
+        def between(label: str) -> None:
+            checks(label)
+            own_steps(label)
 
         plans = [task_plan(i, spec, args.seed) for i, spec in enumerate(tasks)]
         launched = measure_in_rounds(
@@ -312,7 +330,7 @@ def main() -> None:
                     tasks[i], plans[i][1], iterations=args.iterations, storage=scratch / "ray_results"
                 ).iteration_ms
             ),
-            checks,
+            between,
         )
         rows = []
         for spec, (sharder, placement), times in zip(tasks, plans, launched):
@@ -356,7 +374,8 @@ def main() -> None:
         "command": f"python benchmarks/e2e_accuracy.py --tasks {args.tasks} "
         + ("--tracking-uri URI " if args.tracking_uri else f"--budget-s {args.budget_s:g} ")
         + f"--scale {args.scale:g} --seed {args.seed} --rounds {args.rounds}"
-        + (f" --host-check DIR --host-check-points {args.host_check_points}" if args.host_check else ""),
+        + (f" --host-check DIR --host-check-points {args.host_check_points}" if args.host_check else "")
+        + f" --step-checks {args.step_checks}",
         "world_size": args.world_size,
         "task_seed": args.seed,
         "scale": args.scale,
@@ -366,6 +385,7 @@ def main() -> None:
         **signed_summary(rows),
         **repeat_spread(launched),
         **checks.result(),
+        **own_steps.result(),
         "sum_overhead_geomean_error": geomean([r["sum_overhead_error"] for r in rows]),
         "baseline_geomean_error": geomean([r["baseline_error"] for r in rows]),
     }
@@ -387,6 +407,12 @@ def main() -> None:
             f"(geomean over tasks), at most {result['repeat_spread_max']:.1%}"
         )
     print_host_speed(result)
+    if result["own_steps_signed"] is not None:
+        print(
+            f"the calibration's own steps over the run (median of {len(result['step_checks'])} checks): now / stored "
+            f"{result['own_steps_now_over_stored']:.3f}, champion's mean signed on them {result['own_steps_signed']:+.1%} "
+            f"against the tasks' {result['mean_signed_error']:+.1%}"
+        )
     print(f"wrote {out}")
 
 
