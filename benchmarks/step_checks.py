@@ -24,18 +24,17 @@ from typing import Any
 
 from benchmarks.launch_vs_probe import gang_step_s
 from benchmarks.refit_e2e import read_rows
-from predictors.dlrm_estimator import estimate_iteration
+from predictors.dlrm_estimator import estimate_step
 from predictors.performance_model import PerformanceModel
 from probes.vocabulary.jobspec import JobSpec
 from probes.vocabulary.ops import DLRM_STEP_OP
-from probes.vocabulary.placement import placement_of
 from probes.vocabulary.records import Measurement
 
 TASK_PREFIX = "task"  # the training probe's production-shaped jobs (probes.training.probe_kind)
 
 
-def table_wise_task_steps(directory: Path, count: int) -> list[Measurement]:
-    """Up to `count` of the calibration's table-wise task steps (the jobs the e2e tasks are
+def table_wise_task_steps(directory: Path, count: int | None = None) -> list[Measurement]:
+    """Up to `count` (None: all) of the calibration's table-wise task steps (the jobs the e2e tasks are
     like: plans of whole tables on ranks), spread over its batch sizes: sorted by batch and
     taken at even intervals. ValueError when it stores none."""
     rows = read_rows(directory / "measurements.jsonl")
@@ -50,7 +49,7 @@ def table_wise_task_steps(directory: Path, count: int) -> list[Measurement]:
     if not steps:
         raise ValueError(f"no table-wise {DLRM_STEP_OP} task rows in {directory}")
     steps.sort(key=lambda r: (r.params["job"]["batch_size"], r.params["job"]["name"]))
-    if count >= len(steps):
+    if count is None or count >= len(steps):
         return steps
     return [steps[math.floor(k * len(steps) / count)] for k in range(count)]
 
@@ -73,10 +72,7 @@ class StepChecks:
         rows = []
         for step, seconds in zip(self.steps, timed):
             job = JobSpec.from_dict(step.params["job"])
-            placement = placement_of(step.params, job.world_size)  # the nodes its ranks ran on
-            predicted = estimate_iteration(
-                job, step.params["table_to_rank"], self.model, placement=placement
-            ).iteration_s
+            predicted = estimate_step(self.model, step, include_overhead=True, simulate_graph=True).iteration_s
             rows.append(
                 {
                     "name": job.name,

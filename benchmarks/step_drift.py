@@ -31,9 +31,9 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import task_plan, write_result  # noqa: E402
 from benchmarks.launch_vs_probe import probe_step_ms  # noqa: E402
+from benchmarks.step_checks import table_wise_task_steps  # noqa: E402
 from orchestrator import ray_runtime, registry  # noqa: E402
 from orchestrator.cluster import cluster_fingerprint  # noqa: E402
-from orchestrator.measurement_store import MeasurementStore  # noqa: E402
 from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
 from probes.vocabulary.jobspec import JobSpec  # noqa: E402
 from probes.vocabulary.ops import DLRM_STEP_OP  # noqa: E402
@@ -41,13 +41,21 @@ from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
 
 
 def calibration_steps(directory: Path) -> list[dict]:
-    """The calibration's table-wise task-shaped steps: job, plan and stored time."""
-    steps = []
-    for row in MeasurementStore(directory).rows():
-        job, plan = (row.params.get(k) for k in ("job", "table_to_rank"))
-        if row.op == DLRM_STEP_OP and job["name"].startswith("task") and all(isinstance(e, int) for e in plan):
-            steps.append({"set": "calibration", "job": job, "plan": list(plan), "stored_ms": row.median_s * 1e3})
-    return steps
+    """The calibration's table-wise task-shaped steps (`step_checks.table_wise_task_steps`):
+    job, plan and stored time; none when it has none."""
+    try:
+        rows = table_wise_task_steps(directory)
+    except ValueError:
+        return []
+    return [
+        {
+            "set": "calibration",
+            "job": r.params["job"],
+            "plan": list(r.params["table_to_rank"]),
+            "stored_ms": r.median_s * 1e3,
+        }
+        for r in rows
+    ]
 
 
 def fresh_steps(seed: int, n: int, world: int) -> list[dict]:

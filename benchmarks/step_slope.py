@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
-from predictors.dlrm_estimator import _predicted_step_s  # noqa: E402
+from predictors.dlrm_estimator import estimate_step  # noqa: E402
 from probes.vocabulary.ops import DLRM_STEP_OP  # noqa: E402
 
 
@@ -60,8 +60,8 @@ def main() -> None:
                         "kind": probe_kind(row.params["job"]["name"]),
                         "batch_size": int(row.params["job"]["batch_size"]),
                         "measured_ms": row.median_s * 1e3,
-                        "kernels_ms": _predicted_step_s(model, row, False, True) * 1e3,
-                        "predicted_ms": _predicted_step_s(model, row, True, True) * 1e3,
+                        "kernels_ms": estimate_step(model, row, False, True).iteration_s * 1e3,
+                        "predicted_ms": estimate_step(model, row, True, True).iteration_s * 1e3,
                     }
                 )
     kinds = {}

@@ -279,7 +279,7 @@ def step_residuals(
     overhead is fitted on)."""
     kernels, residuals = [], []
     for row in step_rows:
-        estimate = _estimate_step(model, row, include_overhead=False, simulate_graph=simulate_graph)
+        estimate = estimate_step(model, row, include_overhead=False, simulate_graph=simulate_graph)
         kernels.append(estimate.iteration_s)
         residuals.append(_residual(row, estimate))
     return kernels, residuals
@@ -311,7 +311,7 @@ def score_steps(
     return error_stats(np.asarray(errors))
 
 
-def _estimate_step(
+def estimate_step(
     model: PerformanceModel, row: Measurement, include_overhead: bool, simulate_graph: bool
 ) -> CostBreakdown:
     """The estimate of a measured `dlrm_step` row's job, plan and placement."""
@@ -322,4 +322,4 @@ def _estimate_step(
 
 def _predicted_step_s(model: PerformanceModel, row: Measurement, include_overhead: bool, simulate_graph: bool) -> float:
     """The predicted iteration time of a measured `dlrm_step` row's job, plan and placement."""
-    return _estimate_step(model, row, include_overhead, simulate_graph).iteration_s
+    return estimate_step(model, row, include_overhead, simulate_graph).iteration_s

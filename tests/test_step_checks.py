@@ -63,7 +63,7 @@ def test_a_check_reads_the_spell_and_the_champions_error_on_its_own_steps(tmp_pa
     directory = calibration(tmp_path)
     checks = StepChecks(directory, 2, model=None, hardware_id="h")  # type: ignore[arg-type]
     monkeypatch.setattr(checks, "_time", lambda steps: [1.25 * s.median_s for s in steps])  # a slow spell
-    monkeypatch.setattr(step_checks, "estimate_iteration", lambda *a, **k: SimpleNamespace(iteration_s=0.01))
+    monkeypatch.setattr(step_checks, "estimate_step", lambda *a, **k: SimpleNamespace(iteration_s=0.01))
     checks("before round 1")
     result = checks.result()
     (check,) = result["step_checks"]

@@ -115,4 +115,8 @@ def test_earlier_calibrations_come_from_the_store_newest_first_each_once(trackin
         assert [c.label.split(" ")[0] for c in earlier_calibrations(hw, "20261104-000000-x", count=1)] == [
             "20261103-000000-x"
         ]
-    assert json.loads(json.dumps(found[0].rows[0].params))  # the rows came back as plain data
+    # the rows came back as the plain data that was logged, not objects a loader would have to build
+    logged = steps(4, "newest")
+    lent = [r for r in found[0].rows if r.op == DLRM_STEP_OP]
+    assert [json.loads(json.dumps(r.params)) for r in lent] == [r.params for r in logged]
+    assert [r.median_s for r in lent] == pytest.approx([r.median_s for r in logged])
