@@ -213,12 +213,21 @@ def add_host_check_arguments(parser: argparse.ArgumentParser) -> None:
         "default: the calibration this run makes (none with --tracking-uri)",
     )
     parser.add_argument("--host-check-points", type=_at_least_one, default=40, help="kernel points per check")
+    parser.add_argument(
+        "--step-checks",
+        type=int,
+        default=4,
+        help="steps of that calibration like the run's tasks timed again at each check and priced by the "
+        "champion (benchmarks/step_checks.py), so the run's lean can be read against the host's spell; 0: none",
+    )
 
 
 def check_host_check_argument(parser: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse a --host-check that is not a calibration directory before anything is launched."""
     if args.host_check is not None and not (args.host_check / "measurements.jsonl").is_file():
         parser.error(f"--host-check: no measurements.jsonl in {args.host_check} (expected a calibration's directory)")
+    if args.step_checks < 0:
+        parser.error(f"--step-checks must be >= 0 (0: none), got {args.step_checks}")
 
 
 def own_calibration(scratch: Path) -> Path | None:
@@ -259,6 +268,31 @@ class HostChecks:
         }
 
 
+def run_checks(calibration: Path | None, args: argparse.Namespace, workload: str, model, hardware_id: str):
+    """The host's kernel checks and the calibration's own `workload` steps (benchmarks/step_checks.py),
+    and the one call that runs both before the first round and after each (`measure_in_rounds`)."""
+    from benchmarks.step_checks import StepChecks  # it imports this module's helpers
+
+    host = HostChecks(calibration, args.host_check_points)
+    steps = StepChecks(calibration, workload, args.step_checks, model, hardware_id)
+
+    def between(label: str) -> None:
+        host(label)
+        steps(label)
+
+    return host, steps, between
+
+
+def print_own_steps(result: dict) -> None:
+    """One line: the calibration's own steps over the run against the run's tasks."""
+    if result.get("own_steps_signed") is not None:
+        print(
+            f"the calibration's own steps over the run (median of {len(result['step_checks'])} checks): now / stored "
+            f"{result['own_steps_now_over_stored']:.3f}, champion's mean signed on them {result['own_steps_signed']:+.1%} "
+            f"against the tasks' {result['mean_signed_error']:+.1%}"
+        )
+
+
 def repeat_spread(times: list[list[float]]) -> dict[str, float | None]:
     """How far each task's launches disagree, (max - min) / median, as a geomean and max over
     the tasks (None with one round): the noise floor a task's error is read against."""
@@ -294,32 +328,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None, help="task seed (default: a fresh one, recorded)")
     add_rounds_argument(parser)
     add_host_check_arguments(parser)
-    parser.add_argument(
-        "--step-checks",
-        type=int,
-        default=4,
-        help="the calibration's own table-wise task steps timed again at each host check and priced by the "
-        "champion (benchmarks/step_checks.py), so the run's lean can be read against the host's spell; 0: none",
-    )
     parser.add_argument("--out", default=str(REPO / "benchmarks/results/e2e_accuracy_dlrm.json"))
     args = parser.parse_args()
     check_host_check_argument(parser, args)
-    if args.step_checks < 0:
-        parser.error(f"--step-checks must be >= 0 (0: none), got {args.step_checks}")
     tasks = draw_tasks(args)
 
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         fingerprint, model = champion_on_ray(scratch, args.tracking_uri, args.budget_s, 0)
-        from benchmarks.step_checks import StepChecks  # it imports this module's helpers
-
         calibration = args.host_check or (None if args.tracking_uri else own_calibration(scratch))
-        checks = HostChecks(calibration, args.host_check_points)
-        own_steps = StepChecks(calibration, args.step_checks, model, fingerprint.hardware_id)
-
-        def between(label: str) -> None:
-            checks(label)
-            own_steps(label)
+        checks, own_steps, between = run_checks(calibration, args, "dlrm", model, fingerprint.hardware_id)
 
         plans = [task_plan(i, spec, args.seed) for i, spec in enumerate(tasks)]
         launched = measure_in_rounds(
@@ -407,12 +425,7 @@ def main() -> None:
             f"(geomean over tasks), at most {result['repeat_spread_max']:.1%}"
         )
     print_host_speed(result)
-    if result["own_steps_signed"] is not None:
-        print(
-            f"the calibration's own steps over the run (median of {len(result['step_checks'])} checks): now / stored "
-            f"{result['own_steps_now_over_stored']:.3f}, champion's mean signed on them {result['own_steps_signed']:+.1%} "
-            f"against the tasks' {result['mean_signed_error']:+.1%}"
-        )
+    print_own_steps(result)
     print(f"wrote {out}")
 
 

@@ -28,7 +28,6 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import (  # noqa: E402
-    HostChecks,
     add_host_check_arguments,
     add_rounds_argument,
     champion_on_ray,
@@ -39,7 +38,9 @@ from benchmarks.e2e_accuracy import (  # noqa: E402
     measure_in_rounds,
     own_calibration,
     print_host_speed,
+    print_own_steps,
     repeat_spread,
+    run_checks,
     signed_error,
     signed_summary,
     spread,
@@ -79,16 +80,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         scratch = Path(tmp)
         fingerprint, model = champion_on_ray(scratch, args.tracking_uri, args.budget_s, args.seed)
-        checks = HostChecks(
-            args.host_check or (None if args.tracking_uri else own_calibration(scratch)), args.host_check_points
-        )
+        calibration = args.host_check or (None if args.tracking_uri else own_calibration(scratch))
+        checks, own_steps, between = run_checks(calibration, args, "transformer", model, fingerprint.hardware_id)
         launched = measure_in_rounds(
             [spec.name for spec in specs],
             args.rounds,
             lambda i: (
                 launch_transformer(specs[i], iterations=args.iterations, storage=scratch / "ray_results").iteration_ms
             ),
-            checks,
+            between,
         )
         rows = []
         for spec, times in zip(specs, launched):
@@ -128,7 +128,8 @@ def main() -> None:
         "command": f"python benchmarks/e2e_accuracy_transformer.py --tasks {args.tasks} --tp-tasks {args.tp_tasks} "
         + ("--tracking-uri URI " if args.tracking_uri else f"--budget-s {args.budget_s:g} ")
         + f"--seed {args.seed} --rounds {args.rounds}"
-        + (f" --host-check DIR --host-check-points {args.host_check_points}" if args.host_check else ""),
+        + (f" --host-check DIR --host-check-points {args.host_check_points}" if args.host_check else "")
+        + f" --step-checks {args.step_checks}",
         "task_seed": args.seed,
         "tasks": dp,
         **error_summary([r["error"] for r in dp]),
@@ -136,6 +137,7 @@ def main() -> None:
         "baseline_geomean_error": geomean([r["baseline_error"] for r in dp]),
         **repeat_spread([r["measured_rounds_ms"] for r in dp]),
         **checks.result(),
+        **own_steps.result(),
         "tensor_parallel_tasks": tp,
         "tensor_parallel_geomean_error": geomean([r["error"] for r in tp]) if tp else None,
         "tensor_parallel_mean_signed_error": signed_error(tp) if tp else None,
@@ -160,6 +162,7 @@ def main() -> None:
             f"{result['repeat_spread_geomean']:.1%} (geomean over tasks), at most {result['repeat_spread_max']:.1%}"
         )
     print_host_speed(result)
+    print_own_steps(result)
     print(f"wrote {out}")
 
 

@@ -1,4 +1,4 @@
-"""The calibration's own DLRM task steps timed again at labelled moments of an e2e benchmark, and
+"""The calibration's own training steps timed again at labelled moments of an e2e benchmark, and
 priced by the champion: whether a run's lean is the host's or the jobs'.
 
 The host checks (`e2e_accuracy.HostChecks`) re-measure kernel points one rank at a time; a
@@ -6,10 +6,11 @@ two-rank step on a 2-vCPU VM can run 10-30% apart from one spell to the next whi
 checks stay within 5% (#26, 11-29 20:20: the 15:33 calibration's table-wise task steps ran
 1.09x their stored times, one of them 1.29x; 2 h after that calibration they had run 1.009x).
 So a run's mean signed error mixes the host's spell against the calibration's with the model's
-error on jobs it never saw. Timing a few of the calibration's own table-wise task steps beside
-the run's tasks separates them: the champion's signed error on its own steps now (they were
-priced within their noise when fitted) is the spell, and what the run's tasks lean beyond it
-is the jobs'.
+error on jobs it never saw. Timing a few of the calibration's own steps of the run's kind
+beside the run's tasks separates them: the champion's signed error on its own steps now (they
+were priced within their noise when fitted) is the spell, and what the run's tasks lean beyond
+it is the jobs'. The steps are those like the run's tasks (`OWN_STEPS`): a DLRM run's are the
+table-wise task-shaped steps, a transformer run's the data-parallel float32 stacks.
 
 Each check forms a probe gang, times the steps as the calibration's training phase does
 (`launch_vs_probe.gang_step_s`) and hands the devices back before the next task is launched.
@@ -19,47 +20,94 @@ from __future__ import annotations
 
 import math
 import statistics
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from benchmarks.launch_vs_probe import gang_step_s
 from benchmarks.refit_e2e import read_rows
 from predictors.dlrm_estimator import estimate_step
 from predictors.performance_model import PerformanceModel
-from probes.vocabulary.jobspec import JobSpec
-from probes.vocabulary.ops import DLRM_STEP_OP
+from predictors.transformer_estimator import estimate_transformer_iteration
+from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP
+from probes.vocabulary.placement import placement_of
 from probes.vocabulary.records import Measurement
+from probes.vocabulary.transformer_spec import TransformerSpec
 
-TASK_PREFIX = "task"  # the training probe's production-shaped jobs (probes.training.probe_kind)
+TASK_PREFIX = "task"  # the training probe's production-shaped DLRM jobs (probes.training.probe_kind)
 
 
-def table_wise_task_steps(directory: Path, count: int | None = None) -> list[Measurement]:
-    """Up to `count` (None: all) of the calibration's table-wise task steps (the jobs the e2e tasks are
-    like: plans of whole tables on ranks), spread over its batch sizes: sorted by batch and
-    taken at even intervals. ValueError when it stores none."""
+@dataclass(frozen=True)
+class OwnSteps:
+    """One workload's steps as a check needs them: which stored rows are like the run's tasks,
+    a step's name, what a training probe takes to run it again, and the champion's price."""
+
+    op: str
+    like_tasks: Callable[[Measurement], bool]
+    name: Callable[[Measurement], str]
+    probe_params: Callable[[Measurement], dict[str, Any]]
+    price_s: Callable[[PerformanceModel, Measurement], float]
+
+
+def _table_wise_task(row: Measurement) -> bool:
+    return str(row.params["job"]["name"]).startswith(TASK_PREFIX) and all(
+        isinstance(p, int) for p in row.params["table_to_rank"]
+    )
+
+
+def _data_parallel_float32(row: Measurement) -> bool:
+    spec = TransformerSpec.from_dict(row.params["transformer"])
+    return spec.layout == f"dp{spec.world_size}-tp1-pp1-mb1" and spec.dtype == "float32"
+
+
+def _transformer_price_s(model: PerformanceModel, row: Measurement) -> float:
+    spec = TransformerSpec.from_dict(row.params["transformer"])
+    return estimate_transformer_iteration(spec, model, placement=placement_of(row.params, spec.world_size)).iteration_s
+
+
+OWN_STEPS = {
+    "dlrm": OwnSteps(
+        DLRM_STEP_OP,
+        _table_wise_task,
+        lambda row: str(row.params["job"]["name"]),
+        lambda row: {"job": row.params["job"], "table_to_rank": row.params["table_to_rank"]},
+        lambda model, row: estimate_step(model, row, include_overhead=True, simulate_graph=True).iteration_s,
+    ),
+    "transformer": OwnSteps(
+        TRANSFORMER_STEP_OP,
+        _data_parallel_float32,
+        lambda row: str(row.params["transformer"]["name"]),
+        lambda row: {"transformer": row.params["transformer"]},
+        _transformer_price_s,
+    ),
+}
+
+
+def own_steps(directory: Path, workload: str, count: int | None = None) -> list[Measurement]:
+    """Up to `count` (None: all) of the calibration's steps of `workload` that are like its
+    run's tasks (`OWN_STEPS`; a step timed again after a failure once, its last row), spread
+    over their sizes: sorted by stored time and taken at even intervals. ValueError when it
+    stores none."""
+    kind = OWN_STEPS[workload]
     rows = read_rows(directory / "measurements.jsonl")
-    steps = [
-        r
-        for r in rows
-        if r.op == DLRM_STEP_OP
-        and str(r.params["job"]["name"]).startswith(TASK_PREFIX)
-        and all(isinstance(p, int) for p in r.params["table_to_rank"])
-    ]
-    steps = list({r.params["job"]["name"]: r for r in steps}.values())  # a retried step: its last row
+    steps = list({kind.name(r): r for r in rows if r.op == kind.op and kind.like_tasks(r)}.values())
     if not steps:
-        raise ValueError(f"no table-wise {DLRM_STEP_OP} task rows in {directory}")
-    steps.sort(key=lambda r: (r.params["job"]["batch_size"], r.params["job"]["name"]))
+        raise ValueError(f"no {kind.op} rows like the {workload} benchmark's tasks in {directory}")
+    steps.sort(key=lambda r: (r.median_s, kind.name(r)))
     if count is None or count >= len(steps):
         return steps
     return [steps[math.floor(k * len(steps) / count)] for k in range(count)]
 
 
 class StepChecks:
-    """At each labelled moment: the picked steps timed on a probe gang formed for the check,
-    each one's time now over its stored time, and the champion's signed error on it now."""
+    """At each labelled moment: the picked steps of `workload` timed on a probe gang formed for
+    the check, each one's time now over its stored time, and the champion's signed error on it
+    now."""
 
-    def __init__(self, directory: Path | None, count: int, model: PerformanceModel, hardware_id: str):
+    def __init__(self, directory: Path | None, workload: str, count: int, model: PerformanceModel, hardware_id: str):
         self.directory, self.count, self.model, self.hardware_id = directory, count, model, hardware_id
+        self.kind = OWN_STEPS[workload]
+        self.workload = workload
         self.steps: list[Measurement] | None = None  # read at the first check
         self.checks: list[dict[str, Any]] = []
 
@@ -67,21 +115,17 @@ class StepChecks:
         if self.directory is None or self.count == 0:
             return
         if self.steps is None:
-            self.steps = table_wise_task_steps(self.directory, self.count)
+            self.steps = own_steps(self.directory, self.workload, self.count)
         timed = self._time(self.steps)
-        rows = []
-        for step, seconds in zip(self.steps, timed):
-            job = JobSpec.from_dict(step.params["job"])
-            predicted = estimate_step(self.model, step, include_overhead=True, simulate_graph=True).iteration_s
-            rows.append(
-                {
-                    "name": job.name,
-                    "batch_size": job.batch_size,
-                    "stored_ms": step.median_s * 1e3,
-                    "now_ms": seconds * 1e3,
-                    "predicted_ms": predicted * 1e3,
-                }
-            )
+        rows = [
+            {
+                "name": self.kind.name(step),
+                "stored_ms": step.median_s * 1e3,
+                "now_ms": seconds * 1e3,
+                "predicted_ms": self.kind.price_s(self.model, step) * 1e3,
+            }
+            for step, seconds in zip(self.steps, timed)
+        ]
         check = {"label": label, "steps": rows, **summary(rows)}
         self.checks.append(check)
         print(
@@ -98,8 +142,7 @@ class StepChecks:
         try:
             gang = Gang(pool)
             gang.form()
-            params = [{"job": s.params["job"], "table_to_rank": s.params["table_to_rank"]} for s in steps]
-            seconds = [gang_step_s(gang, p, DLRM_STEP_OP) for p in params]
+            seconds = [gang_step_s(gang, self.kind.probe_params(s), self.kind.op) for s in steps]
             gang.disband()
         finally:
             pool.stop()  # the launcher's next job needs the devices
@@ -117,7 +160,7 @@ class StepChecks:
         }
 
 
-def summary(rows: list[dict[str, float]]) -> dict[str, float]:
+def summary(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Geomean of now / stored, and the mean signed error of the prices against now and stored."""
     return {
         "now_over_stored": math.exp(statistics.fmean(math.log(r["now_ms"] / r["stored_ms"]) for r in rows)),

@@ -31,7 +31,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import task_plan, write_result  # noqa: E402
 from benchmarks.launch_vs_probe import probe_step_ms  # noqa: E402
-from benchmarks.step_checks import table_wise_task_steps  # noqa: E402
+from benchmarks.step_checks import own_steps  # noqa: E402
 from orchestrator import ray_runtime, registry  # noqa: E402
 from orchestrator.cluster import cluster_fingerprint  # noqa: E402
 from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
@@ -41,10 +41,10 @@ from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
 
 
 def calibration_steps(directory: Path) -> list[dict]:
-    """The calibration's table-wise task-shaped steps (`step_checks.table_wise_task_steps`):
+    """The calibration's table-wise task-shaped steps (`step_checks.own_steps`):
     job, plan and stored time; none when it has none."""
     try:
-        rows = table_wise_task_steps(directory)
+        rows = own_steps(directory, "dlrm")
     except ValueError:
         return []
     return [
