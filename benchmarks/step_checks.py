@@ -7,9 +7,10 @@ checks stay within 5% (#26, 11-29 20:20: the 15:33 calibration's table-wise task
 1.09x their stored times, one of them 1.29x; 2 h after that calibration they had run 1.009x).
 So a run's mean signed error mixes the host's spell against the calibration's with the model's
 error on jobs it never saw. Timing a few of the calibration's own steps of the run's kind
-beside the run's tasks separates them: the champion's signed error on its own steps now (they
-were priced within their noise when fitted) is the spell, and what the run's tasks lean beyond
-it is the jobs'. The steps are those like the run's tasks (`OWN_STEPS`): a DLRM run's are the
+beside the run's tasks separates them: the champion's signed error on its own steps as stored
+is its fit's own lean on such steps (a fit over a calibration whose host drifted leaves one:
+#26, 11-29 20:22, +12% on the data-parallel transformer stacks), the change from there to its
+error on them now is the host's spell, and what the run's tasks lean beyond it is the jobs'. The steps are those like the run's tasks (`OWN_STEPS`): a DLRM run's are the
 table-wise task-shaped steps, a transformer run's the data-parallel float32 stacks.
 
 Each check forms a probe gang, times the steps as the calibration's training phase does
