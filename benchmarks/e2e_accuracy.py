@@ -268,7 +268,7 @@ class HostChecks:
         }
 
 
-def run_checks(calibration: Path | None, args: argparse.Namespace, workload: str, model, hardware_id: str):
+def make_checks(calibration: Path | None, args: argparse.Namespace, workload: str, model, hardware_id: str):
     """The host's kernel checks and the calibration's own `workload` steps (benchmarks/step_checks.py),
     and the one call that runs both before the first round and after each (`measure_in_rounds`)."""
     from benchmarks.step_checks import StepChecks  # it imports this module's helpers
@@ -287,7 +287,8 @@ def print_own_steps(result: dict) -> None:
     """One line: the calibration's own steps over the run against the run's tasks."""
     if result.get("own_steps_signed") is not None:
         print(
-            f"the calibration's own steps over the run (median of {len(result['step_checks'])} checks): now / stored "
+            f"the calibration's own steps over the run (median of {sum('error' not in c for c in result['step_checks'])} "
+            f"checks): now / stored "
             f"{result['own_steps_now_over_stored']:.3f}, champion's mean signed on them {result['own_steps_signed']:+.1%} "
             f"against the tasks' {result['mean_signed_error']:+.1%}"
         )
@@ -337,7 +338,7 @@ def main() -> None:
         scratch = Path(tmp)
         fingerprint, model = champion_on_ray(scratch, args.tracking_uri, args.budget_s, 0)
         calibration = args.host_check or (None if args.tracking_uri else own_calibration(scratch))
-        checks, own_steps, between = run_checks(calibration, args, "dlrm", model, fingerprint.hardware_id)
+        checks, own_steps, between = make_checks(calibration, args, "dlrm", model, fingerprint.hardware_id)
 
         plans = [task_plan(i, spec, args.seed) for i, spec in enumerate(tasks)]
         launched = measure_in_rounds(
@@ -393,7 +394,7 @@ def main() -> None:
         + ("--tracking-uri URI " if args.tracking_uri else f"--budget-s {args.budget_s:g} ")
         + f"--scale {args.scale:g} --seed {args.seed} --rounds {args.rounds}"
         + (f" --host-check DIR --host-check-points {args.host_check_points}" if args.host_check else "")
-        + f" --step-checks {args.step_checks}",
+        + (f" --step-checks {args.step_checks}" if args.host_check else ""),
         "world_size": args.world_size,
         "task_seed": args.seed,
         "scale": args.scale,

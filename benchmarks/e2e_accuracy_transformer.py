@@ -35,12 +35,12 @@ from benchmarks.e2e_accuracy import (  # noqa: E402
     error_summary,
     geomean,
     interval_text,
+    make_checks,
     measure_in_rounds,
     own_calibration,
     print_host_speed,
     print_own_steps,
     repeat_spread,
-    run_checks,
     signed_error,
     signed_summary,
     spread,
@@ -81,7 +81,7 @@ def main() -> None:
         scratch = Path(tmp)
         fingerprint, model = champion_on_ray(scratch, args.tracking_uri, args.budget_s, args.seed)
         calibration = args.host_check or (None if args.tracking_uri else own_calibration(scratch))
-        checks, own_steps, between = run_checks(calibration, args, "transformer", model, fingerprint.hardware_id)
+        checks, own_steps, between = make_checks(calibration, args, "transformer", model, fingerprint.hardware_id)
         launched = measure_in_rounds(
             [spec.name for spec in specs],
             args.rounds,
@@ -129,7 +129,7 @@ def main() -> None:
         + ("--tracking-uri URI " if args.tracking_uri else f"--budget-s {args.budget_s:g} ")
         + f"--seed {args.seed} --rounds {args.rounds}"
         + (f" --host-check DIR --host-check-points {args.host_check_points}" if args.host_check else "")
-        + f" --step-checks {args.step_checks}",
+        + (f" --step-checks {args.step_checks}" if args.host_check else ""),
         "task_seed": args.seed,
         "tasks": dp,
         **error_summary([r["error"] for r in dp]),

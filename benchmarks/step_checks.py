@@ -10,8 +10,9 @@ error on jobs it never saw. Timing a few of the calibration's own steps of the r
 beside the run's tasks separates them: the champion's signed error on its own steps as stored
 is its fit's own lean on such steps (a fit over a calibration whose host drifted leaves one:
 #26, 11-29 20:22, +12% on the data-parallel transformer stacks), the change from there to its
-error on them now is the host's spell, and what the run's tasks lean beyond it is the jobs'. The steps are those like the run's tasks (`OWN_STEPS`): a DLRM run's are the
-table-wise task-shaped steps, a transformer run's the data-parallel float32 stacks.
+error on them now is the host's spell, and what the run's tasks lean beyond it is the jobs'.
+The steps are those like the run's tasks (`OWN_STEPS`): a DLRM run's are the table-wise
+task-shaped steps, a transformer run's the data-parallel float32 stacks.
 
 Each check forms a probe gang, times the steps as the calibration's training phase does
 (`launch_vs_probe.gang_step_s`) and hands the devices back before the next task is launched.
@@ -87,8 +88,8 @@ OWN_STEPS = {
 def own_steps(directory: Path, workload: str, count: int | None = None) -> list[Measurement]:
     """Up to `count` (None: all) of the calibration's steps of `workload` that are like its
     run's tasks (`OWN_STEPS`; a step timed again after a failure once, its last row), spread
-    over their sizes: sorted by stored time and taken at even intervals. ValueError when it
-    stores none."""
+    over their sizes: sorted by stored time and taken at even intervals from the shortest to
+    the longest (one: the middle one). ValueError when it stores none."""
     kind = OWN_STEPS[workload]
     rows = read_rows(directory / "measurements.jsonl")
     steps = list({kind.name(r): r for r in rows if r.op == kind.op and kind.like_tasks(r)}.values())
@@ -97,27 +98,32 @@ def own_steps(directory: Path, workload: str, count: int | None = None) -> list[
     steps.sort(key=lambda r: (r.median_s, kind.name(r)))
     if count is None or count >= len(steps):
         return steps
-    return [steps[math.floor(k * len(steps) / count)] for k in range(count)]
+    if count == 1:
+        return [steps[len(steps) // 2]]
+    return [steps[round(k * (len(steps) - 1) / (count - 1))] for k in range(count)]
 
 
 class StepChecks:
     """At each labelled moment: the picked steps of `workload` timed on a probe gang formed for
     the check, each one's time now over its stored time, and the champion's signed error on it
-    now."""
+    now. A check that fails (the gang cannot form, a step fails) is recorded with its error and
+    left out of the medians: the run's tasks are measured all the same."""
 
     def __init__(self, directory: Path | None, workload: str, count: int, model: PerformanceModel, hardware_id: str):
-        self.directory, self.count, self.model, self.hardware_id = directory, count, model, hardware_id
-        self.kind = OWN_STEPS[workload]
-        self.workload = workload
-        self.steps: list[Measurement] | None = None  # read at the first check
+        self.model, self.hardware_id, self.kind = model, hardware_id, OWN_STEPS[workload]
+        # read now, so a calibration without such steps is refused before any task is launched
+        self.steps = own_steps(directory, workload, count) if directory is not None and count > 0 else []
         self.checks: list[dict[str, Any]] = []
 
     def __call__(self, label: str) -> None:
-        if self.directory is None or self.count == 0:
+        if not self.steps:
             return
-        if self.steps is None:
-            self.steps = own_steps(self.directory, self.workload, self.count)
-        timed = self._time(self.steps)
+        try:
+            timed = self._time(self.steps)
+        except Exception as exc:  # noqa: BLE001 - a check is a control beside the run, not the run
+            self.checks.append({"label": label, "error": f"{type(exc).__name__}: {exc}"})
+            print(f"  own steps {label}: check failed ({type(exc).__name__}: {exc})", flush=True)
+            return
         rows = [
             {
                 "name": self.kind.name(step),
@@ -138,8 +144,9 @@ class StepChecks:
     def _time(self, steps: list[Measurement]) -> list[float]:
         from orchestrator.probe_pool import ActorPool, Gang
 
-        kind = "cuda" if steps[0].device.startswith("cuda") else "cpu"
-        pool = ActorPool(kind, self.hardware_id, steps[0].world_size).start()
+        device_kind = "cuda" if steps[0].device.startswith("cuda") else "cpu"
+        assert all(s.world_size == steps[0].world_size for s in steps), "one gang times every step"
+        pool = ActorPool(device_kind, self.hardware_id, steps[0].world_size).start()
         try:
             gang = Gang(pool)
             gang.form()
@@ -152,12 +159,13 @@ class StepChecks:
     def result(self) -> dict[str, Any]:
         """The checks as a result's keys, and their medians: the spell (`own_steps_now_over_stored`)
         and the champion's signed error on its own steps over the run (`own_steps_signed`)."""
-        if not self.checks:
-            return {"step_checks": [], "own_steps_now_over_stored": None, "own_steps_signed": None}
+        done = [c for c in self.checks if "error" not in c]
+        if not done:
+            return {"step_checks": self.checks, "own_steps_now_over_stored": None, "own_steps_signed": None}
         return {
             "step_checks": self.checks,
-            "own_steps_now_over_stored": statistics.median(c["now_over_stored"] for c in self.checks),
-            "own_steps_signed": statistics.median(c["signed_now"] for c in self.checks),
+            "own_steps_now_over_stored": statistics.median(c["now_over_stored"] for c in done),
+            "own_steps_signed": statistics.median(c["signed_now"] for c in done),
         }
 
 

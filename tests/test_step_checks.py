@@ -63,7 +63,9 @@ def names(rows: list[Measurement], workload: str) -> list[str]:
 def test_only_steps_like_the_runs_tasks_are_picked_spread_over_their_sizes(tmp_path: Path):
     directory = calibration(tmp_path)
     assert names(own_steps(directory, "dlrm"), "dlrm") == ["task1", "task9", "task7", "task5"]  # table-wise, by time
-    assert names(own_steps(directory, "dlrm", 2), "dlrm") == ["task1", "task7"]
+    assert names(own_steps(directory, "dlrm", 2), "dlrm") == ["task1", "task5"]  # the shortest and the longest
+    assert names(own_steps(directory, "dlrm", 3), "dlrm") == ["task1", "task7", "task5"]
+    assert names(own_steps(directory, "dlrm", 1), "dlrm") == ["task7"]  # the middle one
     dp = own_steps(directory, "transformer")  # data parallel in float32: the transformer benchmark's tasks
     assert [r.median_s for r in dp] == [0.005, 0.020]
 
@@ -74,12 +76,29 @@ def test_a_step_timed_again_after_a_failure_is_picked_once(tmp_path: Path):
     assert step.median_s == 0.012
 
 
-def test_a_calibration_without_such_steps_is_refused(tmp_path: Path):
+def test_a_calibration_without_such_steps_is_refused_before_any_check(tmp_path: Path):
     MeasurementStore(tmp_path).add([dlrm_step("overhead0", 64, [0, 1], 0.002)])
     with pytest.raises(ValueError, match="dlrm"):
-        own_steps(tmp_path, "dlrm")
+        StepChecks(tmp_path, "dlrm", 4, None, "h")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="transformer"):
         own_steps(tmp_path, "transformer")
+
+
+def test_a_failed_check_is_recorded_and_left_out_of_the_medians(tmp_path: Path, monkeypatch):
+    checks = StepChecks(calibration(tmp_path), "dlrm", 2, model=None, hardware_id="h")  # type: ignore[arg-type]
+    monkeypatch.setattr(checks, "kind", dataclasses.replace(checks.kind, price_s=lambda model, row: row.median_s))
+
+    def gang_cannot_form(steps):
+        raise RuntimeError("could not reserve 2 x {'CPU': 1}")
+
+    monkeypatch.setattr(checks, "_time", gang_cannot_form)
+    checks("before round 1")
+    monkeypatch.setattr(checks, "_time", lambda steps: [2.0 * s.median_s for s in steps])
+    checks("after round 1")
+    result = checks.result()
+    assert [c["label"] for c in result["step_checks"]] == ["before round 1", "after round 1"]
+    assert "could not reserve" in result["step_checks"][0]["error"]
+    assert result["own_steps_now_over_stored"] == pytest.approx(2.0)  # the failed check counts for nothing
 
 
 @pytest.mark.parametrize("workload", ["dlrm", "transformer"])
@@ -94,14 +113,13 @@ def test_a_check_reads_the_spell_and_the_champions_error_on_its_own_steps(tmp_pa
     (check,) = result["step_checks"]
     assert check["label"] == "before round 1" and len(check["steps"]) == 2
     assert result["own_steps_now_over_stored"] == pytest.approx(1.25)
-    assert check["signed_stored"] == pytest.approx(0.0)
     assert result["own_steps_signed"] == pytest.approx(1 / 1.25 - 1)  # leaning low on the slow spell
 
 
 def test_a_probe_reruns_each_step_with_what_the_calibration_ran(tmp_path: Path):
     directory = calibration(tmp_path)
     (dlrm,) = own_steps(directory, "dlrm", 1)
-    assert OWN_STEPS["dlrm"].probe_params(dlrm) == {"job": dlrm.params["job"], "table_to_rank": [0, 1]}
+    assert OWN_STEPS["dlrm"].probe_params(dlrm) == {"job": dlrm.params["job"], "table_to_rank": [0, 0]}
     (transformer,) = own_steps(directory, "transformer", 1)
     assert OWN_STEPS["transformer"].probe_params(transformer) == {"transformer": transformer.params["transformer"]}
 
