@@ -23,7 +23,9 @@ import statistics
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -47,17 +49,24 @@ def gang_step_s(gang: Gang, params: dict, step_op: str) -> float:
     return step.median_s
 
 
-def probe_step_ms(hardware_id: str, world: int, params: dict, step_op: str) -> float:
-    """The task's step as the calibration times it, on a fresh pool and gang (`gang_step_s`)."""
-    pool = ActorPool("cpu", hardware_id, world).start()
+@contextmanager
+def formed_gang(device_kind: str, hardware_id: str, world: int) -> Iterator[Gang]:
+    """A fresh pool of probe actors and its gang, formed; the pool (and the devices it holds)
+    given back on leaving, whatever happened inside."""
+    pool = ActorPool(device_kind, hardware_id, world).start()
     try:
         gang = Gang(pool)
         gang.form()
-        seconds = gang_step_s(gang, params, step_op)
+        yield gang
         gang.disband()
     finally:
         pool.stop()
-    return seconds * 1e3
+
+
+def probe_step_ms(hardware_id: str, world: int, params: dict, step_op: str) -> float:
+    """The task's step as the calibration times it, on a fresh pool and gang (`gang_step_s`)."""
+    with formed_gang("cpu", hardware_id, world) as gang:
+        return gang_step_s(gang, params, step_op) * 1e3
 
 
 def dlrm_task(i: int, spec, seed: int, iterations: int, storage: Path):

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from benchmarks.launch_vs_probe import gang_step_s
+from benchmarks.launch_vs_probe import formed_gang, gang_step_s
 from benchmarks.refit_e2e import read_rows
 from predictors.dlrm_estimator import estimate_step
 from predictors.performance_model import PerformanceModel
@@ -113,6 +113,7 @@ class StepChecks:
         self.model, self.hardware_id, self.kind = model, hardware_id, OWN_STEPS[workload]
         # read now, so a calibration without such steps is refused before any task is launched
         self.steps = own_steps(directory, workload, count) if directory is not None and count > 0 else []
+        self.predicted_s: list[float] | None = None  # the champion's prices, the same at every check
         self.checks: list[dict[str, Any]] = []
 
     def __call__(self, label: str) -> None:
@@ -124,14 +125,16 @@ class StepChecks:
             self.checks.append({"label": label, "error": f"{type(exc).__name__}: {exc}"})
             print(f"  own steps {label}: check failed ({type(exc).__name__}: {exc})", flush=True)
             return
+        if self.predicted_s is None:
+            self.predicted_s = [self.kind.price_s(self.model, step) for step in self.steps]
         rows = [
             {
                 "name": self.kind.name(step),
                 "stored_ms": step.median_s * 1e3,
                 "now_ms": seconds * 1e3,
-                "predicted_ms": self.kind.price_s(self.model, step) * 1e3,
+                "predicted_ms": predicted * 1e3,
             }
-            for step, seconds in zip(self.steps, timed)
+            for step, seconds, predicted in zip(self.steps, timed, self.predicted_s)
         ]
         check = {"label": label, "steps": rows, **summary(rows)}
         self.checks.append(check)
@@ -142,19 +145,10 @@ class StepChecks:
         )
 
     def _time(self, steps: list[Measurement]) -> list[float]:
-        from orchestrator.probe_pool import ActorPool, Gang
-
         device_kind = "cuda" if steps[0].device.startswith("cuda") else "cpu"
         assert all(s.world_size == steps[0].world_size for s in steps), "one gang times every step"
-        pool = ActorPool(device_kind, self.hardware_id, steps[0].world_size).start()
-        try:
-            gang = Gang(pool)
-            gang.form()
-            seconds = [gang_step_s(gang, self.kind.probe_params(s), self.kind.op) for s in steps]
-            gang.disband()
-        finally:
-            pool.stop()  # the launcher's next job needs the devices
-        return seconds
+        with formed_gang(device_kind, self.hardware_id, steps[0].world_size) as gang:  # released: the next launch
+            return [gang_step_s(gang, self.kind.probe_params(s), self.kind.op) for s in steps]
 
     def result(self) -> dict[str, Any]:
         """The checks as a result's keys, and their medians: the spell (`own_steps_now_over_stored`)

@@ -36,7 +36,7 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
 from benchmarks.kernel_class_split import base_state  # noqa: E402
-from benchmarks.launch_vs_probe import gang_step_s  # noqa: E402
+from benchmarks.launch_vs_probe import formed_gang, gang_step_s  # noqa: E402
 from benchmarks.pooled_steps import cycle_files, judged, line, with_history  # noqa: E402
 from benchmarks.refit_e2e import read_rows  # noqa: E402
 from predictors.step_fit import STEP_OP_OF  # noqa: E402
@@ -57,28 +57,22 @@ def time_steps(steps: list[Measurement], rounds: int) -> dict[str, list[float]]:
     """Every step's job and plan timed `rounds` times on one probe gang, in alternating order."""
     from orchestrator import ray_runtime
     from orchestrator.cluster import cluster_fingerprint
-    from orchestrator.probe_pool import ActorPool, Gang
 
     ray_runtime.connect()
-    world = steps[0].world_size
-    pool = ActorPool("cpu", cluster_fingerprint().hardware_id, world).start()
     times: dict[str, list[float]] = {step_name(s): [] for s in steps}
     try:
-        gang = Gang(pool)
-        gang.form()
-        for k in range(rounds):
-            for step in steps if k % 2 == 0 else steps[::-1]:
-                params = {"job": step.params["job"], "table_to_rank": step.params["table_to_rank"]}
-                seconds = gang_step_s(gang, params, DLRM_STEP_OP)
-                times[step_name(step)].append(seconds)
-                print(
-                    f"round {k + 1}/{rounds} {step_name(step):12s} stored {step.median_s * 1e3:7.2f} ms, "
-                    f"now {seconds * 1e3:7.2f} ms",
-                    flush=True,
-                )
-        gang.disband()
+        with formed_gang("cpu", cluster_fingerprint().hardware_id, steps[0].world_size) as gang:
+            for k in range(rounds):
+                for step in steps if k % 2 == 0 else steps[::-1]:
+                    params = {"job": step.params["job"], "table_to_rank": step.params["table_to_rank"]}
+                    seconds = gang_step_s(gang, params, DLRM_STEP_OP)
+                    times[step_name(step)].append(seconds)
+                    print(
+                        f"round {k + 1}/{rounds} {step_name(step):12s} stored {step.median_s * 1e3:7.2f} ms, "
+                        f"now {seconds * 1e3:7.2f} ms",
+                        flush=True,
+                    )
     finally:
-        pool.stop()
         ray_runtime.shutdown()
     return times
 

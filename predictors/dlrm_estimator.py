@@ -306,7 +306,7 @@ def score_steps(
     """Relative error of whole predicted training steps against measured `dlrm_step` rows."""
     errors = []
     for row in step_rows:
-        predicted = _predicted_step_s(model, row, include_overhead, simulate_graph)
+        predicted = estimate_step(model, row, include_overhead, simulate_graph).iteration_s
         errors.append(abs(predicted - row.median_s) / row.median_s)
     return error_stats(np.asarray(errors))
 
@@ -318,8 +318,3 @@ def estimate_step(
     job = JobSpec.from_dict(row.params["job"])
     placement = placement_of(row.params, job.world_size)
     return estimate_iteration(job, row.params["table_to_rank"], model, include_overhead, simulate_graph, placement)
-
-
-def _predicted_step_s(model: PerformanceModel, row: Measurement, include_overhead: bool, simulate_graph: bool) -> float:
-    """The predicted iteration time of a measured `dlrm_step` row's job, plan and placement."""
-    return estimate_step(model, row, include_overhead, simulate_graph).iteration_s
