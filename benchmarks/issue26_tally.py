@@ -9,6 +9,12 @@ A cycle is one stamp's `dlrm_<stamp>.json` and `transformer_<stamp>.json` under
 conditions: at least 12 tasks, a recorded task seed, DLRM at full size (`scale` 1). Its bars:
 geomean at or under 10%, mean signed error within +-5%, no task above 25%.
 
+Beside the bars, the counted DLRM runs' signed error by batch size (`by_batch`): per batch,
+the mean over runs of each run's mean there, and the same less the run's own mean signed
+error (its lean by batch with the run's level taken out: the host's spell moves a whole run,
+a model's slope moves one batch against another). Intervals are over runs, not tasks: a
+run's tasks share its calibration and its spell.
+
 Writes benchmarks/results/issue26_tally.json.
 """
 
@@ -23,7 +29,13 @@ from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from predictors.evaluation import mean_interval  # noqa: E402
+
 OUT = REPO / "benchmarks/results/issue26_tally.json"
 GEOMEAN_BAR, SIGNED_BAR, MAX_BAR, MIN_TASKS = 0.10, 0.05, 0.25, 12
 STAMP = re.compile(r"^(dlrm|transformer)_(\d{4})\.json$")  # a rerun or variant has a longer name
@@ -39,6 +51,7 @@ class Run:
     tasks: int
     seed: int | None
     met: bool | None
+    signed_by_batch: dict[int, list[float]] | None = None  # DLRM: each task's signed error, by batch
 
 
 def meets_bars(geomean: float, worst: float, signed: float) -> bool:
@@ -51,7 +64,47 @@ def judge(data: dict) -> Run:
     eligible = tasks >= MIN_TASKS and data.get("task_seed") is not None and data.get("scale", 1.0) == 1.0
     geomean, worst, signed = data["geomean_error"], data["max_error"], data["mean_signed_error"]
     met = meets_bars(geomean, worst, signed) if eligible else None
-    return Run(geomean, worst, signed, tasks, data.get("task_seed"), met)
+    by_batch: dict[int, list[float]] = {}
+    for task in data.get("tasks") or []:
+        if "batch_size" in task:
+            error = (task["predicted_ms"] - task["measured_ms"]) / task["measured_ms"]
+            by_batch.setdefault(int(task["batch_size"]), []).append(error)
+    return Run(geomean, worst, signed, tasks, data.get("task_seed"), met, dict(sorted(by_batch.items())) or None)
+
+
+def lean_by_batch(runs: list[Run]) -> dict[int, dict]:
+    """Per batch size over `runs` (the counted DLRM runs): the runs' mean signed error there
+    (`signed`) and that less each run's own mean signed error (`relative`), each with its 95%
+    t-interval over the runs; `runs` and `tasks` count what it rests on."""
+    per: dict[int, dict[str, list[float]]] = {}
+    tasks: dict[int, int] = {}
+    for run in runs:
+        for batch, errors in (run.signed_by_batch or {}).items():
+            mean = float(np.mean(errors))
+            per.setdefault(batch, {"signed": [], "relative": []})
+            per[batch]["signed"].append(mean)
+            per[batch]["relative"].append(mean - run.signed)
+            tasks[batch] = tasks.get(batch, 0) + len(errors)
+    out: dict[int, dict] = {}
+    for batch in sorted(per):
+        entry: dict = {"runs": len(per[batch]["signed"]), "tasks": tasks[batch]}
+        for key, values in per[batch].items():
+            array = np.asarray(values)
+            entry[key] = float(array.mean())
+            entry[key + "_interval"] = list(mean_interval(array)) if len(array) >= 2 else None
+        out[batch] = entry
+    return out
+
+
+def print_lean(lean: dict[int, dict]) -> None:
+    print("DLRM signed error by batch (mean over runs [95% over runs]; relative: less the run's own mean)")
+    for batch, e in lean.items():
+        signed = "" if e["signed_interval"] is None else " [{:+.1%}, {:+.1%}]".format(*e["signed_interval"])
+        relative = "" if e["relative_interval"] is None else " [{:+.1%}, {:+.1%}]".format(*e["relative_interval"])
+        print(
+            f"  batch {batch:>5}: {e['signed']:+6.1%}{signed}  relative {e['relative']:+6.1%}{relative}"
+            f"  ({e['runs']} runs, {e['tasks']} tasks)"
+        )
 
 
 def added(root: Path) -> dict[str, datetime]:
@@ -99,6 +152,11 @@ def cycles(root: Path, since: str) -> dict[str, dict[str, Run]]:
     return dict(sorted(out.items()))
 
 
+def _figures(run: Run) -> dict:
+    """A run as the tally records it: its figures, not its tasks' errors."""
+    return {k: v for k, v in asdict(run).items() if k != "signed_by_batch"}
+
+
 def cell(run: Run | None) -> str:
     if run is None:
         return f"{'not run':<27}"
@@ -128,11 +186,14 @@ def main() -> None:
     summary = {kind: {"met": sum(v), "judged": len(v)} for kind, v in judged.items()}
     summary["both"] = {"met": sum(both), "judged": len(both)}
     print("; ".join(f"{kind}: {s['met']} of {s['judged']} met every bar" for kind, s in summary.items()))
+    lean = lean_by_batch([r["dlrm"] for r in found.values() if "dlrm" in r and r["dlrm"].met is not None])
+    print_lean(lean)
     command = "python benchmarks/issue26_tally.py " + " ".join(sys.argv[1:])
     record = {
         "command": command.strip(),
         "summary": summary,
-        "cycles": {k: {n: asdict(r) for n, r in v.items()} for k, v in found.items()},
+        "by_batch": lean,
+        "cycles": {k: {n: _figures(r) for n, r in v.items()} for k, v in found.items()},
     }
     Path(args.out).write_text(json.dumps(record, indent=1))
     print(f"wrote {args.out}")

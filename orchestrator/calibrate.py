@@ -13,7 +13,7 @@ import math
 import time
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Sequence
 
@@ -204,6 +204,12 @@ def training_task_scale(fingerprint: HardwareFingerprint, world: int, seed: int)
 
 
 COVERAGE_POINTS = 6  # per op the planner prices, measured before the rest of the kernel sweep
+# Of them, the fewest an op's model is fitted on (`predictors.regressors`: a dtype group needs 2
+# rows): measured whatever the budget, for without a model of each planner op nothing is
+# promoted and autotune cannot plan. On a 2-core host the 26 points take seconds; they are
+# bounded by `FLOOR_LIMIT_S` in all (and each by its probe timeout), never waited on forever.
+FLOOR_POINTS = 2
+FLOOR_LIMIT_S = 300.0
 # The element-wise ops the DLRM and transformer graphs price (predictors/dlrm_graph.py,
 # predictors/transformer_block_graph.py).
 PLANNER_ELEMENTWISE_OPS = (
@@ -234,27 +240,50 @@ def _quick(spec: ProbeSpec) -> bool:
     return sum(e * d * 4 for e, d, _, _ in tables) <= COVERAGE_TABLE_BYTES and lookups <= COVERAGE_LOOKUPS
 
 
+def _coverage_op(spec: ProbeSpec) -> str | None:
+    """The planner op a point could cover (None: a point no plan needs first): a float32 GEMM,
+    lookup of a small table set, copy, or element-wise op the graphs price."""
+    wanted = {"gemm": "gemm", "embedding": "embedding", "memcpy": "memcpy"}
+    wanted.update({op: "elementwise" for op in PLANNER_ELEMENTWISE_OPS})
+    p = spec.params
+    op = p.get("op") if spec.family == "elementwise" else spec.family
+    if wanted.get(op) != spec.family:
+        return None
+    if p.get("dtype", "float32") != "float32" or p.get("weights_precision", "fp32") != "fp32" or not _quick(spec):
+        return None
+    return str(op)
+
+
 def planner_coverage(specs: Sequence[ProbeSpec], per_op: int = COVERAGE_POINTS) -> list[ProbeSpec]:
     """The first `per_op` float32 points of each kernel op a plan prices (DLRM: GEMM, lookups
     of small table sets, relu / mul / add, copies; transformer: also layer norm, softmax, gelu,
     dropout and their backward), taken out of `specs` to run first: without them a bundle cannot
     plan (and without the DLRM's is never promoted, `quality_problems`), however short the
-    budget. They are moved, not repeated: the rest of the sweep follows in its own order."""
-    wanted = {"gemm": "gemm", "embedding": "embedding", "memcpy": "memcpy"}
-    wanted.update({op: "elementwise" for op in PLANNER_ELEMENTWISE_OPS})
+    budget. They are moved, not repeated: the rest of the sweep follows in its own order.
+
+    Breadth first: every op's first point, then every op's second, and so on, so a phase cut
+    short has measured every op alike. In the sweep's order a 20 s calibration on a 2-core
+    host measured all six GEMMs and copies and one point of each element-wise op, too few to
+    fit any of them (`FLOOR_POINTS`), and nothing was promoted."""
+    by_op: dict[str, list[ProbeSpec]] = {}
+    for spec in specs:
+        op = _coverage_op(spec)
+        if op is None or len(by_op.setdefault(op, [])) >= per_op:
+            continue
+        by_op[op].append(spec)
+    return [points[i] for i in range(per_op) for points in by_op.values() if i < len(points)]
+
+
+def coverage_floor(coverage: Sequence[ProbeSpec], per_op: int = FLOOR_POINTS) -> list[ProbeSpec]:
+    """The first `per_op` points of each op in `coverage` (in its order): what a calibration
+    measures whatever its budget (`measure_rounds`)."""
     taken: dict[str, int] = {}
     out = []
-    for spec in specs:
-        p = spec.params
-        op = p.get("op") if spec.family == "elementwise" else spec.family
-        if wanted.get(op) != spec.family or taken.get(op, 0) >= per_op:
-            continue
-        if p.get("dtype", "float32") != "float32" or p.get("weights_precision", "fp32") != "fp32" or not _quick(spec):
-            continue
-        taken[op] = taken.get(op, 0) + 1
-        out.append(spec)
-        if len(taken) == len(wanted) and all(n >= per_op for n in taken.values()):
-            break
+    for spec in coverage:
+        op = _coverage_op(spec) or spec.family
+        if taken.get(op, 0) < per_op:
+            taken[op] = taken.get(op, 0) + 1
+            out.append(spec)
     return out
 
 
@@ -284,10 +313,12 @@ def measure(
         memcpy_specs(1000, seed, device),
     )
     first = planner_coverage(local)  # a short budget still models every op a plan prices
+    floor = coverage_floor(first)  # measured whatever the budget: the fewest a fit takes
     local = [s for s in local if not any(s is f for f in first)]
     if job is not None:
         local = job_probe_specs(job) + local
-    local = first + local  # before the job's own points too: without them nothing can be promoted
+    # before the job's own points too: without them nothing can be promoted
+    local = [s for s in first if not any(s is f for f in floor)] + local
 
     pool = ActorPool(device, fingerprint.hardware_id, devices, strategy="SPREAD").start()
     # The budget is probing time: it starts once the actors are up (starting them, importing
@@ -329,7 +360,9 @@ def measure(
         )
         done_before = store.done_keys()  # a resumed calibration measures only what is missing
         if done_before:
-            coll, nccl, whole, within, local = (missing(x, done_before) for x in (coll, nccl, whole, within, local))
+            coll, nccl, whole, within, floor, local = (
+                missing(x, done_before) for x in (coll, nccl, whole, within, floor, local)
+            )
             say(f"resuming {store.directory}: {len(done_before)} probe point(s) already stored")
         say(
             f"probing {devices} device(s) of {fingerprint.summary()} for up to {budget_s:.0f}s"
@@ -347,7 +380,7 @@ def measure(
             )
             bar.close()
             done, failed = done + d, failed + f
-        d, f = measure_rounds(pool, store, Rounds(whole, within, one_node, local), start, budget_s)
+        d, f = measure_rounds(pool, store, Rounds(whole, within, one_node, local, floor), start, budget_s)
         done, failed = done + d, failed + f
     finally:
         pool.stop()
@@ -358,12 +391,14 @@ def measure(
 @dataclass
 class Rounds:
     """What `measure_rounds` alternates: the whole-cluster and one-node training points (and
-    the one node's pool members) with the kernel points."""
+    the one node's pool members) with the kernel points; `floor`: the kernel points measured
+    first and whatever the budget (`coverage_floor`)."""
 
     whole: list[ProbeSpec]
     within: list[ProbeSpec]
     one_node: list[int]
     local: list[ProbeSpec]
+    floor: list[ProbeSpec] = field(default_factory=list)
 
 
 def measure_rounds(
@@ -373,7 +408,9 @@ def measure_rounds(
     `MIN_ROUND_S`), each followed by its share of the kernel points; returns (points measured,
     points failed). A round's training points left when its time is up go first in the next
     round; the kernels always get `KERNEL_MIN_SHARE` of the budget in all, even when the
-    phases before them ran over."""
+    phases before them ran over. The floor goes before the first round's kernels, until done
+    (or `FLOOR_LIMIT_S`): a short budget then runs over by the time it takes, said in its
+    progress line, rather than fit a bundle that cannot be promoted."""
     training = bool(work.whole or work.within)
     rounds = max(1, min(TRAINING_ROUNDS, int(budget_s * TRAINING_SHARE // MIN_ROUND_S))) if training else 1
     begin = time.monotonic()
@@ -401,6 +438,9 @@ def measure_rounds(
             bar.close()
             done, failed = done + d, failed + f
             carried[label] = _unattempted(specs, store)
+        if r == 0 and work.floor:
+            d, f = _measure_floor(pool, store, work.floor)
+            done, failed = done + d, failed + f
         round_end = begin + (end - begin) * (r + 1) / rounds
         seconds = max(round_end - time.monotonic(), budget_s * KERNEL_MIN_SHARE / rounds)
         bar = Progress("kernels" + tag, len(local), seconds)
@@ -410,6 +450,16 @@ def measure_rounds(
         if r + 1 < rounds:
             local = _unattempted(local, store)
     return done, failed
+
+
+def _measure_floor(pool: ActorPool, store: MeasurementStore, floor: list[ProbeSpec]) -> tuple[int, int]:
+    """The floor's points, whatever the time left (each bounded by its probe timeout, all by
+    `FLOOR_LIMIT_S`)."""
+    bar = Progress(f"kernels every plan needs ({FLOOR_POINTS} an op, whatever the budget)", len(floor))
+    try:
+        return run_local_probes(Phase(pool, floor, store, time.monotonic() + FLOOR_LIMIT_S, bar.update))
+    finally:
+        bar.close()
 
 
 def _cut(specs: Sequence[ProbeSpec], rounds: int) -> list[list[ProbeSpec]]:

@@ -83,3 +83,48 @@ def test_without_training_points_the_kernels_run_once(tmp_path, runs) -> None:
     store = MeasurementStore(tmp_path)
     calibrate.measure_rounds(None, store, calibrate.Rounds([], [], [], _specs("gemm", 5)), 0.0, budget_s=600.0)  # type: ignore[arg-type]
     assert [kind for kind, _, _ in runs] == ["kernels"]
+
+
+def test_the_floor_is_measured_before_the_first_kernels_even_when_the_budget_is_spent(tmp_path, monkeypatch) -> None:
+    """A calibration whose time ran out before its kernels (a short budget on a slow host)
+    still measures the floor, with a deadline of its own, and then the rest as before."""
+    import time
+
+    phases: list[tuple[list[str], float]] = []
+
+    def local(phase: calibrate.Phase) -> tuple[int, int]:
+        phases.append(([s.key for s in phase.specs], phase.deadline))
+        phase.store.mark_done([s.to_dict() for s in phase.specs[:1]])
+        return 1, 0
+
+    monkeypatch.setattr(calibrate, "run_collective_probes", lambda phase, members=None: (0, 0))
+    monkeypatch.setattr(calibrate, "run_local_probes", local)
+    store = MeasurementStore(tmp_path)
+    spent = time.monotonic() - 1000.0  # started 1000 s ago on a 20 s budget
+    work = calibrate.Rounds(_specs("step", 3), [], [], _specs("gemm", 4), floor=_specs("relu", 2))
+    calibrate.measure_rounds(None, store, work, spent, budget_s=20.0)  # type: ignore[arg-type]
+    (floor, floor_deadline), (rest, _) = phases
+    assert floor == ["relu-0", "relu-1"] and rest == [f"gemm-{i}" for i in range(4)]
+    assert floor_deadline >= time.monotonic() + calibrate.FLOOR_LIMIT_S - 60
+
+
+def test_planner_coverage_takes_every_ops_first_point_before_any_ops_second() -> None:
+    """Cut anywhere, the coverage has measured the planner's ops alike; its floor is the first
+    two of each."""
+    from probes.elementwise import elementwise_specs
+    from probes.embedding import embedding_specs
+    from probes.gemm import gemm_specs
+    from probes.memcpy import memcpy_specs
+    from probes.sweep import interleave
+
+    sweep = interleave(gemm_specs(400, 0), embedding_specs(300, 0), elementwise_specs(400, 0), memcpy_specs(100, 0))
+    coverage = calibrate.planner_coverage(sweep)
+    ops = [calibrate._coverage_op(s) for s in coverage]
+    planner = {"gemm", "embedding", "memcpy", *calibrate.PLANNER_ELEMENTWISE_OPS}
+    assert set(ops) == planner
+    assert all(ops.count(op) == calibrate.COVERAGE_POINTS for op in planner)
+    for cut in range(1, len(ops) + 1):
+        counts = [ops[:cut].count(op) for op in planner]
+        assert max(counts) - min(counts) <= 1
+    floor = calibrate.coverage_floor(coverage)
+    assert floor == coverage[: calibrate.FLOOR_POINTS * len(planner)]
