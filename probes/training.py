@@ -16,7 +16,7 @@ import torch
 from probes.overheads import profile_overheads
 from probes.probe import ProbeSpec, SoloGangProbe
 from probes.trace_capture import capture_step_trace
-from probes.vocabulary.in_context import in_context_rows, in_step_collectives, step_collectives
+from probes.vocabulary.in_context import in_context_rows, in_step_collectives, step_collectives, tbe_in_context_rows
 from probes.vocabulary.ops import FRAMEWORK_JOB_PREFIX
 from probes.vocabulary.placement import RankPlacement
 from probes.vocabulary.records import Measurement
@@ -263,6 +263,7 @@ def run_training_probe(
             TransformerSpec.from_dict(spec.params["transformer"]), dist.get_rank(), torch.device(device)
         )
         step_op, workload, step = "transformer_step", "transformer", model.step
+        lookup = None
         iterations = min(iterations, 10)
         params = {"transformer": spec.params["transformer"]}
     else:
@@ -274,6 +275,7 @@ def run_training_probe(
             JobSpec.from_dict(spec.params["job"]), plan, dist.get_rank(), dist.get_world_size(), torch.device(device)
         )
         step_op, workload, step = "dlrm_step", "dlrm", cycling_step(model)
+        lookup = model.lookup_features() if dist.get_rank() == 0 else None  # priced in its captured steps
         params = {"job": spec.params["job"], "table_to_rank": plan}
     if "placement" in spec.params:  # the node of each rank, set by the gang that ran it
         params["placement"] = spec.params["placement"]
@@ -310,6 +312,7 @@ def run_training_probe(
         ]
         + overheads
         + (in_context_rows(trace["steps"], device, world, workload) if float32_step(spec) else [])
+        + (tbe_in_context_rows(trace["steps"], lookup, device, world, workload) if lookup is not None else [])
     )
 
 

@@ -15,7 +15,14 @@ from __future__ import annotations
 import math
 from typing import Any, Sequence
 
-from probes.vocabulary.ops import IN_CONTEXT_OP, elementwise_params, gemm_params, gemm_params_from_shapes
+from probes.vocabulary.ops import (
+    EMBEDDING_BWD_OP,
+    EMBEDDING_FWD_OP,
+    IN_CONTEXT_OP,
+    elementwise_params,
+    gemm_params,
+    gemm_params_from_shapes,
+)
 from probes.vocabulary.records import Measurement
 
 # Top-level aten ops whose first input's (rows, last dim) is the probed element-wise shape.
@@ -81,6 +88,58 @@ def in_context_rows(steps: Sequence[dict[str, Any]], device: str, world_size: in
                     IN_CONTEXT_OP,
                     {"model_op": model_op, "aten_op": op["name"], "workload": workload, **params},
                     duration,
+                    0.0,
+                    1,
+                    device=device,
+                    world_size=world_size,
+                    family="training",
+                )
+            )
+    return rows
+
+
+# A table-batched lookup as a trace shows it: FBGEMM's forward (its indices' bounds checked
+# first, both inside the module's forward the isolated probe times) and its backward with the
+# fused optimizer, whatever the optimizer (`..._sgd_...`, `..._rowwise_adagrad_...`).
+TBE_BOUNDS_CHECK = "fbgemm::bounds_check_indices"
+TBE_LOOKUP_PREFIX = "fbgemm::split_embedding_codegen_lookup_"
+TBE_BACKWARD_PREFIX = "fbgemm::split_embedding_backward_codegen_"
+
+
+def tbe_in_context_rows(
+    steps: Sequence[dict[str, Any]], features: dict[str, Any], device: str, world_size: int, workload: str
+) -> list[Measurement]:
+    """The lookup's forward and backward inside each captured step, priced at `features` (the
+    rank's one lookup as the graph prices it, `ShardedDLRM.lookup_features`): what the isolated
+    TBE probe leaves out of a step (the rows the previous step's update and the exchange left
+    in cache, the other rank's lookups beside it). A step whose trace does not show exactly one
+    lookup and one backward gives no rows: which op is which would be a guess.
+
+    Why: inside the steps of #26 the TBE backward ran 0.94-1.50x its model (1.16x at batch 128,
+    1.09x at 1024; `benchmarks/step_breakdown.py`), which the step overhead could only absorb
+    in its per-class slowdowns and constant, fitted on 24 steps, and every calibration's
+    table-wise task steps, each left out in turn, leaned low at small batches and high at large."""
+    rows = []
+    for step in steps:
+        ops = step["ops"]
+        lookups = [op for op in ops if op["name"].startswith(TBE_LOOKUP_PREFIX)]
+        backwards = [op for op in ops if op["name"].startswith(TBE_BACKWARD_PREFIX)]
+        checks = [op for op in ops if op["name"] == TBE_BOUNDS_CHECK]
+        if len(lookups) != 1 or len(backwards) != 1 or len(checks) > 1:
+            continue
+        forward = [op_duration_s(op) for op in lookups + checks]
+        backward = op_duration_s(backwards[0])
+        if any(d is None for d in forward) or backward is None:
+            continue
+        for model_op, name, seconds in (
+            (EMBEDDING_FWD_OP, lookups[0]["name"], sum(d for d in forward if d is not None)),
+            (EMBEDDING_BWD_OP, backwards[0]["name"], backward),
+        ):
+            rows.append(
+                Measurement(
+                    IN_CONTEXT_OP,
+                    {"model_op": model_op, "aten_op": name, "workload": workload, **features},
+                    seconds,
                     0.0,
                     1,
                     device=device,

@@ -47,6 +47,7 @@ from probes.vocabulary.table_shards import (
     exchanged_widths,
     table_shards,
 )
+from probes.vocabulary.tbe_features import expected_features
 from probes.workloads.hierarchical_allreduce import chunked_comm_hook
 from probes.workloads.overlap import overlapped_all_to_all, producer_ranges, slice_runs, tbe_bag_ranges
 from probes.workloads.timed_steps import RunResult, run_timed_steps
@@ -219,6 +220,16 @@ class ShardedDLRM:
             params += list(self.dp_tbe.parameters())
         self.optimizer = torch.optim.SGD(params, lr=0.01)
         self.batches = self._make_batches(num=4)
+
+    def lookup_features(self) -> dict[str, Any] | None:
+        """The embedding model's params of this rank's one lookup, as the execution graph prices
+        it (`predictors.dlrm_graph`: the rank's pieces, the global batch, the job's seed), when
+        its step runs exactly one lookup and one backward that a trace can tell apart: table-
+        and column-wise pieces only, not sliced for overlap (None otherwise, or with no tables)."""
+        if not self.exchanged or self.row_wise or self.replicated or self.overlap_slices > 1:
+            return None
+        B, W = self.spec.batch_size, self.world
+        return expected_features([s.shape for s in self.exchanged], B * W, self.spec.seed, self.weights_precision)
 
     def _global_ids(self, step: int, table: int) -> np.ndarray:
         """The global batch's ids of one table, [W*B bags x pooling], the same on every rank."""
