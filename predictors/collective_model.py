@@ -174,13 +174,17 @@ def _best_breaks(x: np.ndarray, t: np.ndarray, assignment: np.ndarray, folds: in
     error on these points. Coarse to fine: every third size first, then every size within
     three of the best coarse pair, so a 50-size sweep costs ~100 fits instead of ~1300."""
     levels = np.unique(x)
+    # each pair's error, computed once: the fine search revisits the coarse pairs near its best
+    pair_errors: dict[tuple[int, int], float] = {}
 
     def search(i_range: list[int], j_range: list[int]) -> tuple[int, int]:
         best = (np.inf, (0, 0))
         for i in i_range:
             for j in j_range:
                 if j >= i:
-                    err = float(_cv_errors(x, t, assignment, folds, levels[i], levels[j]).sum())
+                    if (i, j) not in pair_errors:
+                        pair_errors[i, j] = float(_cv_errors(x, t, assignment, folds, levels[i], levels[j]).sum())
+                    err = pair_errors[i, j]
                     if err < best[0] - 1e-12:
                         best = (err, (i, j))
         return best[1]

@@ -1,10 +1,14 @@
 """Synthetic GEMM measurements with a known cost (2 µs + flops at 20 GFLOP/s), for tests that
-need a fitted bundle without probing; and a small DLRM job's dict."""
+need a fitted bundle without probing, and such a bundle fitted once per session; and a small
+DLRM job's dict."""
 
+import copy
+import functools
 from typing import Any
 
 import numpy as np
 
+from predictors.performance_model import PerformanceModel
 from probes.vocabulary.ops import gemm_params
 from probes.vocabulary.records import Measurement
 
@@ -16,6 +20,22 @@ def gemm_rows(rng: np.random.Generator, n: int) -> list[Measurement]:
         p = gemm_params(m, n_, k)
         rows.append(Measurement("gemm", p, 2e-6 + p["flops"] / 2e10, 0, 5))
     return rows
+
+
+def gemm_bundle(n: int) -> PerformanceModel:
+    """A copy (a test may change it) of the bundle fitted on `gemm_rows(default_rng(0), n)`,
+    fitted once per session for the tests that price with it. Judged by two folds, not five:
+    the model fitted on every row is the same (the folds only score it), and these tests read
+    its prices, never its scores."""
+    return copy.deepcopy(_gemm_bundle(n))
+
+
+@functools.lru_cache(maxsize=None)
+def _gemm_bundle(n: int) -> PerformanceModel:
+    from predictors.fit import fit_performance_model
+
+    model, _ = fit_performance_model(gemm_rows(np.random.default_rng(0), n), "synthetic", folds=2)
+    return model
 
 
 def small_dlrm_job(name: str, world_size: int) -> dict[str, Any]:

@@ -180,12 +180,11 @@ def test_a_dlrm_simulated_on_its_dominant_ranks_takes_the_whole_worlds_time(seed
 
 
 def test_layouts_priced_with_shared_prices_equal_each_priced_alone():
-    from synthetic_rows import gemm_rows
+    from synthetic_rows import gemm_bundle
 
-    from predictors.fit import fit_performance_model
     from predictors.transformer_estimator import estimate_transformer_iteration
 
-    model, _ = fit_performance_model(gemm_rows(np.random.default_rng(0), 300), "synthetic")
+    model = gemm_bundle(300)
     memo: dict = {}
     for kw in (dict(), dict(tensor_parallel=2), dict(pipeline_parallel=2, micro_batches=2)):
         spec = TransformerSpec(**{**BASE, "world_size": 8, **kw})

@@ -99,10 +99,8 @@ def test_transformer_step_overhead_learns_the_in_step_slowdown_of_the_kernels():
     recovers every term (a
     per-layer term alone left a 4-layer stack's overhead 4x short, and tensor parallelism's
     all-reduces 40% short)."""
-    import numpy as np
-    from synthetic_rows import gemm_rows
+    from synthetic_rows import gemm_bundle
 
-    from predictors.fit import fit_performance_model
     from predictors.simulator import model_cost
     from predictors.transformer_estimator import (
         estimate_transformer_iteration,
@@ -113,7 +111,7 @@ def test_transformer_step_overhead_learns_the_in_step_slowdown_of_the_kernels():
     from probes.vocabulary.ops import TRANSFORMER_STEP_OP
     from probes.vocabulary.records import Measurement
 
-    model, _ = fit_performance_model(gemm_rows(np.random.default_rng(0), 300), "synthetic")
+    model = gemm_bundle(300)
     rows = []
     layouts = [
         (1, 64, 16, {}),
