@@ -30,7 +30,7 @@ from predictors.performance_model import PerformanceModel  # noqa: E402
 from predictors.step_fit import STEP_WORKLOADS, in_step_verdict  # noqa: E402
 from predictors.transformer_estimator import estimate_transformer_iteration  # noqa: E402
 from probes.collective import merge_passes  # noqa: E402
-from probes.vocabulary.ops import IN_STEP_COLLECTIVE_OP  # noqa: E402
+from probes.vocabulary.ops import IN_CONTEXT_OP, IN_STEP_COLLECTIVE_OP  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
 from probes.vocabulary.transformer_spec import TransformerSpec  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
@@ -79,6 +79,17 @@ def run_summary(rows: list[dict]) -> dict:
     }
 
 
+def signed_by_batch(rows: list[dict]) -> dict[int, float]:
+    """A DLRM run's mean signed error per batch size (empty for a transformer's tasks)."""
+    errors: dict[int, list[float]] = {}
+    for r in rows:
+        if "batch_size" in r:
+            errors.setdefault(int(r["batch_size"]), []).append(
+                (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"]
+            )
+    return {b: sum(e) / len(e) for b, e in sorted(errors.items())}
+
+
 def report(label: str, rows: list[dict]) -> dict:
     for r in rows:
         error = (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"]
@@ -86,6 +97,10 @@ def report(label: str, rows: list[dict]) -> dict:
             f"  {r['name']:10s} measured {r['measured_ms']:8.2f}  now {r['predicted_ms']:8.2f} ({error:+6.1%})  then {r['was_ms']:8.2f}"
         )
     summary = run_summary(rows)
+    by_batch = signed_by_batch(rows)
+    if by_batch:
+        summary["signed_by_batch"] = by_batch
+        print("  mean signed by batch: " + ", ".join(f"{b}: {e:+.1%}" for b, e in by_batch.items()))
     print(
         f"{label}: geomean {summary['geomean_error']:.1%}{interval_text(summary['geomean_interval'])}, "
         f"median {summary['median_error']:.1%}, max {summary['max_error']:.1%}, mean signed "
@@ -99,6 +114,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("rows", type=Path)
     parser.add_argument("results", type=Path, nargs="+")
+    parser.add_argument(
+        "--without-tbe-in-step",
+        action="store_true",
+        help="refit without the captured steps' TBE lookups (in-context rows of embedding_fwd/bwd): their paired 'before'",
+    )
     parser.add_argument("--out", help="also write the summaries (and the in-step collective figures) as JSON here")
     parser.add_argument(
         "--without-dlrm-overhead-feature",
@@ -110,7 +130,12 @@ def main() -> None:
     args = parser.parse_args()
     dropped = set(args.without_dlrm_overhead_feature)
     features = [f for f in dlrm_estimator.OVERHEAD_FEATURES if f not in dropped]
-    model, _ = fit_bundle(read_rows(args.rows), "refit", seed=0, overhead_features={"dlrm": features})
+    rows = read_rows(args.rows)
+    if args.without_tbe_in_step:
+        rows = [
+            r for r in rows if not (r.op == IN_CONTEXT_OP and str(r.params.get("model_op")).startswith("embedding_"))
+        ]
+    model, _ = fit_bundle(rows, "refit", seed=0, overhead_features={"dlrm": features})
     for name in ("dlrm_step", "transformer_step"):
         stats = model.metrics.get(name)
         if stats:
@@ -146,6 +171,7 @@ def main() -> None:
                 str(args.rows),
                 *map(str, args.results),
                 *(f"--without-dlrm-overhead-feature {f}" for f in sorted(dropped)),
+                *(["--without-tbe-in-step"] if args.without_tbe_in_step else []),
             ]
         )
         print(
