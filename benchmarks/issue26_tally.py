@@ -12,7 +12,8 @@ geomean at or under 10%, mean signed error within +-5%, no task above 25%.
 Beside the bars, the counted DLRM runs' signed error by batch size (`by_batch`): per batch,
 the mean over runs of each run's mean there, and the same less the run's own mean signed
 error (its lean by batch with the run's level taken out: the host's spell moves a whole run,
-a model's slope moves one batch against another). Intervals are over runs, not tasks: a
+a model's slope moves one batch against another), and the milliseconds a step measured over
+its prediction (a missing fixed cost is the same at every batch). Intervals are over runs, not tasks: a
 run's tasks share its calibration and its spell.
 
 Writes benchmarks/results/issue26_tally.json.
@@ -52,6 +53,7 @@ class Run:
     seed: int | None
     met: bool | None
     signed_by_batch: dict[int, list[float]] | None = None  # DLRM: each task's signed error, by batch
+    missing_ms_by_batch: dict[int, list[float]] | None = None  # DLRM: each task's measured - predicted ms
 
 
 def meets_bars(geomean: float, worst: float, signed: float) -> bool:
@@ -65,25 +67,38 @@ def judge(data: dict) -> Run:
     geomean, worst, signed = data["geomean_error"], data["max_error"], data["mean_signed_error"]
     met = meets_bars(geomean, worst, signed) if eligible else None
     by_batch: dict[int, list[float]] = {}
+    missing: dict[int, list[float]] = {}
     for task in data.get("tasks") or []:
         if "batch_size" in task:
             error = (task["predicted_ms"] - task["measured_ms"]) / task["measured_ms"]
             by_batch.setdefault(int(task["batch_size"]), []).append(error)
-    return Run(geomean, worst, signed, tasks, data.get("task_seed"), met, dict(sorted(by_batch.items())) or None)
+            missing.setdefault(int(task["batch_size"]), []).append(task["measured_ms"] - task["predicted_ms"])
+    return Run(
+        geomean,
+        worst,
+        signed,
+        tasks,
+        data.get("task_seed"),
+        met,
+        dict(sorted(by_batch.items())) or None,
+        dict(sorted(missing.items())) or None,
+    )
 
 
 def lean_by_batch(runs: list[Run]) -> dict[int, dict]:
     """Per batch size over `runs` (the counted DLRM runs): the runs' mean signed error there
-    (`signed`) and that less each run's own mean signed error (`relative`), each with its 95%
-    t-interval over the runs; `runs` and `tasks` count what it rests on."""
+    (`signed`), that less each run's own mean signed error (`relative`), and the milliseconds a
+    step measured over its prediction (`missing_ms`), each with its 95% t-interval over the
+    runs; `runs` and `tasks` count what it rests on."""
     per: dict[int, dict[str, list[float]]] = {}
     tasks: dict[int, int] = {}
     for run in runs:
         for batch, errors in (run.signed_by_batch or {}).items():
             mean = float(np.mean(errors))
-            per.setdefault(batch, {"signed": [], "relative": []})
+            per.setdefault(batch, {"signed": [], "relative": [], "missing_ms": []})
             per[batch]["signed"].append(mean)
             per[batch]["relative"].append(mean - run.signed)
+            per[batch]["missing_ms"].append(float(np.mean((run.missing_ms_by_batch or {}).get(batch, [np.nan]))))
             tasks[batch] = tasks.get(batch, 0) + len(errors)
     out: dict[int, dict] = {}
     for batch in sorted(per):
@@ -101,9 +116,10 @@ def print_lean(lean: dict[int, dict]) -> None:
     for batch, e in lean.items():
         signed = "" if e["signed_interval"] is None else " [{:+.1%}, {:+.1%}]".format(*e["signed_interval"])
         relative = "" if e["relative_interval"] is None else " [{:+.1%}, {:+.1%}]".format(*e["relative_interval"])
+        missing = "" if e["missing_ms_interval"] is None else " [{:+.2f}, {:+.2f}]".format(*e["missing_ms_interval"])
         print(
             f"  batch {batch:>5}: {e['signed']:+6.1%}{signed}  relative {e['relative']:+6.1%}{relative}"
-            f"  ({e['runs']} runs, {e['tasks']} tasks)"
+            f"  measured - predicted {e['missing_ms']:+.2f} ms{missing}  ({e['runs']} runs, {e['tasks']} tasks)"
         )
 
 
@@ -154,7 +170,7 @@ def cycles(root: Path, since: str) -> dict[str, dict[str, Run]]:
 
 def _figures(run: Run) -> dict:
     """A run as the tally records it: its figures, not its tasks' errors."""
-    return {k: v for k, v in asdict(run).items() if k != "signed_by_batch"}
+    return {k: v for k, v in asdict(run).items() if k not in ("signed_by_batch", "missing_ms_by_batch")}
 
 
 def cell(run: Run | None) -> str:
