@@ -39,3 +39,27 @@ def test_the_geomean_interval_brackets_it_and_narrows_with_more_tasks():
     assert width(many) < width(few)
     assert interval_text([0.05, 0.2]) == " [5.0%, 20.0%]"
     assert interval_text([-0.1, 0.02], signed=True) == " [-10.0%, +2.0%]"
+
+
+def test_the_tally_tells_a_missing_fixed_cost_from_a_runs_level():
+    """Two runs, one leaning 10% lower than the other at every batch: the level goes into
+    `signed`, not `relative`; a step missing 1 ms at every batch shows as the same
+    milliseconds however long its step."""
+    from benchmarks.issue26_tally import judge, lean_by_batch
+
+    def run(level: float) -> dict:
+        tasks = [
+            {"batch_size": b, "measured_ms": m, "predicted_ms": (m - 1.0) * (1 + level)}
+            for b, m in ((128, 10.0), (128, 12.0), (1024, 50.0), (1024, 40.0))
+        ]
+        errors = [(t["predicted_ms"] - t["measured_ms"]) / t["measured_ms"] for t in tasks]
+        return {"tasks": tasks, "geomean_error": 0.1, "max_error": 0.2, "mean_signed_error": sum(errors) / 4}
+
+    lean = lean_by_batch([judge(run(0.0)), judge(run(-0.1))])
+    assert lean[128]["runs"] == 2 and lean[128]["tasks"] == 4
+    assert lean[128]["signed"] < lean[1024]["signed"] < 0
+    assert lean[128]["relative"] < 0 < lean[1024]["relative"]  # the slope, with each run's level out
+    # the first run misses 1 ms everywhere; the second also 10% of the step: 1.9 and 2.1 ms at
+    # batch 128, 5.9 and 4.9 ms at 1024
+    assert lean[128]["missing_ms"] == pytest.approx((1.0 + 2.0) / 2)
+    assert lean[1024]["missing_ms"] == pytest.approx((1.0 + 5.4) / 2)
