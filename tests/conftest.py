@@ -46,6 +46,21 @@ def _ray_shutdown_at_exit():
 
 
 @pytest.fixture()
+def one_rank():
+    """This process as the one rank of a gloo process group, for probes that run real steps."""
+    import tempfile
+
+    import torch.distributed as dist
+
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=0, world_size=1)
+        try:
+            yield
+        finally:
+            dist.destroy_process_group()
+
+
+@pytest.fixture()
 def tiny_job_dict() -> dict:
     return {
         "name": "tiny",

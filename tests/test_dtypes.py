@@ -2,12 +2,10 @@
 bfloat16 / float16 training probes, and the sweeps that draw them per device kind."""
 
 import json
-import tempfile
 
 import numpy as np
 import pytest
 import torch
-import torch.distributed as dist
 
 from predictors.families import baseline_model_for, default_model_for
 from predictors.learned_model import ROW_OP_DESIGN, LearnedKernelModel
@@ -24,16 +22,6 @@ from probes.vocabulary.records import Measurement
 from probes.vocabulary.tbe_features import expected_features
 from probes.vocabulary.transformer_spec import TransformerSpec, TransformerSpecError
 from probes.workloads.transformer import ParallelTransformer
-
-
-@pytest.fixture()
-def one_rank():
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=0, world_size=1)
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
 
 
 def _roofline_rows(op, dtype, per_byte, sizes, drop_dtype=False):

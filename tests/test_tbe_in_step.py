@@ -4,11 +4,8 @@ factors fitted on them pricing the graph's lookups."""
 
 from __future__ import annotations
 
-import tempfile
-
 import pytest
 import torch
-import torch.distributed as dist
 
 from predictors.context_model import ContextFactorModel
 from predictors.dlrm_graph import build_dlrm_graph
@@ -20,16 +17,6 @@ from probes.vocabulary.jobspec import JobSpec
 from probes.vocabulary.ops import IN_CONTEXT_OP
 from probes.vocabulary.records import Measurement
 from probes.workloads.dlrm import ShardedDLRM
-
-
-@pytest.fixture()
-def one_rank():
-    with tempfile.TemporaryDirectory() as tmp:
-        dist.init_process_group("gloo", init_method=f"file://{tmp}/init", rank=0, world_size=1)
-        try:
-            yield
-        finally:
-            dist.destroy_process_group()
 
 
 def _job(tiny_job_dict: dict) -> dict:
