@@ -128,6 +128,15 @@ def signed_errors(rows: list[dict]) -> np.ndarray:
     return np.array([(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] for r in rows])
 
 
+def tasks_by_batch(rows: list[dict]) -> dict[int, list[dict]]:
+    """A DLRM run's tasks by batch size, in order of size (empty for a transformer's tasks)."""
+    out: dict[int, list[dict]] = {}
+    for r in rows:
+        if "batch_size" in r:
+            out.setdefault(int(r["batch_size"]), []).append(r)
+    return dict(sorted(out.items()))
+
+
 def signed_error(rows: list[dict]) -> float:
     """Their mean."""
     return float(signed_errors(rows).mean())

@@ -35,6 +35,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.e2e_accuracy import signed_errors, tasks_by_batch  # noqa: E402
 from predictors.evaluation import mean_interval  # noqa: E402
 
 OUT = REPO / "benchmarks/results/issue26_tally.json"
@@ -52,8 +53,7 @@ class Run:
     tasks: int
     seed: int | None
     met: bool | None
-    signed_by_batch: dict[int, list[float]] | None = None  # DLRM: each task's signed error, by batch
-    missing_ms_by_batch: dict[int, list[float]] | None = None  # DLRM: each task's measured - predicted ms
+    by_batch: dict[int, list[dict]] | None = None  # DLRM: its tasks by batch size
 
 
 def meets_bars(geomean: float, worst: float, signed: float) -> bool:
@@ -66,22 +66,8 @@ def judge(data: dict) -> Run:
     eligible = tasks >= MIN_TASKS and data.get("task_seed") is not None and data.get("scale", 1.0) == 1.0
     geomean, worst, signed = data["geomean_error"], data["max_error"], data["mean_signed_error"]
     met = meets_bars(geomean, worst, signed) if eligible else None
-    by_batch: dict[int, list[float]] = {}
-    missing: dict[int, list[float]] = {}
-    for task in data.get("tasks") or []:
-        if "batch_size" in task:
-            error = (task["predicted_ms"] - task["measured_ms"]) / task["measured_ms"]
-            by_batch.setdefault(int(task["batch_size"]), []).append(error)
-            missing.setdefault(int(task["batch_size"]), []).append(task["measured_ms"] - task["predicted_ms"])
     return Run(
-        geomean,
-        worst,
-        signed,
-        tasks,
-        data.get("task_seed"),
-        met,
-        dict(sorted(by_batch.items())) or None,
-        dict(sorted(missing.items())) or None,
+        geomean, worst, signed, tasks, data.get("task_seed"), met, tasks_by_batch(data.get("tasks") or []) or None
     )
 
 
@@ -93,13 +79,13 @@ def lean_by_batch(runs: list[Run]) -> dict[int, dict]:
     per: dict[int, dict[str, list[float]]] = {}
     tasks: dict[int, int] = {}
     for run in runs:
-        for batch, errors in (run.signed_by_batch or {}).items():
-            mean = float(np.mean(errors))
+        for batch, rows in (run.by_batch or {}).items():
+            mean = float(signed_errors(rows).mean())
             per.setdefault(batch, {"signed": [], "relative": [], "missing_ms": []})
             per[batch]["signed"].append(mean)
             per[batch]["relative"].append(mean - run.signed)
-            per[batch]["missing_ms"].append(float(np.mean((run.missing_ms_by_batch or {}).get(batch, [np.nan]))))
-            tasks[batch] = tasks.get(batch, 0) + len(errors)
+            per[batch]["missing_ms"].append(float(np.mean([r["measured_ms"] - r["predicted_ms"] for r in rows])))
+            tasks[batch] = tasks.get(batch, 0) + len(rows)
     out: dict[int, dict] = {}
     for batch in sorted(per):
         entry: dict = {"runs": len(per[batch]["signed"]), "tasks": tasks[batch]}
@@ -170,7 +156,7 @@ def cycles(root: Path, since: str) -> dict[str, dict[str, Run]]:
 
 def _figures(run: Run) -> dict:
     """A run as the tally records it: its figures, not its tasks' errors."""
-    return {k: v for k, v in asdict(run).items() if k not in ("signed_by_batch", "missing_ms_by_batch")}
+    return {k: v for k, v in asdict(run).items() if k != "by_batch"}
 
 
 def cell(run: Run | None) -> str:

@@ -22,7 +22,15 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.e2e_accuracy import error_summary, interval_text, signed_summary, task_plan, write_result  # noqa: E402
+from benchmarks.e2e_accuracy import (  # noqa: E402
+    error_summary,
+    interval_text,
+    signed_errors,
+    signed_summary,
+    task_plan,
+    tasks_by_batch,
+    write_result,
+)
 from predictors import dlrm_estimator  # noqa: E402
 from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
 from predictors.fit import fit_bundle  # noqa: E402
@@ -30,7 +38,7 @@ from predictors.performance_model import PerformanceModel  # noqa: E402
 from predictors.step_fit import STEP_WORKLOADS, in_step_verdict  # noqa: E402
 from predictors.transformer_estimator import estimate_transformer_iteration  # noqa: E402
 from probes.collective import merge_passes  # noqa: E402
-from probes.vocabulary.ops import IN_CONTEXT_OP, IN_STEP_COLLECTIVE_OP  # noqa: E402
+from probes.vocabulary.ops import EMBEDDING_BWD_OP, EMBEDDING_FWD_OP, IN_CONTEXT_OP, IN_STEP_COLLECTIVE_OP  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
 from probes.vocabulary.transformer_spec import TransformerSpec  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
@@ -79,15 +87,18 @@ def run_summary(rows: list[dict]) -> dict:
     }
 
 
-def signed_by_batch(rows: list[dict]) -> dict[int, float]:
-    """A DLRM run's mean signed error per batch size (empty for a transformer's tasks)."""
-    errors: dict[int, list[float]] = {}
-    for r in rows:
-        if "batch_size" in r:
-            errors.setdefault(int(r["batch_size"]), []).append(
-                (r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"]
-            )
-    return {b: sum(e) / len(e) for b, e in sorted(errors.items())}
+def fitted_figures(model: PerformanceModel) -> dict:
+    """What the refit fitted that its predictions rest on: each op's in-step factor and per-call
+    addition (`in_context`), and each workload's step-overhead coefficients in seconds."""
+    context = model.in_step
+    return {
+        "in_context": None
+        if context is None
+        else {op: {"factor": f, "add_s": context.adds.get(op, 0.0)} for op, f in sorted(context.factors.items())},
+        "step_overheads": {
+            w: dict(zip(m.features, (float(c) for c in m.coef))) for w, m in sorted(model.step_overheads.items())
+        },
+    }
 
 
 def report(label: str, rows: list[dict]) -> dict:
@@ -97,7 +108,7 @@ def report(label: str, rows: list[dict]) -> dict:
             f"  {r['name']:10s} measured {r['measured_ms']:8.2f}  now {r['predicted_ms']:8.2f} ({error:+6.1%})  then {r['was_ms']:8.2f}"
         )
     summary = run_summary(rows)
-    by_batch = signed_by_batch(rows)
+    by_batch = {b: float(signed_errors(tasks).mean()) for b, tasks in tasks_by_batch(rows).items()}
     if by_batch:
         summary["signed_by_batch"] = by_batch
         print("  mean signed by batch: " + ", ".join(f"{b}: {e:+.1%}" for b, e in by_batch.items()))
@@ -132,9 +143,8 @@ def main() -> None:
     features = [f for f in dlrm_estimator.OVERHEAD_FEATURES if f not in dropped]
     rows = read_rows(args.rows)
     if args.without_tbe_in_step:
-        rows = [
-            r for r in rows if not (r.op == IN_CONTEXT_OP and str(r.params.get("model_op")).startswith("embedding_"))
-        ]
+        lookups = (EMBEDDING_FWD_OP, EMBEDDING_BWD_OP)
+        rows = [r for r in rows if not (r.op == IN_CONTEXT_OP and r.params.get("model_op") in lookups)]
     model, _ = fit_bundle(rows, "refit", seed=0, overhead_features={"dlrm": features})
     for name in ("dlrm_step", "transformer_step"):
         stats = model.metrics.get(name)
@@ -175,7 +185,7 @@ def main() -> None:
             ]
         )
         print(
-            f"wrote {write_result(args.out, {'command': command, 'in_step_collective': collectives, 'summaries': summaries})}"
+            f"wrote {write_result(args.out, {'command': command, **fitted_figures(model), 'in_step_collective': collectives, 'summaries': summaries})}"
         )
 
 

@@ -275,16 +275,9 @@ def planner_coverage(specs: Sequence[ProbeSpec], per_op: int = COVERAGE_POINTS) 
 
 
 def coverage_floor(coverage: Sequence[ProbeSpec], per_op: int = FLOOR_POINTS) -> list[ProbeSpec]:
-    """The first `per_op` points of each op in `coverage` (in its order): what a calibration
-    measures whatever its budget (`measure_rounds`)."""
-    taken: dict[str, int] = {}
-    out = []
-    for spec in coverage:
-        op = _coverage_op(spec) or spec.family
-        if taken.get(op, 0) < per_op:
-            taken[op] = taken.get(op, 0) + 1
-            out.append(spec)
-    return out
+    """The first `per_op` points of each op in `coverage` (`planner_coverage`'s order, so a
+    prefix of it): what a calibration measures whatever its budget (`measure_rounds`)."""
+    return planner_coverage(coverage, per_op)
 
 
 def missing(specs: Sequence[ProbeSpec], done: set[str]) -> list[ProbeSpec]:
@@ -317,8 +310,7 @@ def measure(
     local = [s for s in local if not any(s is f for f in first)]
     if job is not None:
         local = job_probe_specs(job) + local
-    # before the job's own points too: without them nothing can be promoted
-    local = [s for s in first if not any(s is f for f in floor)] + local
+    local = first[len(floor) :] + local  # before the job's own points too: without them nothing can be promoted
 
     pool = ActorPool(device, fingerprint.hardware_id, devices, strategy="SPREAD").start()
     # The budget is probing time: it starts once the actors are up (starting them, importing

@@ -4,7 +4,7 @@ DLRM job's dict."""
 
 import copy
 import functools
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -22,16 +22,26 @@ def gemm_rows(rng: np.random.Generator, n: int) -> list[Measurement]:
     return rows
 
 
+Fitted = TypeVar("Fitted")
+
+
+def fitted_once(fit: Callable[..., Fitted]) -> Callable[..., Fitted]:
+    """`fit`, run once per session for each argument, its result handed out as a copy (a test
+    may change the bundle it is given)."""
+    cached = functools.lru_cache(maxsize=None)(fit)
+
+    @functools.wraps(fit)
+    def copy_of(*args: Any) -> Fitted:
+        return copy.deepcopy(cached(*args))
+
+    return copy_of
+
+
+@fitted_once
 def gemm_bundle(n: int) -> PerformanceModel:
-    """A copy (a test may change it) of the bundle fitted on `gemm_rows(default_rng(0), n)`,
-    fitted once per session for the tests that price with it. Judged by two folds, not five:
-    the model fitted on every row is the same (the folds only score it), and these tests read
-    its prices, never its scores."""
-    return copy.deepcopy(_gemm_bundle(n))
-
-
-@functools.lru_cache(maxsize=None)
-def _gemm_bundle(n: int) -> PerformanceModel:
+    """The bundle fitted on `gemm_rows(default_rng(0), n)`, for the tests that price with it.
+    Judged by two folds, not five: the model fitted on every row is the same (the folds only
+    score it), and these tests read its prices, never its scores."""
     from predictors.fit import fit_performance_model
 
     model, _ = fit_performance_model(gemm_rows(np.random.default_rng(0), n), "synthetic", folds=2)

@@ -1,9 +1,6 @@
-import copy
-import functools
-
 import numpy as np
 import pytest
-from synthetic_rows import gemm_rows
+from synthetic_rows import fitted_once, gemm_rows
 
 from policies.sharders import SHARDERS, NoFeasiblePlanError, rank_memory
 from policies.sharding import choose_sharding
@@ -16,14 +13,9 @@ from probes.vocabulary.records import Measurement
 from probes.vocabulary.tbe_features import expected_features
 
 
+@fitted_once
 def synthetic_model() -> PerformanceModel:
-    """A bundle fitted on synthetic rows with known costs: lookups cost, so balance matters (a
-    copy of the one fit per session: a test may change what it is given)."""
-    return copy.deepcopy(_synthetic_model())
-
-
-@functools.lru_cache(maxsize=None)
-def _synthetic_model() -> PerformanceModel:
+    """A bundle fitted on synthetic rows with known costs: lookups cost, so balance matters."""
     rng = np.random.default_rng(0)
     rows = gemm_rows(rng, 40)
     for i in range(40):

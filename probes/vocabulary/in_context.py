@@ -83,19 +83,24 @@ def in_context_rows(steps: Sequence[dict[str, Any]], device: str, world_size: in
             if priced is None or duration is None:
                 continue
             model_op, params = priced
-            rows.append(
-                Measurement(
-                    IN_CONTEXT_OP,
-                    {"model_op": model_op, "aten_op": op["name"], "workload": workload, **params},
-                    duration,
-                    0.0,
-                    1,
-                    device=device,
-                    world_size=world_size,
-                    family="training",
-                )
-            )
+            rows.append(_in_context_row(model_op, op["name"], workload, params, duration, device, world_size))
     return rows
+
+
+def _in_context_row(
+    model_op: str, aten_op: str, workload: str, params: dict[str, Any], seconds: float, device: str, world_size: int
+) -> Measurement:
+    """One traced op's time in a step of `workload`, priced by `model_op` at `params`."""
+    return Measurement(
+        IN_CONTEXT_OP,
+        {"model_op": model_op, "aten_op": aten_op, "workload": workload, **params},
+        seconds,
+        0.0,
+        1,
+        device=device,
+        world_size=world_size,
+        family="training",
+    )
 
 
 # A table-batched lookup as a trace shows it: FBGEMM's forward (its indices' bounds checked
@@ -115,10 +120,12 @@ def tbe_in_context_rows(
     in cache, the other rank's lookups beside it). A step whose trace does not show exactly one
     lookup and one backward gives no rows: which op is which would be a guess.
 
-    Why: inside the steps of #26 the TBE backward ran 0.94-1.50x its model (1.16x at batch 128,
-    1.09x at 1024; `benchmarks/step_breakdown.py`), which the step overhead could only absorb
-    in its per-class slowdowns and constant, fitted on 24 steps, and every calibration's
-    table-wise task steps, each left out in turn, leaned low at small batches and high at large."""
+    Why: traced inside the steps of #26, the TBE backward ran 0.94-1.50x its model
+    (`benchmarks/step_breakdown.py`, its 11-29 05:05 and 15:33 results), and without these
+    rows only the step overhead's per-class slowdowns and constant, fitted on 24 steps, could
+    take that up. On the 12-01 20:28 calibration (an Intel host) they did so anyway: the
+    paired refit with and without these rows priced its run's jobs alike
+    (`benchmarks/refit_e2e.py --without-tbe-in-step`)."""
     rows = []
     for step in steps:
         ops = step["ops"]
@@ -129,24 +136,15 @@ def tbe_in_context_rows(
             continue
         forward = [op_duration_s(op) for op in lookups + checks]
         backward = op_duration_s(backwards[0])
-        if any(d is None for d in forward) or backward is None:
+        if backward is None or None in forward:
             continue
-        for model_op, name, seconds in (
-            (EMBEDDING_FWD_OP, lookups[0]["name"], sum(d for d in forward if d is not None)),
-            (EMBEDDING_BWD_OP, backwards[0]["name"], backward),
-        ):
-            rows.append(
-                Measurement(
-                    IN_CONTEXT_OP,
-                    {"model_op": model_op, "aten_op": name, "workload": workload, **features},
-                    seconds,
-                    0.0,
-                    1,
-                    device=device,
-                    world_size=world_size,
-                    family="training",
-                )
-            )
+        forward_s = sum(d for d in forward if d is not None)
+        rows.append(
+            _in_context_row(EMBEDDING_FWD_OP, lookups[0]["name"], workload, features, forward_s, device, world_size)
+        )
+        rows.append(
+            _in_context_row(EMBEDDING_BWD_OP, backwards[0]["name"], workload, features, backward, device, world_size)
+        )
     return rows
 
 
