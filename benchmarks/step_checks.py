@@ -31,12 +31,11 @@ from benchmarks.refit_e2e import read_rows
 from predictors.dlrm_estimator import estimate_step
 from predictors.performance_model import PerformanceModel
 from predictors.transformer_estimator import estimate_transformer_iteration
+from probes.training import table_wise_task
 from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP
 from probes.vocabulary.placement import placement_of
 from probes.vocabulary.records import Measurement
 from probes.vocabulary.transformer_spec import TransformerSpec
-
-TASK_PREFIX = "task"  # the training probe's production-shaped DLRM jobs (probes.training.probe_kind)
 
 
 @dataclass(frozen=True)
@@ -49,12 +48,6 @@ class OwnSteps:
     name: Callable[[Measurement], str]
     probe_params: Callable[[Measurement], dict[str, Any]]
     price_s: Callable[[PerformanceModel, Measurement], float]
-
-
-def _table_wise_task(row: Measurement) -> bool:
-    return str(row.params["job"]["name"]).startswith(TASK_PREFIX) and all(
-        isinstance(p, int) for p in row.params["table_to_rank"]
-    )
 
 
 def _data_parallel_float32(row: Measurement) -> bool:
@@ -70,7 +63,7 @@ def _transformer_price_s(model: PerformanceModel, row: Measurement) -> float:
 OWN_STEPS = {
     "dlrm": OwnSteps(
         DLRM_STEP_OP,
-        _table_wise_task,
+        table_wise_task,
         lambda row: str(row.params["job"]["name"]),
         lambda row: {"job": row.params["job"], "table_to_rank": row.params["table_to_rank"]},
         lambda model, row: estimate_step(model, row, include_overhead=True, simulate_graph=True).iteration_s,

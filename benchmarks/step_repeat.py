@@ -40,6 +40,7 @@ from benchmarks.launch_vs_probe import formed_gang, gang_step_s  # noqa: E402
 from benchmarks.pooled_steps import cycle_files, judged, line, with_history  # noqa: E402
 from benchmarks.refit_e2e import read_rows  # noqa: E402
 from predictors.step_fit import STEP_OP_OF  # noqa: E402
+from probes.training import job_kind  # noqa: E402
 from probes.vocabulary.ops import DLRM_STEP_OP  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
 
@@ -47,10 +48,6 @@ from probes.vocabulary.records import Measurement  # noqa: E402
 def step_name(row: Measurement) -> str:
     """A calibration's training probe job is named by its kind and index (task1, light2, ...)."""
     return str(row.params["job"]["name"])
-
-
-def step_kind(name: str) -> str:
-    return name.rstrip("0123456789")
 
 
 def time_steps(steps: list[Measurement], rounds: int) -> dict[str, list[float]]:
@@ -81,8 +78,8 @@ def ratio_summary(steps: list[Measurement], times: dict[str, list[float]]) -> di
     """Per kind of step (task, light, overhead): the geomean of median-now / stored, and the
     largest spread of a step's own timings ((max - min) / median)."""
     out: dict[str, dict] = {}
-    for kind in sorted({step_kind(step_name(s)) for s in steps}):
-        mine = [s for s in steps if step_kind(step_name(s)) == kind]
+    for kind in sorted({job_kind(step_name(s)) for s in steps}):
+        mine = [s for s in steps if job_kind(step_name(s)) == kind]
         ratios = np.array([np.median(times[step_name(s)]) / s.median_s for s in mine])
         spreads = [(max(t) - min(t)) / float(np.median(t)) for t in (times[step_name(s)] for s in mine)]
         out[kind] = {

@@ -26,12 +26,8 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
 from predictors.dlrm_estimator import estimate_step  # noqa: E402
+from probes.training import job_kind  # noqa: E402
 from probes.vocabulary.ops import DLRM_STEP_OP  # noqa: E402
-
-
-def probe_kind(name: str) -> str:
-    """A training probe's kind from its job's name (task7, light2, overhead0)."""
-    return name.rstrip("0123456789")
 
 
 def main() -> None:
@@ -57,7 +53,7 @@ def main() -> None:
                 steps.append(
                     {
                         "calibration": directory.name,
-                        "kind": probe_kind(row.params["job"]["name"]),
+                        "kind": job_kind(row.params["job"]["name"]),
                         "batch_size": int(row.params["job"]["batch_size"]),
                         "measured_ms": row.median_s * 1e3,
                         "kernels_ms": estimate_step(model, row, False, True).iteration_s * 1e3,

@@ -26,7 +26,7 @@ import numpy as np
 from scipy.optimize import least_squares
 
 from predictors.evaluation import error_stats, split_by_op
-from predictors.opmodels import OpModel, Params
+from predictors.opmodels import ROBUST_LOG_SCALE, OpModel, Params
 from probes.vocabulary.ops import IN_CONTEXT_OP
 from probes.vocabulary.records import Measurement
 
@@ -153,7 +153,9 @@ def fit_affine(pairs: np.ndarray) -> tuple[float, float]:
         return np.log(x[0] * predicted + x[1] * scale) - np.log(measured)
 
     start = np.array([ratio, 0.0])
-    fit = least_squares(resid, start, bounds=([CLIP[0], 0.0], [CLIP[1], np.inf]), loss="soft_l1", f_scale=0.1)
+    fit = least_squares(
+        resid, start, bounds=([CLIP[0], 0.0], [CLIP[1], np.inf]), loss="soft_l1", f_scale=ROBUST_LOG_SCALE
+    )
     return float(fit.x[0]), float(fit.x[1] * scale)
 
 

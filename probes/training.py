@@ -57,6 +57,20 @@ def probe_kind(i: int) -> str:
     return "light" if (i // 2) % 2 else "overhead"
 
 
+def job_kind(name: str) -> str:
+    """A training probe's kind from its job's name: `training_specs` names each job by its kind
+    and index (task7, light2, overhead0), and a stored row keeps only the name."""
+    return name.rstrip("0123456789")
+
+
+def table_wise_task(row: Measurement) -> bool:
+    """Whether a stored DLRM step is a task-shaped probe's with every table on one rank: the
+    calibration's steps most like a run's tasks, whose plans the sharders choose."""
+    return job_kind(str(row.params["job"]["name"])) == "task" and all(
+        isinstance(p, int) for p in row.params["table_to_rank"]
+    )
+
+
 def training_specs(
     n: int, seed: int, world: int, place_task: TaskPlacer | None = None, task_scale: float = 1.0
 ) -> list[ProbeSpec]:

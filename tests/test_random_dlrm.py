@@ -1,4 +1,5 @@
 from probes.vocabulary.jobspec import JobSpec
+from probes.vocabulary.records import Measurement
 from probes.workloads.random_dlrm import TABLES_PER_RANK, random_dlrm_job, random_dlrm_tasks
 
 
@@ -78,6 +79,22 @@ def test_small_transformer_probes_span_the_task_widths_smallest_first() -> None:
     assert {t["hidden"] for t in small} == set(SMALL_HIDDEN)
     task_widths = {random_transformer(i, 2, 1, seed).hidden for i in range(40) for seed in range(3)}
     assert min(SMALL_HIDDEN) <= min(task_widths) and max(SMALL_HIDDEN) >= max(task_widths)
+
+
+def test_a_stored_steps_kind_and_plan_are_read_back_from_its_row() -> None:
+    """A stored step keeps only its job's name and plan: the kind read back from the name is
+    the kind its index was given, and the table-wise task steps are the task probes whose
+    plans put every table on one rank (the mixed ones split some)."""
+    from probes.training import job_kind, probe_kind, table_wise_task, task_is_mixed, training_specs
+
+    specs = training_specs(32, seed=0, world=2)
+    rows = [Measurement("dlrm_step", s.params, 0.01, 0.0, 5) for s in specs]
+    assert [job_kind(r.params["job"]["name"]) for r in rows] == [probe_kind(i) for i in range(32)]
+    table_wise = [i for i, r in enumerate(rows) if table_wise_task(r)]
+    mixed = [i for i in range(1, 32, 2) if task_is_mixed(i // 2)]
+    assert table_wise and mixed and set(table_wise) | set(mixed) == set(range(1, 32, 2))
+    split = [i for i in mixed if any(isinstance(p, dict) for p in rows[i].params["table_to_rank"])]
+    assert split and set(table_wise).isdisjoint(split)
 
 
 def test_light_probes_put_task_tables_under_little_work() -> None:
