@@ -54,6 +54,9 @@ class Run:
     seed: int | None
     met: bool | None
     by_batch: dict[int, list[dict]] | None = None  # DLRM: its tasks by batch size
+    # the champion's mean signed error on its calibration's own steps like the run's tasks,
+    # re-timed during the run (`--step-checks`): the spell's share of the run's lean
+    own_steps_signed: float | None = None
 
 
 def meets_bars(geomean: float, worst: float, signed: float) -> bool:
@@ -67,7 +70,14 @@ def judge(data: dict) -> Run:
     geomean, worst, signed = data["geomean_error"], data["max_error"], data["mean_signed_error"]
     met = meets_bars(geomean, worst, signed) if eligible else None
     return Run(
-        geomean, worst, signed, tasks, data.get("task_seed"), met, tasks_by_batch(data.get("tasks") or []) or None
+        geomean,
+        worst,
+        signed,
+        tasks,
+        data.get("task_seed"),
+        met,
+        tasks_by_batch(data.get("tasks") or []) or None,
+        data.get("own_steps_signed"),
     )
 
 
@@ -163,7 +173,8 @@ def cell(run: Run | None) -> str:
     if run is None:
         return f"{'not run':<27}"
     verdict = {True: "met", False: "MISSED", None: "n/a"}[run.met]
-    return f"{run.geomean:5.1%} {run.max:5.1%} {run.signed:+6.1%} {verdict:<6}"
+    own = f" own steps {run.own_steps_signed:+.1%}" if run.own_steps_signed is not None else ""
+    return f"{run.geomean:5.1%} {run.max:5.1%} {run.signed:+6.1%} {verdict:<6}{own}"
 
 
 def main() -> None:

@@ -10,11 +10,12 @@ bundle is fitted once (`predictors.fit.fit_bundle`; `--bundle-cache` keeps it as
 is data) and its step stage (`step_fit.fit_steps`: the collectives' in-step factors and each
 workload's step overhead) refitted with each loss (`LinearCostModel.LOG_LOSS`), so the two fits
 differ in nothing else. Each is judged by its own steps left out in turn (for the DLRM also the
-mean signed error of its table-wise task steps, the calibration's steps most like a run's tasks:
-how far the fit leans on them) and by the stored runs' tasks re-predicted (`refit_e2e`): their
-geomean, worst task and mean signed error, and whether they meet #26's bars
-(`issue26_tally.meets_bars`). A run's jobs are one spell's: what differs between the columns is
-the prediction alone; what differs between a run's lean and its task steps' is the run's. Writes benchmarks/results/robust_steps.json.
+mean signed error of its table-wise task steps, the calibration's steps most like a run's tasks,
+in all and by batch size: how far the fit leans on them) and by the stored runs' tasks
+re-predicted (`refit_e2e`): their geomean, worst task, mean signed error (in all and by batch
+size), and whether they meet #26's bars (`issue26_tally.meets_bars`). A run's jobs are one
+spell's: what differs between the columns is the prediction alone; what differs between a
+run's lean and its task steps' is the run's. Writes benchmarks/results/robust_steps.json.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.e2e_accuracy import write_result  # noqa: E402
+from benchmarks.e2e_accuracy import signed_errors, tasks_by_batch, write_result  # noqa: E402
 from benchmarks.issue26_tally import meets_bars  # noqa: E402
 from benchmarks.refit_e2e import dlrm_predictions, read_rows, run_summary, transformer_predictions  # noqa: E402
 from predictors.dlrm_estimator import step_residuals  # noqa: E402
@@ -101,18 +102,27 @@ def refit_steps(model: PerformanceModel, rows: list[Measurement], loss: str) -> 
     return model
 
 
-def task_steps_signed(model: PerformanceModel, rows: list[Measurement]) -> float | None:
-    """The mean signed error of the calibration's table-wise task steps, each left out in turn
-    (`evaluation.leave_one_out_signed`, the step overhead's own judge): the fit's lean on the
-    steps most like a run's tasks."""
+def task_steps_signed(model: PerformanceModel, rows: list[Measurement]) -> dict[str, Any] | None:
+    """The signed errors of the calibration's table-wise task steps, each left out in turn
+    (`evaluation.leave_one_out_signed`, the step overhead's own judge), their mean and mean by
+    batch size: the fit's lean on the steps most like a run's tasks."""
     steps = [r for r in rows if r.op == DLRM_STEP_OP]
     if not steps:
         return None
     kernels, residuals = step_residuals(model, steps)
     fit = step_overhead_fitter(DLRM_OVERHEAD_OP, model.step_overheads["dlrm"].features, len(residuals))
     signed = leave_one_out_signed(residuals, kernels, [r.median_s for r in steps], fit)
-    tasks = [e for r, e in zip(steps, signed) if table_wise_task(r)]
-    return float(np.mean(tasks)) if tasks else None
+    tasks = [(int(r.params["job"]["batch_size"]), float(e)) for r, e in zip(steps, signed) if table_wise_task(r)]
+    if not tasks:
+        return None
+    by_batch: dict[int, list[float]] = {}
+    for batch, error in tasks:
+        by_batch.setdefault(batch, []).append(error)
+    return {
+        "mean": float(np.mean([e for _, e in tasks])),
+        "by_batch": {b: float(np.mean(v)) for b, v in sorted(by_batch.items())},
+        "n": len(tasks),
+    }
 
 
 def judged(model: PerformanceModel, rows: list[Measurement], runs: dict[str, dict]) -> dict[str, Any]:
@@ -127,11 +137,13 @@ def judged(model: PerformanceModel, rows: list[Measurement], runs: dict[str, dic
         if run is not None:
             tasks = dlrm_predictions(model, run) if workload == "dlrm" else transformer_predictions(model, run["tasks"])
             summary = run_summary(tasks)
+            by_batch = {b: float(signed_errors(mine).mean()) for b, mine in tasks_by_batch(tasks).items()}
             figures.update(
                 geomean=summary["geomean_error"],
                 max=summary["max_error"],
                 signed=summary["mean_signed_error"],
                 met=meets_bars(summary["geomean_error"], summary["max_error"], summary["mean_signed_error"]),
+                signed_by_batch=by_batch,
             )
         out[workload] = figures
     return out
@@ -140,7 +152,7 @@ def judged(model: PerformanceModel, rows: list[Measurement], runs: dict[str, dic
 def cell(figures: dict[str, Any]) -> str:
     steps = f"steps {figures['steps_left_out']:.1%}"
     if figures.get("task_steps_signed") is not None:
-        steps += f", task steps {figures['task_steps_signed']:+.1%}"
+        steps += f", task steps {figures['task_steps_signed']['mean']:+.1%}"
     if "geomean" not in figures:
         return f"not run; {steps}"
     return (
@@ -169,7 +181,16 @@ def tally(cycles: list[dict[str, Any]]) -> dict[str, Any]:
             }
             leans = [r["task_steps_signed"] for r in runs if r.get("task_steps_signed") is not None]
             if leans:
-                out[f"{loss}/{workload}"]["task_steps_signed_mean"] = float(np.mean(leans))
+                figures = out[f"{loss}/{workload}"]
+                figures["task_steps_signed_mean"] = float(np.mean([lean["mean"] for lean in leans]))
+                batches = sorted({b for lean in leans for b in lean["by_batch"]})
+                figures["task_steps_signed_by_batch"] = {
+                    b: float(np.mean([lean["by_batch"][b] for lean in leans if b in lean["by_batch"]])) for b in batches
+                }
+                figures["run_signed_by_batch"] = {
+                    b: float(np.mean([r["signed_by_batch"][b] for r in runs if b in r.get("signed_by_batch", {})]))
+                    for b in batches
+                }
         both = [c[loss] for c in cycles if all("geomean" in c[loss][w] for w in WORKLOADS)]
         out[f"{loss}/both"] = {"runs": len(both), "met": sum(all(c[w]["met"] for w in WORKLOADS) for c in both)}
     return out
