@@ -93,9 +93,8 @@ def column_scale(x: np.ndarray) -> np.ndarray:
     return np.where(scale == 0, 1.0, scale)
 
 
-# The log error (about 10%) past which a soft-L1 fit takes a row as an outlier (its pull grows
-# linearly, not quadratically): a call's median moves 5-15% between runs on a shared host, and a
-# busy step stretches a few of them by far more.
+# The log error past which a soft-L1 fit pulls linearly, not quadratically: a call's median
+# moves 5-15% between runs on a shared host, and a busy step stretches a few far more.
 ROBUST_LOG_SCALE = 0.1
 
 
@@ -118,12 +117,10 @@ class LinearCostModel(OpModel):
         + t) is minimised instead, from that start: dividing by the measured value rewards
         missing the rows that happened to measure high, so on noisy rows (a step's median
         moves 5-15% between runs on a shared host) the relative fit leans low, while the log
-        error is symmetric about the median. The log error's loss is `LOG_LOSS`, squares:
-        soft-L1 past `ROBUST_LOG_SCALE`, so that a step timed in a slow spell (the 12-01 20:28
-        calibration of #26 stored one at 101 ms that ran in 55 ms an hour later) pulls the fit
-        linearly, was refitted on nine stored cycles (`benchmarks/robust_steps.py`) and met
-        #26's DLRM bars in as many (3), both workloads' in fewer (1 of 8 against 2): their
-        DLRM runs leaned lower (mean signed -7.7% against -6.5%)."""
+        error is symmetric about the median. Its loss is `LOG_LOSS`, squares: soft-L1 (a step
+        timed in a slow spell, as #26's 12-01 20:28 calibration stored one, pulls linearly),
+        refitted on ten stored cycles (`benchmarks/robust_steps.py`), met #26's DLRM bars as
+        often (3) and both workloads' less (1 of 9 against 2), its runs leaning lower."""
         if len(rows) < len(self.features):
             raise ValueError(f"{self.op}: {len(rows)} measurements cannot fit {len(self.features)} coefficients")
         x = np.array([feature_vector(self.features, r.params) for r in rows], dtype=np.float64)

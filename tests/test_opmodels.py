@@ -173,6 +173,20 @@ def test_held_out_errors_carry_a_95_percent_interval_that_narrows_with_more_rows
     assert one.n == 1 and one.gmae_low is None and one.gmae_high is None
 
 
+def overhead_rows(kernels: np.ndarray, measured: np.ndarray) -> list[Measurement]:
+    """Each measured step's residual over its kernels, as the step fit takes it (floored at 2%)."""
+    return [
+        Measurement("dlrm_overhead", {"kernels_s": float(k)}, float(max(m - k, 0.02 * m)), 0.0, 30)
+        for k, m in zip(kernels, measured)
+    ]
+
+
+def typical_lean(model, rows: list[Measurement], kernels: np.ndarray, true_steps: np.ndarray) -> float:
+    """How far the typical step priced with `model`'s overhead is from its true time."""
+    predicted = kernels + np.array([model.predict(r.params) for r in rows])
+    return float(np.median(predicted / true_steps) - 1.0)
+
+
 def test_a_step_overhead_fitted_on_log_steps_does_not_lean_low_on_noisy_steps():
     """Steps whose medians scatter by ~30%: the overhead fitted relative to each measured step
     prices the typical step low (it rewards missing the steps that measured high); fitted on
@@ -183,14 +197,10 @@ def test_a_step_overhead_fitted_on_log_steps_does_not_lean_low_on_noisy_steps():
     kernels = rng.uniform(1e-3, 40e-3, 300)
     true_steps = kernels + 2e-3 + 0.3 * kernels
     measured = true_steps * np.exp(0.3 * rng.standard_normal(len(kernels)))
-    rows = [
-        Measurement("dlrm_overhead", {"kernels_s": float(k)}, float(max(m - k, 0.02 * m)), 0.0, 30)
-        for k, m in zip(kernels, measured)
-    ]
+    rows = overhead_rows(kernels, measured)
 
     def lean(model) -> float:
-        predicted = kernels + np.array([model.predict(r.params) for r in rows])
-        return float(np.median(predicted / true_steps) - 1.0)
+        return typical_lean(model, rows, kernels, true_steps)
 
     relative = fit_linear_or_constant("dlrm_overhead", ["one", "kernels_s"], rows)
     logarithmic = fit_linear_or_constant("dlrm_overhead", ["one", "kernels_s"], rows, step_kernels(rows))
@@ -209,14 +219,10 @@ def test_a_soft_l1_step_overhead_is_not_dragged_by_a_few_steps_timed_in_a_slow_s
     true_steps = kernels + 1e-3 + 0.5 * kernels
     measured = true_steps * np.exp(0.03 * rng.standard_normal(len(kernels)))
     measured[[1, 5, 9]] *= 2.0  # a slow spell
-    rows = [
-        Measurement("dlrm_overhead", {"kernels_s": float(k)}, float(max(m - k, 0.02 * m)), 0.0, 30)
-        for k, m in zip(kernels, measured)
-    ]
+    rows = overhead_rows(kernels, measured)
 
     def lean(model) -> float:
-        predicted = kernels + np.array([model.predict(r.params) for r in rows])
-        return float(np.median(predicted / true_steps) - 1.0)
+        return typical_lean(model, rows, kernels, true_steps)
 
     assert LinearCostModel.LOG_LOSS == "linear"
     squares = fit_linear_or_constant("dlrm_overhead", ["one", "kernels_s"], rows, step_kernels(rows))
