@@ -87,18 +87,18 @@ def fitted_bundle(rows_path: Path, rows: list[Measurement], cache: Path | None) 
     return model
 
 
-def refit_steps(model: PerformanceModel, rows: list[Measurement], loss: str) -> PerformanceModel:
-    """A copy of `model` with its step stage fitted anew under `loss`, as `fit_bundle` fits it
-    (its workloads' own collective factors dropped first: the stage decides them again)."""
+def refit_steps(model: PerformanceModel, rows: list[Measurement]) -> PerformanceModel:
+    """A copy of `model` with its step stage fitted anew (under the `log_loss` in force), as
+    `fit_bundle` fits it (its workloads' own collective factors dropped first: the stage
+    decides them again)."""
     model = PerformanceModel.from_dict(model.to_dict())
     if model.in_step is not None:
         for workload in list(model.in_step.by_workload):
             model.in_step.drop_workload(workload)
     model.metrics.pop(IN_STEP_COLLECTIVE_OP, None)
-    with log_loss(loss):
-        fit_steps(
-            model, [r for r in rows if r.op == DLRM_STEP_OP], [r for r in rows if r.op == TRANSFORMER_STEP_OP], seed=0
-        )
+    fit_steps(
+        model, [r for r in rows if r.op == DLRM_STEP_OP], [r for r in rows if r.op == TRANSFORMER_STEP_OP], seed=0
+    )
     return model
 
 
@@ -215,8 +215,8 @@ def main() -> None:
             "rows": str(rows_path.relative_to(REPO) if rows_path.is_relative_to(REPO) else rows_path)
         }
         for loss in LOSSES:
-            with log_loss(loss):  # the left-out task steps are fitted under it too
-                cycle[loss] = judged(refit_steps(model, rows, loss), rows, runs)
+            with log_loss(loss):  # the refit and its left-out task steps alike
+                cycle[loss] = judged(refit_steps(model, rows), rows, runs)
             name = f"{rows_path.parent.name.removeprefix('e2e_issue26_')} {stamp_of(rows_path)}"
             print(
                 f"{name:28s} {loss:8s} {cell(cycle[loss]['dlrm']):44s} | {cell(cycle[loss]['transformer'])}", flush=True

@@ -27,24 +27,25 @@ from predictors.dlrm_estimator import OVERHEAD_FEATURES, step_residuals  # noqa:
 from predictors.evaluation import leave_one_out_signed  # noqa: E402
 from predictors.fit import fit_bundle  # noqa: E402
 from predictors.opmodels import fit_linear_or_constant, step_kernels  # noqa: E402
+from probes.training import table_wise_task  # noqa: E402
 from probes.vocabulary.ops import DLRM_OVERHEAD_OP, DLRM_STEP_OP  # noqa: E402
 
 
 def left_out_errors(path: Path) -> dict[str, list[tuple[str, float, bool]]]:
-    """Per objective, each step's (job name, signed error left out, mixed plan)."""
+    """Per objective, each step's (job name, signed error left out, a table-wise task's)."""
     rows = read_rows(path)
     model, _ = fit_bundle(rows, "lean", seed=0)
     steps = [r for r in rows if r.op == DLRM_STEP_OP]
     kernels, residuals = step_residuals(model, steps)
     names = [row.params["job"]["name"] for row in steps]
-    mixed = [any(isinstance(p, dict) for p in row.params["table_to_rank"]) for row in steps]
+    table_wise = [table_wise_task(row) for row in steps]
     fits = {
         "relative": lambda train: fit_linear_or_constant(DLRM_OVERHEAD_OP, OVERHEAD_FEATURES, train),
         "log": lambda train: fit_linear_or_constant(DLRM_OVERHEAD_OP, OVERHEAD_FEATURES, train, step_kernels(train)),
     }
     measured = [row.median_s for row in steps]
     return {
-        objective: list(zip(names, leave_one_out_signed(residuals, kernels, measured, fit).tolist(), mixed))
+        objective: list(zip(names, leave_one_out_signed(residuals, kernels, measured, fit).tolist(), table_wise))
         for objective, fit in fits.items()
     }
 
@@ -59,7 +60,7 @@ def main() -> None:
         result[path.name] = {}
         for objective, errors in left_out_errors(path).items():
             e = np.asarray([x[1] for x in errors])
-            tasks = [x[1] for x in errors if x[0].startswith("task") and not x[2]]
+            tasks = [x[1] for x in errors if x[2]]
             summary = {
                 "signed_mean": float(e.mean()),
                 "signed_median": float(np.median(e)),

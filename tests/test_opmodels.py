@@ -199,13 +199,11 @@ def test_a_step_overhead_fitted_on_log_steps_does_not_lean_low_on_noisy_steps():
     measured = true_steps * np.exp(0.3 * rng.standard_normal(len(kernels)))
     rows = overhead_rows(kernels, measured)
 
-    def lean(model) -> float:
-        return typical_lean(model, rows, kernels, true_steps)
-
     relative = fit_linear_or_constant("dlrm_overhead", ["one", "kernels_s"], rows)
     logarithmic = fit_linear_or_constant("dlrm_overhead", ["one", "kernels_s"], rows, step_kernels(rows))
-    assert lean(relative) < -0.15  # -26% here
-    assert abs(lean(logarithmic)) < 0.05  # +2% (the floor on residuals nudges it up)
+    relative_lean, log_lean = (typical_lean(m, rows, kernels, true_steps) for m in (relative, logarithmic))
+    assert relative_lean < -0.15  # -26% here
+    assert abs(log_lean) < 0.05  # +2% (the floor on residuals nudges it up)
 
 
 def test_a_soft_l1_step_overhead_is_not_dragged_by_a_few_steps_timed_in_a_slow_spell():
@@ -221,9 +219,6 @@ def test_a_soft_l1_step_overhead_is_not_dragged_by_a_few_steps_timed_in_a_slow_s
     measured[[1, 5, 9]] *= 2.0  # a slow spell
     rows = overhead_rows(kernels, measured)
 
-    def lean(model) -> float:
-        return typical_lean(model, rows, kernels, true_steps)
-
     assert LinearCostModel.LOG_LOSS == "linear"
     squares = fit_linear_or_constant("dlrm_overhead", ["one", "kernels_s"], rows, step_kernels(rows))
     LinearCostModel.LOG_LOSS = "soft_l1"
@@ -231,8 +226,9 @@ def test_a_soft_l1_step_overhead_is_not_dragged_by_a_few_steps_timed_in_a_slow_s
         robust = fit_linear_or_constant("dlrm_overhead", ["one", "kernels_s"], rows, step_kernels(rows))
     finally:
         LinearCostModel.LOG_LOSS = "linear"
-    assert abs(lean(robust)) < 0.05
-    assert lean(squares) > 2 * abs(lean(robust)) and lean(squares) > 0.08
+    robust_lean, squares_lean = (typical_lean(m, rows, kernels, true_steps) for m in (robust, squares))
+    assert abs(robust_lean) < 0.05
+    assert squares_lean > 2 * abs(robust_lean) and squares_lean > 0.08
 
 
 def test_too_few_rows_for_every_feature_fit_the_leading_features_not_nothing():
