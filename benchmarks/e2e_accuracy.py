@@ -277,11 +277,38 @@ class HostChecks:
         }
 
 
+def champions_calibration(calibration: Path, model) -> str | None:
+    """Why `calibration` is not the directory the champion `model` was fitted from, or None when
+    it is (or cannot be told: a bundle or a calibration without sentinel times). The calibration
+    keeps its sentinels' times in the bundle it makes (`orchestrator.sentinel`), so a directory
+    whose times differ is another calibration's: its steps and kernels would price the host's
+    spell against a calibration the champion never saw."""
+    from orchestrator.sentinel import calibration_baseline
+
+    kept = model.meta.get("sentinel_baseline") or {}
+    found = calibration_baseline(calibration)
+    if not kept or not found:
+        return None
+    if kept.keys() == found.keys() and all(math.isclose(kept[k], found[k], rel_tol=1e-9) for k in kept):
+        return None
+    shared = len(kept.keys() & found.keys())
+    return (
+        f"--host-check: {calibration} is not the champion's calibration (its sentinel times differ from "
+        f"those the champion keeps: {shared} of {len(kept)} points in common); pass the directory the "
+        "champion under --tracking-uri was calibrated into"
+    )
+
+
 def make_checks(calibration: Path | None, args: argparse.Namespace, workload: str, model, hardware_id: str):
     """The host's kernel checks and the calibration's own `workload` steps (benchmarks/step_checks.py),
-    and the one call that runs both before the first round and after each (`measure_in_rounds`)."""
+    and the one call that runs both before the first round and after each (`measure_in_rounds`).
+    A calibration directory that is not the champion's is refused (exit 2) before anything runs."""
     from benchmarks.step_checks import StepChecks  # it imports this module's helpers
 
+    mismatch = champions_calibration(calibration, model) if calibration is not None else None
+    if mismatch:
+        print(mismatch, file=sys.stderr)
+        raise SystemExit(2)
     host = HostChecks(calibration, args.host_check_points)
     steps = StepChecks(calibration, workload, args.step_checks, model, hardware_id)
 

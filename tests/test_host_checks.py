@@ -4,12 +4,21 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from benchmarks.e2e_accuracy import HostChecks, add_host_check_arguments, check_host_check_argument, measure_in_rounds
+from benchmarks.e2e_accuracy import (
+    HostChecks,
+    add_host_check_arguments,
+    champions_calibration,
+    check_host_check_argument,
+    make_checks,
+    measure_in_rounds,
+)
 from benchmarks.host_drift import host_speed, remeasure, stored_rows
 from orchestrator.measurement_store import MeasurementStore
+from orchestrator.sentinel import BASELINE_DIRECTORY, calibration_baseline
 from probes.embedding import embedding_specs
 from probes.gemm import gemm_specs
 from probes.sweep import run_local_probe
@@ -61,6 +70,36 @@ def test_a_host_check_that_is_not_a_calibration_is_refused_before_anything_runs(
     assert exited.value.code == 2 and "--host-check: no measurements.jsonl" in capsys.readouterr().err
     (tmp_path / "measurements.jsonl").write_text("")
     check_host_check_argument(parser, args)  # a calibration's directory passes
+
+
+def _calibration_with_sentinels(directory: Path, seed: int) -> Path:
+    """A calibration directory whose sentinel pass timed two GEMMs (drawn from `seed`)."""
+    MeasurementStore(directory).sync()
+    sentinels = MeasurementStore(directory / BASELINE_DIRECTORY / "pass0")
+    for spec in gemm_specs(2, seed=seed, max_dim=256):
+        sentinels.add(run_local_probe(spec))
+    sentinels.sync()
+    return directory
+
+
+def test_a_host_check_of_another_calibration_than_the_champions_is_refused(tmp_path: Path, capsys):
+    """The champion keeps its calibration's sentinel times: a --host-check directory with other
+    times is another calibration's, and its checks would read the spell against the wrong one."""
+    own = _calibration_with_sentinels(tmp_path / "own", seed=0)
+    other = _calibration_with_sentinels(tmp_path / "other", seed=1)
+    champion = SimpleNamespace(meta={"sentinel_baseline": calibration_baseline(own)})
+    assert champions_calibration(own, champion) is None
+    why = champions_calibration(other, champion)
+    assert why is not None and str(other) in why and "not the champion's calibration" in why
+    args = SimpleNamespace(host_check_points=2, step_checks=0)
+    with pytest.raises(SystemExit) as exited:
+        make_checks(other, args, "dlrm", champion, "hw")
+    assert exited.value.code == 2 and "--host-check" in capsys.readouterr().err
+    # a bundle or a calibration without sentinel times cannot be told apart: no refusal
+    assert champions_calibration(other, SimpleNamespace(meta={})) is None
+    bare = tmp_path / "bare"
+    MeasurementStore(bare).sync()
+    assert champions_calibration(bare, champion) is None
 
 
 def test_an_embedding_row_is_measured_again_from_what_it_stored(tmp_path: Path):
