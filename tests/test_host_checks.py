@@ -91,6 +91,12 @@ def test_a_host_check_of_another_calibration_than_the_champions_is_refused(tmp_p
     assert champions_calibration(own, champion) is None
     why = champions_calibration(other, champion)
     assert why is not None and str(other) in why and "not the champion's calibration" in why
+    # the same points timed again (a second calibration of the same seed) are another calibration's too
+    again = _calibration_with_sentinels(tmp_path / "again", seed=0)
+    assert calibration_baseline(again).keys() == calibration_baseline(own).keys()
+    why = champions_calibration(again, champion)
+    shared = len(calibration_baseline(own))
+    assert why is not None and f"{shared} of {shared} points in common" in why
     args = SimpleNamespace(host_check_points=2, step_checks=0)
     with pytest.raises(SystemExit) as exited:
         make_checks(other, args, "dlrm", champion, "hw")
