@@ -63,3 +63,37 @@ def test_the_tally_tells_a_missing_fixed_cost_from_a_runs_level():
     # batch 128, 5.9 and 4.9 ms at 1024
     assert lean[128]["missing_ms"] == pytest.approx((1.0 + 2.0) / 2)
     assert lean[1024]["missing_ms"] == pytest.approx((1.0 + 5.4) / 2)
+
+
+def test_a_lean_that_follows_the_table_count_is_told_and_a_redrawn_mismatch_is_left_out(tmp_path):
+    """`lean_by_task` redraws each task's tables from its run's seed: a lean made to follow the
+    table count correlates with it within a batch (after the run's level is taken out), and a
+    run whose stored table counts the generator does not give back is left out, not misread."""
+    import json
+    import math
+
+    from benchmarks.lean_by_task import correlations, run_tasks
+    from probes.workloads.random_dlrm import random_dlrm_tasks
+
+    specs = random_dlrm_tasks(12, 2, seed=7)
+    rows = [
+        {
+            "name": s.name,
+            "sharder": "naive",
+            "tables": len(s.tables),
+            "batch_size": 128,  # one batch, so every task's tables, not its batch, tell them apart
+            "measured_ms": 10.0,
+            "predicted_ms": 10.0 * (1 + 0.05 * math.log(len(s.tables))) - 0.7,
+        }
+        for s in specs
+    ]
+    run = tmp_path / "dlrm_0000.json"
+    run.write_text(json.dumps({"task_seed": 7, "scale": 1.0, "world_size": 2, "tasks": rows}))
+    tasks, why = run_tasks(run)
+    assert why is None and len(tasks) == 12
+    assert abs(sum(t["lean"] for t in tasks)) < 1e-9  # the run's level is out
+    r = correlations(tasks)[128]["correlation"]
+    assert r["log_tables"] == pytest.approx(1.0) and abs(r["log_measured_ms"] or 0.0) < 1e-9
+    rows[0]["tables"] += 1
+    run.write_text(json.dumps({"task_seed": 7, "scale": 1.0, "world_size": 2, "tasks": rows}))
+    assert run_tasks(run) == ([], "its tasks redrawn from the seed have other table counts (another generator)")
