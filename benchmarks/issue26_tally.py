@@ -154,14 +154,22 @@ def cycles(root: Path, since: str) -> dict[str, dict[str, Run]]:
     commits = added(root)
     out: dict[str, dict[str, Run]] = {}
     for path in sorted(root.glob("e2e_issue26_*/*.json")):
-        match = STAMP.match(path.name)
-        if not match:
+        found = cycle_of(path, commits)
+        if found is None or found[1] < since:
             continue
-        cycle = started(match.group(2), commits.get(f"{path.parent.name}/{path.name}"))
-        if cycle < since:
-            continue
-        out.setdefault(cycle, {})[match.group(1)] = judge(json.loads(path.read_text()))
+        kind, cycle = found
+        out.setdefault(cycle, {})[kind] = judge(json.loads(path.read_text()))
     return dict(sorted(out.items()))
+
+
+def cycle_of(path: Path, commits: dict[str, datetime]) -> tuple[str, str] | None:
+    """A stored result's benchmark ("dlrm", "transformer") and the start of its cycle
+    (`started`); None for a file that is not a cycle's (a rerun or variant). `commits`:
+    `added`'s answer for its results folder."""
+    match = STAMP.match(path.name)
+    if not match:
+        return None
+    return match.group(1), started(match.group(2), commits.get(f"{path.parent.name}/{path.name}"))
 
 
 def _figures(run: Run) -> dict:

@@ -35,7 +35,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.dlrm_lean import stored_runs  # noqa: E402
-from benchmarks.issue26_tally import STAMP, added, started  # noqa: E402
+from benchmarks.e2e_accuracy import signed_errors  # noqa: E402
+from benchmarks.issue26_tally import added, cycle_of  # noqa: E402
 from predictors.evaluation import mean_interval  # noqa: E402
 from probes.vocabulary.jobspec import JobSpec  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
@@ -65,13 +66,13 @@ def run_tasks(path: Path) -> tuple[list[dict], str | None]:
     specs = {s.name: s for s in random_dlrm_tasks(len(rows), data.get("world_size", 2), data["task_seed"], 1.0)}
     if any(r["name"] not in specs or len(specs[r["name"]].tables) != r["tables"] for r in rows):
         return [], "its tasks redrawn from the seed have other table counts (another generator)"
-    signed = [(r["predicted_ms"] - r["measured_ms"]) / r["measured_ms"] for r in rows]
-    level = float(np.mean(signed))
+    signed = signed_errors(rows)
+    level = float(signed.mean())
     return [
         {
             "batch_size": int(r["batch_size"]),
             "sharder": r["sharder"],
-            "lean": s - level,
+            "lean": float(s - level),
             **task_features(specs[r["name"]], r["measured_ms"]),
         }
         for r, s in zip(rows, signed)
@@ -111,15 +112,8 @@ def by_sharder(tasks: list[dict]) -> dict[str, dict]:
 
 def since(paths: list[Path], first: str) -> list[Path]:
     """The runs of the cycles started at or after `first` ("YYYY-MM-DD HH:MM"; "" keeps all)."""
-    results = REPO / "benchmarks/results"
-    commits = added(results)
-    kept = []
-    for path in paths:
-        match = STAMP.match(path.name)
-        key = str(path.relative_to(results)) if path.is_relative_to(results) else ""
-        if match and started(match.group(2), commits.get(key)) >= first:
-            kept.append(path)
-    return kept
+    commits = added(REPO / "benchmarks/results")
+    return [p for p in paths if (found := cycle_of(p, commits)) is not None and found[1] >= first]
 
 
 def main() -> None:
