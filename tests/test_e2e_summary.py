@@ -67,8 +67,8 @@ def test_the_tally_tells_a_missing_fixed_cost_from_a_runs_level():
 
 def test_a_lean_that_follows_the_table_count_is_told_and_a_redrawn_mismatch_is_left_out(tmp_path):
     """`lean_by_task` redraws each task's tables from its run's seed: a lean made to follow the
-    table count correlates with it within a batch (after the run's level is taken out), and a
-    run whose stored table counts the generator does not give back is left out, not misread."""
+    table count correlates with it within a batch (after the run's level is taken out), one made
+    to follow the measured step correlates with that instead, and a run whose stored table counts the generator does not give back is left out, not misread."""
     import json
     import math
 
@@ -93,7 +93,13 @@ def test_a_lean_that_follows_the_table_count_is_told_and_a_redrawn_mismatch_is_l
     assert why is None and len(tasks) == 12
     assert abs(sum(t["lean"] for t in tasks)) < 1e-9  # the run's level is out
     r = correlations(tasks)[128]["correlation"]
-    assert r["log_tables"] == pytest.approx(1.0) and abs(r["log_measured_ms"] or 0.0) < 1e-9
+    assert r["log_tables"] == pytest.approx(1.0)
+    for i, row in enumerate(rows):  # now a lean that follows the measured step, not the tables
+        row["measured_ms"] = 5.0 * 1.3**i
+        row["predicted_ms"] = row["measured_ms"] * (1 + 0.05 * math.log(row["measured_ms"]))
+    run.write_text(json.dumps({"task_seed": 7, "scale": 1.0, "world_size": 2, "tasks": rows}))
+    r = correlations(run_tasks(run)[0])[128]["correlation"]
+    assert r["log_measured_ms"] == pytest.approx(1.0) and r["log_tables"] < 0.999
     rows[0]["tables"] += 1
     run.write_text(json.dumps({"task_seed": 7, "scale": 1.0, "world_size": 2, "tasks": rows}))
     assert run_tasks(run) == ([], "its tasks redrawn from the seed have other table counts (another generator)")
