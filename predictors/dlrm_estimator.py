@@ -11,7 +11,10 @@ the kernels, as a function of the number of dense layers, tables and extra table
 split or replicated tables (per-op framework cost)
 and of the busiest rank's kernel time in each class (`kernel_classes`: on a shared host, gloo's
 threads and the compute thread slow each other in proportion to the work, and each class of
-kernel by its own share; the fitted coefficients are those slowdowns).
+kernel by its own share; the fitted coefficients are those slowdowns). The overhead's params
+also carry a candidate feature (`CANDIDATE_FEATURES`) that the default fit does not take: a
+benchmark fits it beside the others on stored calibrations (`benchmarks/overhead_feature_refit.py`)
+and it joins the default only when their steps bear it out.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from predictors.ddp_buckets import ddp_buckets
 from predictors.dlrm_graph import FLOAT, build_dlrm_graph, shards_all_to_all_params
 from predictors.evaluation import ErrorStats, error_stats
 from predictors.graph import GraphOp
-from predictors.kernel_classes import KERNEL_CLASSES, busiest_rank_classes
+from predictors.kernel_classes import KERNEL_CLASSES, MEMORY, MEMORY_ALONGSIDE, kernel_classes
 from predictors.opmodels import fit_step_overhead, step_metrics
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import frozen, model_cost, simulate
@@ -45,6 +48,11 @@ from probes.vocabulary.tbe_features import expected_features
 # one coefficient on all the kernels (`kernels_s`) slowed the GEMMs of dense-heavy steps as much
 # as the lookups of table-heavy ones.
 OVERHEAD_FEATURES = ["one", "dense_layers", "tables_total", "split_pieces", "pooled_elems", *KERNEL_CLASSES]
+# Carried in the params, fitted only by a benchmark's paired "with" (`overhead_feature_refit`):
+# `memory_alongside_s`, of the memory-bound time what the node's other ranks run beside it (a
+# lopsided plan's lookups run with little beside them). At the 12-02 07:06 calibration of #26
+# its fitted coefficient was 0 beside `memory_s`'s 0.45: its steps did not bear it out.
+CANDIDATE_FEATURES = [MEMORY_ALONGSIDE]
 
 
 @dataclass
@@ -159,16 +167,67 @@ def _kernels(
     `problems`."""
     unpriced: set[str] = set()
     cost = model_cost(model, unpriced, memo=memo, workload="dlrm")
-    ranks = dominant_ranks(spec, shards, cost)
+    lookups = lookup_times(spec, shards, cost)
+    ranks = dominant_ranks(lookups)
     graph = build_dlrm_graph(spec, table_to_rank, placement, shards=shards, ranks=ranks)
     kernels = simulate(graph, cost, synchronous=model.synchronous).iteration_s if simulate_graph else None
     problems.extend(f"no model for {op}: priced at 0, the estimate is a lower bound" for op in unpriced)
-    return kernels, busiest_rank_classes(graph.ranks, cost)
+    splits = [kernel_classes(ops, cost) for ops in graph.ranks]
+    busiest = max(range(len(splits)), key=lambda i: sum(splits[i].values()))
+    classes = splits[busiest]
+    classes[MEMORY_ALONGSIDE] = memory_alongside(ranks[busiest], classes[MEMORY], lookups, placement)
+    return kernels, classes
 
 
-def dominant_ranks(spec: JobSpec, shards: Sequence[TableShard], cost: Callable[[GraphOp], float]) -> list[int]:
+def memory_alongside(
+    busiest: int, memory_s: float, lookups: Sequence[tuple[float, float]], placement: RankPlacement
+) -> float:
+    """The busiest rank's memory-bound seconds that the other ranks on its node can run at the
+    same time, summed over them: min(its memory-bound time, theirs) each.
+
+    Why: on a host whose ranks share one memory system, a lookup slows by what runs beside it,
+    not by its own length. #26's cycle of 12-02 07:06 showed it: random4's lookups, heavy on one
+    rank and light on the other, ran at their alone speed in the step, while random8's,
+    balanced, ran 1.2x slower; a slowdown on the busiest rank's memory-bound time alone priced
+    both as balanced. Ranks differ only in their lookups (`dominant_ranks`), so another rank's
+    memory-bound time is the busiest rank's with its lookups in place of the busiest's. Where
+    each rank has its own memory (a GPU's HBM) the fitted coefficient is what says it costs
+    nothing."""
+    node = placement.nodes[busiest]
+    own = lookups[busiest][0] + lookups[busiest][1]
+    return float(
+        sum(
+            min(memory_s, memory_s - own + fwd + bwd)
+            for r, (fwd, bwd) in enumerate(lookups)
+            if r != busiest and placement.nodes[r] == node
+        )
+    )
+
+
+def lookup_times(
+    spec: JobSpec, shards: Sequence[TableShard], cost: Callable[[GraphOp], float]
+) -> list[tuple[float, float]]:
+    """Per rank, its own table pieces' embedding forward and backward as the graph prices them
+    (0 for a rank without any)."""
+    bags = spec.batch_size * spec.world_size
+    times = []
+    for pieces in local_pieces(shards, spec.world_size):
+        if not pieces:
+            times.append((0.0, 0.0))
+            continue
+        feats = expected_features(pieces, bags, seed=spec.seed)
+        times.append(
+            (
+                cost(GraphOp("embedding_fwd", "compute", "embedding_fwd", feats)),
+                cost(GraphOp("embedding_bwd", "compute", "embedding_bwd", feats)),
+            )
+        )
+    return times
+
+
+def dominant_ranks(lookups: Sequence[tuple[float, float]]) -> list[int]:
     """The ranks the iteration's time depends on: those whose embedding forward or backward
-    no other rank's both exceed (one of each tie).
+    (`lookups`, per rank) no other rank's both exceed (one of each tie).
 
     A DLRM rank's ops differ from another's only in its lookups (the dense layers, the
     replicas and every collective are the same on all ranks, and every collective spans the
@@ -177,18 +236,8 @@ def dominant_ranks(spec: JobSpec, shards: Sequence[TableShard], cost: Callable[[
     sums of non-negative times), so it never sets a collective's start or the iteration's
     end: leaving it out changes no simulated iteration time (a test compares). A 512-rank plan
     is then simulated on the few ranks of its Pareto front."""
-    local = local_pieces(shards, spec.world_size)
-    bags = spec.batch_size * spec.world_size
     times: dict[tuple[float, float], int] = {}
-    for r, pieces in enumerate(local):
-        if not pieces:
-            key = (0.0, 0.0)
-        else:
-            feats = expected_features(pieces, bags, seed=spec.seed)
-            key = (
-                cost(GraphOp("embedding_fwd", "compute", "embedding_fwd", feats)),
-                cost(GraphOp("embedding_bwd", "compute", "embedding_bwd", feats)),
-            )
+    for r, key in enumerate(lookups):
         times.setdefault(key, r)
     front, best_bwd = [], -1.0
     for fwd, bwd in sorted(times, key=lambda k: (-k[0], -k[1])):  # longest forward first

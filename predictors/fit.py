@@ -2,11 +2,11 @@
 
 `fit_bundle` turns the measured rows of a calibration into a `PerformanceModel`: the per-op
 kernel and collective models first (each on all its rows, judged by 5-fold cross-validation),
-then what is fitted on top of them: the in-step factors of kernels inside captured training steps, each
-workload's per-step overhead (the residual of its measured steps over the simulated kernels,
-`step_fit.fit_steps`),
-the overlapped pairs' costs and the symmetric-memory kernels' ratios, and the HFTA fusion
-curves. The rows it returns (each judged out of its fold) score a champion on the same data.
+then what is fitted on top of them (`fit_below_steps`): the in-step factors of kernels inside
+captured training steps, the overlapped pairs' costs and the symmetric-memory kernels' ratios,
+and the HFTA fusion curves; last, each workload's per-step overhead (`fit_step_stage`: the
+residual of its measured steps over the simulated kernels, `step_fit.fit_steps`). The rows it
+returns (each judged out of its fold) score a champion on the same data.
 """
 
 from __future__ import annotations
@@ -72,6 +72,37 @@ def fit_bundle(
     the hardware's earlier calibrations, whose whole steps the step fit pools with these where
     they measured this machine (`step_pool.pool_steps`; the verdicts in `meta["pooled_steps"]`);
     the rows returned are this calibration's own, so a champion is compared on what it never saw."""
+    model, judged = fit_below_steps(rows, hardware_id, seed, device_kind, sentinels, on_op)
+    judged += fit_step_stage(model, rows, seed, overhead_features, history)
+    return model, judged
+
+
+def fit_step_stage(
+    model: PerformanceModel,
+    rows: Sequence[Measurement],
+    seed: int = 0,
+    overhead_features: OverheadFeatures = OVERHEAD_FEATURES,
+    history: StepHistory | None = None,
+) -> list[Measurement]:
+    """The last stage of `fit_bundle`: each workload's step overhead over `rows`' whole steps,
+    on a `model` that has every other part (`fit_below_steps`). Apart, so that a benchmark
+    can refit the steps on other features without refitting every kernel
+    (`benchmarks/overhead_feature_refit.py`). Returns the calibration's own steps, judged."""
+    steps = [r for r in rows if r.op in (DLRM_STEP_OP, TRANSFORMER_STEP_OP)]
+    return fit_pooled_steps(model, steps, kernel_rows(rows), history, seed, overhead_features)
+
+
+def fit_below_steps(
+    rows: Sequence[Measurement],
+    hardware_id: str,
+    seed: int = 0,
+    device_kind: str = "cpu",
+    sentinels: Sequence[dict[str, Any]] = (),
+    on_op: Callable[[str, bool], None] | None = None,
+) -> tuple[PerformanceModel, list[Measurement]]:
+    """`fit_bundle` but for the step overheads: the kernels' models, the in-step factors, the
+    pairs' and symmetric-memory costs and the fusion curves (none of which reads a step's
+    overhead), and the kernel rows judged."""
     kernels = kernel_rows(rows)
     model, judged = fit_performance_model(kernels, hardware_id, seed=seed, on_op=on_op)
     model.device_kind, model.sentinels = device_kind, list(sentinels)
@@ -80,8 +111,6 @@ def fit_bundle(
         by_op[r.op].append(r)
     if by_op[IN_CONTEXT_OP]:  # its held-out rows score kernels in context, not the bundle's ops
         fit_context_factors(model, by_op[IN_CONTEXT_OP], seed=seed)
-    own_steps = by_op[DLRM_STEP_OP] + by_op[TRANSFORMER_STEP_OP]
-    judged += fit_pooled_steps(model, own_steps, kernels, history, seed, overhead_features)
     model.symm_mem = fit_symm_mem(by_op[PAIR_OP] + by_op[SYMM_MEM_OP])
     if by_op[PAIR_OP] or by_op[TRANSFER_OP]:  # fitted on the bundle's own kernel and collective models
         model.overlap = fit_overlap_calibration(model, by_op[PAIR_OP] + by_op[TRANSFER_OP])

@@ -22,6 +22,9 @@ from predictors.graph import GraphOp
 
 GEMM, MEMORY, COLLECTIVE = "gemm_s", "memory_s", "collective_s"
 KERNEL_CLASSES = (GEMM, MEMORY, COLLECTIVE)
+# Of the busiest rank's memory-bound time, what its node's other ranks can run beside it
+# (`dlrm_estimator.memory_alongside`): what a shared memory system slows.
+MEMORY_ALONGSIDE = "memory_alongside_s"
 ALL_KERNELS = "kernels_s"  # the simulated kernels as a whole: one slowdown for every class
 
 
@@ -29,9 +32,10 @@ def one_slowdown(features: Sequence[str]) -> list[str]:
     """`features` with the kernel classes folded into one slowdown on all the kernels: what a
     step overhead is fitted on when there are too few steps for a slowdown per class (the
     overheads before the split, and a benchmark's paired "before")."""
-    if not any(f in KERNEL_CLASSES for f in features):
+    split = (*KERNEL_CLASSES, MEMORY_ALONGSIDE)
+    if not any(f in split for f in features):
         return list(features)
-    return [f for f in features if f not in KERNEL_CLASSES] + [ALL_KERNELS]
+    return [f for f in features if f not in split] + [ALL_KERNELS]
 
 
 def kernel_class(op: GraphOp) -> str:

@@ -103,3 +103,34 @@ def test_a_lean_that_follows_the_table_count_is_told_and_a_redrawn_mismatch_is_l
     rows[0]["tables"] += 1
     run.write_text(json.dumps({"task_seed": 7, "scale": 1.0, "world_size": 2, "tasks": rows}))
     assert run_tasks(run) == ([], "its tasks redrawn from the seed have other table counts (another generator)")
+
+
+def test_a_feature_is_judged_on_the_stored_cycles_that_have_both_their_rows_and_a_dlrm_run(tmp_path):
+    """`overhead_feature_refit` takes a cycle only where its rows and its DLRM run are both
+    stored, the newest `last` of them in order of day and time, and its paired change is the
+    mean of with - without over the cycles."""
+    from benchmarks.overhead_feature_refit import paired, run_of, stored_cycles
+
+    for day, stamps, runs in (
+        ("20261201", ["2028", "2330"], ["2028"]),
+        ("20261202", ["0336", "0706"], ["0336", "0706"]),
+    ):
+        folder = tmp_path / f"e2e_issue26_{day}"
+        folder.mkdir()
+        for stamp in stamps:
+            (folder / f"measurements_{stamp}.jsonl.gz").write_bytes(b"")
+        for stamp in runs:
+            (folder / f"dlrm_{stamp}.json").write_text("{}")
+        (folder / "measurements_0706_rerun.jsonl.gz").write_bytes(b"")  # a variant, not a cycle
+    found = stored_cycles(tmp_path, 2)
+    assert [p.name for p in found] == ["measurements_0336.jsonl.gz", "measurements_0706.jsonl.gz"]
+    assert [p.parent.name for p in stored_cycles(tmp_path, 9)] == ["e2e_issue26_20261201"] + [
+        "e2e_issue26_20261202"
+    ] * 2
+    assert run_of(found[0]).name == "dlrm_0336.json"
+    with pytest.raises(SystemExit, match="measurements_HHMM"):
+        run_of(tmp_path / "dlrm_0336.json")
+    cycles = [{"with": {"g": w}, "without": {"g": wo}} for w, wo in ((0.05, 0.07), (0.06, 0.07), (0.08, 0.08))]
+    change = paired(cycles, "g")
+    assert change["mean_change"] == pytest.approx(-0.01) and change["cycles"] == 3
+    assert change["interval"][0] < -0.01 < change["interval"][1]

@@ -160,7 +160,7 @@ def test_search_tries_the_lightest_ranks_first():
 @pytest.mark.parametrize("synchronous", [True, False])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_dlrm_simulated_on_its_dominant_ranks_takes_the_whole_worlds_time(seed, synchronous):
-    from predictors.dlrm_estimator import dominant_ranks
+    from predictors.dlrm_estimator import dominant_ranks, lookup_times
     from probes.vocabulary.table_shards import table_shards
 
     world = 16
@@ -172,7 +172,7 @@ def test_a_dlrm_simulated_on_its_dominant_ranks_takes_the_whole_worlds_time(seed
     plan[2] = {"type": "data_parallel"}
     placement = RankPlacement.packed(world, [8, 8])
     cost = model_cost(_Model(), set())
-    ranks = dominant_ranks(spec, table_shards(spec, plan), cost)
+    ranks = dominant_ranks(lookup_times(spec, table_shards(spec, plan), cost))
     assert 0 < len(ranks) < world
     whole = simulate(build_dlrm_graph(spec, plan, placement), cost, synchronous=synchronous)
     few = simulate(build_dlrm_graph(spec, plan, placement, ranks=ranks), cost, synchronous=synchronous)

@@ -166,6 +166,53 @@ def test_step_overhead_learns_each_kernel_class_s_in_step_slowdown(model):
     assert "dlrm" not in model.step_overheads  # the shared fixture is untouched
 
 
+def test_step_overhead_tells_a_slowdown_by_what_runs_alongside_from_one_by_the_busiest_rank_alone(model):
+    """Steps slowed by half of the busiest rank's memory-bound time that the other rank runs
+    beside it (a shared memory system), some with every table on one rank (little runs beside
+    its lookups), some balanced: an overhead fitted with the candidate `memory_alongside_s` puts
+    the slowdown on it, not on the busiest rank's memory-bound time, so a lopsided plan is not
+    priced as a balanced one. A rank on another node runs nothing beside it."""
+    from predictors.dlrm_estimator import CANDIDATE_FEATURES, OVERHEAD_FEATURES, fit_overhead, memory_alongside
+    from predictors.kernel_classes import MEMORY, MEMORY_ALONGSIDE
+    from probes.vocabulary.ops import DLRM_STEP_OP
+    from probes.vocabulary.placement import RankPlacement
+
+    rng = np.random.default_rng(5)
+    rows, lopsided = [], []
+    for i in range(18):
+        tables = [
+            (int(rng.integers(1000, 200_000)), int(rng.choice([8, 64])), int(rng.integers(1, 40)))
+            for _ in range(int(rng.integers(2, 12)))
+        ]
+        spec = job(tables, bottom=[int(rng.choice([16, 256]))])
+        placement = [0] * len(tables) if i % 3 == 0 else [t % 2 for t in range(len(tables))]
+        kernels = estimate_iteration(spec, placement, model, include_overhead=False)
+        params = kernels.overhead_params
+        lopsided.append(params[MEMORY_ALONGSIDE] / params[MEMORY])
+        rows.append(
+            Measurement(
+                DLRM_STEP_OP,
+                {"job": spec.to_dict(), "table_to_rank": placement},
+                kernels.iteration_s + 0.5 * params[MEMORY_ALONGSIDE] + 3e-4 * len(tables),
+                0.0,
+                20,
+            )
+        )
+    assert min(lopsided[::3]) < 0.7 < max(lopsided[1::3])  # the plans do differ in what runs alongside
+    bundle = type(model)(model.hardware_id, dict(model.models))
+    fit_overhead(bundle, rows, features=[*OVERHEAD_FEATURES, *CANDIDATE_FEATURES])  # the benchmark's "with"
+    coef = dict(zip(bundle.step_overheads["dlrm"].features, bundle.step_overheads["dlrm"].coef))
+    assert (
+        MEMORY_ALONGSIDE not in OVERHEAD_FEATURES
+        and coef[MEMORY_ALONGSIDE] == pytest.approx(0.5, rel=0.05)
+        and abs(coef[MEMORY]) < 0.02
+    )
+    assert bundle.metrics[DLRM_STEP_OP]["gmae"] < 0.01
+    lookups = [(1e-3, 2e-3), (0.5e-3, 0.5e-3), (1e-3, 2e-3)]
+    assert memory_alongside(0, 4e-3, lookups, RankPlacement((0, 0, 0))) == pytest.approx(2e-3 + 4e-3)
+    assert memory_alongside(0, 4e-3, lookups, RankPlacement((0, 0, 1))) == pytest.approx(2e-3)
+
+
 def test_step_overhead_learns_a_cost_per_pooled_embedding_element(model):
     """Steps measured as their kernels + 20 ns per pooled embedding element (batch x summed
     dims: the exchange's splits and concatenations, which no probed kernel carries): the fitted

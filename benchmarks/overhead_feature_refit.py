@@ -1,0 +1,157 @@
+"""A DLRM step-overhead feature judged on stored #26 cycles, with and without it, side by side.
+
+    .venv/bin/python benchmarks/overhead_feature_refit.py FEATURE [ROWS ...] [--last N] [--models DIR] [--out F]
+
+ROWS: a stored cycle's `measurements_HHMM.jsonl.gz`, its `dlrm_HHMM.json` beside it (default:
+the last `--last` cycles under `benchmarks/results/e2e_issue26_*/` that have both). Each
+cycle's bundle is fitted from its rows with this code once below the steps
+(`predictors.fit.fit_below_steps`), then its step overhead twice on those same kernel models
+(`fit_step_stage`): with FEATURE (the default features, plus FEATURE when it is a candidate,
+`dlrm_estimator.CANDIDATE_FEATURES`) and without it. Both predict the
+cycle's measured DLRM tasks (`refit_e2e.dlrm_predictions`): the jobs' times are one spell's
+and only the overhead differs, so the pair is a paired comparison. Per cycle: the steps left
+out in turn and the run's geomean, mean signed and worst error each way, and whether #26's bars
+are met; over the cycles, the mean paired change in geomean and worst error with 95% intervals.
+A feature that helps one cycle and not the others is noise, not a model. `--models DIR`: keep
+each cycle's below-steps bundle there (plain JSON, `PerformanceModel.save`) and take it from
+there next time: a fit is 15-30 minutes on 2 cores, a step stage seconds.
+
+Writes benchmarks/results/overhead_feature_<FEATURE>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.e2e_accuracy import write_result  # noqa: E402
+from benchmarks.issue26_tally import meets_bars  # noqa: E402
+from benchmarks.refit_e2e import dlrm_predictions, read_rows, run_summary  # noqa: E402
+from predictors import dlrm_estimator  # noqa: E402
+from predictors.evaluation import mean_interval  # noqa: E402
+from predictors.fit import fit_below_steps, fit_step_stage  # noqa: E402
+from predictors.performance_model import PerformanceModel  # noqa: E402
+from probes.vocabulary.ops import DLRM_STEP_OP  # noqa: E402
+from probes.vocabulary.records import Measurement  # noqa: E402
+
+ROWS = re.compile(r"^measurements_(\d{4})\.jsonl\.gz$")
+
+
+def stored_cycles(root: Path, last: int) -> list[Path]:
+    """The last `last` stored cycles' rows that have a DLRM run beside them, oldest first."""
+    found = []
+    for day in sorted(root.glob("e2e_issue26_2*")):
+        for path in sorted(day.iterdir()):
+            match = ROWS.match(path.name)
+            if match and (day / f"dlrm_{match.group(1)}.json").exists():
+                found.append(path)
+    return found[-last:]
+
+
+def run_of(rows_path: Path) -> Path:
+    match = ROWS.match(rows_path.name)
+    if match is None:
+        raise SystemExit(f"ROWS: expected measurements_HHMM.jsonl.gz, got {rows_path.name}")
+    return rows_path.with_name(f"dlrm_{match.group(1)}.json")
+
+
+def below_steps(rows: list[Measurement], rows_path: Path, models: Path | None) -> PerformanceModel:
+    """The cycle's bundle below the steps: from `models` when kept there, else fitted (and kept)."""
+    kept = models / f"{rows_path.parent.name}_{rows_path.name.split('.')[0]}" if models else None
+    if kept is not None and (kept / "performance_model.json").exists():
+        return PerformanceModel.load_dir(kept)
+    model, _ = fit_below_steps(rows, "refit", seed=0)
+    if kept is not None:
+        model.save(kept)
+    return model
+
+
+def feature_sets(feature: str) -> dict[str, list[str]]:
+    """The paired fits' features: the default with `feature` (added when a candidate) and without."""
+    every = list(dlrm_estimator.OVERHEAD_FEATURES)
+    with_it = every if feature in every else [*every, feature]
+    return {"with": with_it, "without": [f for f in with_it if f != feature]}
+
+
+def judge_cycle(rows_path: Path, feature: str, models: Path | None = None) -> dict:
+    """One cycle's steps and DLRM run, with the step overhead fitted with and without
+    `feature`, on the same kernel models."""
+    rows = read_rows(rows_path)
+    result = json.loads(run_of(rows_path).read_text())
+    below = below_steps(rows, rows_path, models)
+    out: dict = {"rows": str(rows_path.relative_to(REPO)) if rows_path.is_relative_to(REPO) else str(rows_path)}
+    for label, features in feature_sets(feature).items():
+        model = copy.deepcopy(below)
+        fit_step_stage(model, rows, seed=0, overhead_features={"dlrm": features})
+        overhead = model.step_overheads.get("dlrm")
+        summary = run_summary(dlrm_predictions(model, result))
+        steps = model.metrics.get(DLRM_STEP_OP) or {}
+        out[label] = {
+            "steps_left_out_gmae": steps.get("gmae"),
+            "steps": steps.get("n"),
+            "coefficients": None if overhead is None else dict(zip(overhead.features, map(float, overhead.coef))),
+            "met": meets_bars(summary["geomean_error"], summary["max_error"], summary["mean_signed_error"]),
+            **{k: summary[k] for k in ("geomean_error", "mean_signed_error", "max_error", "tasks")},
+        }
+    return out
+
+
+def paired(cycles: list[dict], key: str) -> dict:
+    """The mean change with / without the feature in `key` over the cycles, and its interval."""
+    changes = np.array([c["with"][key] - c["without"][key] for c in cycles])
+    interval = list(mean_interval(changes)) if len(changes) >= 2 else None
+    return {"mean_change": float(changes.mean()), "interval": interval, "cycles": len(changes)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    features = [f for f in dlrm_estimator.OVERHEAD_FEATURES if f != "one"] + dlrm_estimator.CANDIDATE_FEATURES
+    parser.add_argument("feature", choices=features)
+    parser.add_argument("rows", nargs="*", type=Path)
+    parser.add_argument("--last", type=int, default=4, help="cycles taken when no ROWS are named (default 4)")
+    parser.add_argument("--models", type=Path, help="keep (and reuse) each cycle's below-steps bundle here")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    paths = [p.resolve() for p in args.rows] or stored_cycles(REPO / "benchmarks/results", args.last)
+    if not paths:
+        sys.exit("no stored cycle has both its rows and a DLRM run")
+    cycles = []
+    for path in paths:
+        print(f"{path.parent.name}/{path.name}: fitting ...", flush=True)
+        cycle = judge_cycle(path, args.feature, args.models)
+        cycles.append(cycle)
+        for label in ("with", "without"):
+            c = cycle[label]
+            steps = c["steps_left_out_gmae"]
+            print(
+                f"  {label:7s} {args.feature}: steps left out {steps if steps is None else f'{steps:.1%}'} "
+                f"(n={c['steps']}); DLRM geomean {c['geomean_error']:.1%}, signed {c['mean_signed_error']:+.1%}, "
+                f"max {c['max_error']:.1%}, bars {'met' if c['met'] else 'missed'}",
+                flush=True,
+            )
+    summary = {key: paired(cycles, key) for key in ("geomean_error", "max_error", "mean_signed_error")}
+    met = {label: sum(c[label]["met"] for c in cycles) for label in ("with", "without")}
+    for key, row in summary.items():
+        ci = row["interval"]
+        span = f" [{ci[0]:+.1%}, {ci[1]:+.1%}]" if ci else ""
+        print(f"{key}: with - without {row['mean_change']:+.1%}{span} over {row['cycles']} cycles")
+    print(f"bars met: {met['with']} of {len(cycles)} with, {met['without']} without")
+    command = f"python benchmarks/overhead_feature_refit.py {args.feature} " + " ".join(map(str, args.rows))
+    command += "" if args.rows else f" --last {args.last}"
+    out = args.out or str(REPO / f"benchmarks/results/overhead_feature_{args.feature}.json")
+    result = {"command": command.strip(), "feature": args.feature, "cycles": cycles, "paired": summary, "met": met}
+    print(f"wrote {write_result(out, result)}")
+
+
+if __name__ == "__main__":
+    main()
