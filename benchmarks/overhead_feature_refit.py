@@ -10,8 +10,9 @@ cycle's bundle is fitted from its rows with this code once below the steps
 `dlrm_estimator.CANDIDATE_FEATURES`) and without it. Both predict the
 cycle's measured DLRM tasks (`refit_e2e.dlrm_predictions`): the jobs' times are one spell's
 and only the overhead differs, so the pair is a paired comparison. Per cycle: the steps left
-out in turn and the run's geomean, mean signed and worst error each way, and whether #26's bars
-are met; over the cycles, the mean paired change in geomean and worst error with 95% intervals.
+out in turn and the run's geomean, mean signed and worst error each way, whether #26's bars are
+met, and each step's residual beside its kernel features (`step_table`); over the cycles, the
+mean paired change in geomean and worst error with 95% intervals.
 A feature that helps one cycle and not the others is noise, not a model. `--models DIR`: keep
 each cycle's below-steps bundle there (plain JSON, `PerformanceModel.save`) and take it from
 there next time: a fit is 15-30 minutes on 2 cores, a step stage seconds.
@@ -38,8 +39,10 @@ from benchmarks.e2e_accuracy import write_result  # noqa: E402
 from benchmarks.issue26_tally import meets_bars  # noqa: E402
 from benchmarks.refit_e2e import dlrm_predictions, read_rows, run_summary  # noqa: E402
 from predictors import dlrm_estimator  # noqa: E402
+from predictors.dlrm_estimator import estimate_step  # noqa: E402
 from predictors.evaluation import mean_interval  # noqa: E402
 from predictors.fit import fit_below_steps, fit_step_stage  # noqa: E402
+from predictors.kernel_classes import KERNEL_CLASSES  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
 from probes.vocabulary.ops import DLRM_STEP_OP  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
@@ -83,6 +86,28 @@ def feature_sets(feature: str) -> dict[str, list[str]]:
     return {"with": with_it, "without": [f for f in with_it if f != feature]}
 
 
+def step_table(model: PerformanceModel, rows: list[Measurement]) -> list[dict]:
+    """Each DLRM step of the calibration: measured, its kernels as `model` prices them, what it
+    leaves over them, and the overhead's kernel features (ms), to read a feature's verdict by."""
+    table = []
+    for row in rows:
+        if row.op != DLRM_STEP_OP:
+            continue
+        kernels = estimate_step(model, row, include_overhead=False, simulate_graph=True)
+        params = kernels.overhead_params
+        table.append(
+            {
+                "tables": params["tables_total"],
+                "batch_size": row.params["job"]["batch_size"],
+                "measured_ms": row.median_s * 1e3,
+                "kernels_ms": kernels.iteration_s * 1e3,
+                "residual_ms": (row.median_s - kernels.iteration_s) * 1e3,
+                **{f: params[f] * 1e3 for f in (*KERNEL_CLASSES, *dlrm_estimator.CANDIDATE_FEATURES)},
+            }
+        )
+    return table
+
+
 def judge_cycle(rows_path: Path, feature: str, models: Path | None = None) -> dict:
     """One cycle's steps and DLRM run, with the step overhead fitted with and without
     `feature`, on the same kernel models."""
@@ -103,6 +128,7 @@ def judge_cycle(rows_path: Path, feature: str, models: Path | None = None) -> di
             "met": meets_bars(summary["geomean_error"], summary["max_error"], summary["mean_signed_error"]),
             **{k: summary[k] for k in ("geomean_error", "mean_signed_error", "max_error", "tasks")},
         }
+    out["steps"] = step_table(model, rows)  # priced as the "without" fit prices them
     return out
 
 
@@ -146,8 +172,8 @@ def main() -> None:
         span = f" [{ci[0]:+.1%}, {ci[1]:+.1%}]" if ci else ""
         print(f"{key}: with - without {row['mean_change']:+.1%}{span} over {row['cycles']} cycles")
     print(f"bars met: {met['with']} of {len(cycles)} with, {met['without']} without")
-    command = f"python benchmarks/overhead_feature_refit.py {args.feature} " + " ".join(map(str, args.rows))
-    command += "" if args.rows else f" --last {args.last}"
+    named = " ".join(map(str, args.rows)) if args.rows else f"--last {args.last}"
+    command = f"python benchmarks/overhead_feature_refit.py {args.feature} {named}"
     out = args.out or str(REPO / f"benchmarks/results/overhead_feature_{args.feature}.json")
     result = {"command": command.strip(), "feature": args.feature, "cycles": cycles, "paired": summary, "met": met}
     print(f"wrote {write_result(out, result)}")
