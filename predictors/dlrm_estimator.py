@@ -26,8 +26,8 @@ import numpy as np
 
 from predictors.ddp_buckets import ddp_buckets
 from predictors.dlrm_graph import FLOAT, build_dlrm_graph, shards_all_to_all_params
+from predictors.dlrm_ranks import dominant_ranks, lookup_times, memory_alongside
 from predictors.evaluation import ErrorStats, error_stats
-from predictors.graph import GraphOp
 from predictors.kernel_classes import KERNEL_CLASSES, MEMORY, MEMORY_ALONGSIDE, kernel_classes
 from predictors.opmodels import fit_step_overhead, step_metrics
 from predictors.performance_model import PerformanceModel
@@ -177,74 +177,6 @@ def _kernels(
     classes = splits[busiest]
     classes[MEMORY_ALONGSIDE] = memory_alongside(ranks[busiest], classes[MEMORY], lookups, placement)
     return kernels, classes
-
-
-def memory_alongside(
-    busiest: int, memory_s: float, lookups: Sequence[tuple[float, float]], placement: RankPlacement
-) -> float:
-    """The busiest rank's memory-bound seconds that the other ranks on its node can run at the
-    same time, summed over them: min(its memory-bound time, theirs) each.
-
-    Why: on a host whose ranks share one memory system, a lookup slows by what runs beside it,
-    not by its own length. #26's cycle of 12-02 07:06 showed it: random4's lookups, heavy on one
-    rank and light on the other, ran at their alone speed in the step, while random8's,
-    balanced, ran 1.2x slower; a slowdown on the busiest rank's memory-bound time alone priced
-    both as balanced. Ranks differ only in their lookups (`dominant_ranks`), so another rank's
-    memory-bound time is the busiest rank's with its lookups in place of the busiest's. Where
-    each rank has its own memory (a GPU's HBM) the fitted coefficient is what says it costs
-    nothing."""
-    node = placement.nodes[busiest]
-    own = lookups[busiest][0] + lookups[busiest][1]
-    return float(
-        sum(
-            min(memory_s, memory_s - own + fwd + bwd)
-            for r, (fwd, bwd) in enumerate(lookups)
-            if r != busiest and placement.nodes[r] == node
-        )
-    )
-
-
-def lookup_times(
-    spec: JobSpec, shards: Sequence[TableShard], cost: Callable[[GraphOp], float]
-) -> list[tuple[float, float]]:
-    """Per rank, its own table pieces' embedding forward and backward as the graph prices them
-    (0 for a rank without any)."""
-    bags = spec.batch_size * spec.world_size
-    times = []
-    for pieces in local_pieces(shards, spec.world_size):
-        if not pieces:
-            times.append((0.0, 0.0))
-            continue
-        feats = expected_features(pieces, bags, seed=spec.seed)
-        times.append(
-            (
-                cost(GraphOp("embedding_fwd", "compute", "embedding_fwd", feats)),
-                cost(GraphOp("embedding_bwd", "compute", "embedding_bwd", feats)),
-            )
-        )
-    return times
-
-
-def dominant_ranks(lookups: Sequence[tuple[float, float]]) -> list[int]:
-    """The ranks the iteration's time depends on: those whose embedding forward or backward
-    (`lookups`, per rank) no other rank's both exceed (one of each tie).
-
-    A DLRM rank's ops differ from another's only in its lookups (the dense layers, the
-    replicas and every collective are the same on all ranks, and every collective spans the
-    whole world). A rank whose forward and backward lookups are no longer than another's
-    reaches every collective no later and ends no later (the simulator only takes maxima and
-    sums of non-negative times), so it never sets a collective's start or the iteration's
-    end: leaving it out changes no simulated iteration time (a test compares). A 512-rank plan
-    is then simulated on the few ranks of its Pareto front."""
-    times: dict[tuple[float, float], int] = {}
-    for r, key in enumerate(lookups):
-        times.setdefault(key, r)
-    front, best_bwd = [], -1.0
-    for fwd, bwd in sorted(times, key=lambda k: (-k[0], -k[1])):  # longest forward first
-        if bwd > best_bwd:
-            front.append(times[(fwd, bwd)])
-            best_bwd = bwd
-    return sorted(front)
 
 
 def _step_overhead(params: dict, model: PerformanceModel, include_overhead: bool, problems: list[str]) -> float:

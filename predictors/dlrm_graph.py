@@ -131,7 +131,7 @@ def build_dlrm_graph(
     size within one node or across nodes, as the ranks are placed. `shards`: the plan's pieces
     when the caller has listed them already (`table_shards(spec, plan)`). `ranks`: build only
     these ranks (renumbered in order; every collective still priced as the whole world's),
-    for a simulation that needs no others (`predictors.dlrm_estimator.dominant_ranks`)."""
+    for a simulation that needs no others (`predictors.dlrm_ranks.dominant_ranks`)."""
     W, B = spec.world_size, spec.batch_size
     placement = placement or RankPlacement.single_node(W)
     if placement.world != W:

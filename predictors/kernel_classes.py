@@ -23,7 +23,7 @@ from predictors.graph import GraphOp
 GEMM, MEMORY, COLLECTIVE = "gemm_s", "memory_s", "collective_s"
 KERNEL_CLASSES = (GEMM, MEMORY, COLLECTIVE)
 # Of the busiest rank's memory-bound time, what its node's other ranks can run beside it
-# (`dlrm_estimator.memory_alongside`): what a shared memory system slows.
+# (`dlrm_ranks.memory_alongside`): what a shared memory system slows.
 MEMORY_ALONGSIDE = "memory_alongside_s"
 ALL_KERNELS = "kernels_s"  # the simulated kernels as a whole: one slowdown for every class
 

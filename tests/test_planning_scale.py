@@ -160,7 +160,7 @@ def test_search_tries_the_lightest_ranks_first():
 @pytest.mark.parametrize("synchronous", [True, False])
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_a_dlrm_simulated_on_its_dominant_ranks_takes_the_whole_worlds_time(seed, synchronous):
-    from predictors.dlrm_estimator import dominant_ranks, lookup_times
+    from predictors.dlrm_ranks import dominant_ranks, lookup_times
     from probes.vocabulary.table_shards import table_shards
 
     world = 16

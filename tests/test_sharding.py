@@ -172,7 +172,8 @@ def test_step_overhead_tells_a_slowdown_by_what_runs_alongside_from_one_by_the_b
     its lookups), some balanced: an overhead fitted with the candidate `memory_alongside_s` puts
     the slowdown on it, not on the busiest rank's memory-bound time, so a lopsided plan is not
     priced as a balanced one. A rank on another node runs nothing beside it."""
-    from predictors.dlrm_estimator import CANDIDATE_FEATURES, OVERHEAD_FEATURES, fit_overhead, memory_alongside
+    from predictors.dlrm_estimator import CANDIDATE_FEATURES, OVERHEAD_FEATURES, fit_overhead
+    from predictors.dlrm_ranks import memory_alongside
     from predictors.kernel_classes import MEMORY, MEMORY_ALONGSIDE
     from probes.vocabulary.ops import DLRM_STEP_OP
     from probes.vocabulary.placement import RankPlacement
