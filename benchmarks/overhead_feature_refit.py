@@ -102,7 +102,10 @@ def step_table(model: PerformanceModel, rows: list[Measurement]) -> list[dict]:
                 "measured_ms": row.median_s * 1e3,
                 "kernels_ms": kernels.iteration_s * 1e3,
                 "residual_ms": (row.median_s - kernels.iteration_s) * 1e3,
-                **{f: params[f] * 1e3 for f in (*KERNEL_CLASSES, *dlrm_estimator.CANDIDATE_FEATURES)},
+                **{
+                    f.removesuffix("_s") + "_ms": params[f] * 1e3
+                    for f in (*KERNEL_CLASSES, *dlrm_estimator.CANDIDATE_FEATURES)
+                },
             }
         )
     return table
@@ -115,8 +118,9 @@ def judge_cycle(rows_path: Path, feature: str, models: Path | None = None) -> di
     result = json.loads(run_of(rows_path).read_text())
     below = below_steps(rows, rows_path, models)
     out: dict = {"rows": str(rows_path.relative_to(REPO)) if rows_path.is_relative_to(REPO) else str(rows_path)}
+    fitted = {}
     for label, features in feature_sets(feature).items():
-        model = copy.deepcopy(below)
+        model = fitted[label] = copy.deepcopy(below)
         fit_step_stage(model, rows, seed=0, overhead_features={"dlrm": features})
         overhead = model.step_overheads.get("dlrm")
         summary = run_summary(dlrm_predictions(model, result))
@@ -128,8 +132,23 @@ def judge_cycle(rows_path: Path, feature: str, models: Path | None = None) -> di
             "met": meets_bars(summary["geomean_error"], summary["max_error"], summary["mean_signed_error"]),
             **{k: summary[k] for k in ("geomean_error", "mean_signed_error", "max_error", "tasks")},
         }
-    out["steps"] = step_table(model, rows)  # priced as the "without" fit prices them
+    out["steps"] = step_table(fitted["without"], rows)  # priced as the default fit prices them
     return out
+
+
+def print_large_steps(steps: list[dict], above_ms: float = 10.0) -> None:
+    """The steps with over `above_ms` of memory-bound kernels (what the memory coefficient rests
+    on): what the other ranks run beside them, and what they leave over their kernels, each as a
+    share of their memory-bound time; and how many steps have kernels under `above_ms`."""
+    small = sum(s["kernels_ms"] < above_ms for s in steps)
+    print(f"  {small} of {len(steps)} steps have kernels under {above_ms:.0f} ms; those with more memory-bound time:")
+    for s in sorted(steps, key=lambda s: -s["memory_ms"]):
+        if s["memory_ms"] > above_ms:
+            print(
+                f"    {s['tables']:3.0f} tables, batch {s['batch_size']:5d}: memory-bound {s['memory_ms']:5.1f} ms, "
+                f"alongside {s['memory_alongside_ms'] / s['memory_ms']:.2f} of it, left over "
+                f"{s['residual_ms'] / s['memory_ms']:+.2f} of it"
+            )
 
 
 def paired(cycles: list[dict], key: str) -> dict:
@@ -165,6 +184,7 @@ def main() -> None:
                 f"max {c['max_error']:.1%}, bars {'met' if c['met'] else 'missed'}",
                 flush=True,
             )
+        print_large_steps(cycle["steps"])
     summary = {key: paired(cycles, key) for key in ("geomean_error", "max_error", "mean_signed_error")}
     met = {label: sum(c[label]["met"] for c in cycles) for label in ("with", "without")}
     for key, row in summary.items():

@@ -50,8 +50,8 @@ from probes.vocabulary.tbe_features import expected_features
 OVERHEAD_FEATURES = ["one", "dense_layers", "tables_total", "split_pieces", "pooled_elems", *KERNEL_CLASSES]
 # Carried in the params, fitted only by a benchmark's paired "with" (`overhead_feature_refit`):
 # `memory_alongside_s`, of the memory-bound time what the node's other ranks run beside it (a
-# lopsided plan's lookups run with little beside them). At the 12-02 07:06 calibration of #26
-# its fitted coefficient was 0 beside `memory_s`'s 0.45: its steps did not bear it out.
+# lopsided plan's lookups run with little beside them). Fitted on the #26 calibrations of
+# 12-01 23:30, 12-02 03:36 and 07:06 its coefficient was 0 in all three: not borne out.
 CANDIDATE_FEATURES = [MEMORY_ALONGSIDE]
 
 

@@ -21,11 +21,11 @@ def memory_alongside(
     """The busiest rank's memory-bound seconds that the other ranks on its node can run at the
     same time, summed over them: min(its memory-bound time, theirs) each.
 
-    Why: on a host whose ranks share one memory system, a lookup slows by what runs beside it,
-    not by its own length. #26's cycle of 12-02 07:06 showed it: random4's lookups, heavy on one
-    rank and light on the other, ran at their alone speed in the step, while random8's,
-    balanced, ran 1.2x slower; a slowdown on the busiest rank's memory-bound time alone priced
-    both as balanced. Ranks differ only in their lookups (`dominant_ranks`), so another rank's
+    Why: on a host whose ranks share one memory system, a lookup may slow by what runs beside
+    it, not by its own length. #26's cycle of 12-02 07:06 suggested it (random4's lookups, heavy
+    on one rank and light on the other, ran at their alone speed in the step, random8's,
+    balanced, 1.2x slower); three calibrations' own steps did not bear it out, so it is a
+    candidate (`dlrm_estimator.CANDIDATE_FEATURES`), not a default feature. Ranks differ only in their lookups (`dominant_ranks`), so another rank's
     memory-bound time is the busiest rank's with its lookups in place of the busiest's. Where
     each rank has its own memory (a GPU's HBM) the fitted coefficient is what says it costs
     nothing."""
