@@ -28,7 +28,7 @@ from predictors.ddp_buckets import ddp_buckets
 from predictors.dlrm_graph import FLOAT, build_dlrm_graph, shards_all_to_all_params
 from predictors.dlrm_ranks import dominant_ranks, lookup_times, memory_alongside
 from predictors.evaluation import ErrorStats, error_stats
-from predictors.kernel_classes import KERNEL_CLASSES, MEMORY, MEMORY_ALONGSIDE, kernel_classes
+from predictors.kernel_classes import KERNEL_CLASSES, MEMORY, MEMORY_ALONGSIDE, busiest_rank
 from predictors.opmodels import fit_step_overhead, step_metrics
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import frozen, model_cost, simulate
@@ -172,9 +172,7 @@ def _kernels(
     graph = build_dlrm_graph(spec, table_to_rank, placement, shards=shards, ranks=ranks)
     kernels = simulate(graph, cost, synchronous=model.synchronous).iteration_s if simulate_graph else None
     problems.extend(f"no model for {op}: priced at 0, the estimate is a lower bound" for op in unpriced)
-    splits = [kernel_classes(ops, cost) for ops in graph.ranks]
-    busiest = max(range(len(splits)), key=lambda i: sum(splits[i].values()))
-    classes = splits[busiest]
+    busiest, classes = busiest_rank(graph.ranks, cost)  # a DLRM rank always has ops (its dense layers)
     classes[MEMORY_ALONGSIDE] = memory_alongside(ranks[busiest], classes[MEMORY], lookups, placement)
     return kernels, classes
 

@@ -12,7 +12,7 @@ returns (each judged out of its fold) score a champion on the same data.
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -21,6 +21,7 @@ import numpy as np
 from predictors.context_model import fit_context_factors
 from predictors.evaluation import CV_FOLDS, error_stats, fold_assignment, paired_ratio
 from predictors.families import baseline_model_for, default_model_for
+from predictors.fit_pool import WHOLE, FitFailure, Mapper, in_process, op_tasks, run_task, worker_pool
 from predictors.fusion_model import FusionModel, FusionModelError, fusion_points, held_out_errors
 from predictors.opmodels import OpModel
 from predictors.overhead_model import OverheadModel
@@ -203,26 +204,33 @@ def fold_pick(pick: dict[str, Any]) -> str:
 
 
 def cross_validate_op(op: str, rows: Sequence[Measurement], folds: np.ndarray, seed: int = 0) -> OpFit:
-    """The op's model fitted on all of `rows` (raises ValueError / KeyError when it cannot be),
-    and judged by k-fold cross-validation: each fold (`folds[i]` is row i's, -1 for none) is
-    predicted by the model and by its baseline fitted on the other folds (`fit_op`), and the
-    errors of every fold are pooled. A seeded 20% split held out 6-9 rows of an op, and which
-    rows it drew could put a model on either side of its baseline (#26: a collective family at
-    7.0% against 6.7% on one draw, 7.6% against 8.0% over all rows); each row judged once holds
-    out all of them. A fold that cannot be fitted (a group only it has) leaves its rows unpriced."""
-    model = default_model_for(op, seed).fit(rows)
+    """The op's model fitted on all of `rows` (raises ValueError when it cannot be), and judged
+    by k-fold cross-validation: each fold (`folds[i]` is row i's, -1 for none) is predicted by
+    the model and by its baseline fitted on the other folds (`fit_op`), and the errors of every
+    fold are pooled. A seeded 20% split held out 6-9 rows of an op, and which rows it drew
+    could put a model on either side of its baseline (#26: a collective family at 7.0% against
+    6.7% on one draw, 7.6% against 8.0% over all rows); each row judged once holds out all of
+    them. A fold that cannot be fitted (a group only it has) leaves its rows unpriced. Its fits
+    run here, one after another; `fit_performance_model` spreads every op's over a pool."""
+    done = in_process(run_task, op_tasks(op, rows, folds, seed))
+    return judged_op(op, rows, folds, {task.fold: result for task, result in done})
+
+
+def judged_op(op: str, rows: Sequence[Measurement], folds: np.ndarray, results: dict[int, Any]) -> OpFit:
+    """An op's `OpFit` from its fit tasks' results (`fit_pool.op_tasks`, by fold: WHOLE is
+    the model on every row), assembled fold by fold in order wherever each ran."""
+    whole = results[WHOLE]
+    if isinstance(whole, FitFailure):
+        raise ValueError(whole.message)
     errors: list[np.ndarray] = []
     paired: list[tuple[np.ndarray, np.ndarray]] = []
     out_of_fold: list[tuple[float, float]] = []
     unpriced, family = 0, None
     picks: list[dict[str, Any]] = []  # each fold's choice and how it held out
     for fold in sorted(set(folds.tolist()) - {-1}):
-        train = [r for r, f in zip(rows, folds) if f != fold]
-        test = [r for r, f in zip(rows, folds) if f == fold]
-        try:
-            fold_fit = fit_op(op, train, test, seed)
-        except (ValueError, KeyError):
-            unpriced += len(test)
+        fold_fit = results[fold]
+        if isinstance(fold_fit, FitFailure):
+            unpriced += int(np.sum(folds == fold))
             continue
         unpriced += fold_fit.stats["n_unpriced"]
         pick = getattr(fold_fit.model, "chosen", None)
@@ -236,7 +244,7 @@ def cross_validate_op(op: str, rows: Sequence[Measurement], folds: np.ndarray, s
             paired.append(fold_fit.scored[1:])
     stats = error_stats(np.concatenate(errors) if errors else np.array([])).to_dict()
     stats.update(judged=f"{int(folds.max()) + 1}-fold" if len(folds) and folds.max() >= 0 else None)
-    stats.update(n_unpriced=unpriced, n_train=len(rows), chosen=getattr(model, "chosen", None))
+    stats.update(n_unpriced=unpriced, n_train=len(rows), chosen=getattr(whole, "chosen", None))
     if picks:  # a learned model: which candidate each fold's model took, where the figure comes from
         stats["fold_picks"] = picks
     scored = None
@@ -245,7 +253,7 @@ def cross_validate_op(op: str, rows: Sequence[Measurement], folds: np.ndarray, s
         stats["baseline_gmae"] = error_stats(baseline_errors).gmae
         stats["vs_baseline"] = paired_ratio(model_errors, baseline_errors).to_dict()
         scored = (family or op, model_errors, baseline_errors)
-    return OpFit(model, stats, scored, out_of_fold)
+    return OpFit(whole, stats, scored, out_of_fold)
 
 
 def fit_performance_model(
@@ -254,6 +262,7 @@ def fit_performance_model(
     seed: int = 0,
     folds: int = CV_FOLDS,
     on_op: Callable[[str, bool], None] | None = None,
+    mapper: Mapper | None = None,
 ) -> tuple[PerformanceModel, list[Measurement]]:
     """Fit every measured kernel and collective op (and the host dispatch cost) on all its
     rows, judge each by `folds`-fold cross-validation (`cross_validate_op`), and return the
@@ -265,7 +274,8 @@ def fit_performance_model(
     (`orchestrator.registry.left_out_scores`), not by re-predicting rows the bundle saw.
     `on_op(op, fitted)` after each op (`fitted` False for one listed as unfitted): a calibration's
     fit takes minutes (a collective curve's breakpoints are searched by nested CV in every
-    fold), and says how far it has come.
+    fold), and says how far it has come. `mapper`: where the fits run (`fit_pool`; default a
+    pool of this machine's cores): the bundle is the same wherever they ran.
     """
     by_op: dict[str, list[Measurement]] = defaultdict(list)
     for r in rows:
@@ -277,16 +287,15 @@ def fit_performance_model(
     judged: list[Measurement] = []
     out_of_fold: dict[str, list[tuple[float, float]]] = {}
     paired: dict[str, list[tuple[np.ndarray, np.ndarray]]] = defaultdict(list)  # family -> (model, baseline) errors
+    assignments = {op: fold_assignment(len(op_rows), rng, folds) for op, op_rows in sorted(by_op.items())}
+    results = run_fits(by_op, assignments, seed, mapper or worker_pool(), on_op)
     for op, op_rows in sorted(by_op.items()):
-        assignment = fold_assignment(len(op_rows), rng, folds)
+        assignment = assignments[op]
         try:
-            fitted = cross_validate_op(op, op_rows, assignment, seed)
-        except (ValueError, KeyError) as exc:  # too few or degenerate rows: report the op, keep the rest
+            fitted = judged_op(op, op_rows, assignment, results[op])
+        except ValueError as exc:  # too few or degenerate rows: report the op, keep the rest
             unfitted[op] = f"{len(op_rows)} rows: {exc}"
             continue
-        finally:
-            if on_op is not None:
-                on_op(op, op not in unfitted)
         models[op], metrics[op], out_of_fold[op] = fitted.model, fitted.stats, fitted.held_out
         judged += [r for r, f in zip(op_rows, assignment) if f >= 0]
         if fitted.scored is not None:
@@ -304,3 +313,23 @@ def fit_performance_model(
     model = PerformanceModel(hardware_id, models, metrics, meta, dispatch=dispatch)
     model.out_of_fold = out_of_fold
     return model, judged
+
+
+def run_fits(
+    by_op: dict[str, list[Measurement]],
+    assignments: dict[str, np.ndarray],
+    seed: int,
+    mapper: Mapper,
+    on_op: Callable[[str, bool], None] | None,
+) -> dict[str, dict[int, Any]]:
+    """Every op's fit tasks (`fit_pool.op_tasks`) through `mapper`: each op's results by fold.
+    `on_op(op, fitted)` once all of an op's tasks are in, in whatever order they end."""
+    tasks = [t for op, op_rows in sorted(by_op.items()) for t in op_tasks(op, op_rows, assignments[op], seed)]
+    left = Counter(t.op for t in tasks)
+    results: dict[str, dict[int, Any]] = defaultdict(dict)
+    for task, result in mapper(run_task, tasks):
+        results[task.op][task.fold] = result
+        left[task.op] -= 1
+        if on_op is not None and not left[task.op]:
+            on_op(task.op, not isinstance(results[task.op][WHOLE], FitFailure))
+    return results

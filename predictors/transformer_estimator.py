@@ -14,7 +14,7 @@ import numpy as np
 
 from predictors.evaluation import ErrorStats, error_stats
 from predictors.graph import ExecutionGraph
-from predictors.kernel_classes import KERNEL_CLASSES, busiest_rank_classes
+from predictors.kernel_classes import KERNEL_CLASSES, busiest_rank
 from predictors.memory import MemoryEstimate
 from predictors.opmodels import fit_step_overhead, step_metrics
 from predictors.performance_model import PerformanceModel
@@ -47,7 +47,7 @@ def overhead_params(
     collectives = max(sum(1 for o in rank if o.kind == "collective" and not is_transfer(o)) for rank in graph.ranks)
     counts: dict[str, float] = {"layers": spec.layers, "ops": ops, "collectives": collectives, "kernels_s": kernels_s}
     if cost is not None:
-        counts.update(busiest_rank_classes(graph.ranks, cost))
+        counts.update(busiest_rank(graph.ranks, cost)[1])
     return counts
 
 

@@ -364,7 +364,9 @@ def test_every_row_is_judged_once_by_a_model_fitted_without_its_fold():
     few = curve_rows(TRUE, op="broadcast")[:2]
     fitted_ops: list[tuple[str, bool]] = []
     model, judged = fit_performance_model(rows + few, "hw", seed=0, on_op=lambda op, ok: fitted_ops.append((op, ok)))
-    assert fitted_ops == [("all_reduce", True), ("broadcast", True)]  # each op reported once it is done
+    # each op reported once it is done (in the order its fits end: a pool's workers finish the
+    # short broadcast before the curve search)
+    assert sorted(fitted_ops) == [("all_reduce", True), ("broadcast", True)]
     assert [id(r) for r in judged] == [id(r) for r in rows]
     stats = model.metrics["all_reduce"]
     assert stats["judged"] == "5-fold" and stats["n"] == stats["n_train"] == len(rows)
