@@ -43,6 +43,7 @@ from benchmarks.correction_rows import stored_rows  # noqa: E402
 from predictors import learned_model  # noqa: E402
 from predictors.evaluation import clearly_better, clearly_better_folds  # noqa: E402
 from predictors.fit import fit_performance_model, fold_pick, kernel_rows  # noqa: E402
+from predictors.fit_pool import in_process  # noqa: E402
 from probes.collective import merge_passes  # noqa: E402
 
 OUT = REPO / "benchmarks/results/choice_rules.json"
@@ -74,7 +75,8 @@ def judge(rows: list, rule: Rule, seed: int) -> dict:
     saved = learned_model.clearly_better_folds
     learned_model.clearly_better_folds = rule  # type: ignore[assignment]
     try:
-        model, _ = fit_performance_model(rows, "refit", seed)
+        # in this process: a worker of the pool would not see the rule patched in here
+        model, _ = fit_performance_model(rows, "refit", seed, mapper=in_process)
     finally:
         learned_model.clearly_better_folds = saved
     families = {

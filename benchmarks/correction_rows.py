@@ -93,9 +93,10 @@ def refit_folds(rows: list, min_rows: int, seed: int) -> dict:
     """Every kernel row refitted and judged as a calibration does, under `min_rows`: each
     family's held-out figures beside its baseline's."""
     from predictors.fit import fit_performance_model
+    from predictors.fit_pool import in_process
 
-    with min_rows_for_correction(min_rows):
-        model, _ = fit_performance_model(rows, "refit", seed)
+    with min_rows_for_correction(min_rows):  # in this process: a pool's workers would not see it
+        model, _ = fit_performance_model(rows, "refit", seed, mapper=in_process)
     return {
         family: {k: stats[k] for k in ("gmae", "baseline_gmae", "n", "vs_baseline")}
         for family, stats in model.meta["family_heldout"].items()

@@ -220,8 +220,11 @@ def judged_op(op: str, rows: Sequence[Measurement], folds: np.ndarray, results: 
     """An op's `OpFit` from its fit tasks' results (`fit_pool.op_tasks`, by fold: WHOLE is
     the model on every row), assembled fold by fold in order wherever each ran."""
     whole = results[WHOLE]
-    if isinstance(whole, FitFailure):
+    if isinstance(whole, FitFailure) and not whole.unexpected:  # unfitted, whatever its folds did
         raise ValueError(whole.message)
+    for failure in results.values():
+        if isinstance(failure, FitFailure) and failure.unexpected:
+            raise RuntimeError(f"{op}: a fit failed unexpectedly: {failure.message}")
     errors: list[np.ndarray] = []
     paired: list[tuple[np.ndarray, np.ndarray]] = []
     out_of_fold: list[tuple[float, float]] = []
@@ -265,7 +268,7 @@ def fit_performance_model(
     mapper: Mapper | None = None,
 ) -> tuple[PerformanceModel, list[Measurement]]:
     """Fit every measured kernel and collective op (and the host dispatch cost) on all its
-    rows, judge each by `folds`-fold cross-validation (`cross_validate_op`), and return the
+    rows, judge each by `folds`-fold cross-validation (`judged_op` over its fit tasks), and return the
     bundle and the rows it was judged on (every row of an op with 3 or more).
 
     The registered bundle is fitted on every row; its metrics are the out-of-fold figures

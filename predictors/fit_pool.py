@@ -18,6 +18,7 @@ A worker imports only this package's modelling core (numpy, scipy, scikit-learn)
 
 from __future__ import annotations
 
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
@@ -44,10 +45,14 @@ class FitTask:
 
 @dataclass(frozen=True)
 class FitFailure:
-    """A fit that could not be made (too few or degenerate rows: a ValueError or KeyError), as
-    the message the bundle reports for it: a record, so it crosses a process boundary as is."""
+    """A fit that could not be made, as the message the bundle reports for it: a record, so it
+    crosses a process boundary as is. Too few or degenerate rows (a ValueError or KeyError) make
+    the op unfitted or leave a fold's rows unpriced; anything else is `unexpected` (with its
+    traceback) and ends the fit, unless the op's own fit on every row failed first, as the
+    serial fit never reached its folds then."""
 
     message: str
+    unexpected: bool = False
 
 
 TaskResult = Any  # an OpModel (WHOLE), a fit.OpFit (a fold), or a FitFailure
@@ -67,6 +72,8 @@ def run_task(task: FitTask) -> tuple[FitTask, TaskResult]:
         return task, fit_op(task.op, train, test, task.seed)
     except (ValueError, KeyError) as exc:
         return task, FitFailure(str(exc))
+    except Exception:  # raised where the op is judged (`fit.judged_op`), with the worker's traceback
+        return task, FitFailure(traceback.format_exc(), unexpected=True)
 
 
 def in_process(fn: Callable[[FitTask], TaskResult], tasks: Sequence[FitTask]) -> Iterable[tuple[FitTask, TaskResult]]:

@@ -55,10 +55,10 @@ def kernel_classes(ops: Iterable[GraphOp], cost: Callable[[GraphOp], float]) -> 
 
 def busiest_rank(ranks: Sequence[Sequence[GraphOp]], cost: Callable[[GraphOp], float]) -> tuple[int, dict[str, float]]:
     """The index (in `ranks`) of the rank whose kernels add up to the most (the step waits for
-    it) and its class split; -1 and zeros when no rank has an op. Both workloads' overheads read
+    it) and its class split; 0 and zeros when no rank has an op. Both workloads' overheads read
     the busiest rank's classes, and the DLRM's also which rank it is (what runs beside it)."""
     splits = {i: kernel_classes(ops, cost) for i, ops in enumerate(ranks) if ops}
     if not splits:
-        return -1, dict.fromkeys(KERNEL_CLASSES, 0.0)
+        return 0, dict.fromkeys(KERNEL_CLASSES, 0.0)
     index = max(splits, key=lambda i: sum(splits[i].values()))
     return index, splits[index]

@@ -8,8 +8,9 @@ import pytest
 from synthetic_rows import gemm_rows
 from test_opmodels import collective_rows
 
-from predictors.fit import cross_validate_op, fit_performance_model
+from predictors.fit import cross_validate_op, fit_op, fit_performance_model
 from predictors.fit_pool import WHOLE, FitFailure, FitTask, in_process, op_tasks, run_task, worker_pool
+from probes.vocabulary.ops import gemm_params
 from probes.vocabulary.records import Measurement
 
 
@@ -69,9 +70,41 @@ def test_an_ops_tasks_are_its_whole_fit_and_each_fold():
     # a fold's result is `fit_op` on the other folds, judged on its own rows
     task, fold_fit = run_task(tasks[2])
     assert task is tasks[2] and fold_fit.stats["n_train"] == 8 and len(fold_fit.held_out) == 4
-    # the assembled op is the serial cross-validation's
+    # the assembled op is each fold's own fit, in fold order, and the model on every row
     whole = cross_validate_op("gemm", rows, folds, seed=0)
-    assert whole.stats["n_train"] == 12 and len(whole.held_out) == 12
+    by_fold = [
+        fit_op("gemm", [r for r, f in zip(rows, folds) if f != k], [r for r, f in zip(rows, folds) if f == k], 0)
+        for k in range(3)
+    ]
+    assert whole.held_out == [pair for fold_fit in by_fold for pair in fold_fit.held_out]
+    assert whole.model.to_dict() == run_task(tasks[0])[1].to_dict()
+    assert whole.stats["n_train"] == 12 and whole.stats["n"] == 12 and whole.stats["n_unpriced"] == 0
+
+
+def test_a_fold_that_cannot_be_fitted_leaves_its_rows_unpriced():
+    """Two float32 products in different folds and a bfloat16 one: every fold's other rows hold
+    no dtype with two measurements, so no fold fits; the model on all three still does."""
+    rows = [
+        Measurement("gemm", gemm_params(64, 64, 64 * (i + 1), dtype), 1e-5 * (i + 1), 0.0, 5)
+        for i, dtype in enumerate(("float32", "float32", "bfloat16"))
+    ]
+    fitted = cross_validate_op("gemm", rows, np.array([0, 1, 1]), seed=0)
+    assert fitted.stats["n_unpriced"] == 3 and fitted.held_out == []
+
+
+def test_an_unexpected_error_in_a_fold_ends_the_fit_with_its_traceback(monkeypatch):
+    import predictors.fit as fit
+
+    def broken(*args, **kwargs):
+        raise TypeError("a bug in a fold's fit")
+
+    monkeypatch.setattr(fit, "fit_op", broken)  # in this process: `in_process` runs the tasks here
+    rows = gemm_rows(np.random.default_rng(0), 12)
+    with pytest.raises(RuntimeError, match="TypeError: a bug in a fold's fit"):
+        cross_validate_op("gemm", rows, np.arange(12) % 3, seed=0)
+    # an op whose fit on every row cannot be made is unfitted, as when its folds never ran
+    with pytest.raises(ValueError, match="no dtype group"):
+        cross_validate_op("gemm", rows[:1], np.array([0]), seed=0)
 
 
 def test_a_fit_that_cannot_be_made_is_a_record_with_the_reason():
