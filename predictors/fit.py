@@ -21,7 +21,7 @@ import numpy as np
 from predictors.context_model import fit_context_factors
 from predictors.evaluation import CV_FOLDS, error_stats, fold_assignment, paired_ratio
 from predictors.families import baseline_model_for, default_model_for
-from predictors.fit_pool import WHOLE, FitFailure, Mapper, in_process, op_tasks, run_task, worker_pool
+from predictors.fit_pool import WHOLE, FitFailure, Mapper, fold_ids, in_process, op_tasks, run_task, worker_pool
 from predictors.fusion_model import FusionModel, FusionModelError, fusion_points, held_out_errors
 from predictors.opmodels import OpModel
 from predictors.overhead_model import OverheadModel
@@ -230,7 +230,7 @@ def judged_op(op: str, rows: Sequence[Measurement], folds: np.ndarray, results: 
     out_of_fold: list[tuple[float, float]] = []
     unpriced, family = 0, None
     picks: list[dict[str, Any]] = []  # each fold's choice and how it held out
-    for fold in sorted(set(folds.tolist()) - {-1}):
+    for fold in fold_ids(folds):
         fold_fit = results[fold]
         if isinstance(fold_fit, FitFailure):
             unpriced += int(np.sum(folds == fold))

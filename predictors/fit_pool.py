@@ -3,8 +3,9 @@ over worker processes on this machine's cores.
 
 Why: a calibration's fit is mostly its collective curves, whose breakpoints are searched by
 nested cross-validation in every fold (`collective_model`), and it grows with the groups a
-cluster has (every group size, within and across nodes): the 600 s calibrations of #26 on this
-2-core VM took 8-30 minutes to fit, one core busy. Each op's model on all its rows and each of
+cluster has (every group size, within and across nodes): the kernels of #26's 12-02 03:36
+calibration took 292-297 s to fit on one of this VM's two cores (`benchmarks/fit_speed.py`).
+Each op's model on all its rows and each of
 its folds' models are independent fits of their own rows, so they are tasks (`FitTask`) that
 any `Mapper` may run; the caller assembles their results in the op's order, so the bundle is
 the same wherever they ran (`benchmarks/fit_speed.py` compares it to the serial fit's, as JSON).
@@ -99,8 +100,11 @@ def worker_pool(workers: int | None = None) -> Mapper:
     return run
 
 
+def fold_ids(folds: np.ndarray) -> list[int]:
+    """The folds a row assignment has, in order (-1, a row judged by none, is not one)."""
+    return sorted(set(folds.tolist()) - {-1})
+
+
 def op_tasks(op: str, rows: Sequence[Measurement], folds: np.ndarray, seed: int) -> list[FitTask]:
     """The op's model on all its rows, then one task per fold."""
-    return [FitTask(op, rows, folds, seed)] + [
-        FitTask(op, rows, folds, seed, int(f)) for f in sorted(set(folds.tolist()) - {-1})
-    ]
+    return [FitTask(op, rows, folds, seed)] + [FitTask(op, rows, folds, seed, f) for f in fold_ids(folds)]

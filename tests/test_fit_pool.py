@@ -8,6 +8,7 @@ import pytest
 from synthetic_rows import gemm_rows
 from test_opmodels import collective_rows
 
+from benchmarks.fit_speed import differences
 from predictors.fit import cross_validate_op, fit_op, fit_performance_model
 from predictors.fit_pool import WHOLE, FitFailure, FitTask, in_process, op_tasks, run_task, worker_pool
 from probes.vocabulary.ops import gemm_params
@@ -27,14 +28,9 @@ def plain(model, judged) -> dict:
 
 
 def close(a, b) -> bool:
-    """Equal JSON but for a number's last digits (a worker's BLAS may round a sum otherwise)."""
-    if isinstance(a, dict):
-        return isinstance(b, dict) and list(a) == list(b) and all(close(a[k], b[k]) for k in a)
-    if isinstance(a, list):
-        return isinstance(b, list) and len(a) == len(b) and all(close(x, y) for x, y in zip(a, b))
-    if isinstance(a, float) and isinstance(b, float):
-        return a == pytest.approx(b, rel=1e-9, nan_ok=True)
-    return a == b
+    """Equal JSON but for a number's last digits (a worker's BLAS may round a sum otherwise):
+    the benchmark's own comparison (`fit_speed.differences`, within its `REL_TOL`)."""
+    return not differences(a, b)[0]
 
 
 def test_a_pool_of_workers_fits_the_bundle_this_process_fits():
