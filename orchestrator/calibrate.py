@@ -111,8 +111,29 @@ SUMMARY_KEYS = (
     "judged",
     "fold_picks",
 )
+# The whole-cluster DLRM and transformer training probes of a calibration probing for
+# `STEP_REFERENCE_BUDGET_S` or less; a longer one takes more in proportion (`training_counts`).
 TRAINING_PROBES = 24
 TRANSFORMER_PROBES = 16
+# At 600 s a 2-core host measured 15-24 of the 24 DLRM steps in the training share (#26, 12-02
+# 03:36 and 07:06): the share holds about that many, and a longer budget's share holds more.
+STEP_REFERENCE_BUDGET_S = 600.0
+
+
+def training_counts(budget_s: float) -> tuple[int, int]:
+    """The DLRM and transformer training probes for a calibration of `budget_s`: the step
+    overheads are fitted on a few dozen whole steps against thousands of kernel rows, and which
+    steps were drawn moves a run's prediction (#26, `benchmarks/step_sample_spread.py`: a
+    stored run's mean signed error moved with a sd of 1.4-6.4 points, mean 2.8, with the 24
+    steps of its 600 s calibration), a spread that falls as one over the square root of their
+    count. A longer budget (the nightly's 1800 s) scales the training share's time, so it
+    takes the steps in proportion, not only more kernel points. Its first steps are the jobs
+    a shorter budget takes (`training_specs` draws each point from the seed and the points
+    before it), at the scale all of them fit on the devices (`training_task_scale`)."""
+    scale = max(1.0, budget_s / STEP_REFERENCE_BUDGET_S)
+    return int(round(TRAINING_PROBES * scale)), int(round(TRANSFORMER_PROBES * scale))
+
+
 # DLRM steps, transformer steps and overlap pairs measured in turn, this many of each. One of
 # each in turn (DLRM steps every other point) gave a 600 s calibration on two CPU cores 16
 # DLRM steps, 8 transformer steps and 8 overlap pairs, the pairs 151 s of the phase's 227 s
@@ -192,14 +213,12 @@ def node_members(gang: Gang) -> list[int]:
     return [m for m, n in zip(gang.members, gang.nodes) if n == node]
 
 
-def training_task_scale(fingerprint: HardwareFingerprint, world: int, seed: int) -> float:
-    """The task-shaped training probes' scale: full size unless `world` of the smallest
-    devices cannot hold them (CPU devices share the host's memory)."""
+def training_task_scale(fingerprint: HardwareFingerprint, world: int, seed: int, probes: int) -> float:
+    """The task-shaped training probes' scale (of `probes` DLRM training points): full size
+    unless `world` of the smallest devices cannot hold them (CPU devices share the host's
+    memory)."""
     return fitting_scale(
-        task_indices(TRAINING_PROBES),
-        world,
-        seed + CALIBRATION_TASK_STREAM,
-        world * fingerprint.min_device_memory_bytes,
+        task_indices(probes), world, seed + CALIBRATION_TASK_STREAM, world * fingerprint.min_device_memory_bytes
     )
 
 
@@ -324,12 +343,17 @@ def measure(
         nccl = nccl_choice_specs(nccl_groups(gang.nodes), pool.max_collective_bytes()) if device == "cuda" else []
         # The step models' fits need the most points, an overlap pair costs the most time:
         # three DLRM steps, three transformer steps, one pair in turn (`TRAINING_TURN`).
+        dlrm_steps, transformer_steps = training_counts(budget_s)
         whole = (
             interleave(
                 training_specs(
-                    TRAINING_PROBES, seed, devices, place_by_sharder, training_task_scale(fingerprint, devices, seed)
+                    dlrm_steps,
+                    seed,
+                    devices,
+                    place_by_sharder,
+                    training_task_scale(fingerprint, devices, seed, dlrm_steps),
                 ),
-                transformer_training_specs(TRANSFORMER_PROBES, seed, devices, device),
+                transformer_training_specs(transformer_steps, seed, devices, device),
                 overlap_specs(devices),
                 per_turn=TRAINING_TURN,
             )
@@ -339,13 +363,13 @@ def measure(
         within = (
             interleave(
                 training_specs(
-                    TRAINING_PROBES // 2,
+                    dlrm_steps // 2,
                     seed + 1,
                     len(one_node),
                     place_by_sharder,
-                    training_task_scale(fingerprint, len(one_node), seed + 1),
+                    training_task_scale(fingerprint, len(one_node), seed + 1, dlrm_steps // 2),
                 ),
-                transformer_training_specs(TRANSFORMER_PROBES // 2, seed + 1, len(one_node), device),
+                transformer_training_specs(transformer_steps // 2, seed + 1, len(one_node), device),
             )
             if one_node
             else []

@@ -128,3 +128,22 @@ def test_planner_coverage_takes_every_ops_first_point_before_any_ops_second() ->
         assert max(counts) - min(counts) <= 1
     floor = calibrate.coverage_floor(coverage)
     assert floor == coverage[: calibrate.FLOOR_POINTS * len(planner)]
+
+
+def test_a_longer_budget_takes_more_steps_and_keeps_the_shorter_ones_first() -> None:
+    """Up to the reference budget a calibration takes the base counts of DLRM and transformer
+    steps; a longer one takes them in proportion, and its first steps are the very points a
+    shorter budget measures (each drawn from the seed and its index alone)."""
+    from probes.training import training_specs, transformer_training_specs
+
+    base = (calibrate.TRAINING_PROBES, calibrate.TRANSFORMER_PROBES)
+    assert calibrate.training_counts(25.0) == base
+    assert calibrate.training_counts(calibrate.STEP_REFERENCE_BUDGET_S) == base
+    assert calibrate.training_counts(3 * calibrate.STEP_REFERENCE_BUDGET_S) == (3 * base[0], 3 * base[1])
+    longer, shorter = calibrate.training_counts(1800.0), calibrate.training_counts(600.0)
+    assert [s.to_dict() for s in training_specs(longer[0], seed=5, world=2)[: shorter[0]]] == [
+        s.to_dict() for s in training_specs(shorter[0], seed=5, world=2)
+    ]
+    assert [s.to_dict() for s in transformer_training_specs(longer[1], seed=5, world=2)[: shorter[1]]] == [
+        s.to_dict() for s in transformer_training_specs(shorter[1], seed=5, world=2)
+    ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from benchmarks.e2e_accuracy import error_summary, interval_text, signed_summary
@@ -134,3 +135,29 @@ def test_a_feature_is_judged_on_the_stored_cycles_that_have_both_their_rows_and_
     change = paired(cycles, "g")
     assert change["mean_change"] == pytest.approx(-0.01) and change["cycles"] == 3
     assert change["interval"][0] < -0.01 < change["interval"][1]
+
+
+def test_the_step_sample_spread_leaves_a_quarter_out_and_scales_as_a_delete_d_jackknife():
+    """`step_sample_spread` draws distinct quarters of the steps from one seeded stream, and its
+    jackknife turns the draws' spread into the full fit's: a figure that does not move with the
+    steps drawn has none, and one whose draws spread has sqrt(kept / left out) times their sd."""
+    from benchmarks.step_sample_spread import jackknife_sd, left_out_draws, summary_of
+
+    draws = left_out_draws(24, 5, seed=3)
+    assert draws == left_out_draws(24, 5, seed=3) and len(draws) == 5
+    assert all(len(d) == 6 and len(set(d)) == 6 and all(0 <= i < 24 for i in d) for d in draws)
+    assert len({tuple(d) for d in draws}) > 1
+    assert left_out_draws(3, 2)[0] and len(left_out_draws(3, 2)[0]) == 1
+    assert jackknife_sd(np.full(8, -0.04), 24, 6) == 0.0
+    values = np.array([-0.05, -0.03] * 4)
+    assert jackknife_sd(values, 24, 6) == pytest.approx(np.sqrt(3) * 0.01)
+    cycles = [
+        {
+            "all_steps": {"mean_signed_error": s},
+            "jackknife_sd": {k: 0.02 for k in ("mean_signed_error", "geomean_error", "max_error")},
+        }
+        for s in (-0.06, 0.02)
+    ]
+    summary = summary_of(cycles)
+    assert summary["signed_across_cycles"]["mean"] == pytest.approx(-0.02)
+    assert summary["mean_jackknife_sd"]["mean_signed_error"] == pytest.approx(0.02)
