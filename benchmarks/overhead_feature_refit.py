@@ -28,6 +28,7 @@ import json
 import re
 import sys
 from pathlib import Path
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -59,6 +60,30 @@ def stored_cycles(root: Path, last: int) -> list[Path]:
             if match and (day / f"dlrm_{match.group(1)}.json").exists():
                 found.append(path)
     return found[-last:]
+
+
+def add_cycle_arguments(parser: argparse.ArgumentParser) -> None:
+    """What every benchmark over stored cycles takes: ROWS, `--last`, `--models` and `--out`."""
+    parser.add_argument("rows", nargs="*", type=Path)
+    parser.add_argument("--last", type=int, default=4, help="cycles taken when no ROWS are named (default 4)")
+    parser.add_argument("--models", type=Path, help="keep (and reuse) each cycle's below-steps bundle here")
+    parser.add_argument("--out")
+
+
+def chosen_cycles(args: argparse.Namespace) -> list[Path]:
+    """The cycles `add_cycle_arguments`' arguments name: the ROWS given, else the last `--last`
+    stored ones; exits when there are none."""
+    paths = [p.resolve() for p in args.rows] or stored_cycles(REPO / "benchmarks/results", args.last)
+    if not paths:
+        sys.exit("no stored cycle has both its rows and a DLRM run")
+    return paths
+
+
+def each_cycle(paths: list[Path], judge: Callable[[Path], dict]) -> Iterator[dict]:
+    """`judge` of each cycle's rows in turn, each announced as it starts (a fit takes minutes)."""
+    for path in paths:
+        print(f"{path.parent.name}/{path.name}: fitting ...", flush=True)
+        yield judge(path)
 
 
 def run_of(rows_path: Path) -> Path:
@@ -162,18 +187,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     features = [f for f in dlrm_estimator.OVERHEAD_FEATURES if f != "one"] + dlrm_estimator.CANDIDATE_FEATURES
     parser.add_argument("feature", choices=features)
-    parser.add_argument("rows", nargs="*", type=Path)
-    parser.add_argument("--last", type=int, default=4, help="cycles taken when no ROWS are named (default 4)")
-    parser.add_argument("--models", type=Path, help="keep (and reuse) each cycle's below-steps bundle here")
-    parser.add_argument("--out")
+    add_cycle_arguments(parser)
     args = parser.parse_args()
-    paths = [p.resolve() for p in args.rows] or stored_cycles(REPO / "benchmarks/results", args.last)
-    if not paths:
-        sys.exit("no stored cycle has both its rows and a DLRM run")
     cycles = []
-    for path in paths:
-        print(f"{path.parent.name}/{path.name}: fitting ...", flush=True)
-        cycle = judge_cycle(path, args.feature, args.models)
+    for cycle in each_cycle(chosen_cycles(args), lambda path: judge_cycle(path, args.feature, args.models)):
         cycles.append(cycle)
         for label in ("with", "without"):
             c = cycle[label]

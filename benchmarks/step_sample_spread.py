@@ -31,7 +31,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
-from benchmarks.overhead_feature_refit import below_steps, run_of, stored_cycles  # noqa: E402
+from benchmarks.overhead_feature_refit import add_cycle_arguments, below_steps, chosen_cycles, each_cycle, run_of  # noqa: E402
 from benchmarks.refit_e2e import dlrm_predictions, read_rows, run_summary  # noqa: E402
 from predictors.fit import fit_step_stage  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
@@ -104,21 +104,14 @@ def summary_of(cycles: list[dict]) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("rows", nargs="*", type=Path)
-    parser.add_argument("--last", type=int, default=4, help="cycles taken when no ROWS are named (default 4)")
+    add_cycle_arguments(parser)
     parser.add_argument("--draws", type=int, default=16, help="draws a cycle, each leaving a quarter out")
-    parser.add_argument("--models", type=Path, help="keep (and reuse) each cycle's below-steps bundle here")
-    parser.add_argument("--out")
     args = parser.parse_args()
     if args.draws < 2:
         parser.error(f"--draws: {args.draws}; a spread takes 2 or more")
-    paths = [p.resolve() for p in args.rows] or stored_cycles(REPO / "benchmarks/results", args.last)
-    if not paths:
-        sys.exit("no stored cycle has both its rows and a DLRM run")
+    paths = chosen_cycles(args)
     cycles = []
-    for path in paths:
-        print(f"{path.parent.name}/{path.name}: fitting ...", flush=True)
-        cycle = spread_of_cycle(path, args.draws, args.models)
+    for cycle in each_cycle(paths, lambda path: spread_of_cycle(path, args.draws, args.models)):
         cycles.append(cycle)
         full, sd = cycle["all_steps"], cycle["jackknife_sd"]
         signed = [d["mean_signed_error"] for d in cycle["draws"]]
