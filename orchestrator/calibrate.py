@@ -126,7 +126,8 @@ def training_counts(budget_s: float) -> tuple[int, int]:
     steps were drawn moves a run's prediction (#26, `benchmarks/step_sample_spread.py` on
     nine stored cycles, each with the 24 steps of a 600 s calibration: the run's mean signed
     error moved with a sd of 1.4-6.1 points, mean 2.9), a spread that falls as one over the
-    square root of their count. A longer budget (the nightly's 1800 s) scales the training
+    square root of their count where the steps are drawn alike (the one 1200 s cycle so far,
+    12-03 11:45 with 40 steps, measured 4.0: one cycle, inside the 600 s range). A longer budget (the nightly's 1800 s) scales the training
     share's time, so it takes the steps in proportion, not only more kernel points. Its first
     steps are the jobs a shorter budget takes (`training_specs` draws each point from the seed and the points
     before it), at the scale all of them fit on the devices (`training_task_scale`)."""
