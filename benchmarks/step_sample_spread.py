@@ -70,12 +70,15 @@ def spread_of_cycle(rows_path: Path, draws: int, models: Path | None) -> dict:
     result = json.loads(run_of(rows_path).read_text())
     below = below_steps(rows, rows_path, models)
     step_at = [i for i, r in enumerate(rows) if r.op == DLRM_STEP_OP]
+    if len(step_at) < 2:
+        raise SystemExit(f"{rows_path.name}: {len(step_at)} DLRM step(s); a spread over draws takes 2 or more")
     full = run_figures(below, rows, result)
+    draws_out = left_out_draws(len(step_at), draws)
     drawn = []
-    for out in left_out_draws(len(step_at), draws):
+    for out in draws_out:
         dropped = {step_at[i] for i in out}
         drawn.append(run_figures(below, [r for i, r in enumerate(rows) if i not in dropped], result))
-    left_out = max(1, int(round(len(step_at) * LEFT_OUT_SHARE)))
+    left_out = len(draws_out[0])
     return {
         "rows": str(rows_path.relative_to(REPO)) if rows_path.is_relative_to(REPO) else str(rows_path),
         "steps": len(step_at),
