@@ -121,16 +121,18 @@ STEP_REFERENCE_BUDGET_S = 600.0
 
 
 def training_counts(budget_s: float) -> tuple[int, int]:
-    """The DLRM and transformer training probes for a calibration of `budget_s`: the step
-    overheads are fitted on a few dozen whole steps against thousands of kernel rows, and which
-    steps were drawn moves a run's prediction (#26, `benchmarks/step_sample_spread.py` on
-    nine stored cycles, each with the 24 steps of a 600 s calibration: the run's mean signed
-    error moved with a sd of 1.4-6.1 points, mean 2.9), a spread that falls as one over the
-    square root of their count where the steps are drawn alike (the one 1200 s cycle so far,
-    12-03 11:45 with 40 steps, measured 4.0: one cycle, inside the 600 s range). A longer budget (the nightly's 1800 s) scales the training
-    share's time, so it takes the steps in proportion, not only more kernel points. Its first
-    steps are the jobs a shorter budget takes (`training_specs` draws each point from the seed and the points
-    before it), at the scale all of them fit on the devices (`training_task_scale`)."""
+    """The DLRM and transformer training probes for a calibration of `budget_s`.
+
+    The step overheads are fitted on a few dozen whole steps against thousands of kernel rows,
+    and which steps were drawn moves a run's prediction (#26, `benchmarks/step_sample_spread.py`
+    on nine stored cycles, each with the 24 steps of a 600 s calibration: the run's mean signed
+    error moved with a sd of 1.4-6.1 points, mean 2.9). Such a spread falls as one over the
+    square root of the steps' count where they are drawn alike; the one 1200 s cycle so far
+    (12-03 11:45, 40 steps) measured 4.0, inside the 600 s range: not judged yet. A longer
+    budget (the nightly's 1800 s) scales the training share's time, so it takes the steps in
+    proportion, not only more kernel points. Its first steps are the jobs a shorter budget
+    takes (`training_specs` draws each point from the seed and the points before it), at the
+    scale all of them fit on the devices (`training_task_scale`)."""
     scale = max(1.0, budget_s / STEP_REFERENCE_BUDGET_S)
     return int(round(TRAINING_PROBES * scale)), int(round(TRANSFORMER_PROBES * scale))
 
