@@ -45,6 +45,7 @@ from predictors.evaluation import mean_interval  # noqa: E402
 from predictors.fit import fit_below_steps, fit_step_stage  # noqa: E402
 from predictors.kernel_classes import KERNEL_CLASSES  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
+from predictors.step_fit import OVERHEAD_FEATURES, OverheadFeatures  # noqa: E402
 from probes.vocabulary.ops import DLRM_STEP_OP  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
 
@@ -136,19 +137,40 @@ def step_table(model: PerformanceModel, rows: list[Measurement]) -> list[dict]:
     return table
 
 
+def load_cycle(rows_path: Path, models: Path | None) -> tuple[list[Measurement], dict, PerformanceModel]:
+    """A stored cycle's rows, its DLRM run and its bundle below the steps (`below_steps`)."""
+    rows = read_rows(rows_path)
+    return rows, json.loads(run_of(rows_path).read_text()), below_steps(rows, rows_path, models)
+
+
+def shown_path(rows_path: Path) -> str:
+    """A cycle's rows as a result names them: relative to the repository where they lie in it."""
+    return str(rows_path.relative_to(REPO)) if rows_path.is_relative_to(REPO) else str(rows_path)
+
+
+def refit_run(
+    below: PerformanceModel,
+    rows: list[Measurement],
+    result: dict,
+    overhead_features: OverheadFeatures = OVERHEAD_FEATURES,
+) -> tuple[PerformanceModel, dict]:
+    """The step stage fitted on `rows` over a copy of `below` (its overheads on
+    `overhead_features`), and the stored DLRM run's summary under it (`refit_e2e.run_summary`)."""
+    model = copy.deepcopy(below)
+    fit_step_stage(model, rows, seed=0, overhead_features=overhead_features)
+    return model, run_summary(dlrm_predictions(model, result))
+
+
 def judge_cycle(rows_path: Path, feature: str, models: Path | None = None) -> dict:
     """One cycle's steps and DLRM run, with the step overhead fitted with and without
     `feature`, on the same kernel models."""
-    rows = read_rows(rows_path)
-    result = json.loads(run_of(rows_path).read_text())
-    below = below_steps(rows, rows_path, models)
-    out: dict = {"rows": str(rows_path.relative_to(REPO)) if rows_path.is_relative_to(REPO) else str(rows_path)}
+    rows, result, below = load_cycle(rows_path, models)
+    out: dict = {"rows": shown_path(rows_path)}
     fitted = {}
     for label, features in feature_sets(feature).items():
-        model = fitted[label] = copy.deepcopy(below)
-        fit_step_stage(model, rows, seed=0, overhead_features={"dlrm": features})
+        model, summary = refit_run(below, rows, result, {"dlrm": features})
+        fitted[label] = model
         overhead = model.step_overheads.get("dlrm")
-        summary = run_summary(dlrm_predictions(model, result))
         steps = model.metrics.get(DLRM_STEP_OP) or {}
         out[label] = {
             "steps_left_out_gmae": steps.get("gmae"),

@@ -19,8 +19,6 @@ Writes benchmarks/results/step_sample_spread.json.
 from __future__ import annotations
 
 import argparse
-import copy
-import json
 import sys
 from pathlib import Path
 
@@ -31,9 +29,14 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
-from benchmarks.overhead_feature_refit import add_cycle_arguments, below_steps, chosen_cycles, each_cycle, run_of  # noqa: E402
-from benchmarks.refit_e2e import dlrm_predictions, read_rows, run_summary  # noqa: E402
-from predictors.fit import fit_step_stage  # noqa: E402
+from benchmarks.overhead_feature_refit import (  # noqa: E402
+    add_cycle_arguments,
+    chosen_cycles,
+    each_cycle,
+    load_cycle,
+    refit_run,
+    shown_path,
+)
 from predictors.performance_model import PerformanceModel  # noqa: E402
 from probes.vocabulary.ops import DLRM_STEP_OP  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
@@ -57,18 +60,14 @@ def jackknife_sd(values: np.ndarray, steps: int, left_out: int) -> float:
 
 
 def run_figures(below: PerformanceModel, rows: list[Measurement], result: dict) -> dict[str, float]:
-    """The step stage fitted on `rows` over `below`, and the stored run's figures under it."""
-    model = copy.deepcopy(below)
-    fit_step_stage(model, rows, seed=0)
-    summary = run_summary(dlrm_predictions(model, result))
+    """The stored run's figures under the step stage fitted on `rows` over `below`."""
+    _, summary = refit_run(below, rows, result)
     return {key: float(summary[key]) for key in FIGURES}
 
 
 def spread_of_cycle(rows_path: Path, draws: int, models: Path | None) -> dict:
     """One cycle's run under the fit on every DLRM step and under each draw's."""
-    rows = read_rows(rows_path)
-    result = json.loads(run_of(rows_path).read_text())
-    below = below_steps(rows, rows_path, models)
+    rows, result, below = load_cycle(rows_path, models)
     step_at = [i for i, r in enumerate(rows) if r.op == DLRM_STEP_OP]
     if len(step_at) < 2:
         raise SystemExit(f"{rows_path.name}: {len(step_at)} DLRM step(s); a spread over draws takes 2 or more")
@@ -80,7 +79,7 @@ def spread_of_cycle(rows_path: Path, draws: int, models: Path | None) -> dict:
         drawn.append(run_figures(below, [r for i, r in enumerate(rows) if i not in dropped], result))
     left_out = len(draws_out[0])
     return {
-        "rows": str(rows_path.relative_to(REPO)) if rows_path.is_relative_to(REPO) else str(rows_path),
+        "rows": shown_path(rows_path),
         "steps": len(step_at),
         "left_out": left_out,
         "all_steps": full,
