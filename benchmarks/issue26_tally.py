@@ -14,7 +14,8 @@ the mean over runs of each run's mean there, and the same less the run's own mea
 error (its lean by batch with the run's level taken out: the host's spell moves a whole run,
 a model's slope moves one batch against another), and the milliseconds a step measured over
 its prediction (a missing fixed cost is the same at every batch). Intervals are over runs, not tasks: a
-run's tasks share its calibration and its spell.
+run's tasks share its calibration and its spell. And, per workload, how a run's signed error
+follows the champion's on its calibration's own steps timed during the run (`own_steps`).
 
 Writes benchmarks/results/issue26_tally.json.
 """
@@ -107,6 +108,37 @@ def lean_by_batch(runs: list[Run]) -> dict[int, dict]:
     return out
 
 
+def own_steps_pairing(runs: list[Run]) -> dict | None:
+    """How a run's lean follows the champion's on its calibration's own steps timed during the
+    run (`--step-checks`), over the `runs` that have both: the gap (run less own steps) as a
+    mean with its sd and 95% interval over the runs, and their correlation. A gap near zero with
+    a high correlation says the run leans as the steps it was fitted on do at that moment (the
+    host's spell, and how those steps were priced when stored), not as something its tasks
+    alone have. None with fewer than three such runs."""
+    paired = [(r.signed, r.own_steps_signed) for r in runs if r.own_steps_signed is not None]
+    if len(paired) < 3:
+        return None
+    signed, own = (np.asarray(v) for v in zip(*paired))
+    gap = signed - own
+    return {
+        "runs": len(paired),
+        "gap": float(gap.mean()),
+        "gap_sd": float(gap.std(ddof=1)),
+        "gap_interval": list(mean_interval(gap)),
+        "correlation": float(np.corrcoef(signed, own)[0, 1]),
+    }
+
+
+def print_pairing(kind: str, pairing: dict | None) -> None:
+    if pairing is None:
+        return
+    print(
+        f"{kind}: run's signed error less the champion's on its own steps timed beside it "
+        f"{pairing['gap']:+.1%} [{pairing['gap_interval'][0]:+.1%}, {pairing['gap_interval'][1]:+.1%}] "
+        f"(sd {pairing['gap_sd']:.1%}), correlation {pairing['correlation']:.2f} over {pairing['runs']} runs"
+    )
+
+
 def print_lean(lean: dict[int, dict]) -> None:
     print("DLRM signed error by batch (mean over runs [95% over runs]; relative: less the run's own mean)")
     for batch, e in lean.items():
@@ -195,10 +227,11 @@ def main() -> None:
     print(f"{'cycle':<16} {'DLRM geomean max signed':<27} | {'transformer DP geomean max signed':<27}")
     for name, runs in found.items():
         print(f"{name:<16} {cell(runs.get('dlrm'))} | {cell(runs.get('transformer'))}")
-    judged = {
-        kind: [r[kind].met for r in found.values() if kind in r and r[kind].met is not None]
+    counted = {
+        kind: [r[kind] for r in found.values() if kind in r and r[kind].met is not None]
         for kind in ("dlrm", "transformer")
     }
+    judged = {kind: [run.met for run in runs] for kind, runs in counted.items()}
     both = [
         r["dlrm"].met and r["transformer"].met
         for r in found.values()
@@ -207,13 +240,17 @@ def main() -> None:
     summary = {kind: {"met": sum(v), "judged": len(v)} for kind, v in judged.items()}
     summary["both"] = {"met": sum(both), "judged": len(both)}
     print("; ".join(f"{kind}: {s['met']} of {s['judged']} met every bar" for kind, s in summary.items()))
-    lean = lean_by_batch([r["dlrm"] for r in found.values() if "dlrm" in r and r["dlrm"].met is not None])
+    lean = lean_by_batch(counted["dlrm"])
     print_lean(lean)
+    pairing = {kind: own_steps_pairing(runs) for kind, runs in counted.items()}
+    for kind, figures in pairing.items():
+        print_pairing(kind, figures)
     command = "python benchmarks/issue26_tally.py " + " ".join(sys.argv[1:])
     record = {
         "command": command.strip(),
         "summary": summary,
         "by_batch": lean,
+        "own_steps": pairing,
         "cycles": {k: {n: _figures(r) for n, r in v.items()} for k, v in found.items()},
     }
     Path(args.out).write_text(json.dumps(record, indent=1))

@@ -66,6 +66,25 @@ def test_the_tally_tells_a_missing_fixed_cost_from_a_runs_level():
     assert lean[1024]["missing_ms"] == pytest.approx((1.0 + 5.4) / 2)
 
 
+def test_the_tally_pairs_a_runs_lean_with_its_own_steps_timed_beside_it():
+    """Runs whose lean is their own steps' plus a little: a gap near zero, a high correlation;
+    runs without step checks are left out, and fewer than three paired runs give no figure."""
+    from benchmarks.issue26_tally import Run, own_steps_pairing
+
+    def run(signed: float, own: float | None) -> Run:
+        return Run(0.1, 0.2, signed, 12, 1, True, None, own)
+
+    following = [run(-0.17, -0.18), run(-0.24, -0.19), run(0.06, 0.05), run(-0.02, -0.04), run(0.30, None)]
+    pairing = own_steps_pairing(following)
+    assert pairing["runs"] == 4
+    assert pairing["gap"] == pytest.approx(np.mean([0.01, -0.05, 0.01, 0.02]))
+    assert pairing["gap_interval"][0] < pairing["gap"] < pairing["gap_interval"][1]
+    assert pairing["correlation"] > 0.9
+    unrelated = own_steps_pairing([run(-0.2, 0.1), run(0.1, -0.2), run(-0.1, 0.05), run(0.05, -0.1)])
+    assert unrelated["correlation"] < 0
+    assert own_steps_pairing(following[:2]) is None
+
+
 def test_a_lean_that_follows_the_table_count_is_told_and_a_redrawn_mismatch_is_left_out(tmp_path):
     """`lean_by_task` redraws each task's tables from its run's seed: a lean made to follow the
     table count correlates with it within a batch (after the run's level is taken out), one made
