@@ -28,7 +28,7 @@ from predictors.ddp_buckets import ddp_buckets
 from predictors.dlrm_graph import FLOAT, build_dlrm_graph, shards_all_to_all_params
 from predictors.dlrm_ranks import dominant_ranks, lookup_times, memory_alongside
 from predictors.evaluation import ErrorStats, error_stats
-from predictors.kernel_classes import KERNEL_CLASSES, MEMORY, MEMORY_ALONGSIDE, busiest_rank
+from predictors.kernel_classes import ALL_KERNELS, KERNEL_CLASSES, MEMORY, MEMORY_ALONGSIDE, busiest_rank
 from predictors.opmodels import fit_step_overhead, step_metrics
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import frozen, model_cost, simulate
@@ -39,20 +39,25 @@ from probes.vocabulary.records import Measurement
 from probes.vocabulary.table_shards import PlanEntry, TableShard, local_pieces, row_wise_width, table_shards
 from probes.vocabulary.tbe_features import expected_features
 
-# `pooled_elems`: the step's framework work on the pooled embeddings (the exchange's splits and
-# concatenations, autograd's copies of their gradients) grows with batch x summed dims, which
-# no probed kernel carries. Without it the overhead took ~16% of the kernels and a small
-# constant, pinned by the calibration's light jobs, and every stored DLRM run leaned low by
-# ~1.2 ms a step at every batch (`benchmarks/dlrm_lean.py`: -9.6% at batch 128, -1.5% at 1024).
-# The busiest rank's kernels by class (`kernel_classes`), each with its own slowdown in a step:
-# one coefficient on all the kernels (`kernels_s`) slowed the GEMMs of dense-heavy steps as much
-# as the lookups of table-heavy ones.
-OVERHEAD_FEATURES = ["one", "dense_layers", "tables_total", "split_pieces", "pooled_elems", *KERNEL_CLASSES]
+# What a step leaves over its simulated kernels, fitted on the calibration's task-shaped steps
+# (`step_fit.fit_steps`): a per-step constant, a cost per table and per table piece beyond one
+# (each one more TBE table to launch and bookkeep), and one slowdown on all the kernels. Four
+# coefficients for the twelve task steps a default calibration measures. Fitted on every step
+# kind, with the kernels split by class and `dense_layers` and `pooled_elems` beside, the
+# light and framework jobs pinned a small constant and a large slowdown (their steps follow
+# other lines than a task's: README, #26), which priced small-batch jobs low and large-batch
+# ones high; refitted on 11 stored #26 cycles (`benchmarks/step_fit_kinds.py`) the runs' worst
+# task fell 5.5 points [1.7, 9.3] and their batch-128 tasks' lean against the run's mean rose
+# 5.6 points [2.8, 8.4], their geomean unchanged.
+OVERHEAD_FEATURES = ["one", "tables_total", "split_pieces", ALL_KERNELS]
 # Carried in the params, fitted only by a benchmark's paired "with" (`overhead_feature_refit`):
 # `memory_alongside_s`, of the memory-bound time what the node's other ranks run beside it (a
-# lopsided plan's lookups run with little beside them). Fitted on the #26 calibrations of
-# 12-01 23:30, 12-02 03:36 and 07:06 its coefficient was 0 in all three: not borne out.
-CANDIDATE_FEATURES = [MEMORY_ALONGSIDE]
+# lopsided plan's lookups run with little beside them; fitted on the #26 calibrations of
+# 12-01 23:30, 12-02 03:36 and 07:06 its coefficient was 0 in all three); the kernels by class
+# (`kernel_classes`); `dense_layers`; and `pooled_elems`, the framework's work on the pooled
+# embeddings (batch x summed dims), which once lifted the small constant that the light jobs
+# pinned.
+CANDIDATE_FEATURES = [MEMORY_ALONGSIDE, *KERNEL_CLASSES, "dense_layers", "pooled_elems"]
 
 
 @dataclass

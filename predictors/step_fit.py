@@ -10,10 +10,11 @@ from predictors.collective_context import learn_collective_factors
 from predictors.context_model import ContextFactorModel
 from predictors.dlrm_estimator import OVERHEAD_FEATURES as DLRM_OVERHEAD_FEATURES
 from predictors.dlrm_estimator import fit_overhead
+from predictors.opmodels import SPARE_ROWS
 from predictors.performance_model import PerformanceModel
 from predictors.transformer_estimator import OVERHEAD_FEATURES as TRANSFORMER_OVERHEAD_FEATURES
 from predictors.transformer_estimator import fit_transformer_overhead
-from probes.vocabulary.ops import DLRM_STEP_OP, IN_STEP_COLLECTIVE_OP, TRANSFORMER_STEP_OP
+from probes.vocabulary.ops import DLRM_STEP_OP, IN_STEP_COLLECTIVE_OP, TRANSFORMER_STEP_OP, task_job
 from probes.vocabulary.records import Measurement
 
 MIN_TRANSFORMER_STEPS = 3  # fewer leave one step to fit each left-out one on
@@ -45,8 +46,11 @@ def fit_steps(
     and again on its proposed factors, which it keeps (`ContextFactorModel.by_workload`) only
     when its steps, each left out in turn, come out closer with them (a tie keeps the
     isolated prices). A workload's overhead is fitted on its own steps alone and its factors
-    price no other workload's step, so each verdict leaves the other's fit as it is."""
-    steps = {"dlrm": list(dlrm_steps), "transformer": list(transformer_steps)}
+    price no other workload's step, so each verdict leaves the other's fit as it is.
+
+    The DLRM's factors and overhead rest on its task-shaped steps (`task_shaped_steps`)."""
+    dlrm_features = {**OVERHEAD_FEATURES, **overhead_features}["dlrm"]
+    steps = {"dlrm": task_shaped_steps(dlrm_steps, dlrm_features), "transformer": list(transformer_steps)}
     verdicts: dict[str, dict[str, Any]] = {}
     for workload, rows in steps.items():
         try:
@@ -64,7 +68,27 @@ def fit_steps(
         _judge_on_steps(model, {w: steps[w] for w in proposed}, {w: verdicts[w] for w in proposed}, overhead_features)
     if verdicts:
         model.metrics[IN_STEP_COLLECTIVE_OP] = {"kept": any(v.get("kept") for v in verdicts.values()), **verdicts}
+    if DLRM_STEP_OP in model.metrics:  # of them, how many it was fitted on (`n`)
+        model.metrics[DLRM_STEP_OP]["steps_measured"] = len(dlrm_steps)
     return judged
+
+
+def task_shaped_steps(rows: Sequence[Measurement], features: Sequence[str]) -> list[Measurement]:
+    """The DLRM steps its overhead is fitted on: the task-shaped ones (`ops.task_job`, drawn
+    like the jobs plans are made for) when there are enough of them for `features`
+    (`SPARE_ROWS` beyond one per coefficient), else every step (a short calibration).
+
+    The light and framework steps follow other lines than a task's (at the 11-29 10:39
+    calibration of #26: tasks 4.6 ms + 1.19x their kernels, light steps 0.85 ms + 1.95x,
+    framework steps -1.0 ms + 4.2x; `benchmarks/step_slope.py`), and one overhead fitted on all
+    three priced a task's fixed cost low and its kernels high: small-batch jobs under, large-
+    batch ones over. Refitted on 11 stored cycles of #26 on the task steps alone
+    (`benchmarks/step_fit_kinds.py`), the runs' batch-128 tasks leaned 5.6 points [2.8, 8.4]
+    higher against their run's mean, the batch-1024 ones 4.0 [1.9, 6.0] lower, and the worst
+    task of a run fell 5.5 points [1.7, 9.3]. The other steps are measured still; the bundle's
+    `dlrm_step` metrics count them (`steps_measured`) beside the steps fitted (`n`)."""
+    tasks = [r for r in rows if task_job(r.params["job"])]
+    return tasks if len(tasks) >= len(features) + SPARE_ROWS else list(rows)
 
 
 def _judge_on_steps(

@@ -17,7 +17,7 @@ from probes.overheads import profile_overheads
 from probes.probe import ProbeSpec, SoloGangProbe
 from probes.trace_capture import capture_step_trace
 from probes.vocabulary.in_context import in_context_rows, in_step_collectives, step_collectives, tbe_in_context_rows
-from probes.vocabulary.ops import FRAMEWORK_JOB_PREFIX
+from probes.vocabulary.ops import FRAMEWORK_JOB_PREFIX, TASK_JOB_PREFIX, task_job
 from probes.vocabulary.placement import RankPlacement
 from probes.vocabulary.records import Measurement
 from probes.vocabulary.table_shards import split_kinds
@@ -53,7 +53,7 @@ def probe_kind(i: int) -> str:
     """Which kind `training_specs`' point i is: "task" (odd i), else "overhead" and "light" in
     turn."""
     if i % 2:
-        return "task"
+        return TASK_JOB_PREFIX
     return "light" if (i // 2) % 2 else "overhead"
 
 
@@ -66,9 +66,7 @@ def job_kind(name: str) -> str:
 def table_wise_task(row: Measurement) -> bool:
     """Whether a stored DLRM step is a task-shaped probe's with every table on one rank: the
     calibration's steps most like a run's tasks, whose plans the sharders choose."""
-    return job_kind(str(row.params["job"]["name"])) == "task" and all(
-        isinstance(p, int) for p in row.params["table_to_rank"]
-    )
+    return task_job(row.params["job"]) and all(isinstance(p, int) for p in row.params["table_to_rank"])
 
 
 def training_specs(

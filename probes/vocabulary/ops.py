@@ -45,6 +45,9 @@ STEP_OVERHEAD_OPS = {"dlrm": DLRM_OVERHEAD_OP, "transformer": TRANSFORMER_OVERHE
 # The name prefix of the calibration's small random DLRMs (`probes.training.overhead_job`):
 # measured for the framework's per-op overheads, far below the jobs plans are made for.
 FRAMEWORK_JOB_PREFIX = "overhead"
+# The name prefix of the calibration's production-shaped DLRM probes (`probes.training`): jobs
+# drawn by the random-task generator at full size, the shape of the jobs plans are made for.
+TASK_JOB_PREFIX = "task"
 
 GEMM_VARIANTS = ("mm", "addmm", "bmm", "baddbmm")
 PRODUCTS = ("forward", "grad_input", "grad_weight")
@@ -166,3 +169,9 @@ def framework_job(job: dict[str, Any]) -> bool:
     random DLRMs for the framework's overheads (`FRAMEWORK_JOB_PREFIX`), not a job of the space
     plans are made for."""
     return str(job.get("name", "")).startswith(FRAMEWORK_JOB_PREFIX)
+
+
+def task_job(job: dict[str, Any]) -> bool:
+    """Whether a measured step's job (its `params["job"]`) is one of the calibration's
+    production-shaped DLRM probes (`TASK_JOB_PREFIX`), not a light or framework one."""
+    return str(job.get("name", "")).startswith(TASK_JOB_PREFIX)
