@@ -153,11 +153,13 @@ def refit_run(
     rows: list[Measurement],
     result: dict,
     overhead_features: OverheadFeatures = OVERHEAD_FEATURES,
+    every_dlrm_step: bool = False,
 ) -> tuple[PerformanceModel, dict]:
     """The step stage fitted on `rows` over a copy of `below` (its overheads on
-    `overhead_features`), and the stored DLRM run's summary under it (`refit_e2e.run_summary`)."""
+    `overhead_features`, the DLRM's on every kind of step with `every_dlrm_step`), and the
+    stored DLRM run's summary under it (`refit_e2e.run_summary`)."""
     model = copy.deepcopy(below)
-    fit_step_stage(model, rows, seed=0, overhead_features=overhead_features)
+    fit_step_stage(model, rows, seed=0, overhead_features=overhead_features, every_dlrm_step=every_dlrm_step)
     return model, run_summary(dlrm_predictions(model, result))
 
 

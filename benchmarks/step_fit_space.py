@@ -1,4 +1,5 @@
-"""The DLRM step overhead fitted on every measured step (as the calibration fits it), against
+"""The DLRM step overhead fitted on every measured step (as the calibration fitted it until
+12-03; `every_dlrm_step`), against
 fitted on the steps of the job space alone (every step but the calibration's small random
 DLRMs for the framework's overheads, `ops.framework_job`), side by side on stored
 calibrations and the end-to-end runs made against them. Tried for #26 on 11-28 and dropped:

@@ -107,6 +107,7 @@ SUMMARY_KEYS = (
     "baseline_gmae",
     "vs_baseline",
     "n",
+    "steps_measured",
     "chosen",
     "judged",
     "fold_picks",
@@ -740,7 +741,11 @@ def print_summary(info: dict[str, Any]) -> None:
         chosen = f", {s['chosen']}" if s.get("chosen") else ""
         interval = f" [{s['gmae_low']:.1%}, {s['gmae_high']:.1%}]" if s.get("gmae_low") is not None else ""
         judged = s.get("judged") or "held-out"
-        shown(f"  {judged} {op:16s} GMAE {s['gmae']:.1%}{interval}  MAPE {s['mape']:.1%}  (n={s['n']}{base}{chosen})")
+        fitted = f" of {s['steps_measured']} steps" if s.get("steps_measured", s["n"]) != s["n"] else ""
+        shown(
+            f"  {judged} {op:16s} GMAE {s['gmae']:.1%}{interval}  MAPE {s['mape']:.1%}  "
+            f"(n={s['n']}{fitted}{base}{chosen})"
+        )
         if s.get("fold_picks"):
             detail(f"    {op} by fold: " + ", ".join(fold_pick(p) for p in s["fold_picks"]))
     for family, s in info.get("heldout_per_family", {}).items():

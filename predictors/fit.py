@@ -84,13 +84,15 @@ def fit_step_stage(
     seed: int = 0,
     overhead_features: OverheadFeatures = OVERHEAD_FEATURES,
     history: StepHistory | None = None,
+    every_dlrm_step: bool = False,
 ) -> list[Measurement]:
     """The last stage of `fit_bundle`: each workload's step overhead over `rows`' whole steps,
     on a `model` that has every other part (`fit_below_steps`). Apart, so that a benchmark
-    can refit the steps on other features without refitting every kernel
-    (`benchmarks/overhead_feature_refit.py`). Returns the calibration's own steps, judged."""
+    can refit the steps on other features, or the DLRM's on every kind of step
+    (`every_dlrm_step`), without refitting every kernel (`benchmarks/overhead_feature_refit.py`,
+    `benchmarks/step_fit_kinds.py`). Returns the calibration's own steps, judged."""
     steps = [r for r in rows if r.op in (DLRM_STEP_OP, TRANSFORMER_STEP_OP)]
-    return fit_pooled_steps(model, steps, kernel_rows(rows), history, seed, overhead_features)
+    return fit_pooled_steps(model, steps, kernel_rows(rows), history, seed, overhead_features, every_dlrm_step)
 
 
 def fit_below_steps(

@@ -31,11 +31,13 @@ def fit_steps(
     transformer_steps: Sequence[Measurement],
     seed: int,
     overhead_features: OverheadFeatures = OVERHEAD_FEATURES,
+    every_dlrm_step: bool = False,
 ) -> list[Measurement]:
     """Each workload's step overhead, its collectives priced on its own in-step factors where
     its whole steps bear them out. Returns the steps (each judged left out in turn).
     `overhead_features`: what each workload's overhead is fitted on (others for a paired
-    "before"; a workload not named takes its default).
+    "before"; a workload not named takes its default). `every_dlrm_step`: the DLRM's on every
+    kind of step, not the task-shaped ones alone (a paired "before").
 
     Each workload's factors are learned from the collectives its own steps captured and
     proposed when the held-out collectives add up closer with them
@@ -50,7 +52,8 @@ def fit_steps(
 
     The DLRM's factors and overhead rest on its task-shaped steps (`task_shaped_steps`)."""
     dlrm_features = {**OVERHEAD_FEATURES, **overhead_features}["dlrm"]
-    steps = {"dlrm": task_shaped_steps(dlrm_steps, dlrm_features), "transformer": list(transformer_steps)}
+    dlrm_fitted = list(dlrm_steps) if every_dlrm_step else task_shaped_steps(dlrm_steps, dlrm_features)
+    steps = {"dlrm": dlrm_fitted, "transformer": list(transformer_steps)}
     verdicts: dict[str, dict[str, Any]] = {}
     for workload, rows in steps.items():
         try:

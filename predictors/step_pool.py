@@ -133,6 +133,7 @@ def fit_pooled_steps(
     history: StepHistory | None,
     seed: int,
     overhead_features: OverheadFeatures = OVERHEAD_FEATURES,
+    every_dlrm_step: bool = False,
 ) -> list[Measurement]:
     """`step_fit.fit_steps` on this calibration's whole steps and those its `history` lends
     (`pool_steps`; the verdicts in `meta["pooled_steps"]`). Returns this calibration's own
@@ -149,5 +150,6 @@ def fit_pooled_steps(
         [r for r in steps if r.op == TRANSFORMER_STEP_OP],
         seed,
         overhead_features,
+        every_dlrm_step,
     )
     return [r for r in fitted if id(r) not in borrowed]

@@ -255,6 +255,57 @@ def test_step_overhead_learns_a_cost_per_pooled_embedding_element(model):
     assert without.metrics[DLRM_STEP_OP]["gmae"] > bundle.metrics[DLRM_STEP_OP]["gmae"]
 
 
+def _named_steps(model, kind: str, count: int, line, seed: int) -> list:
+    """`count` DLRM steps of jobs named as the calibration names its `kind` of probe, each
+    measured as `line(kernels_s, tables)` seconds."""
+    from probes.vocabulary.ops import DLRM_STEP_OP
+
+    rng = np.random.default_rng(seed)
+    rows = []
+    for i in range(count):
+        tables = [
+            (int(rng.integers(1000, 200_000)), int(rng.choice([8, 64])), int(rng.integers(1, 40)))
+            for _ in range(int(rng.integers(2, 12)))
+        ]
+        spec = job(tables, bottom=[int(rng.choice([16, 256]))])
+        placement = [t % 2 for t in range(len(tables))]
+        kernels = estimate_iteration(spec, placement, model, include_overhead=False).iteration_s
+        named = {**spec.to_dict(), "name": f"{kind}{2 * i + 1}"}
+        rows.append(
+            Measurement(DLRM_STEP_OP, {"job": named, "table_to_rank": placement}, line(kernels, len(tables)), 0.0, 20)
+        )
+    return rows
+
+
+def test_dlrm_step_overhead_is_fitted_on_the_task_shaped_steps(model):
+    """Task steps that leave 3 ms + 0.3 ms a table + 20% of their kernels, and light steps on
+    another line (0.5 ms + their kernels once more): the overhead is fitted on the task steps
+    and recovers their line, as a production-shaped job is priced; the light steps are counted
+    (`steps_measured`), not fitted. Fitted on every step (a benchmark's paired "before") it
+    misses the tasks' line. With fewer task steps than the features need, every step is fitted."""
+    from predictors.step_fit import fit_steps
+    from probes.vocabulary.ops import DLRM_STEP_OP
+
+    tasks = _named_steps(model, "task", 10, lambda k, t: k + 3e-3 + 3e-4 * t + 0.2 * k, seed=3)
+    light = _named_steps(model, "light", 10, lambda k, t: k + 5e-4 + 1.0 * k, seed=4)
+    bundle = type(model)(model.hardware_id, dict(model.models))
+    fit_steps(bundle, tasks + light, [], seed=0)
+    coef = dict(zip(bundle.step_overheads["dlrm"].features, bundle.step_overheads["dlrm"].coef))
+    assert coef["one"] == pytest.approx(3e-3, rel=0.05) and coef["tables_total"] == pytest.approx(3e-4, rel=0.05)
+    assert coef["kernels_s"] == pytest.approx(0.2, rel=0.05)
+    stats = bundle.metrics[DLRM_STEP_OP]
+    assert stats["n"] == 10 and stats["steps_measured"] == 20 and stats["gmae"] < 0.01
+
+    every = type(model)(model.hardware_id, dict(model.models))
+    fit_steps(every, tasks + light, [], seed=0, every_dlrm_step=True)
+    assert every.metrics[DLRM_STEP_OP]["n"] == 20
+    assert abs(every.step_overheads["dlrm"].coef[0] - 3e-3) > 3e-4  # the light steps pull the constant off
+
+    few = type(model)(model.hardware_id, dict(model.models))
+    fit_steps(few, tasks[:5] + light, [], seed=0)  # 5 < 4 features + 2 spare: every step
+    assert few.metrics[DLRM_STEP_OP]["n"] == 15
+
+
 def test_leave_one_out_judges_each_step_without_its_own_residual():
     """Overheads of 1, 1, 1 and 5 ms: a mean fitted on all four would predict the odd step
     from its own residual; left out, it is predicted at 1 ms (the mean of the others)."""
