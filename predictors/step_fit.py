@@ -34,7 +34,8 @@ def fit_steps(
     every_dlrm_step: bool = False,
 ) -> list[Measurement]:
     """Each workload's step overhead, its collectives priced on its own in-step factors where
-    its whole steps bear them out. Returns the steps (each judged left out in turn).
+    its whole steps bear them out. Returns the steps fitted (each judged left out in turn; of
+    the DLRM's, those `task_shaped_steps` keeps, so a champion is compared on the same ones).
     `overhead_features`: what each workload's overhead is fitted on (others for a paired
     "before"; a workload not named takes its default). `every_dlrm_step`: the DLRM's on every
     kind of step, not the task-shaped ones alone (a paired "before").
