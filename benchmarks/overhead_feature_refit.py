@@ -154,13 +154,14 @@ def refit_run(
     result: dict,
     overhead_features: OverheadFeatures = OVERHEAD_FEATURES,
     every_dlrm_step: bool = False,
-) -> tuple[PerformanceModel, dict]:
+) -> tuple[PerformanceModel, list[dict]]:
     """The step stage fitted on `rows` over a copy of `below` (its overheads on
     `overhead_features`, the DLRM's on every kind of step with `every_dlrm_step`), and the
-    stored DLRM run's summary under it (`refit_e2e.run_summary`)."""
+    stored DLRM run's tasks re-predicted under it (`refit_e2e.dlrm_predictions`; their
+    figures: `refit_e2e.run_summary`)."""
     model = copy.deepcopy(below)
     fit_step_stage(model, rows, seed=0, overhead_features=overhead_features, every_dlrm_step=every_dlrm_step)
-    return model, run_summary(dlrm_predictions(model, result))
+    return model, dlrm_predictions(model, result)
 
 
 def judge_cycle(rows_path: Path, feature: str, models: Path | None = None) -> dict:
@@ -170,7 +171,8 @@ def judge_cycle(rows_path: Path, feature: str, models: Path | None = None) -> di
     out: dict = {"rows": shown_path(rows_path)}
     fitted = {}
     for label, features in feature_sets(feature).items():
-        model, summary = refit_run(below, rows, result, {"dlrm": features})
+        model, tasks = refit_run(below, rows, result, {"dlrm": features})
+        summary = run_summary(tasks)
         fitted[label] = model
         overhead = model.step_overheads.get("dlrm")
         steps = model.metrics.get(DLRM_STEP_OP) or {}

@@ -41,9 +41,9 @@ from benchmarks.overhead_feature_refit import (  # noqa: E402
     refit_run,
     shown_path,
 )
-from benchmarks.refit_e2e import dlrm_predictions  # noqa: E402
+from benchmarks.refit_e2e import run_summary  # noqa: E402
 from predictors.dlrm_estimator import OVERHEAD_FEATURES, step_residuals  # noqa: E402
-from predictors.evaluation import mean_interval  # noqa: E402
+from predictors.evaluation import leave_one_out_signed, mean_interval  # noqa: E402
 from predictors.kernel_classes import KERNEL_CLASSES  # noqa: E402
 from predictors.opmodels import LinearCostModel, step_overhead_fitter  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
@@ -64,31 +64,26 @@ def dlrm_overhead(model: PerformanceModel) -> LinearCostModel:
     return overhead
 
 
-def task_steps_left_out(model: PerformanceModel, steps: list[Measurement], fitted: list[Measurement]) -> np.ndarray:
+def task_steps_left_out(model: PerformanceModel, fitted: list[Measurement]) -> np.ndarray:
     """Each task-shaped step's signed error under `model`'s kernels plus an overhead fitted (on
-    `model`'s features) on the `fitted` steps other than it."""
-    kernels, residuals = step_residuals(model, steps)
-    features = dlrm_overhead(model).features
-    fitted_ids = {id(r) for r in fitted}
-    errors = []
-    for i, row in enumerate(steps):
-        if not task_job(row.params["job"]):
-            continue
-        others = [residuals[j] for j, r in enumerate(steps) if j != i and id(r) in fitted_ids]
-        overhead = step_overhead_fitter(DLRM_OVERHEAD_OP, features, len(others))(others).predict(residuals[i].params)
-        errors.append((kernels[i] + overhead - row.median_s) / row.median_s)
-    return np.asarray(errors)
+    `model`'s features) on the `fitted` steps other than it (`evaluation.leave_one_out_signed`
+    over the `fitted` steps, as the calibration judges them)."""
+    kernels, residuals = step_residuals(model, fitted)
+    fit = step_overhead_fitter(DLRM_OVERHEAD_OP, dlrm_overhead(model).features, len(fitted))
+    signed = leave_one_out_signed(residuals, kernels, [r.median_s for r in fitted], fit)
+    return np.asarray([e for e, r in zip(signed, fitted) if task_job(r.params["job"])])
 
 
 def judge_fit(below: PerformanceModel, rows: list[Measurement], result: dict, every_step: bool) -> dict:
     """One fit of the cycle's step stage and what it makes of the run and the task steps."""
     features = {"dlrm": FORMER_FEATURES} if every_step else {}
-    model, summary = refit_run(below, rows, result, features, every_dlrm_step=every_step)
+    model, tasks = refit_run(below, rows, result, features, every_dlrm_step=every_step)
+    summary = run_summary(tasks)
     steps = [r for r in rows if r.op == DLRM_STEP_OP]
     fitted = steps if every_step else task_shaped_steps(steps, OVERHEAD_FEATURES)
-    tasks = dlrm_predictions(model, result)
     signed = signed_errors(tasks)
-    left_out = task_steps_left_out(model, steps, fitted)
+    left_out = task_steps_left_out(model, fitted)
+    task_batches = np.asarray([r.params["job"]["batch_size"] for r in fitted if task_job(r.params["job"])])
     return {
         **{k: summary[k] for k in ("geomean_error", "max_error", "mean_signed_error", "tasks")},
         "abs_signed_error": abs(summary["mean_signed_error"]),
@@ -98,10 +93,7 @@ def judge_fit(below: PerformanceModel, rows: list[Measurement], result: dict, ev
         },
         "task_steps_left_out": geomean(list(np.abs(left_out))),
         "task_steps_signed_by_batch": {
-            str(b): float(
-                left_out[[r.params["job"]["batch_size"] == b for r in steps if task_job(r.params["job"])]].mean()
-            )
-            for b in sorted({r.params["job"]["batch_size"] for r in steps if task_job(r.params["job"])})
+            str(b): float(left_out[task_batches == b].mean()) for b in sorted(set(task_batches))
         },
         "steps_fitted": len(fitted),
         "coefficients": dict(zip(dlrm_overhead(model).features, map(float, dlrm_overhead(model).coef))),

@@ -37,6 +37,7 @@ from benchmarks.overhead_feature_refit import (  # noqa: E402
     refit_run,
     shown_path,
 )
+from benchmarks.refit_e2e import run_summary  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
 from probes.vocabulary.ops import DLRM_STEP_OP  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
@@ -61,7 +62,8 @@ def jackknife_sd(values: np.ndarray, steps: int, left_out: int) -> float:
 
 def run_figures(below: PerformanceModel, rows: list[Measurement], result: dict) -> dict[str, float]:
     """The stored run's figures under the step stage fitted on `rows` over `below`."""
-    _, summary = refit_run(below, rows, result)
+    _, tasks = refit_run(below, rows, result)
+    summary = run_summary(tasks)
     return {key: float(summary[key]) for key in FIGURES}
 
 

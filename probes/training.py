@@ -112,7 +112,7 @@ def training_specs(
         if kind == "light":
             job["tables"] = job["tables"][: int(rng.integers(1, len(job["tables"]) + 1))]
             job["batch_size"] = int(rng.choice(LIGHT_BATCH_SIZES))
-        if kind != "task":  # the overhead and light ones on random ranks
+        if kind != TASK_JOB_PREFIX:  # the overhead and light ones on random ranks
             placement: list = [int(r) for r in rng.integers(0, world, size=len(job["tables"]))]
         else:
             k = i // 2  # the task-shaped probe's own index
