@@ -5,8 +5,11 @@
 ROWS: a stored cycle's `measurements_HHMM.jsonl.gz`, its `dlrm_HHMM.json` beside it (default:
 the last `--last` cycles under `benchmarks/results/e2e_issue26_*/` that have both). Each
 cycle's bundle below the steps is fitted once (`overhead_feature_refit.below_steps`, kept in
-`--models DIR`), then its step stage (`fit.fit_step_stage`) on every DLRM step and on `--draws`
-draws that each leave a quarter of them out; each fit predicts the cycle's measured tasks.
+`--models DIR`), then its step stage (`fit.fit_step_stage`) on every DLRM step measured and on
+`--draws` draws that each leave a quarter of them out; each fit predicts the cycle's measured
+tasks. The fit itself keeps the task-shaped steps of those it is given (since 12-03,
+`step_fit.task_shaped_steps`), so a draw moves the run by the task steps it left out; results
+before 12-03 (the committed nine-cycle `step_sample_spread.json` of 11-29) fitted every step.
 The draws' spread, scaled as a delete-d jackknife (variance x kept / left out), estimates the
 standard deviation of the run's mean signed error, geomean and worst error that comes from the
 calibration having measured these steps and not others: the part of a run's miss that more
@@ -68,7 +71,7 @@ def run_figures(below: PerformanceModel, rows: list[Measurement], result: dict) 
 
 
 def spread_of_cycle(rows_path: Path, draws: int, models: Path | None) -> dict:
-    """One cycle's run under the fit on every DLRM step and under each draw's."""
+    """One cycle's run under the fit on every DLRM step measured and under each draw's."""
     rows, result, below = load_cycle(rows_path, models)
     step_at = [i for i, r in enumerate(rows) if r.op == DLRM_STEP_OP]
     if len(step_at) < 2:
