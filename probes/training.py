@@ -49,27 +49,12 @@ TaskPlacer = Callable[[dict, int, int], list]  # (job dict, world, k) -> a table
 LIGHT_BATCH_SIZES = (16, 32, 64, 128)  # the light probes' batches: task tables, little work each
 
 
-# Every this many of `training_specs`' points, the first is a framework or light step (in
-# turn) and the rest are task-shaped: the DLRM step overhead is fitted on the task steps
-# (`step_fit.task_shaped_steps`), the others are kept for a short calibration's fit and for the
-# in-context rows and op overheads of small steps. At one in two, the 12-03 20:45 calibration of
-# #26 (600 s on a slow host) measured 15 of its 24 DLRM steps and fitted the overhead's four
-# coefficients on 7 of them (steps left out in turn 9.7%, interval 3.4-27.7%).
-KIND_PERIOD = 4
-
-
 def probe_kind(i: int) -> str:
-    """Which kind `training_specs`' point i is: "task", but "overhead" and "light" in turn at
-    the first of every `KIND_PERIOD` points (point 0 a framework one)."""
-    if i % KIND_PERIOD:
+    """Which kind `training_specs`' point i is: "task" (odd i), else "overhead" and "light" in
+    turn."""
+    if i % 2:
         return TASK_JOB_PREFIX
-    return "light" if (i // KIND_PERIOD) % 2 else "overhead"
-
-
-def task_index(i: int) -> int:
-    """The task-shaped point i's index among the task-shaped points (the `probe_kind` of
-    every point before it counted)."""
-    return i - i // KIND_PERIOD - 1
+    return "light" if (i // 2) % 2 else "overhead"
 
 
 def job_kind(name: str) -> str:
@@ -88,7 +73,7 @@ def training_specs(
     n: int, seed: int, world: int, place_task: TaskPlacer | None = None, task_scale: float = 1.0
 ) -> list[ProbeSpec]:
     """Real DLRM training steps of three kinds, so the step model sees both ends and what
-    lies between (`probe_kind`: overhead, task x3, light, task x3, ...):
+    lies between (`probe_kind`: task, overhead, task, light, ...):
 
     - small random DLRMs whose kernels are tiny, so the gap between a measured step and the
       sum of its predicted kernels is the per-iteration, per-layer and per-table framework
@@ -130,7 +115,7 @@ def training_specs(
         if kind != TASK_JOB_PREFIX:  # the overhead and light ones on random ranks
             placement: list = [int(r) for r in rng.integers(0, world, size=len(job["tables"]))]
         else:
-            k = task_index(i)
+            k = i // 2  # the task-shaped probe's own index
             # the batch sizes in turn: a draw can give one size to every early probe (a 300 s
             # calibration measured three task probes, all at 1024), and small batches on large
             # tables are where a step's framework and exchange waits weigh most

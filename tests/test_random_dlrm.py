@@ -24,13 +24,12 @@ def test_task_shaped_training_probes_take_the_sharders_plans() -> None:
     leaned low where random placements were half of them)."""
     from orchestrator.calibrate import place_by_sharder
     from policies.sharders import SHARDERS
-    from probes.training import probe_kind, task_index, task_is_mixed, training_specs
+    from probes.training import task_is_mixed, training_specs
     from probes.vocabulary.jobspec import JobSpec
 
     specs = training_specs(48, seed=0, world=2, place_task=place_by_sharder)
-    tasks = [i for i in range(48) if probe_kind(i) == "task"]
-    by_sharder = [i for i in tasks if not task_is_mixed(task_index(i))]
-    assert [task_index(i) for i in tasks] == list(range(36)) and len(by_sharder) == 20
+    by_sharder = [i for i in range(1, 48, 2) if not task_is_mixed(i // 2)]
+    assert len(by_sharder) == 12
     for k, i in enumerate(by_sharder):
         tables = JobSpec.from_dict(specs[i].params["job"]).tables
         sharder = list(SHARDERS)[k % len(SHARDERS)]
@@ -46,15 +45,15 @@ def test_task_shaped_training_probes_take_the_sharders_plans() -> None:
 def test_every_batch_size_is_probed_table_wise_before_any_is_probed_mixed() -> None:
     """The first four task probes are table-wise at each batch size, the next four mixed at each:
     neither a batch size nor a plan kind is only ever seen with the other (issue #26)."""
-    from probes.training import probe_kind, training_specs
+    from probes.training import training_specs
     from probes.workloads.random_dlrm import BATCH_SIZES
 
     specs = training_specs(16, seed=0, world=2)
-    tasks = [s.params for i, s in enumerate(specs) if probe_kind(i) == "task"]
+    tasks = [s.params for i, s in enumerate(specs) if i % 2]
     kinds = [(t["job"]["batch_size"], any(isinstance(e, dict) for e in t["table_to_rank"])) for t in tasks]
     assert kinds[:4] == [(b, False) for b in BATCH_SIZES]
-    assert [b for b, _ in kinds[4:8]] == list(BATCH_SIZES)
-    assert sum(mixed for _, mixed in kinds[4:8]) >= 3  # a third of each mixed plan's tables are split
+    assert [b for b, _ in kinds[4:]] == list(BATCH_SIZES)
+    assert sum(mixed for _, mixed in kinds[4:]) >= 3  # a third of each mixed plan's tables are split
 
 
 def test_tasks_run_at_full_size_unless_the_memory_cannot_hold_them() -> None:
@@ -86,15 +85,14 @@ def test_a_stored_steps_kind_and_plan_are_read_back_from_its_row() -> None:
     """A stored step keeps only its job's name and plan: the kind read back from the name is
     the kind its index was given, and the table-wise task steps are the task probes whose
     plans put every table on one rank (the mixed ones split some)."""
-    from probes.training import job_kind, probe_kind, table_wise_task, task_index, task_is_mixed, training_specs
+    from probes.training import job_kind, probe_kind, table_wise_task, task_is_mixed, training_specs
 
     specs = training_specs(32, seed=0, world=2)
     rows = [Measurement("dlrm_step", s.params, 0.01, 0.0, 5) for s in specs]
     assert [job_kind(r.params["job"]["name"]) for r in rows] == [probe_kind(i) for i in range(32)]
-    tasks = [i for i in range(32) if probe_kind(i) == "task"]
     table_wise = [i for i, r in enumerate(rows) if table_wise_task(r)]
-    mixed = [i for i in tasks if task_is_mixed(task_index(i))]
-    assert table_wise and mixed and set(table_wise) | set(mixed) == set(tasks)
+    mixed = [i for i in range(1, 32, 2) if task_is_mixed(i // 2)]
+    assert table_wise and mixed and set(table_wise) | set(mixed) == set(range(1, 32, 2))
     split = [i for i in mixed if any(isinstance(p, dict) for p in rows[i].params["table_to_rank"])]
     assert split and set(table_wise).isdisjoint(split)
 
@@ -106,10 +104,9 @@ def test_light_probes_put_task_tables_under_little_work() -> None:
     from probes.training import CALIBRATION_TASK_STREAM, LIGHT_BATCH_SIZES, probe_kind, task_indices, training_specs
 
     specs = training_specs(48, seed=0, world=2)
-    assert [probe_kind(i) for i in range(9)] == ["overhead"] + ["task"] * 3 + ["light"] + ["task"] * 3 + ["overhead"]
+    assert [probe_kind(i) for i in range(4)] == ["overhead", "task", "light", "task"]
     light = [i for i in range(48) if probe_kind(i) == "light"]
-    tasks = [i for i in range(48) if probe_kind(i) == "task"]
-    assert len(light) == 6 and len(tasks) == 36 and task_indices(48) == sorted(light + tasks)
+    assert len(light) == 12 and task_indices(48) == sorted(light + list(range(1, 48, 2)))
     counts = []
     for i in light:
         job = specs[i].params["job"]
