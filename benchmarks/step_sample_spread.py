@@ -6,10 +6,11 @@ ROWS: a stored cycle's `measurements_HHMM.jsonl.gz`, its `dlrm_HHMM.json` beside
 the last `--last` cycles under `benchmarks/results/e2e_issue26_*/` that have both). Each
 cycle's bundle below the steps is fitted once (`overhead_feature_refit.below_steps`, kept in
 `--models DIR`), then its step stage (`fit.fit_step_stage`) on every DLRM step measured and on
-`--draws` draws that each leave a quarter of them out; each fit predicts the cycle's measured
-tasks. The fit itself keeps the task-shaped steps of those it is given (since 12-03,
-`step_fit.task_shaped_steps`), so a draw moves the run by the task steps it left out; results
-before 12-03 (the committed nine-cycle `step_sample_spread.json` of 11-29) fitted every step.
+`--draws` draws that each leave out a quarter of the steps that fit keeps (since 12-03 the
+task-shaped ones, `step_fit.task_shaped_steps`; results before 12-03, such as the committed
+nine-cycle `step_sample_spread.json` of 11-29, fitted and drew over every step; those of 12-03
+drew a quarter of every step, so a varying count of task steps); each fit predicts the
+cycle's measured tasks.
 The draws' spread, scaled as a delete-d jackknife (variance x kept / left out), estimates the
 standard deviation of the run's mean signed error, geomean and worst error that comes from the
 calibration having measured these steps and not others: the part of a run's miss that more
@@ -41,7 +42,9 @@ from benchmarks.overhead_feature_refit import (  # noqa: E402
     shown_path,
 )
 from benchmarks.refit_e2e import run_summary  # noqa: E402
+from predictors.dlrm_estimator import OVERHEAD_FEATURES as DLRM_OVERHEAD_FEATURES  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
+from predictors.step_fit import task_shaped_steps  # noqa: E402
 from probes.vocabulary.ops import DLRM_STEP_OP  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
 
@@ -63,6 +66,15 @@ def jackknife_sd(values: np.ndarray, steps: int, left_out: int) -> float:
     return float(np.sqrt((steps - left_out) / left_out * np.var(values)))
 
 
+def fitted_step_indices(rows: list[Measurement]) -> list[int]:
+    """Where in `rows` the DLRM steps lie that the step fit keeps (`step_fit.task_shaped_steps`:
+    the task-shaped ones, or every step when too few are), so that a draw leaves out a quarter
+    of the steps the fit rests on, not a varying share of them."""
+    steps = [r for r in rows if r.op == DLRM_STEP_OP]
+    kept = {id(r) for r in task_shaped_steps(steps, DLRM_OVERHEAD_FEATURES)}
+    return [i for i, r in enumerate(rows) if id(r) in kept]
+
+
 def run_figures(below: PerformanceModel, rows: list[Measurement], result: dict) -> dict[str, float]:
     """The stored run's figures under the step stage fitted on `rows` over `below`."""
     _, tasks = refit_run(below, rows, result)
@@ -73,9 +85,9 @@ def run_figures(below: PerformanceModel, rows: list[Measurement], result: dict) 
 def spread_of_cycle(rows_path: Path, draws: int, models: Path | None) -> dict:
     """One cycle's run under the fit on every DLRM step measured and under each draw's."""
     rows, result, below = load_cycle(rows_path, models)
-    step_at = [i for i, r in enumerate(rows) if r.op == DLRM_STEP_OP]
+    step_at = fitted_step_indices(rows)
     if len(step_at) < 2:
-        raise SystemExit(f"{rows_path.name}: {len(step_at)} DLRM step(s); a spread over draws takes 2 or more")
+        raise SystemExit(f"{rows_path.name}: {len(step_at)} fitted DLRM step(s); a spread over draws takes 2 or more")
     full = run_figures(below, rows, result)
     draws_out = left_out_draws(len(step_at), draws)
     drawn = []
