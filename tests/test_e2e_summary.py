@@ -180,3 +180,25 @@ def test_the_step_sample_spread_leaves_a_quarter_out_and_scales_as_a_delete_d_ja
     summary = summary_of(cycles)
     assert summary["signed_across_cycles"]["mean"] == pytest.approx(-0.02)
     assert summary["mean_jackknife_sd"]["mean_signed_error"] == pytest.approx(0.02)
+
+
+def test_the_step_sample_spread_draws_over_the_steps_the_fit_keeps():
+    """The fit keeps the task-shaped DLRM steps when there are enough of them
+    (`step_fit.task_shaped_steps`), so a draw leaves out a quarter of those, not a varying count
+    of them among every step; with too few task steps the fit, and so the draws, take every step."""
+    from benchmarks.step_sample_spread import fitted_step_indices
+    from predictors.dlrm_estimator import OVERHEAD_FEATURES
+    from predictors.opmodels import SPARE_ROWS
+    from probes.vocabulary.ops import DLRM_STEP_OP
+    from probes.vocabulary.records import Measurement
+
+    def step(name: str) -> Measurement:
+        return Measurement(DLRM_STEP_OP, {"job": {"name": name}}, 0.01, 0.0, 30)
+
+    other = Measurement("gemm", {"m": 8}, 1e-4, 0.0, 10)
+    enough = len(OVERHEAD_FEATURES) + SPARE_ROWS
+    rows = [other] + [step(f"task{2 * i + 1}") if i % 2 else step(f"light{2 * i}") for i in range(2 * enough)]
+    kept = fitted_step_indices(rows)
+    assert len(kept) == enough and all(rows[i].params["job"]["name"].startswith("task") for i in kept)
+    few = [other, step("task1"), step("light2"), step("overhead0")]
+    assert fitted_step_indices(few) == [1, 2, 3]
