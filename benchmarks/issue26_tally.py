@@ -58,6 +58,8 @@ class Run:
     # the champion's mean signed error on its calibration's own steps like the run's tasks,
     # re-timed during the run (`--step-checks`): the spell's share of the run's lean
     own_steps_signed: float | None = None
+    # the same when those steps were stored (the calibration's moment): what the fit left on them
+    own_steps_signed_stored: float | None = None
 
 
 def meets_bars(geomean: float, worst: float, signed: float) -> bool:
@@ -79,7 +81,15 @@ def judge(data: dict) -> Run:
         met,
         tasks_by_batch(data.get("tasks") or []) or None,
         data.get("own_steps_signed"),
+        stored_signed(data),
     )
+
+
+def stored_signed(data: dict) -> float | None:
+    """The champion's mean signed error on the own steps a run re-timed, as they were stored
+    (every check re-times the same steps, so the first check's figure)."""
+    checks = data.get("step_checks") or []
+    return checks[0].get("signed_stored") if checks else None
 
 
 def lean_by_batch(runs: list[Run]) -> dict[int, dict]:
@@ -120,12 +130,21 @@ def own_steps_pairing(runs: list[Run]) -> dict | None:
         return None
     signed, own = (np.asarray(v) for v in zip(*paired))
     gap = signed - own
+    stored = [r.own_steps_signed_stored for r in runs if r.own_steps_signed is not None]
     return {
         "runs": len(paired),
         "gap": float(gap.mean()),
         "gap_sd": float(gap.std(ddof=1)),
         "gap_interval": list(mean_interval(gap)),
         "correlation": float(np.corrcoef(signed, own)[0, 1]),
+        # the signed bar on the runs' tasks beside the same bar on the steps the champion was
+        # fitted on: as stored (what the fit left) and re-timed during the run (the host then)
+        "signed_bar": {
+            "tasks": int(np.sum(np.abs(signed) <= SIGNED_BAR)),
+            "own_steps_stored": sum(abs(v) <= SIGNED_BAR for v in stored if v is not None),
+            "own_steps_stored_known": sum(v is not None for v in stored),
+            "own_steps_now": int(np.sum(np.abs(own) <= SIGNED_BAR)),
+        },
     }
 
 
@@ -136,6 +155,12 @@ def print_pairing(kind: str, pairing: dict | None) -> None:
         f"{kind}: run's signed error less the champion's on its own steps timed beside it "
         f"{pairing['gap']:+.1%} [{pairing['gap_interval'][0]:+.1%}, {pairing['gap_interval'][1]:+.1%}] "
         f"(sd {pairing['gap_sd']:.1%}), correlation {pairing['correlation']:.2f} over {pairing['runs']} runs"
+    )
+    bar = pairing["signed_bar"]
+    print(
+        f"{kind}: within the +-{SIGNED_BAR:.0%} signed bar: the run's tasks in {bar['tasks']} of {pairing['runs']} runs; "
+        f"the champion on its own steps as stored in {bar['own_steps_stored']} of {bar['own_steps_stored_known']}, "
+        f"re-timed beside the run in {bar['own_steps_now']} of {pairing['runs']}"
     )
 
 

@@ -71,12 +71,15 @@ def test_the_tally_pairs_a_runs_lean_with_its_own_steps_timed_beside_it():
     runs without step checks are left out, and fewer than three paired runs give no figure."""
     from benchmarks.issue26_tally import Run, own_steps_pairing
 
-    def run(signed: float, own: float | None) -> Run:
-        return Run(0.1, 0.2, signed, 12, 1, True, None, own)
+    def run(signed: float, own: float | None, stored: float | None = 0.01) -> Run:
+        return Run(0.1, 0.2, signed, 12, 1, True, None, own, stored)
 
-    following = [run(-0.17, -0.18), run(-0.24, -0.19), run(0.06, 0.05), run(-0.02, -0.04), run(0.30, None)]
+    following = [run(-0.17, -0.18), run(-0.24, -0.19, None), run(0.06, 0.05), run(-0.02, -0.04), run(0.30, None)]
     pairing = own_steps_pairing(following)
     assert pairing["runs"] == 4
+    bar = pairing["signed_bar"]
+    assert (bar["tasks"], bar["own_steps_now"]) == (1, 2)
+    assert (bar["own_steps_stored"], bar["own_steps_stored_known"]) == (3, 3)
     assert pairing["gap"] == pytest.approx(np.mean([0.01, -0.05, 0.01, 0.02]))
     assert pairing["gap_interval"][0] < pairing["gap"] < pairing["gap_interval"][1]
     assert pairing["correlation"] > 0.9
@@ -202,3 +205,34 @@ def test_the_step_sample_spread_draws_over_the_steps_the_fit_keeps():
     assert len(kept) == enough and all(rows[i].params["job"]["name"].startswith("task") for i in kept)
     few = [other, step("task1"), step("light2"), step("overhead0")]
     assert fitted_step_indices(few) == [1, 2, 3]
+
+
+def test_the_transformer_step_lean_groups_steps_by_layout_and_averages_per_cycle():
+    """`transformer_step_lean` names each step's layout family by the framework work it adds,
+    tells a small stack (probe index 0 mod 4) from a task-shaped one, and averages each group
+    per cycle before over cycles (a cycle's steps share a fit and a spell)."""
+    from benchmarks.transformer_step_lean import layout_family, step_group, summary_of
+    from probes.vocabulary.ops import TRANSFORMER_STEP_OP
+    from probes.vocabulary.records import Measurement
+    from probes.vocabulary.transformer_spec import TransformerSpec
+
+    base = {"layers": 2, "hidden": 64, "heads": 2, "seq_len": 32, "batch_size": 4, "world_size": 2}
+    assert layout_family(TransformerSpec(**base)) == "data parallel"
+    assert layout_family(TransformerSpec(**base, tensor_parallel=2)) == "tensor parallel"
+    assert layout_family(TransformerSpec(**base, fsdp="full_shard")) == "fsdp"
+    assert layout_family(TransformerSpec(**base, pipeline_parallel=2, micro_batches=2)) == "pipeline"
+    assert layout_family(TransformerSpec(**base, recompute=True)) == "micro-batched"
+
+    def row(name: str) -> Measurement:
+        return Measurement(TRANSFORMER_STEP_OP, {"transformer": {**base, "name": name}}, 0.01, 0.0, 10)
+
+    assert step_group(row("probe8")) == "data parallel float32 small"
+    assert step_group(row("probe5")) == "data parallel float32 task"
+    cycles = [
+        {"groups": {"fsdp float32 task": {"steps": 3, "mean_signed": -0.06}}},
+        {"groups": {"fsdp float32 task": {"steps": 1, "mean_signed": -0.02}, "x": {"steps": 2, "mean_signed": 0.1}}},
+    ]
+    summary = summary_of(cycles)
+    assert summary["fsdp float32 task"]["mean_signed"] == pytest.approx(-0.04)
+    assert (summary["fsdp float32 task"]["cycles"], summary["fsdp float32 task"]["steps"]) == (2, 4)
+    assert summary["x"]["interval"] is None and summary["x"]["cycles"] == 1
