@@ -87,9 +87,8 @@ def judge(data: dict) -> Run:
 
 def stored_signed(data: dict) -> float | None:
     """The champion's mean signed error on the own steps a run re-timed, as they were stored
-    (every check re-times the same steps, so the first check's figure)."""
-    checks = data.get("step_checks") or []
-    return checks[0].get("signed_stored") if checks else None
+    (every check re-times the same steps, so the first check that did not fail gives it)."""
+    return next((c["signed_stored"] for c in data.get("step_checks") or [] if "signed_stored" in c), None)
 
 
 def lean_by_batch(runs: list[Run]) -> dict[int, dict]:
@@ -125,12 +124,12 @@ def own_steps_pairing(runs: list[Run]) -> dict | None:
     a high correlation says the run leans as the steps it was fitted on do at that moment (the
     host's spell, and how those steps were priced when stored), not as something its tasks
     alone have. None with fewer than three such runs."""
-    paired = [(r.signed, r.own_steps_signed) for r in runs if r.own_steps_signed is not None]
+    paired = [r for r in runs if r.own_steps_signed is not None]
     if len(paired) < 3:
         return None
-    signed, own = (np.asarray(v) for v in zip(*paired))
+    signed, own = np.asarray([r.signed for r in paired]), np.asarray([r.own_steps_signed for r in paired])
     gap = signed - own
-    stored = [r.own_steps_signed_stored for r in runs if r.own_steps_signed is not None]
+    stored = [r.own_steps_signed_stored for r in paired]
     return {
         "runs": len(paired),
         "gap": float(gap.mean()),

@@ -42,9 +42,8 @@ from benchmarks.overhead_feature_refit import (  # noqa: E402
     shown_path,
 )
 from benchmarks.refit_e2e import run_summary  # noqa: E402
-from predictors.dlrm_estimator import OVERHEAD_FEATURES as DLRM_OVERHEAD_FEATURES  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
-from predictors.step_fit import task_shaped_steps  # noqa: E402
+from predictors.step_fit import OVERHEAD_FEATURES, task_shaped_steps  # noqa: E402
 from probes.vocabulary.ops import DLRM_STEP_OP  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
 
@@ -71,7 +70,7 @@ def fitted_step_indices(rows: list[Measurement]) -> list[int]:
     the task-shaped ones, or every step when too few are), so that a draw leaves out a quarter
     of the steps the fit rests on, not a varying share of them."""
     steps = [r for r in rows if r.op == DLRM_STEP_OP]
-    kept = {id(r) for r in task_shaped_steps(steps, DLRM_OVERHEAD_FEATURES)}
+    kept = {id(r) for r in task_shaped_steps(steps, OVERHEAD_FEATURES["dlrm"])}
     return [i for i, r in enumerate(rows) if id(r) in kept]
 
 

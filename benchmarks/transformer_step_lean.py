@@ -39,12 +39,11 @@ from predictors.evaluation import mean_interval  # noqa: E402
 from predictors.fit import fit_step_stage  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
 from predictors.transformer_estimator import estimate_transformer_iteration  # noqa: E402
+from probes.training import small_transformer_probe  # noqa: E402
 from probes.vocabulary.ops import TRANSFORMER_STEP_OP  # noqa: E402
 from probes.vocabulary.placement import placement_of  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
 from probes.vocabulary.transformer_spec import TransformerSpec  # noqa: E402
-
-SMALL_SLOT = 0  # `training.transformer_training_specs`: probe i is a small stack when i % 4 == 0
 
 
 def layout_family(spec: TransformerSpec) -> str:
@@ -64,8 +63,8 @@ def layout_family(spec: TransformerSpec) -> str:
 def step_group(row: Measurement) -> str:
     """A transformer step's group: its layout family, its dtype, small stack or task-shaped."""
     spec = TransformerSpec.from_dict(row.params["transformer"])
-    index = int(str(row.params["transformer"].get("name", "probe1")).removeprefix("probe") or 1)
-    size = "small" if index % 4 == SMALL_SLOT else "task"
+    index = int(spec.name.removeprefix("probe"))
+    size = "small" if small_transformer_probe(index, spec.world_size) else "task"
     return f"{layout_family(spec)} {spec.dtype} {size}"
 
 

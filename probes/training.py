@@ -214,6 +214,13 @@ def probe_layout(job: Any, k: int) -> dict[str, Any]:
 SMALL_HIDDEN = (64, 128, 256)  # the small stacks' widths, in turn (the random tasks' range)
 
 
+def small_transformer_probe(i: int, world: int) -> bool:
+    """Whether `transformer_training_specs`' point i is a small data-parallel stack: every
+    fourth point, and on one rank (no layout to try) every other one. Its spec keeps the name
+    `probe<i>`, so a stored step's kind is read back from it."""
+    return i % 4 == 0 or (i % 4 == 2 and world == 1)
+
+
 def transformer_training_specs(n: int, seed: int, world: int, device_kind: str = "cpu") -> list[ProbeSpec]:
     """Block stacks whose steps fit the transformer step overhead and whose captured steps give
     the in-context times of its kernels (gelu, softmax, layer_norm and their backward, batched
@@ -230,11 +237,11 @@ def transformer_training_specs(n: int, seed: int, world: int, device_kind: str =
     small = 0  # small stacks so far
     for i in range(n):
         dtype = "bfloat16" if i % 4 in bf16_slots else "float32"
-        if i % 4 == 3 or (i % 4 == 2 and world > 1):
+        if i % 4 == 1:
+            spec = random_transformer(i, world, 1, seed + CALIBRATION_TASK_STREAM).to_dict()
+        elif not small_transformer_probe(i, world):
             job = random_transformer_job(i, world, seed + CALIBRATION_TASK_STREAM)
             spec = probe_layout(job, (i // 4) * 2 + (i % 4 == 3))  # the layouts in turn
-        elif i % 2:
-            spec = random_transformer(i, world, 1, seed + CALIBRATION_TASK_STREAM).to_dict()
         else:
             # width and depth in turn, smallest first: a 300 s calibration measures two small
             # stacks, and two random draws at hidden 256 left the step overhead fitted on steps
