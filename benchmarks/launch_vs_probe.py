@@ -12,7 +12,8 @@ slower under the launcher than in the probe is time no calibration row can show.
 picked task of `benchmarks/e2e_accuracy.py`'s draw (same seed, sharders in turn, full size),
 each round times it once each way (probe first, then launcher, alternating the order every
 round so host drift falls on both); reports per task the median of each way's medians and
-their ratio (launcher / probe) with its spread over the rounds. Writes
+their ratio (launcher / probe) with its spread over the rounds, and over the tasks the geomean
+of their median ratios with its 95% interval (`launch_share`). Writes
 benchmarks/results/launch_vs_probe.json (launch_vs_probe_transformer.json).
 """
 
@@ -27,6 +28,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
+import numpy as np
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
@@ -36,6 +39,7 @@ from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.cluster import cluster_fingerprint  # noqa: E402
 from orchestrator.launch import launch_dlrm, launch_transformer  # noqa: E402
 from orchestrator.probe_pool import ActorPool, Gang  # noqa: E402
+from predictors.evaluation import mean_interval  # noqa: E402
 from probes.probe import ProbeSpec  # noqa: E402
 from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
@@ -84,6 +88,19 @@ def transformer_task(spec, iterations: int, storage: Path):
         TRANSFORMER_STEP_OP,
         lambda: launch_transformer(spec, iterations=iterations, storage=storage).iteration_ms,
     )
+
+
+def launch_share(ratios: list[float]) -> dict:
+    """Over the tasks, the geomean of their launcher/probe ratios with the 95% t-interval of
+    its log (none from one task): how much slower a launched step runs than the probe's."""
+    logs = np.log(np.asarray(ratios, dtype=np.float64))
+    low, high = mean_interval(logs) if len(logs) >= 2 else (float("nan"), float("nan"))
+    return {
+        "geomean": float(np.exp(logs.mean())),
+        "low": float(np.exp(low)) if len(logs) >= 2 else None,
+        "high": float(np.exp(high)) if len(logs) >= 2 else None,
+        "tasks": len(logs),
+    }
 
 
 def main() -> None:
@@ -145,6 +162,9 @@ def main() -> None:
                 flush=True,
             )
     ray_runtime.shutdown()
+    share = launch_share([row["ratio_median"] for row in rows])
+    interval = f" [{share['low']:.3f}, {share['high']:.3f}]" if share["low"] is not None else ""
+    print(f"launcher/probe over {share['tasks']} tasks: geomean {share['geomean']:.3f}{interval}", flush=True)
     write_result(
         out,
         {
@@ -154,6 +174,7 @@ def main() -> None:
                 f"--pick {args.pick} --rounds {args.rounds}"
             ),
             "tasks": rows,
+            "launch_share": share,
         },
     )
 

@@ -236,3 +236,14 @@ def test_the_transformer_step_lean_groups_steps_by_layout_and_averages_per_cycle
     assert summary["fsdp float32 task"]["mean_signed"] == pytest.approx(-0.04)
     assert (summary["fsdp float32 task"]["cycles"], summary["fsdp float32 task"]["steps"]) == (2, 4)
     assert summary["x"]["interval"] is None and summary["x"]["cycles"] == 1
+
+
+def test_the_launch_share_is_the_geomean_of_the_task_ratios_with_an_interval_from_two_tasks():
+    from benchmarks.launch_vs_probe import launch_share
+
+    share = launch_share([1.03, 1.04, 1.035])
+    assert share["geomean"] == pytest.approx((1.03 * 1.04 * 1.035) ** (1 / 3))
+    assert share["low"] < share["geomean"] < share["high"] and share["tasks"] == 3
+    assert share["low"] > 1.0  # every task slower under the launcher, consistently: past 1
+    one = launch_share([1.1])
+    assert one["geomean"] == pytest.approx(1.1) and one["low"] is None and one["high"] is None
