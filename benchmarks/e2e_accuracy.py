@@ -47,6 +47,7 @@ import numpy as np  # noqa: E402
 from orchestrator import ray_runtime, registry  # noqa: E402
 from orchestrator.cluster import cluster_fingerprint  # noqa: E402
 from orchestrator.launch import launch_dlrm  # noqa: E402
+from orchestrator.quiet_host import QuietWait, wait_for_quiet_host  # noqa: E402
 from policies.sharders import SHARDERS, rank_memory  # noqa: E402
 from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
 from predictors.evaluation import error_stats, mean_interval  # noqa: E402
@@ -250,10 +251,16 @@ def own_calibration(scratch: Path) -> Path | None:
 class HostChecks:
     """The host's speed against a calibration's, measured at labelled moments of a benchmark:
     each check re-measures the same seeded sample of the calibration's kernel points, so checks
-    compare with each other as well as with the calibration."""
+    compare with each other as well as with the calibration.
 
-    def __init__(self, directory: Path | None, points: int):
-        self.directory, self.points = directory, points
+    Each check first waits for the host to go quiet (`orchestrator.quiet_host`, as a launched
+    job's rank 0 does), and records how long and whether it did: the first check follows Ray's
+    start-up on the host, whose dashboard, agents and log monitor took 50-70% of a core each in
+    their first seconds on 2 cores (#26, 12-04), and a check timed beside them measures that
+    start-up, not the host's speed."""
+
+    def __init__(self, directory: Path | None, points: int, wait: Callable[[], QuietWait] = wait_for_quiet_host):
+        self.directory, self.points, self.wait = directory, points, wait
         self.checks: list[dict] = []
         self.sample: tuple[list, int] | None = None  # the calibration's points, read once
 
@@ -264,8 +271,9 @@ class HostChecks:
 
         if self.sample is None:
             self.sample = sample_points(self.directory, self.points)
+        quiet = self.wait()
         speed = speed_of(*self.sample)
-        self.checks.append({"label": label, **speed})
+        self.checks.append({"label": label, "quiet_wait_s": quiet.waited_s, "host_quiet": quiet.quiet, **speed})
         print(f"  host speed {label}: kernel time now / calibration's {describe(speed['all'])}", flush=True)
 
     def result(self) -> dict:

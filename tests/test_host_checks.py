@@ -122,3 +122,23 @@ def test_an_embedding_row_is_measured_again_from_what_it_stored(tmp_path: Path):
     assert {r.op for r in rows} <= {"embedding_fwd", "embedding_bwd"} and rows
     again = remeasure(rows)
     assert [family for family, _ in again] == ["embedding"] * len(rows) and all(r > 0 for _, r in again)
+
+
+def test_a_check_waits_for_a_quiet_host_first_and_records_the_wait(tmp_path: Path):
+    from orchestrator.quiet_host import QuietWait
+
+    store = MeasurementStore(tmp_path)
+    for spec in gemm_specs(2, seed=0, max_dim=256):
+        store.add(run_local_probe(spec))
+    waits: list[str] = []
+
+    def wait() -> QuietWait:
+        waits.append("waited")
+        return QuietWait(waited_s=3.5, busy_share=0.6, quiet=False)
+
+    checks = HostChecks(tmp_path, points=1, wait=wait)
+    checks("before round 1")
+    checks("after round 1")
+    first, second = checks.result()["host_checks"]
+    assert waits == ["waited", "waited"]  # one wait per check
+    assert first["quiet_wait_s"] == 3.5 and first["host_quiet"] is False and second["label"] == "after round 1"
