@@ -39,7 +39,7 @@ from orchestrator import ray_runtime  # noqa: E402
 from orchestrator.cluster import cluster_fingerprint  # noqa: E402
 from orchestrator.launch import launch_dlrm, launch_transformer  # noqa: E402
 from orchestrator.probe_pool import ActorPool, Gang  # noqa: E402
-from predictors.evaluation import mean_interval  # noqa: E402
+from predictors.evaluation import error_stats  # noqa: E402
 from probes.probe import ProbeSpec  # noqa: E402
 from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP  # noqa: E402
 from probes.workloads.random_dlrm import random_dlrm_tasks  # noqa: E402
@@ -92,15 +92,10 @@ def transformer_task(spec, iterations: int, storage: Path):
 
 def launch_share(ratios: list[float]) -> dict:
     """Over the tasks, the geomean of their launcher/probe ratios with the 95% t-interval of
-    its log (none from one task): how much slower a launched step runs than the probe's."""
-    logs = np.log(np.asarray(ratios, dtype=np.float64))
-    low, high = mean_interval(logs) if len(logs) >= 2 else (float("nan"), float("nan"))
-    return {
-        "geomean": float(np.exp(logs.mean())),
-        "low": float(np.exp(low)) if len(logs) >= 2 else None,
-        "high": float(np.exp(high)) if len(logs) >= 2 else None,
-        "tasks": len(logs),
-    }
+    its log (none from one task; `error_stats`, as gang_history.py's ratios): how much slower a
+    launched step runs than the probe's."""
+    stats = error_stats(np.asarray(ratios, dtype=np.float64))
+    return {"geomean": stats.gmae, "low": stats.gmae_low, "high": stats.gmae_high, "tasks": stats.n}
 
 
 def main() -> None:
