@@ -15,6 +15,14 @@ round so host drift falls on both); reports per task the median of each way's me
 their ratio (launcher / probe) with its spread over the rounds, and over the tasks the geomean
 of their median ratios with its 95% interval (`launch_share`). Writes
 benchmarks/results/launch_vs_probe.json (launch_vs_probe_transformer.json).
+
+Whether either way's times depend on how warm its processes are (`warmth`): with
+`--probe-repeats N` each probe round times the step N times on the same gang, the first on
+freshly started actors and the rest on warm ones (warm / fresh, each round's median of the
+repeats after the first over its first); each launch's steps are split into thirds (later /
+first, the median of its last third over that of its first). A launched job's workers are
+always fresh, so a warm-over-fresh ratio far from 1 would be time the probe and the job see
+differently.
 """
 
 from __future__ import annotations
@@ -69,25 +77,53 @@ def formed_gang(device_kind: str, hardware_id: str, world: int) -> Iterator[Gang
 
 def probe_step_ms(hardware_id: str, world: int, params: dict, step_op: str) -> float:
     """The task's step as the calibration times it, on a fresh pool and gang (`gang_step_s`)."""
+    return probe_steps_ms(hardware_id, world, params, step_op, 1)[0]
+
+
+def probe_steps_ms(hardware_id: str, world: int, params: dict, step_op: str, repeats: int) -> list[float]:
+    """The task's step as the calibration times it (`gang_step_s`), `repeats` times in a row on
+    one fresh pool and gang: the first on freshly started actors, the rest on warm ones."""
     with formed_gang("cpu", hardware_id, world) as gang:
-        return gang_step_s(gang, params, step_op) * 1e3
+        return [gang_step_s(gang, params, step_op) * 1e3 for _ in range(repeats)]
 
 
 def dlrm_task(i: int, spec, seed: int, iterations: int, storage: Path):
-    """A DLRM task of the e2e draw: its probe params, step op and launch."""
+    """A DLRM task of the e2e draw: its probe params, step op and launch (its `LaunchResult`)."""
     _, plan = task_plan(i, spec, seed)
     params = {"job": spec.to_dict(), "table_to_rank": list(plan)}
-    return params, DLRM_STEP_OP, lambda: launch_dlrm(spec, plan, iterations=iterations, storage=storage).iteration_ms
+    return params, DLRM_STEP_OP, lambda: launch_dlrm(spec, plan, iterations=iterations, storage=storage)
 
 
 def transformer_task(spec, iterations: int, storage: Path):
-    """A transformer task of the e2e draw: its probe params, step op and launch."""
+    """A transformer task of the e2e draw: its probe params, step op and launch (its `LaunchResult`)."""
     params = {"transformer": spec.to_dict()}
-    return (
-        params,
-        TRANSFORMER_STEP_OP,
-        lambda: launch_transformer(spec, iterations=iterations, storage=storage).iteration_ms,
-    )
+    return params, TRANSFORMER_STEP_OP, lambda: launch_transformer(spec, iterations=iterations, storage=storage)
+
+
+def later_over_first(per_iteration_ms: list[float]) -> float | None:
+    """A launch's steps split into thirds: the median of the last third over the median of the
+    first (None under three steps), whether the job's own steps speed up as its workers warm."""
+    third = len(per_iteration_ms) // 3
+    if third == 0:
+        return None
+    return statistics.median(per_iteration_ms[-third:]) / statistics.median(per_iteration_ms[:third])
+
+
+def warmth(probe_repeats_ms: list[list[float]], launch_steps_ms: list[list[float]]) -> dict:
+    """Over every round of every task: the probe's warm / fresh (each round's median of its
+    repeats after the first over its first; none with one repeat) and the launch's later /
+    first thirds (`later_over_first`), each as the geomean of the rounds' ratios with its 95%
+    interval (`error_stats`)."""
+
+    def summary(ratios: list[float]) -> dict | None:
+        if not ratios:
+            return None
+        stats = error_stats(np.asarray(ratios, dtype=np.float64))
+        return {"geomean": stats.gmae, "low": stats.gmae_low, "high": stats.gmae_high, "rounds": stats.n}
+
+    probe = [statistics.median(r[1:]) / r[0] for r in probe_repeats_ms if len(r) > 1]
+    launch = [x for x in (later_over_first(steps) for steps in launch_steps_ms) if x is not None]
+    return {"probe_warm_over_fresh": summary(probe), "launch_later_over_first": summary(launch)}
 
 
 def launch_share(ratios: list[float]) -> dict:
@@ -106,8 +142,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--iterations", type=int, default=20)
     parser.add_argument("--workload", choices=("dlrm", "transformer"), default="dlrm")
+    parser.add_argument(
+        "--probe-repeats",
+        type=int,
+        default=1,
+        help="times each probe round times the step on its one gang (the first fresh, the rest warm); "
+        "the probe's time is the first",
+    )
     parser.add_argument("--out", help="default: benchmarks/results/launch_vs_probe[_transformer].json")
     args = parser.parse_args()
+    if args.probe_repeats < 1:
+        parser.error(f"--probe-repeats must be >= 1, got {args.probe_repeats}")
     suffix = "" if args.workload == "dlrm" else "_transformer"
     out = args.out or str(REPO / f"benchmarks/results/launch_vs_probe{suffix}.json")
 
@@ -119,7 +164,7 @@ def main() -> None:
     else:
         drawn = data_parallel_tasks(args.tasks, 2, args.seed)
     tasks = [(i, s) for i, s in enumerate(drawn) if i in picked]
-    rows = []
+    rows, all_repeats, all_steps = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for i, spec in tasks:
             storage = Path(tmp) / "r"
@@ -127,14 +172,21 @@ def main() -> None:
                 params, step_op, launch = dlrm_task(i, spec, args.seed, args.iterations, storage)
             else:
                 params, step_op, launch = transformer_task(spec, args.iterations, storage)
-            probe, launched = [], []
+            probe, launched, repeats, steps = [], [], [], []
             for k in range(args.rounds):
                 for way in ("probe", "launch") if k % 2 == 0 else ("launch", "probe"):
                     t0 = time.monotonic()
                     if way == "probe":
-                        probe.append(probe_step_ms(fingerprint.hardware_id, spec.world_size, params, step_op))
+                        repeats.append(
+                            probe_steps_ms(
+                                fingerprint.hardware_id, spec.world_size, params, step_op, args.probe_repeats
+                            )
+                        )
+                        probe.append(repeats[-1][0])
                     else:
-                        launched.append(launch())
+                        result = launch()
+                        launched.append(result.iteration_ms)
+                        steps.append(result.per_iteration_ms)
                     print(
                         f"{spec.name} round {k} {way}: {(probe if way == 'probe' else launched)[-1]:.2f} ms "
                         f"({time.monotonic() - t0:.0f} s)",
@@ -150,7 +202,11 @@ def main() -> None:
                 "ratio_median": statistics.median(ratios),
                 "ratio_min": min(ratios),
                 "ratio_max": max(ratios),
+                "probe_repeats_ms": repeats,
+                "launch_later_over_first": [later_over_first(x) for x in steps],
             }
+            all_repeats += repeats
+            all_steps += steps
             rows.append(row)
             print(
                 f"{spec.name}: launcher/probe {row['ratio_median']:.3f} [{row['ratio_min']:.3f}, {row['ratio_max']:.3f}]",
@@ -160,16 +216,23 @@ def main() -> None:
     share = launch_share([row["ratio_median"] for row in rows])
     interval = f" [{share['low']:.3f}, {share['high']:.3f}]" if share["low"] is not None else ""
     print(f"launcher/probe over {share['tasks']} tasks: geomean {share['geomean']:.3f}{interval}", flush=True)
+    warm = warmth(all_repeats, all_steps)
+    for key, value in warm.items():
+        if value is not None:
+            spread = f" [{value['low']:.3f}, {value['high']:.3f}]" if value["low"] is not None else ""
+            print(f"{key.replace('_', ' ')} over {value['rounds']} rounds: geomean {value['geomean']:.3f}{spread}")
     write_result(
         out,
         {
             "hardware_id": fingerprint.hardware_id,
             "command": (
                 f"python benchmarks/launch_vs_probe.py --workload {args.workload} --seed {args.seed} "
-                f"--pick {args.pick} --rounds {args.rounds}"
+                f"--pick {args.pick} --rounds {args.rounds} --iterations {args.iterations} "
+                f"--probe-repeats {args.probe_repeats}"
             ),
             "tasks": rows,
             "launch_share": share,
+            "warmth": warm,
         },
     )
 

@@ -247,3 +247,24 @@ def test_the_launch_share_is_the_geomean_of_the_task_ratios_with_an_interval_fro
     assert share["low"] > 1.0  # every task slower under the launcher, consistently: past 1
     one = launch_share([1.1])
     assert one["geomean"] == pytest.approx(1.1) and one["low"] is None and one["high"] is None
+
+
+def test_a_launch_later_over_first_is_its_last_third_over_its_first_and_none_under_three_steps():
+    from benchmarks.launch_vs_probe import later_over_first
+
+    assert later_over_first([12.0, 10.0, 11.0, 9.0, 6.0, 5.0, 6.0]) == pytest.approx(5.5 / 11.0)
+    assert later_over_first([10.0, 10.0]) is None
+
+
+def test_warmth_reads_each_probe_round_warm_over_fresh_and_skips_what_cannot_be_read():
+    from benchmarks.launch_vs_probe import warmth
+
+    repeats = [[20.0, 18.0, 19.0, 17.0], [10.0, 9.0, 8.0], [10.0, 8.8]]
+    warm = warmth(repeats, [[10.0] * 6, [12.0, 12.0, 9.0, 9.0]])
+    probe = warm["probe_warm_over_fresh"]
+    assert probe["geomean"] == pytest.approx((0.9 * 0.85 * 0.88) ** (1 / 3)) and probe["rounds"] == 3
+    assert probe["high"] < 1.0  # every round faster warm, consistently: under 1
+    launch = warm["launch_later_over_first"]
+    assert launch["geomean"] == pytest.approx(0.75**0.5) and launch["rounds"] == 2
+    single = warmth([[20.0], [10.0]], [[10.0, 10.0]])
+    assert single == {"probe_warm_over_fresh": None, "launch_later_over_first": None}
