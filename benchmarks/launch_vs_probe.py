@@ -115,23 +115,31 @@ def warmth(probe_repeats_ms: list[list[float]], launch_steps_ms: list[list[float
     first thirds (`later_over_first`), each as the geomean of the rounds' ratios with its 95%
     interval (`error_stats`)."""
 
-    def summary(ratios: list[float]) -> dict | None:
-        if not ratios:
-            return None
-        stats = error_stats(np.asarray(ratios, dtype=np.float64))
-        return {"geomean": stats.gmae, "low": stats.gmae_low, "high": stats.gmae_high, "rounds": stats.n}
-
     probe = [statistics.median(r[1:]) / r[0] for r in probe_repeats_ms if len(r) > 1]
     launch = [x for x in (later_over_first(steps) for steps in launch_steps_ms) if x is not None]
-    return {"probe_warm_over_fresh": summary(probe), "launch_later_over_first": summary(launch)}
+    return {
+        "probe_warm_over_fresh": ratio_geomean(probe, "rounds") if probe else None,
+        "launch_later_over_first": ratio_geomean(launch, "rounds") if launch else None,
+    }
+
+
+def ratio_geomean(ratios: list[float], counted: str) -> dict:
+    """The geomean of positive ratios with the 95% t-interval of its log (none from one ratio;
+    `error_stats`, as gang_history.py's ratios) and their count under the key `counted`."""
+    stats = error_stats(np.asarray(ratios, dtype=np.float64))
+    return {"geomean": stats.gmae, "low": stats.gmae_low, "high": stats.gmae_high, counted: stats.n}
+
+
+def shown(summary: dict) -> str:
+    """A `ratio_geomean` as printed: "1.050 [0.928, 1.188]", or the geomean alone without an interval."""
+    interval = f" [{summary['low']:.3f}, {summary['high']:.3f}]" if summary["low"] is not None else ""
+    return f"{summary['geomean']:.3f}{interval}"
 
 
 def launch_share(ratios: list[float]) -> dict:
-    """Over the tasks, the geomean of their launcher/probe ratios with the 95% t-interval of
-    its log (none from one task; `error_stats`, as gang_history.py's ratios): how much slower a
-    launched step runs than the probe's."""
-    stats = error_stats(np.asarray(ratios, dtype=np.float64))
-    return {"geomean": stats.gmae, "low": stats.gmae_low, "high": stats.gmae_high, "tasks": stats.n}
+    """Over the tasks, the geomean of their launcher/probe ratios with its 95% interval
+    (`ratio_geomean`): how much slower a launched step runs than the probe's."""
+    return ratio_geomean(ratios, "tasks")
 
 
 def main() -> None:
@@ -214,13 +222,11 @@ def main() -> None:
             )
     ray_runtime.shutdown()
     share = launch_share([row["ratio_median"] for row in rows])
-    interval = f" [{share['low']:.3f}, {share['high']:.3f}]" if share["low"] is not None else ""
-    print(f"launcher/probe over {share['tasks']} tasks: geomean {share['geomean']:.3f}{interval}", flush=True)
+    print(f"launcher/probe over {share['tasks']} tasks: geomean {shown(share)}", flush=True)
     warm = warmth(all_repeats, all_steps)
     for key, value in warm.items():
         if value is not None:
-            spread = f" [{value['low']:.3f}, {value['high']:.3f}]" if value["low"] is not None else ""
-            print(f"{key.replace('_', ' ')} over {value['rounds']} rounds: geomean {value['geomean']:.3f}{spread}")
+            print(f"{key.replace('_', ' ')} over {value['rounds']} rounds: geomean {shown(value)}")
     write_result(
         out,
         {
