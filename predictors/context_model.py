@@ -23,7 +23,7 @@ from collections import defaultdict
 from typing import Any, Sequence
 
 import numpy as np
-from scipy.optimize import least_squares, minimize_scalar
+from scipy.optimize import least_squares
 
 from predictors.evaluation import error_stats, split_by_op
 from predictors.opmodels import ROBUST_LOG_SCALE, OpModel, Params
@@ -144,17 +144,7 @@ class ContextFactorModel(OpModel):
 
 
 def fit_affine(pairs: np.ndarray) -> tuple[float, float]:
-    """(factor, add_s): the per-call addition from the calls, the factor from the time.
-
-    First both by soft-L1 of log(factor * isolated + add) - log(measured), every call alike:
-    a per-call cost shows in the many short calls. Then, the addition kept, the factor again
-    with each call weighted by its measured time. A step's time is its calls' sum, so its
-    relative error is its calls' errors weighted by their time, and the factor has to be right
-    where the time is. Every call alike, the short calls outvote the few long ones: a TBE
-    backward whose short calls (tables that stay cached after the forward) run at 0.1-0.5x
-    their isolated price, and whose long ones at 0.9-1.3x, got one factor of 0.71, and a
-    batch-1024 DLRM rank's backward, 21 ms traced in its step, was priced at 11 (12-04 21:54,
-    `benchmarks/results/e2e_issue26_20261204/step_breakdown_2154.json`)."""
+    """(factor, add_s) minimising soft-L1 of log(factor * isolated + add) - log(measured)."""
     predicted, measured = pairs[:, 0], pairs[:, 1]
     ratio = float(np.clip(np.exp(np.median(np.log(measured / predicted))), *CLIP))
     scale = float(np.median(measured))  # fit add in units of a typical call: well conditioned
@@ -166,15 +156,7 @@ def fit_affine(pairs: np.ndarray) -> tuple[float, float]:
     fit = least_squares(
         resid, start, bounds=([CLIP[0], 0.0], [CLIP[1], np.inf]), loss="soft_l1", f_scale=ROBUST_LOG_SCALE
     )
-    add_s = float(fit.x[1] * scale)
-    weight = measured / measured.sum()
-
-    def weighted(factor: float) -> float:
-        z = (np.log(factor * predicted + add_s) - np.log(measured)) / ROBUST_LOG_SCALE
-        return float(np.sum(weight * (np.sqrt(1.0 + z * z) - 1.0)))
-
-    factor = minimize_scalar(weighted, bounds=CLIP, method="bounded", options={"xatol": 1e-4})
-    return float(factor.x), add_s
+    return float(fit.x[0]), float(fit.x[1] * scale)
 
 
 def _kernel_params(params: dict[str, Any]) -> dict[str, Any]:
