@@ -73,7 +73,8 @@ def traced_ops(trace: dict) -> tuple[Counter, float, float]:
 
 
 def isolated_tbe(spec, plan, model, rank: int) -> dict:
-    """The rank's table set (whole global batch) timed alone against the model's prediction."""
+    """The rank's table set (whole global batch) timed alone against the model's prediction:
+    `model_ms` as a step prices it (in-step factor applied), `isolated_model_ms` before it."""
     local = [s.shape for s in table_shards(spec, plan) if s.rank == rank and s.kind != DATA_PARALLEL]
     if not local:
         return {}
@@ -82,10 +83,9 @@ def isolated_tbe(spec, plan, model, rank: int) -> dict:
     out = {}
     warm = {row.op: row.median_s for row in measure_tbe(local, batch, max_seconds=2.0, cold_backward=False)}
     for row in measure_tbe(local, batch, max_seconds=2.0):
-        predicted = model.predict_params(row.op, features)
-        if model.in_step is not None:
-            predicted = model.in_step.in_step(row.op, predicted)
-        out[row.op] = {"alone_ms": row.median_s * 1e3, "model_ms": predicted * 1e3}
+        isolated = model.predict_params(row.op, features)
+        predicted = isolated if model.in_step is None else model.in_step.in_step(row.op, isolated)
+        out[row.op] = {"alone_ms": row.median_s * 1e3, "model_ms": predicted * 1e3, "isolated_model_ms": isolated * 1e3}
         if row.op == EMBEDDING_BWD_OP:  # the probe before issue #26: the setup forward's rows still cached
             out[row.op]["alone_warm_ms"] = warm[row.op] * 1e3
     return out
@@ -161,7 +161,10 @@ def main() -> None:
             print(f"  rank {r} traced collectives: {fmt(rank['traced_collectives_ms'])}")
             for op, t in rank["tbe"].items():
                 warm = f" (warm, as probed before: {t['alone_warm_ms']:.2f})" if "alone_warm_ms" in t else ""
-                print(f"  rank {r} {op}: alone {t['alone_ms']:.2f} ms{warm}, model {t['model_ms']:.2f} ms")
+                print(
+                    f"  rank {r} {op}: alone {t['alone_ms']:.2f} ms{warm}, model {t['model_ms']:.2f} ms "
+                    f"({t['isolated_model_ms']:.2f} before the in-step factor)"
+                )
     result = {
         "command": f"python benchmarks/step_breakdown.py --tracking-uri URI --seed {args.seed} --tasks {args.tasks} "
         f"--pick {args.pick} --scale {args.scale:g}",
