@@ -35,17 +35,38 @@ from probes.vocabulary.transformer_spec import TransformerSpec
 # A pipeline's transfers are not counted as collectives: they are batched isend / irecv pairs,
 # not group collectives, and the simulator already waits at each.
 OVERHEAD_FEATURES = ["one", "ops", "collectives", *KERNEL_CLASSES]
+# Carried in the overhead's params but not fitted by default: a benchmark fits it beside the
+# others on stored calibrations (`benchmarks/transformer_overhead_refit.py`) and it joins the
+# default only when their runs bear it out. `layout_work`: 1 for a layout that runs the model
+# in several passes or behind hooks (FSDP, a pipeline, micro-batches, recomputed forwards),
+# else 0. One overhead over every layout fits the calibration's own plain data-parallel steps
+# high and those layouts' low (#26, `benchmarks/transformer_step_lean.py`: +4.6% against
+# -6.6% to -7.7% on 16 stored cycles), which a plan choosing between them would inherit.
+CANDIDATE_FEATURES = ["layout_work"]
+
+
+def layout_work(spec: TransformerSpec) -> float:
+    """1 when `spec`'s layout wraps its passes in framework work a plain data-parallel step has
+    not (FSDP's hooks, a pipeline's schedule, micro-batches, recomputed forwards), else 0."""
+    wrapped = spec.fsdp != "none" or spec.pipeline_parallel > 1 or spec.micro_batches > 1 or spec.recompute
+    return 1.0 if wrapped else 0.0
 
 
 def overhead_params(
     spec: TransformerSpec, graph: ExecutionGraph, kernels_s: float, cost: CostFn | None = None
 ) -> dict[str, float]:
     """The step overhead's features for one layout (and `layers` and `kernels_s`, which bundles
-    fitted before read); with `cost`, the busiest rank's kernels by class
-    (`kernel_classes`)."""
+    fitted before read, and the candidate `layout_work`); with `cost`, the busiest rank's
+    kernels by class (`kernel_classes`)."""
     ops = max(sum(1 for o in rank if o.params) for rank in graph.ranks)
     collectives = max(sum(1 for o in rank if o.kind == "collective" and not is_transfer(o)) for rank in graph.ranks)
-    counts: dict[str, float] = {"layers": spec.layers, "ops": ops, "collectives": collectives, "kernels_s": kernels_s}
+    counts: dict[str, float] = {
+        "layers": spec.layers,
+        "ops": ops,
+        "collectives": collectives,
+        "kernels_s": kernels_s,
+        "layout_work": layout_work(spec),
+    }
     if cost is not None:
         counts.update(busiest_rank(graph.ranks, cost)[1])
     return counts

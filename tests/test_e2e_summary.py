@@ -268,3 +268,61 @@ def test_warmth_reads_each_probe_round_warm_over_fresh_and_skips_what_cannot_be_
     assert launch["geomean"] == pytest.approx(0.75**0.5) and launch["rounds"] == 2
     single = warmth([[20.0], [10.0]], [[10.0, 10.0]])
     assert single == {"probe_warm_over_fresh": None, "launch_later_over_first": None}
+
+
+def test_the_transformer_overhead_refit_pairs_each_variant_with_the_default(tmp_path):
+    """`transformer_overhead_refit` takes a cycle only where its rows and its transformer run
+    are both stored; `layout_work` is 1 for the layouts with hooks or several passes and 0 for
+    plain data and tensor parallel; and each variant's paired change is its figure minus the
+    default's, cycle by cycle, over the cycles."""
+    from benchmarks.transformer_overhead_refit import DEFAULT, VARIANTS, run_of, stored_cycles, summarize
+    from predictors.transformer_estimator import layout_work
+    from probes.vocabulary.transformer_spec import TransformerSpec
+
+    folder = tmp_path / "e2e_issue26_20261204"
+    folder.mkdir()
+    for stamp in ("1530", "1716", "1845"):
+        (folder / f"measurements_{stamp}.jsonl.gz").write_bytes(b"")
+    for stamp in ("1530", "1845"):
+        (folder / f"transformer_{stamp}.json").write_text("{}")
+    (folder / "dlrm_1716.json").write_text("{}")  # a DLRM run alone does not make a transformer cycle
+    assert [p.name for p in stored_cycles(tmp_path, 9)] == ["measurements_1530.jsonl.gz", "measurements_1845.jsonl.gz"]
+    assert run_of(folder / "measurements_1530.jsonl.gz").name == "transformer_1530.json"
+
+    base = {"layers": 2, "hidden": 64, "heads": 2, "seq_len": 32, "batch_size": 4, "world_size": 2}
+    assert (
+        layout_work(TransformerSpec(**base)) == 0.0 and layout_work(TransformerSpec(**base, tensor_parallel=2)) == 0.0
+    )
+    for wrapped in (
+        dict(fsdp="full_shard"),
+        dict(recompute=True),
+        dict(micro_batches=2),
+        dict(pipeline_parallel=2, micro_batches=2),
+    ):
+        assert layout_work(TransformerSpec(**base, **wrapped)) == 1.0
+
+    def judged(signed: float, geomean: float, met: bool) -> dict:
+        run = {"geomean_error": geomean, "max_error": 2 * geomean, "mean_signed_error": signed, "met": met}
+        return {
+            "steps_left_out_gmae": 0.05,
+            "lean_by_layout": {"fsdp": {"steps": 2, "mean_signed": signed - 0.1}},
+            "data_parallel": run,
+        }
+
+    cycles = [
+        {
+            "variants": {
+                label: judged(s + (0.02 if label != DEFAULT else 0.0), 0.06, label == DEFAULT) for label in VARIANTS
+            }
+        }
+        for s in (-0.04, 0.06)
+    ]
+    summary = summarize(cycles)
+    assert summary[DEFAULT]["dp_mean_signed"] == pytest.approx(0.01)
+    assert summary[DEFAULT]["dp_mean_abs_signed"] == pytest.approx(0.05)
+    assert summary[DEFAULT]["dp_bars_met"] == 2 and summary["one slowdown"]["dp_bars_met"] == 0
+    assert "paired" not in summary[DEFAULT]
+    change = summary["one slowdown"]["paired"]["mean_signed_error"]
+    assert change["mean_change"] == pytest.approx(0.02) and change["cycles"] == 2
+    assert summary["one slowdown"]["paired"]["tp_geomean_error"] is None  # no run had TP tasks
+    assert summary[DEFAULT]["lean_by_layout"]["fsdp"] == pytest.approx(-0.09)

@@ -1,0 +1,232 @@
+"""The transformer step overhead on other feature sets, judged on stored #26 cycles side by side.
+
+    .venv/bin/python benchmarks/transformer_overhead_refit.py [ROWS ...] [--last N] [--models DIR] [--out F]
+
+ROWS: a stored cycle's `measurements_HHMM.jsonl.gz` with its `transformer_HHMM.json` beside it
+(default: the last `--last` stored cycles that have both). Each cycle's bundle is fitted from its
+rows once below the steps (`overhead_feature_refit.below_steps`, kept in `--models DIR`), then its
+step stage once per variant (`VARIANTS`) on those same kernel models. Each variant prices:
+
+- the cycle's own transformer steps, each left out in turn (GMAE), and its signed error on them
+  by layout family (`transformer_step_lean.layout_family`): one overhead over every layout fits
+  plain data parallel high and the layouts with hooks or several passes low, and a plan that
+  chooses between layouts inherits that;
+- the cycle's measured data-parallel and tensor-parallel tasks (`refit_e2e.transformer_predictions`):
+  geomean, worst and mean signed error, and whether #26's bars are met.
+
+The tasks' times are one spell's and only the overhead differs, so each variant against the
+default is a paired comparison; over the cycles, the mean paired change with its 95% interval.
+Variants are named before they are judged, so the figures are not a search over feature sets.
+
+Writes benchmarks/results/transformer_overhead_refit.json (or `--out`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import re
+import sys
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+from benchmarks.e2e_accuracy import write_result  # noqa: E402
+from benchmarks.issue26_tally import meets_bars  # noqa: E402
+from benchmarks.overhead_feature_refit import below_steps, each_cycle, shown_path  # noqa: E402
+from benchmarks.refit_e2e import read_rows, run_summary, transformer_predictions  # noqa: E402
+from benchmarks.transformer_step_lean import layout_family  # noqa: E402
+from predictors.evaluation import mean_interval  # noqa: E402
+from predictors.fit import fit_step_stage  # noqa: E402
+from predictors.kernel_classes import one_slowdown  # noqa: E402
+from predictors.performance_model import PerformanceModel  # noqa: E402
+from predictors.transformer_estimator import OVERHEAD_FEATURES, estimate_transformer_iteration  # noqa: E402
+from probes.vocabulary.ops import TRANSFORMER_STEP_OP  # noqa: E402
+from probes.vocabulary.placement import placement_of  # noqa: E402
+from probes.vocabulary.records import Measurement  # noqa: E402
+from probes.vocabulary.transformer_spec import TransformerSpec  # noqa: E402
+
+ROWS = re.compile(r"^measurements_(\d{4})\.jsonl\.gz$")
+DEFAULT = "default"
+VARIANTS: dict[str, list[str]] = {
+    DEFAULT: list(OVERHEAD_FEATURES),
+    "one slowdown": one_slowdown(OVERHEAD_FEATURES),  # fewer coefficients on 16 noisy steps
+    "default + layout_work": [*OVERHEAD_FEATURES, "layout_work"],
+    "one slowdown + layout_work": [*one_slowdown(OVERHEAD_FEATURES), "layout_work"],
+}
+RUN_FIGURES = ("geomean_error", "max_error", "mean_signed_error")
+
+
+def run_of(rows_path: Path) -> Path:
+    """The transformer run stored beside a cycle's rows."""
+    match = ROWS.match(rows_path.name)
+    if match is None:
+        raise SystemExit(f"ROWS: expected measurements_HHMM.jsonl.gz, got {rows_path.name}")
+    return rows_path.with_name(f"transformer_{match.group(1)}.json")
+
+
+def stored_cycles(root: Path, last: int) -> list[Path]:
+    """The last `last` stored cycles' rows with a transformer run beside them, oldest first."""
+    found = [
+        path
+        for day in sorted(root.glob("e2e_issue26_2*"))
+        for path in sorted(day.iterdir())
+        if ROWS.match(path.name) and run_of(path).exists()
+    ]
+    return found[-last:]
+
+
+def lean_by_layout(model: PerformanceModel, rows: list[Measurement]) -> dict[str, dict]:
+    """The signed error of `model` on the transformer steps it was fitted on, by layout family."""
+    groups: dict[str, list[float]] = {}
+    for row in rows:
+        if row.op != TRANSFORMER_STEP_OP:
+            continue
+        spec = TransformerSpec.from_dict(row.params["transformer"])
+        priced = estimate_transformer_iteration(spec, model, placement=placement_of(row.params, spec.world_size))
+        groups.setdefault(layout_family(spec), []).append(priced.iteration_s / row.median_s - 1.0)
+    return {g: {"steps": len(v), "mean_signed": float(np.mean(v))} for g, v in sorted(groups.items())}
+
+
+def run_figures(tasks: list[dict]) -> dict:
+    summary = run_summary(tasks)
+    figures = {k: summary[k] for k in (*RUN_FIGURES, "tasks")}
+    return {**figures, "met": meets_bars(*(summary[k] for k in RUN_FIGURES))}
+
+
+def judge_variant(below: PerformanceModel, rows: list[Measurement], run: dict, features: list[str]) -> dict:
+    """The step stage fitted with the transformer overhead on `features`, and what it prices."""
+    model = copy.deepcopy(below)
+    fit_step_stage(model, rows, seed=0, overhead_features={"transformer": features})
+    overhead = model.step_overheads.get("transformer")
+    steps = model.metrics.get(TRANSFORMER_STEP_OP) or {}
+    judged = {
+        "steps_left_out_gmae": steps.get("gmae"),
+        "steps": steps.get("n"),
+        "coefficients": None if overhead is None else dict(zip(overhead.features, map(float, overhead.coef))),
+        "lean_by_layout": lean_by_layout(model, rows),
+        "data_parallel": run_figures(transformer_predictions(model, run["tasks"])),
+    }
+    if run.get("tensor_parallel_tasks"):
+        judged["tensor_parallel"] = run_figures(transformer_predictions(model, run["tensor_parallel_tasks"]))
+    return judged
+
+
+def judge_cycle(rows_path: Path, models: Path | None) -> dict:
+    rows = read_rows(rows_path)
+    run = json.loads(run_of(rows_path).read_text())
+    below = below_steps(rows, rows_path, models)
+    return {
+        "rows": shown_path(rows_path),
+        "task_seed": run.get("task_seed"),
+        "variants": {label: judge_variant(below, rows, run, features) for label, features in VARIANTS.items()},
+    }
+
+
+def paired(cycles: list[dict], label: str, figure: str, kind: str = "data_parallel") -> dict | None:
+    """The mean change of `figure` from the default to `label` over the cycles, with its interval."""
+    changes = [
+        c["variants"][label][kind][figure] - c["variants"][DEFAULT][kind][figure]
+        for c in cycles
+        if kind in c["variants"][label]
+    ]
+    if not changes:
+        return None
+    interval = list(mean_interval(np.array(changes))) if len(changes) >= 2 else None
+    return {"mean_change": float(np.mean(changes)), "interval": interval, "cycles": len(changes)}
+
+
+def summarize(cycles: list[dict]) -> dict[str, dict]:
+    """Per variant over the cycles: steps left out (mean GMAE), the DP runs' mean signed (and its
+    sd), mean |signed|, mean geomean and worst, bars met, TP runs' mean geomean, the lean by
+    layout (mean over cycles), and each run figure's paired change from the default."""
+    out: dict[str, dict] = {}
+    for label in VARIANTS:
+        judged = [c["variants"][label] for c in cycles]
+        dp = [j["data_parallel"] for j in judged]
+        signed = np.array([r["mean_signed_error"] for r in dp])
+        tp = [j["tensor_parallel"]["geomean_error"] for j in judged if "tensor_parallel" in j]
+        families = sorted({f for j in judged for f in j["lean_by_layout"]})
+        out[label] = {
+            "steps_left_out_gmae": float(np.mean([j["steps_left_out_gmae"] for j in judged])),
+            "dp_mean_signed": float(signed.mean()),
+            "dp_signed_sd": float(signed.std(ddof=1)) if len(signed) > 1 else None,
+            "dp_mean_abs_signed": float(np.abs(signed).mean()),
+            "dp_mean_geomean": float(np.mean([r["geomean_error"] for r in dp])),
+            "dp_mean_max": float(np.mean([r["max_error"] for r in dp])),
+            "dp_bars_met": sum(r["met"] for r in dp),
+            "tp_mean_geomean": float(np.mean(tp)) if tp else None,
+            "lean_by_layout": {
+                f: float(np.mean([j["lean_by_layout"][f]["mean_signed"] for j in judged if f in j["lean_by_layout"]]))
+                for f in families
+            },
+            "cycles": len(cycles),
+        }
+        if label != DEFAULT:
+            out[label]["paired"] = {
+                **{figure: paired(cycles, label, figure) for figure in RUN_FIGURES},
+                "tp_geomean_error": paired(cycles, label, "geomean_error", "tensor_parallel"),
+            }
+    return out
+
+
+def print_cycle(cycle: dict) -> None:
+    for label, judged in cycle["variants"].items():
+        dp, tp = judged["data_parallel"], judged.get("tensor_parallel")
+        lean = ", ".join(f"{f} {v['mean_signed']:+.1%}" for f, v in judged["lean_by_layout"].items())
+        print(
+            f"  {label:27s} steps left out {judged['steps_left_out_gmae']:.1%}; DP {dp['geomean_error']:.1%} / "
+            f"max {dp['max_error']:.1%} / signed {dp['mean_signed_error']:+.1%} ({'met' if dp['met'] else 'missed'})"
+            + (f"; TP {tp['geomean_error']:.1%}" if tp else "")
+            + f"\n      own steps by layout: {lean}",
+            flush=True,
+        )
+
+
+def print_summary(summary: dict[str, dict]) -> None:
+    for label, s in summary.items():
+        print(
+            f"{label:27s} steps left out {s['steps_left_out_gmae']:.1%}; DP signed {s['dp_mean_signed']:+.1%} "
+            f"(sd {s['dp_signed_sd'] or 0:.1%}, mean |signed| {s['dp_mean_abs_signed']:.1%}), geomean "
+            f"{s['dp_mean_geomean']:.1%}, max {s['dp_mean_max']:.1%}, bars met {s['dp_bars_met']} of {s['cycles']}"
+            + (f"; TP geomean {s['tp_mean_geomean']:.1%}" if s["tp_mean_geomean"] is not None else "")
+        )
+        print("      own steps by layout: " + ", ".join(f"{f} {v:+.1%}" for f, v in s["lean_by_layout"].items()))
+        for figure, change in s.get("paired", {}).items():
+            if change is not None:
+                ci = change["interval"]
+                span = f" [{ci[0]:+.1%}, {ci[1]:+.1%}]" if ci else ""
+                print(f"      {figure} - default: {change['mean_change']:+.1%}{span}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("rows", nargs="*", type=Path)
+    parser.add_argument("--last", type=int, default=8, help="cycles taken when no ROWS are named (default 8)")
+    parser.add_argument("--models", type=Path, help="keep (and reuse) each cycle's below-steps bundle here")
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    paths = [p.resolve() for p in args.rows] or stored_cycles(REPO / "benchmarks/results", args.last)
+    if not paths:
+        sys.exit("no stored cycle has both its rows and a transformer run")
+    cycles = []
+    for cycle in each_cycle(paths, lambda path: judge_cycle(path, args.models)):
+        cycles.append(cycle)
+        print_cycle(cycle)
+    summary = summarize(cycles)
+    print(f"over {len(cycles)} cycles:")
+    print_summary(summary)
+    named = " ".join(shown_path(p) for p in paths) if args.rows else f"--last {args.last}"
+    command = f"python benchmarks/transformer_overhead_refit.py {named}"
+    out = args.out or str(REPO / "benchmarks/results/transformer_overhead_refit.json")
+    result = {"command": command, "variants": VARIANTS, "cycles": cycles, "summary": summary}
+    print(f"wrote {write_result(out, result)}")
+
+
+if __name__ == "__main__":
+    main()
