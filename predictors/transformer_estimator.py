@@ -42,6 +42,9 @@ OVERHEAD_FEATURES = ["one", "ops", "collectives", *KERNEL_CLASSES]
 # else 0. One overhead over every layout fits the calibration's own plain data-parallel steps
 # high and those layouts' low (#26, `benchmarks/transformer_step_lean.py`: +4.6% against
 # -6.6% to -7.7% on 16 stored cycles), which a plan choosing between them would inherit.
+# Refitted with it on the eight newest cycles (12-05), that lean narrowed (DP +4.8% -> +2.2%,
+# FSDP -7.2% -> -3.4%) but the DP runs only moved down 3.1 points with the era's lean, bars
+# met 1 of 8 either way (README), so it is not in the default.
 CANDIDATE_FEATURES = ["layout_work"]
 
 
