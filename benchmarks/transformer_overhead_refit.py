@@ -40,14 +40,13 @@ from benchmarks.e2e_accuracy import write_result  # noqa: E402
 from benchmarks.issue26_tally import meets_bars  # noqa: E402
 from benchmarks.overhead_feature_refit import below_steps, each_cycle, shown_path  # noqa: E402
 from benchmarks.refit_e2e import read_rows, run_summary, transformer_predictions  # noqa: E402
-from benchmarks.transformer_step_lean import layout_family  # noqa: E402
+from benchmarks.transformer_step_lean import layout_family, signed_errors  # noqa: E402
 from predictors.evaluation import mean_interval  # noqa: E402
 from predictors.fit import fit_step_stage  # noqa: E402
 from predictors.kernel_classes import one_slowdown  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
-from predictors.transformer_estimator import OVERHEAD_FEATURES, estimate_transformer_iteration  # noqa: E402
+from predictors.transformer_estimator import OVERHEAD_FEATURES  # noqa: E402
 from probes.vocabulary.ops import TRANSFORMER_STEP_OP  # noqa: E402
-from probes.vocabulary.placement import placement_of  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
 from probes.vocabulary.transformer_spec import TransformerSpec  # noqa: E402
 
@@ -83,13 +82,7 @@ def stored_cycles(root: Path, last: int) -> list[Path]:
 
 def lean_by_layout(model: PerformanceModel, rows: list[Measurement]) -> dict[str, dict]:
     """The signed error of `model` on the transformer steps it was fitted on, by layout family."""
-    groups: dict[str, list[float]] = {}
-    for row in rows:
-        if row.op != TRANSFORMER_STEP_OP:
-            continue
-        spec = TransformerSpec.from_dict(row.params["transformer"])
-        priced = estimate_transformer_iteration(spec, model, placement=placement_of(row.params, spec.world_size))
-        groups.setdefault(layout_family(spec), []).append(priced.iteration_s / row.median_s - 1.0)
+    groups = signed_errors(model, rows, lambda row: layout_family(TransformerSpec.from_dict(row.params["transformer"])))
     return {g: {"steps": len(v), "mean_signed": float(np.mean(v))} for g, v in sorted(groups.items())}
 
 

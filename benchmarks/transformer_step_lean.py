@@ -25,6 +25,7 @@ import argparse
 import copy
 import sys
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -72,13 +73,20 @@ def signed_by_group(rows: list[Measurement], below: PerformanceModel) -> dict[st
     """Each transformer step's signed error under the step stage fitted on `rows` over `below`."""
     model = copy.deepcopy(below)
     fit_step_stage(model, rows, seed=0)
+    return signed_errors(model, rows, step_group)
+
+
+def signed_errors(
+    model: PerformanceModel, rows: list[Measurement], group: Callable[[Measurement], str]
+) -> dict[str, list[float]]:
+    """Each transformer step of `rows` priced by `model`: its signed error, under its `group`."""
     groups: dict[str, list[float]] = {}
     for row in rows:
         if row.op != TRANSFORMER_STEP_OP:
             continue
         spec = TransformerSpec.from_dict(row.params["transformer"])
         priced = estimate_transformer_iteration(spec, model, placement=placement_of(row.params, spec.world_size))
-        groups.setdefault(step_group(row), []).append(priced.iteration_s / row.median_s - 1.0)
+        groups.setdefault(group(row), []).append(priced.iteration_s / row.median_s - 1.0)
     return groups
 
 
