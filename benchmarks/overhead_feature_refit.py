@@ -52,31 +52,31 @@ from probes.vocabulary.records import Measurement  # noqa: E402
 ROWS = re.compile(r"^measurements_(\d{4})\.jsonl\.gz$")
 
 
-def stored_cycles(root: Path, last: int) -> list[Path]:
-    """The last `last` stored cycles' rows that have a DLRM run beside them, oldest first."""
+def stored_cycles(root: Path, last: int, workload: str = "dlrm") -> list[Path]:
+    """The last `last` stored cycles' rows that have a `workload` run beside them, oldest first."""
     found = []
     for day in sorted(root.glob("e2e_issue26_2*")):
         for path in sorted(day.iterdir()):
             match = ROWS.match(path.name)
-            if match and (day / f"dlrm_{match.group(1)}.json").exists():
+            if match and (day / f"{workload}_{match.group(1)}.json").exists():
                 found.append(path)
     return found[-last:]
 
 
-def add_cycle_arguments(parser: argparse.ArgumentParser) -> None:
+def add_cycle_arguments(parser: argparse.ArgumentParser, last: int = 4) -> None:
     """What every benchmark over stored cycles takes: ROWS, `--last`, `--models` and `--out`."""
     parser.add_argument("rows", nargs="*", type=Path)
-    parser.add_argument("--last", type=int, default=4, help="cycles taken when no ROWS are named (default 4)")
+    parser.add_argument("--last", type=int, default=last, help=f"cycles taken when no ROWS are named (default {last})")
     parser.add_argument("--models", type=Path, help="keep (and reuse) each cycle's below-steps bundle here")
     parser.add_argument("--out")
 
 
-def chosen_cycles(args: argparse.Namespace) -> list[Path]:
+def chosen_cycles(args: argparse.Namespace, workload: str = "dlrm") -> list[Path]:
     """The cycles `add_cycle_arguments`' arguments name: the ROWS given, else the last `--last`
-    stored ones; exits when there are none."""
-    paths = [p.resolve() for p in args.rows] or stored_cycles(REPO / "benchmarks/results", args.last)
+    stored ones with a `workload` run; exits when there are none."""
+    paths = [p.resolve() for p in args.rows] or stored_cycles(REPO / "benchmarks/results", args.last, workload)
     if not paths:
-        sys.exit("no stored cycle has both its rows and a DLRM run")
+        sys.exit(f"no stored cycle has both its rows and a {workload} run")
     return paths
 
 
@@ -87,11 +87,12 @@ def each_cycle(paths: list[Path], judge: Callable[[Path], dict]) -> Iterator[dic
         yield judge(path)
 
 
-def run_of(rows_path: Path) -> Path:
+def run_of(rows_path: Path, workload: str = "dlrm") -> Path:
+    """The `workload` run stored beside a cycle's rows."""
     match = ROWS.match(rows_path.name)
     if match is None:
         raise SystemExit(f"ROWS: expected measurements_HHMM.jsonl.gz, got {rows_path.name}")
-    return rows_path.with_name(f"dlrm_{match.group(1)}.json")
+    return rows_path.with_name(f"{workload}_{match.group(1)}.json")
 
 
 def below_steps(rows: list[Measurement], rows_path: Path, models: Path | None) -> PerformanceModel:

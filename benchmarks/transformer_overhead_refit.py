@@ -26,8 +26,8 @@ from __future__ import annotations
 import argparse
 import copy
 import json
-import re
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -38,7 +38,9 @@ if str(REPO) not in sys.path:
 
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
 from benchmarks.issue26_tally import meets_bars  # noqa: E402
-from benchmarks.overhead_feature_refit import below_steps, each_cycle, shown_path  # noqa: E402
+from benchmarks.overhead_feature_refit import add_cycle_arguments, below_steps, chosen_cycles, each_cycle, shown_path  # noqa: E402
+from benchmarks.overhead_feature_refit import run_of as shared_run_of  # noqa: E402
+from benchmarks.overhead_feature_refit import stored_cycles as shared_stored_cycles  # noqa: E402
 from benchmarks.refit_e2e import read_rows, run_summary, transformer_predictions  # noqa: E402
 from benchmarks.transformer_step_lean import layout_family, signed_errors  # noqa: E402
 from predictors.evaluation import mean_interval  # noqa: E402
@@ -50,7 +52,7 @@ from probes.vocabulary.ops import TRANSFORMER_STEP_OP  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
 from probes.vocabulary.transformer_spec import TransformerSpec  # noqa: E402
 
-ROWS = re.compile(r"^measurements_(\d{4})\.jsonl\.gz$")
+WORKLOAD = "transformer"
 DEFAULT = "default"
 VARIANTS: dict[str, list[str]] = {
     DEFAULT: list(OVERHEAD_FEATURES),
@@ -61,23 +63,9 @@ VARIANTS: dict[str, list[str]] = {
 RUN_FIGURES = ("geomean_error", "max_error", "mean_signed_error")
 
 
-def run_of(rows_path: Path) -> Path:
-    """The transformer run stored beside a cycle's rows."""
-    match = ROWS.match(rows_path.name)
-    if match is None:
-        raise SystemExit(f"ROWS: expected measurements_HHMM.jsonl.gz, got {rows_path.name}")
-    return rows_path.with_name(f"transformer_{match.group(1)}.json")
-
-
-def stored_cycles(root: Path, last: int) -> list[Path]:
-    """The last `last` stored cycles' rows with a transformer run beside them, oldest first."""
-    found = [
-        path
-        for day in sorted(root.glob("e2e_issue26_2*"))
-        for path in sorted(day.iterdir())
-        if ROWS.match(path.name) and run_of(path).exists()
-    ]
-    return found[-last:]
+# the cycles and runs of `overhead_feature_refit`, with the transformer's run beside the rows
+run_of = partial(shared_run_of, workload=WORKLOAD)
+stored_cycles = partial(shared_stored_cycles, workload=WORKLOAD)
 
 
 def lean_by_layout(model: PerformanceModel, rows: list[Measurement]) -> dict[str, dict]:
@@ -199,14 +187,9 @@ def print_summary(summary: dict[str, dict]) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("rows", nargs="*", type=Path)
-    parser.add_argument("--last", type=int, default=8, help="cycles taken when no ROWS are named (default 8)")
-    parser.add_argument("--models", type=Path, help="keep (and reuse) each cycle's below-steps bundle here")
-    parser.add_argument("--out")
+    add_cycle_arguments(parser, last=8)
     args = parser.parse_args()
-    paths = [p.resolve() for p in args.rows] or stored_cycles(REPO / "benchmarks/results", args.last)
-    if not paths:
-        sys.exit("no stored cycle has both its rows and a transformer run")
+    paths = chosen_cycles(args, WORKLOAD)
     cycles = []
     for cycle in each_cycle(paths, lambda path: judge_cycle(path, args.models)):
         cycles.append(cycle)
