@@ -1,6 +1,7 @@
 """The transformer step overhead on other feature sets, judged on stored #26 cycles side by side.
 
     .venv/bin/python benchmarks/transformer_overhead_refit.py [ROWS ...] [--last N] [--models DIR] [--out F]
+        [--variants NAME,...] [--against JSON]
 
 ROWS: a stored cycle's `measurements_HHMM.jsonl.gz` with its `transformer_HHMM.json` beside it
 (default: the last `--last` stored cycles that have both). Each cycle's bundle is fitted from its
@@ -16,7 +17,10 @@ step stage once per variant (`VARIANTS`) on those same kernel models. Each varia
 
 The tasks' times are one spell's and only the overhead differs, so each variant against the
 default is a paired comparison; over the cycles, the mean paired change with its 95% interval.
-Variants are named before they are judged, so the figures are not a search over feature sets.
+Variants are named before they are judged, so the figures are not a search over feature sets
+(`--variants`: only those named, the default always among them). `--against`: this benchmark's
+JSON written by other code (another graph, say) on the same cycles and bundles; the default's
+change from it, cycle by cycle (`against`), is how a change below the overhead is judged.
 
 Writes benchmarks/results/transformer_overhead_refit.json (or `--out`).
 """
@@ -29,6 +33,7 @@ import json
 import sys
 from functools import partial
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -98,14 +103,14 @@ def judge_variant(below: PerformanceModel, rows: list[Measurement], run: dict, f
     return judged
 
 
-def judge_cycle(rows_path: Path, models: Path | None) -> dict:
+def judge_cycle(rows_path: Path, models: Path | None, labels: list[str]) -> dict:
     rows = read_rows(rows_path)
     run = json.loads(run_of(rows_path).read_text())
     below = below_steps(rows, rows_path, models)
     return {
         "rows": shown_path(rows_path),
         "task_seed": run.get("task_seed"),
-        "variants": {label: judge_variant(below, rows, run, features) for label, features in VARIANTS.items()},
+        "variants": {label: judge_variant(below, rows, run, VARIANTS[label]) for label in labels},
     }
 
 
@@ -122,12 +127,50 @@ def paired(cycles: list[dict], label: str, figure: str, kind: str = "data_parall
     return {"mean_change": float(np.mean(changes)), "interval": interval, "cycles": len(changes)}
 
 
+def against(cycles: list[dict], before: dict) -> dict:
+    """The default's change from `before` (this benchmark's JSON from other code, e.g. another
+    graph) on the cycles both judged, matched by their rows' file: a paired comparison of two
+    code versions on the same stored kernel rows and runs."""
+
+    def key(cycle: dict) -> str:  # the rows may have been named from another directory
+        return "/".join(cycle["rows"].split("/")[-2:])
+
+    earlier = {key(c): c["variants"][DEFAULT] for c in before["cycles"]}
+    pairs = [(earlier[key(c)], c["variants"][DEFAULT]) for c in cycles if key(c) in earlier]
+
+    def change(of: Callable[[dict], float | None]) -> dict | None:
+        values = [(of(a), of(b)) for a, b in pairs]
+        changes = [b - a for a, b in values if a is not None and b is not None]
+        if not changes:
+            return None
+        interval = list(mean_interval(np.array(changes))) if len(changes) >= 2 else None
+        return {"mean_change": float(np.mean(changes)), "interval": interval, "cycles": len(changes)}
+
+    def dp(figure: str) -> Callable[[dict], float]:
+        return lambda judged: judged["data_parallel"][figure]
+
+    def tp(judged: dict) -> float | None:
+        return judged["tensor_parallel"]["geomean_error"] if "tensor_parallel" in judged else None
+
+    return {
+        "command": before.get("command"),
+        **{figure: change(dp(figure)) for figure in RUN_FIGURES},
+        "abs_mean_signed_error": change(lambda j: abs(j["data_parallel"]["mean_signed_error"])),
+        "tp_geomean_error": change(tp),
+        "steps_left_out_gmae": change(lambda j: j["steps_left_out_gmae"]),
+        "bars_met": [
+            sum(a["data_parallel"]["met"] for a, _ in pairs),
+            sum(b["data_parallel"]["met"] for _, b in pairs),
+        ],
+    }
+
+
 def summarize(cycles: list[dict]) -> dict[str, dict]:
     """Per variant over the cycles: steps left out (mean GMAE), the DP runs' mean signed (and its
     sd), mean |signed|, mean geomean and worst, bars met, TP runs' mean geomean, the lean by
     layout (mean over cycles), and each run figure's paired change from the default."""
     out: dict[str, dict] = {}
-    for label in VARIANTS:
+    for label in cycles[0]["variants"] if cycles else []:
         judged = [c["variants"][label] for c in cycles]
         dp = [j["data_parallel"] for j in judged]
         signed = np.array([r["mean_signed_error"] for r in dp])
@@ -185,13 +228,36 @@ def print_summary(summary: dict[str, dict]) -> None:
                 print(f"      {figure} - default: {change['mean_change']:+.1%}{span}")
 
 
+def print_against(changes: dict, before: Path) -> None:
+    print(f"default against {before} (this code - that):")
+    for figure, change in changes.items():
+        if isinstance(change, dict):
+            ci = change["interval"]
+            span = f" [{ci[0]:+.1%}, {ci[1]:+.1%}]" if ci else ""
+            print(f"      {figure}: {change['mean_change']:+.1%}{span} over {change['cycles']} cycles")
+    print(f"      bars met: {changes['bars_met'][0]} -> {changes['bars_met'][1]}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     add_cycle_arguments(parser, last=8)
+    parser.add_argument(
+        "--variants",
+        type=lambda text: text.split(","),
+        default=list(VARIANTS),
+        help=f"comma-separated, of: {', '.join(VARIANTS)} (default every one; the default always runs: the others are paired with it)",
+    )
+    parser.add_argument(
+        "--against", type=Path, help="this benchmark's JSON from other code: the default's paired change from it"
+    )
     args = parser.parse_args()
+    unknown = sorted(set(args.variants) - set(VARIANTS))
+    if unknown:
+        parser.error(f"--variants: {', '.join(unknown)} not among {', '.join(VARIANTS)}")
+    labels = [DEFAULT, *(label for label in VARIANTS if label in args.variants and label != DEFAULT)]
     paths = chosen_cycles(args, WORKLOAD)
     cycles = []
-    for cycle in each_cycle(paths, lambda path: judge_cycle(path, args.models)):
+    for cycle in each_cycle(paths, lambda path: judge_cycle(path, args.models, labels)):
         cycles.append(cycle)
         print_cycle(cycle)
     summary = summarize(cycles)
@@ -200,7 +266,17 @@ def main() -> None:
     named = " ".join(shown_path(p) for p in paths) if args.rows else f"--last {args.last}"
     command = f"python benchmarks/transformer_overhead_refit.py {named}"
     out = args.out or str(REPO / "benchmarks/results/transformer_overhead_refit.json")
-    result = {"command": command, "variants": VARIANTS, "cycles": cycles, "summary": summary}
+    if labels != list(VARIANTS):
+        command += f" --variants '{','.join(labels)}'"
+    result = {
+        "command": command,
+        "variants": {label: VARIANTS[label] for label in labels},
+        "cycles": cycles,
+        "summary": summary,
+    }
+    if args.against:
+        result["against"] = against(cycles, json.loads(args.against.read_text()))
+        print_against(result["against"], args.against)
     print(f"wrote {write_result(out, result)}")
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
@@ -326,3 +328,38 @@ def test_the_transformer_overhead_refit_pairs_each_variant_with_the_default(tmp_
     assert change["mean_change"] == pytest.approx(0.02) and change["cycles"] == 2
     assert summary["one slowdown"]["paired"]["tp_geomean_error"] is None  # no run had TP tasks
     assert summary[DEFAULT]["lean_by_layout"]["fsdp"] == pytest.approx(-0.09)
+
+
+def test_transformer_overhead_refit_summarizes_the_variants_run_and_names_unknown_ones(monkeypatch, capsys):
+    from benchmarks import transformer_overhead_refit as refit
+
+    run = {"geomean_error": 0.05, "max_error": 0.1, "mean_signed_error": 0.01, "met": True}
+    judged = {"steps_left_out_gmae": 0.05, "lean_by_layout": {}, "data_parallel": run}
+    summary = refit.summarize([{"variants": {refit.DEFAULT: judged}}])
+    assert list(summary) == [refit.DEFAULT]  # only the variants the cycles were judged on
+    monkeypatch.setattr(sys, "argv", ["transformer_overhead_refit.py", "--variants", "default,no such fit"])
+    with pytest.raises(SystemExit) as exit_:
+        refit.main()
+    assert exit_.value.code == 2 and "--variants: no such fit not among default" in capsys.readouterr().err
+
+
+def test_transformer_overhead_refit_pairs_the_default_with_another_codes_on_the_same_cycles():
+    from benchmarks.transformer_overhead_refit import DEFAULT, against
+
+    def cycle(rows: str, signed: float, tp: float | None = None) -> dict:
+        run = {"geomean_error": 0.05, "max_error": 0.1, "mean_signed_error": signed, "met": abs(signed) <= 0.05}
+        judged = {"steps_left_out_gmae": 0.05, "data_parallel": run}
+        if tp is not None:
+            judged["tensor_parallel"] = {"geomean_error": tp}
+        return {"rows": rows, "variants": {DEFAULT: judged}}
+
+    before = {"command": "old", "cycles": [cycle("/elsewhere/a/m_1.jsonl.gz", 0.08, 0.1), cycle("a/m_2.jsonl.gz", 0.0)]}
+    now = [cycle("a/m_1.jsonl.gz", 0.04, 0.07), cycle("a/m_2.jsonl.gz", -0.02), cycle("a/m_3.jsonl.gz", 0.5)]
+    changes = against(now, before)
+    assert (
+        changes["mean_signed_error"]["mean_change"] == pytest.approx(-0.03)
+        and changes["mean_signed_error"]["cycles"] == 2
+    )
+    assert changes["abs_mean_signed_error"]["mean_change"] == pytest.approx(-0.01)
+    assert changes["tp_geomean_error"] == {"mean_change": pytest.approx(-0.03), "interval": None, "cycles": 1}
+    assert changes["bars_met"] == [1, 2]  # the cycle only one side judged is left out

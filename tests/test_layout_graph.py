@@ -104,6 +104,44 @@ def test_fsdp_gathers_parameters_and_reduce_scatters_gradients(mode, gathers_per
     assert all(o.name.startswith("mb1.") for o in scattered) and not named(g, 0, "all_reduce")
 
 
+@pytest.mark.parametrize("mode", ["shard_grad_op", "full_shard"])
+def test_fsdp_copies_shards_in_and_units_out_around_its_collectives(mode):
+    # FSDP2's copies (traced at 6.9 ms of a 113 ms two-rank CPU step, #26): the shard into each
+    # gather's input, the gathered unit out into its parameters before the unit runs, and the
+    # unit's gradients into each reduce-scatter's input
+    s = spec(world=2, fsdp=mode, micro_batches=2)
+    ops = build_transformer_graph(s).ranks[0]
+    unit = 4 * block_param_numel(s)
+    index = {o.name: i for i, o in enumerate(ops)}
+    collectives = [i for i, o in enumerate(ops) if o.op in ("all_gather", "reduce_scatter")]
+    assert collectives
+    for i in collectives:
+        o, whole = ops[i], ops[i].params["bytes"]
+        copy_in = index[o.name + "_copy_in"]
+        assert copy_in in o.deps and ops[copy_in].op == "memcpy"
+        assert ops[copy_in].params["bytes"] == (whole // 2 if o.op == "all_gather" else whole)
+        if o.op == "all_gather":
+            (out,) = [j for j, r in enumerate(ops) if i in r.deps]  # nothing reads the gather but its copy-out
+            assert "copy_out" in ops[out].name and ops[out].op == "memcpy" and ops[out].params["bytes"] == whole
+            assert whole == unit or "root" in o.name
+            assert ops[out + 1].deps and out in ops[out + 1].deps  # the unit's ops follow it
+    plain = build_transformer_graph(spec(world=2, micro_batches=2)).ranks[0]
+    assert not [o for o in plain if "copy" in o.name]  # DDP's reducer copies are not listed (README, 12-05)
+
+
+def test_a_pipelines_data_parallel_reduction_copies_its_buckets():
+    # the workload's own reduction after a pipeline's last backward: each bucket concatenated,
+    # all-reduced, averaged and copied back into the gradients
+    s = spec(world=4, pipeline_parallel=2, micro_batches=2)
+    ops = build_transformer_graph(s).ranks[0]
+    reduces = [i for i, o in enumerate(ops) if o.name.startswith("dp_all_reduce")]
+    assert reduces
+    for i in reduces:
+        size = ops[i].params["bytes"]
+        assert ops[i - 1].op == "memcpy" and ops[i - 1].params["bytes"] == size
+        assert ops[i + 1].op == "mul" and ops[i + 2].op == "memcpy" and ops[i + 2].params["bytes"] == size
+
+
 def test_the_step_overheads_features_are_read_from_every_layouts_graph():
     from predictors.features import feature_vector
     from predictors.transformer_estimator import OVERHEAD_FEATURES, overhead_params
