@@ -13,16 +13,13 @@ bucket all-reduces as gradients fill them; FSDP's reduce-scatters per block (its
 all-gathered before each block's forward, prefetched one block ahead, and again before its
 backward under full_shard); with a pipeline, the stage's buckets all-reduced after its last
 backward. Then SGD over the rank's parameters (its shard under FSDP).
-
-FSDP2's copies around its collectives are listed (traced on a two-rank CPU step of four
-256-wide blocks under full_shard, #26: 6.9 ms of 113 ms): the rank's shard into each gather's
-input, the gathered unit out into its parameters before the unit runs, and the unit's gradients
-into each reduce-scatter's input; so is the pipeline's own bucket reduction (concatenate,
-all-reduce, average, copy back). DDP's reducer copies are not (`DdpBuckets`).
+The copies around FSDP's and a pipeline's reductions are listed
+(predictors/data_parallel_graph.py); DDP's reducer copies are not (`DdpBuckets`).
 """
 
 from __future__ import annotations
 
+from predictors.data_parallel_graph import FLAT_COLS, bucket_all_reduce, fsdp_gather, fsdp_reduce_scatter, fsdp_unshard
 from predictors.ddp_buckets import DDP_BUCKET_BYTES, BucketFill, ddp_buckets
 from predictors.dlrm_graph import FLOAT
 from predictors.graph import ExecutionGraph, GraphOp
@@ -43,8 +40,6 @@ __all__ = ["block_param_numel", "build_transformer_graph", "is_transfer", "one_f
 
 # The names of a micro-batch's transfers between adjacent pipeline stages.
 TRANSFERS = ("recv_activations", "send_activations", "recv_gradients", "send_gradients")
-# A flat run of parameters or gradients is priced as rows of this many elements.
-FLAT_COLS = 1024
 
 
 def is_transfer(op: GraphOp) -> bool:
@@ -247,52 +242,14 @@ class _Iteration:
             g.ops[-1].posted = True
 
     def gather(self, name: str, numel: int) -> int | None:
-        """FSDP's all-gather of one unit's parameters (the output: the whole unit, float32),
-        after FSDP2 copies the rank's shard into the gather's input (`foreach_all_gather`; on
-        a GPU on a stream of its own, priced here on the compute stream, off its chain: the
-        graph has no third stream, and the copy is a memory-bound kernel beside compute
-        either way)."""
-        if not self.sharded or numel == 0:
-            return None
-        g, spec = self.g, self.spec
-        shard = memcpy_params("d2d", FLOAT * -(-numel // spec.data_parallel))
-        copy_in = g.add(name + "_copy_in", "memory", "memcpy", shard, chain=False)
-        params = {"bytes": FLOAT * numel, "world": spec.data_parallel, "scope": g.dp_scope}
-        return g.add(name, "collective", "all_gather", params, (copy_in,), stream="comm", group=g.dp_group, chain=False)
-
-    def unshard(self, name: str, gathered: int | None, numel: int) -> int | None:
-        """Where a unit's gathered parameters are first used: FSDP2 copies the gather's output
-        out into the unit's parameters (`split_with_sizes_copy`, the whole unit) on the
-        compute stream once the gather is done; the unit's ops follow it. None without a
-        gather (the parameters are already whole)."""
-        if gathered is None:
-            return None
-        return self.g.add(name, "memory", "memcpy", memcpy_params("d2d", FLOAT * numel), (gathered,))
+        return fsdp_gather(self.g, name, numel) if self.sharded and numel else None
 
     def reduce_scatter(self, name: str, numel: int, after: int | None) -> None:
-        """FSDP's reduce-scatter of one unit's gradients, after FSDP2 concatenates them into
-        the collective's input on the compute stream (`chunk_cat`, the whole unit)."""
-        if numel == 0:
-            return
-        g, spec = self.g, self.spec
-        copy_in = g.add(name + "_copy_in", "memory", "memcpy", memcpy_params("d2d", FLOAT * numel), (after,))
-        params = {"bytes": FLOAT * numel, "world": spec.data_parallel, "scope": g.dp_scope}
-        self.ddp.reduces.append(
-            g.add(
-                name, "collective", "reduce_scatter", params, (copy_in,), stream="comm", group=g.dp_group, chain=False
-            )
-        )
+        if numel:
+            self.ddp.reduces.append(fsdp_reduce_scatter(self.g, name, numel, after))
 
     def pipeline_gradient_all_reduce(self) -> None:
-        """A stage's data-parallel gradient average after its last backward, in DDP-sized
-        buckets, one after the other (the workload's `_all_reduce_gradients`)."""
-        g = self.g
-        for k, size in enumerate(ddp_buckets(FLOAT * self.numel, self.bucket_bytes)):
-            g.add(f"dp_bucket{k}_cat", "memory", "memcpy", memcpy_params("d2d", size))
-            params = {"bytes": size, "world": self.spec.data_parallel, "scope": g.dp_scope}
-            self.ddp.reduces.append(g.add(f"dp_all_reduce{k}", "collective", "all_reduce", params, group=g.dp_group))
-            g.elementwise(f"dp_bucket{k}_average", "mul", -(-size // (FLOAT * FLAT_COLS)), FLAT_COLS)
-            g.add(f"dp_bucket{k}_copy_back", "memory", "memcpy", memcpy_params("d2d", size))
+        self.ddp.reduces += bucket_all_reduce(self.g, FLOAT * self.numel, self.bucket_bytes)
 
     # -- one micro-batch ------------------------------------------------------------------
     def root_numel(self) -> int:
@@ -302,7 +259,7 @@ class _Iteration:
     def forward(self, p: str) -> None:
         spec, g, x = self.spec, self.g, self.x
         root = self.root_numel()
-        gathered = self.unshard(p + "root_copy_out", self.gather(p + "root_all_gather", root), root)
+        gathered = fsdp_unshard(g, p + "root_copy_out", self.gather(p + "root_all_gather", root), root)
         if self.prev is not None:
             self.p2p(p + "recv_activations", self.prev, self.r)
         if self.first and spec.vocab_size:
@@ -314,7 +271,7 @@ class _Iteration:
             if k + 1 < len(self.layers):  # FSDP prefetches the next block's parameters
                 following = self.layers[k + 1]
                 waits[following] = self.gather(f"{p}b{following}.all_gather", block_param_numel(spec))
-            ready = self.unshard(f"{p}b{layer}.copy_out", waits[layer], block_param_numel(spec))
+            ready = fsdp_unshard(g, f"{p}b{layer}.copy_out", waits[layer], block_param_numel(spec))
             block_forward(g, x, f"{p}b{layer}.", ready)
         if self.last:
             g.add(p + "ln_f", "compute", "layer_norm", elementwise_params("layer_norm", x.T, x.H), (gathered,))
@@ -345,7 +302,7 @@ class _Iteration:
             if regather and order
             else {}
         )
-        root = self.unshard(p + "root_copy_out_bwd", root, self.root_numel())
+        root = fsdp_unshard(g, p + "root_copy_out_bwd", root, self.root_numel())
         if self.last:
             if spec.vocab_size:
                 g.elementwise(p + "cross_entropy_bwd", "softmax_bwd", x.T, spec.vocab_size, extra_deps=(root,))
@@ -357,7 +314,7 @@ class _Iteration:
             self.ddp.gradients_ready(FLOAT * 2 * x.H, g.prev)
         for k, layer in enumerate(order):
             name = f"{p}b{layer}."
-            waited = self.unshard(name + "copy_out_bwd", waits.get(layer), block_param_numel(spec))
+            waited = fsdp_unshard(g, name + "copy_out_bwd", waits.get(layer), block_param_numel(spec))
             if regather and k + 1 < len(order):  # after this unit's copy-out, as FSDP2's pre-backward
                 waits[order[k + 1]] = self.gather(f"{p}b{order[k + 1]}.all_gather_bwd", block_param_numel(spec))
             if spec.recompute:
