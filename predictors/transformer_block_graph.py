@@ -180,10 +180,10 @@ class DdpBuckets:
 
     The reducer's own memory passes are not listed: each gradient written into its bucket
     divided by the group's size, and the buckets copied back after the reduction (traced at
-    2.6 ms of a 72 ms two-rank CPU step, #26). Listed, on eight stored cycles the refitted
-    overhead priced them through its memory-bound slowdown at about twice that and moved the
-    data-parallel runs' signed error +2.1 points [+0.3, +3.9] (README, 12-05), so the step
-    overhead carries them."""
+    2.6 ms of a 72 ms two-rank CPU step, #26). Listed, they were priced at 1.8 ms isolated and
+    then slowed again by the refitted overhead's memory-bound term, and on eight stored cycles
+    moved the data-parallel runs' signed error +2.1 points [+0.3, +3.9] (README, 12-05), so
+    the step overhead carries them."""
 
     def __init__(self, g: RankOps, buckets: BucketFill) -> None:
         self.g, self.buckets = g, buckets

@@ -13,6 +13,7 @@ bucket all-reduces as gradients fill them; FSDP's reduce-scatters per block (its
 all-gathered before each block's forward, prefetched one block ahead, and again before its
 backward under full_shard); with a pipeline, the stage's buckets all-reduced after its last
 backward. Then SGD over the rank's parameters (its shard under FSDP).
+
 The copies around FSDP's and a pipeline's reductions are listed
 (predictors/data_parallel_graph.py); DDP's reducer copies are not (`DdpBuckets`).
 """
