@@ -121,10 +121,20 @@ def paired(cycles: list[dict], label: str, figure: str, kind: str = "data_parall
         for c in cycles
         if kind in c["variants"][label]
     ]
+    return mean_change(changes)
+
+
+def mean_change(changes: list[float]) -> dict | None:
+    """Paired changes over cycles: their mean, its 95% interval (from two cycles) and the count."""
     if not changes:
         return None
     interval = list(mean_interval(np.array(changes))) if len(changes) >= 2 else None
     return {"mean_change": float(np.mean(changes)), "interval": interval, "cycles": len(changes)}
+
+
+def change_text(change: dict) -> str:
+    ci = change["interval"]
+    return f"{change['mean_change']:+.1%}" + (f" [{ci[0]:+.1%}, {ci[1]:+.1%}]" if ci else "")
 
 
 def against(cycles: list[dict], before: dict) -> dict:
@@ -140,11 +150,7 @@ def against(cycles: list[dict], before: dict) -> dict:
 
     def change(of: Callable[[dict], float | None]) -> dict | None:
         values = [(of(a), of(b)) for a, b in pairs]
-        changes = [b - a for a, b in values if a is not None and b is not None]
-        if not changes:
-            return None
-        interval = list(mean_interval(np.array(changes))) if len(changes) >= 2 else None
-        return {"mean_change": float(np.mean(changes)), "interval": interval, "cycles": len(changes)}
+        return mean_change([b - a for a, b in values if a is not None and b is not None])
 
     def dp(figure: str) -> Callable[[dict], float]:
         return lambda judged: judged["data_parallel"][figure]
@@ -223,18 +229,14 @@ def print_summary(summary: dict[str, dict]) -> None:
         print("      own steps by layout: " + ", ".join(f"{f} {v:+.1%}" for f, v in s["lean_by_layout"].items()))
         for figure, change in s.get("paired", {}).items():
             if change is not None:
-                ci = change["interval"]
-                span = f" [{ci[0]:+.1%}, {ci[1]:+.1%}]" if ci else ""
-                print(f"      {figure} - default: {change['mean_change']:+.1%}{span}")
+                print(f"      {figure} - default: {change_text(change)}")
 
 
 def print_against(changes: dict, before: Path) -> None:
     print(f"default against {before} (this code - that):")
     for figure, change in changes.items():
         if isinstance(change, dict):
-            ci = change["interval"]
-            span = f" [{ci[0]:+.1%}, {ci[1]:+.1%}]" if ci else ""
-            print(f"      {figure}: {change['mean_change']:+.1%}{span} over {change['cycles']} cycles")
+            print(f"      {figure}: {change_text(change)} over {change['cycles']} cycles")
     print(f"      bars met: {changes['bars_met'][0]} -> {changes['bars_met'][1]}")
 
 
@@ -268,6 +270,8 @@ def main() -> None:
     out = args.out or str(REPO / "benchmarks/results/transformer_overhead_refit.json")
     if labels != list(VARIANTS):
         command += f" --variants '{','.join(labels)}'"
+    if args.against:
+        command += f" --against {shown_path(args.against.resolve())}"
     result = {
         "command": command,
         "variants": {label: VARIANTS[label] for label in labels},
