@@ -64,6 +64,7 @@ VARIANTS: dict[str, list[str]] = {
     "one slowdown": one_slowdown(OVERHEAD_FEATURES),  # fewer coefficients on 16 noisy steps
     "default + layout_work": [*OVERHEAD_FEATURES, "layout_work"],
     "one slowdown + layout_work": [*one_slowdown(OVERHEAD_FEATURES), "layout_work"],
+    "default + wrapped_passes": [*OVERHEAD_FEATURES, "wrapped_passes"],
 }
 RUN_FIGURES = ("geomean_error", "max_error", "mean_signed_error")
 

@@ -50,6 +50,8 @@ FEATURES: dict[str, Callable[[Params], float]] = {
     "collectives": lambda p: float(p["collectives"]),  # of them, collectives
     # 1 for a layout with hooks or several passes (FSDP, pipeline, micro-batches, recompute)
     "layout_work": lambda p: float(p["layout_work"]),
+    # of those, the module passes wrapped (FSDP units' hooks, recomputed blocks, extra micro-batches)
+    "wrapped_passes": lambda p: float(p["wrapped_passes"]),
     # the step's predicted kernel time: in-step interference grows with the work it slows
     "kernels_s": lambda p: float(p["kernels_s"]),
     # the busiest rank's kernels by class: a step slows each class differently (kernel_classes)

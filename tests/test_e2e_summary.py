@@ -275,10 +275,11 @@ def test_warmth_reads_each_probe_round_warm_over_fresh_and_skips_what_cannot_be_
 def test_the_transformer_overhead_refit_pairs_each_variant_with_the_default(tmp_path):
     """`transformer_overhead_refit` takes a cycle only where its rows and its transformer run
     are both stored; `layout_work` is 1 for the layouts with hooks or several passes and 0 for
-    plain data and tensor parallel; and each variant's paired change is its figure minus the
-    default's, cycle by cycle, over the cycles."""
+    plain data and tensor parallel, and `wrapped_passes` counts those passes; and each
+    variant's paired change is its figure minus the default's, cycle by cycle, over the
+    cycles."""
     from benchmarks.transformer_overhead_refit import DEFAULT, VARIANTS, run_of, stored_cycles, summarize
-    from predictors.transformer_estimator import layout_work
+    from predictors.transformer_estimator import layout_work, wrapped_passes
     from probes.vocabulary.transformer_spec import TransformerSpec
 
     folder = tmp_path / "e2e_issue26_20261204"
@@ -302,6 +303,14 @@ def test_the_transformer_overhead_refit_pairs_each_variant_with_the_default(tmp_
         dict(pipeline_parallel=2, micro_batches=2),
     ):
         assert layout_work(TransformerSpec(**base, **wrapped)) == 1.0
+    # `wrapped_passes` counts that work: 0 for plain layouts, FSDP's 2 blocks + root twice a
+    # micro-batch, a recomputed block per stage, two passes per micro-batch beyond the first
+    assert wrapped_passes(TransformerSpec(**base)) == 0.0
+    assert wrapped_passes(TransformerSpec(**base, tensor_parallel=2)) == 0.0
+    assert wrapped_passes(TransformerSpec(**base, fsdp="full_shard")) == 6.0
+    assert wrapped_passes(TransformerSpec(**base, fsdp="full_shard", micro_batches=2)) == 14.0
+    assert wrapped_passes(TransformerSpec(**base, recompute=True)) == 2.0
+    assert wrapped_passes(TransformerSpec(**base, pipeline_parallel=2, micro_batches=4, recompute=True)) == 10.0
 
     def judged(signed: float, geomean: float, met: bool) -> dict:
         run = {"geomean_error": geomean, "max_error": 2 * geomean, "mean_signed_error": signed, "met": met}
