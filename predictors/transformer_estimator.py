@@ -45,7 +45,7 @@ OVERHEAD_FEATURES = ["one", "ops", "collectives", *KERNEL_CLASSES]
 # Refitted with it on the eight newest cycles (12-05), that lean narrowed (DP +4.8% -> +2.2%,
 # FSDP -7.2% -> -3.4%) but the DP runs only moved down 3.1 points with the era's lean, bars
 # met 1 of 8 either way (README), so it is not in the default. `wrapped_passes`: the same work
-# counted rather than flagged (`wrapped_passes`), so a 4-block FSDP step weighs more than a
+# counted rather than flagged, so a 4-block FSDP step weighs more than a
 # 2-block one and a pipeline's few schedule actions less than FSDP's per-unit hooks. Judged on
 # the twelve newest cycles (12-05, `transformer_overhead_refit_wrapped.json`) against criteria
 # stated before the run, it took the own steps' lean out (FSDP -6.0% -> -0.1%, data parallel
@@ -76,8 +76,8 @@ def overhead_params(
     spec: TransformerSpec, graph: ExecutionGraph, kernels_s: float, cost: CostFn | None = None
 ) -> dict[str, float]:
     """The step overhead's features for one layout (and `layers` and `kernels_s`, which bundles
-    fitted before read, and the candidates `layout_work` and `wrapped_passes`); with `cost`, the busiest rank's
-    kernels by class (`kernel_classes`)."""
+    fitted before read, and the candidates `layout_work` and `wrapped_passes`); with `cost`,
+    the busiest rank's kernels by class (`kernel_classes`)."""
     ops = max(sum(1 for o in rank if o.params) for rank in graph.ranks)
     collectives = max(sum(1 for o in rank if o.kind == "collective" and not is_transfer(o)) for rank in graph.ranks)
     counts: dict[str, float] = {
