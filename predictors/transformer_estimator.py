@@ -45,8 +45,8 @@ OVERHEAD_FEATURES = ["one", "ops", "collectives", *KERNEL_CLASSES]
 # Refitted with it on the eight newest cycles (12-05), that lean narrowed (DP +4.8% -> +2.2%,
 # FSDP -7.2% -> -3.4%) but the DP runs only moved down 3.1 points with the era's lean, bars
 # met 1 of 8 either way (README), so it is not in the default. `wrapped_passes`: the same work
-# counted rather than flagged, so a 4-block FSDP step weighs more than a
-# 2-block one and a pipeline's few schedule actions less than FSDP's per-unit hooks. Judged on
+# counted rather than flagged, so a 4-block FSDP step weighs more than a 2-block one and a
+# pipeline's few schedule actions less than FSDP's per-unit hooks. Judged on
 # the twelve newest cycles (12-05, `transformer_overhead_refit_wrapped.json`) against criteria
 # stated before the run, it took the own steps' lean out (FSDP -6.0% -> -0.1%, data parallel
 # +3.9% -> +2.1%; steps left out 7.3% -> 6.6%), but the DP runs' geomean change came out
@@ -67,7 +67,7 @@ def wrapped_passes(spec: TransformerSpec) -> float:
     reduce-scatter hooks) per micro-batch, each recomputed block forward, and each micro-batch's
     forward and backward beyond the first (the accumulation loop or the pipeline's schedule)."""
     layers = -(-spec.layers // spec.pipeline_parallel)  # the busiest stage's blocks
-    units = spec.layers + 1 if spec.fsdp != "none" else 0  # one per block and one for the rest
+    units = layers + 1 if spec.fsdp != "none" else 0  # one per block and one for the rest (FSDP: one stage)
     recomputed = layers if spec.recompute else 0
     return float(spec.micro_batches * (2 * units + recomputed) + 2 * (spec.micro_batches - 1))
 
