@@ -46,7 +46,7 @@ import numpy as np  # noqa: E402
 
 from orchestrator import ray_runtime, registry  # noqa: E402
 from orchestrator.cluster import cluster_fingerprint  # noqa: E402
-from orchestrator.launch import launch_dlrm  # noqa: E402
+from orchestrator.launch import LaunchResult, launch_dlrm  # noqa: E402
 from orchestrator.quiet_host import QuietWait, wait_for_quiet_host  # noqa: E402
 from policies.sharders import SHARDERS, rank_memory  # noqa: E402
 from predictors.dlrm_estimator import estimate_iteration  # noqa: E402
@@ -213,6 +213,27 @@ def measure_in_rounds(
     return times
 
 
+class LaunchLog:
+    """Each task's launches as `measure_in_rounds` runs them: it times their iteration ms, and
+    this keeps beside each the share of the host's cores other processes kept busy while its
+    steps were timed (`LaunchResult.host_other_share`), so a run's lean can be read against the
+    load its jobs ran beside rather than only the kernel checks' single-rank speed."""
+
+    def __init__(self, count: int):
+        self.other_shares: list[list[float | None]] = [[] for _ in range(count)]
+
+    def timed(self, i: int, result: LaunchResult) -> float:
+        self.other_shares[i].append(result.host_other_share)
+        return result.iteration_ms
+
+    def result(self) -> dict[str, float | None]:
+        """The median and max share over every launch that reported one (None: none did)."""
+        shares = [s for task in self.other_shares for s in task if s is not None]
+        if not shares:
+            return {"host_other_share_median": None, "host_other_share_max": None}
+        return {"host_other_share_median": statistics.median(shares), "host_other_share_max": max(shares)}
+
+
 def add_host_check_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--host-check",
@@ -347,6 +368,15 @@ def repeat_spread(times: list[list[float]]) -> dict[str, float | None]:
     return {"repeat_spread_geomean": geomean(spreads), "repeat_spread_max": max(spreads)}
 
 
+def print_other_load(result: dict) -> None:
+    """One line: how busy the host's other processes kept its cores while the tasks were timed."""
+    if result["host_other_share_median"] is not None:
+        print(
+            f"other processes while the steps were timed: median {result['host_other_share_median']:.1%} of the "
+            f"host's cores, at most {result['host_other_share_max']:.1%} (over every launch)"
+        )
+
+
 def print_host_speed(result: dict) -> None:
     """One line: the host's kernel time against the calibration's at each check."""
     if result["host_speed"]:
@@ -385,18 +415,17 @@ def main() -> None:
         checks, own_steps, between = make_checks(calibration, args, "dlrm", model, fingerprint.hardware_id)
 
         plans = [task_plan(i, spec, args.seed) for i, spec in enumerate(tasks)]
+        log = LaunchLog(len(tasks))
         launched = measure_in_rounds(
             [spec.name for spec in tasks],
             args.rounds,
-            lambda i: (
-                launch_dlrm(
-                    tasks[i], plans[i][1], iterations=args.iterations, storage=scratch / "ray_results"
-                ).iteration_ms
+            lambda i: log.timed(
+                i, launch_dlrm(tasks[i], plans[i][1], iterations=args.iterations, storage=scratch / "ray_results")
             ),
             between,
         )
         rows = []
-        for spec, (sharder, placement), times in zip(tasks, plans, launched):
+        for spec, (sharder, placement), times, shares in zip(tasks, plans, launched, log.other_shares):
             t0 = time.perf_counter()
             predicted = estimate_iteration(spec, placement, model).iteration_s * 1e3
             predict_ms = (time.perf_counter() - t0) * 1e3
@@ -414,6 +443,7 @@ def main() -> None:
                 "rank_memory_mb": [round(b / 2**20, 1) for b in rank_memory(spec.tables, placement, spec.world_size)],
                 "measured_ms": measured,
                 "measured_rounds_ms": times,
+                "host_other_share_rounds": shares,
                 "predicted_ms": predicted,
                 "error": abs(predicted - measured) / measured,
                 "sum_overhead_ms": summed,
@@ -447,6 +477,7 @@ def main() -> None:
         **error_summary([r["error"] for r in rows]),
         **signed_summary(rows),
         **repeat_spread(launched),
+        **log.result(),
         **checks.result(),
         **own_steps.result(),
         "sum_overhead_geomean_error": geomean([r["sum_overhead_error"] for r in rows]),
@@ -470,6 +501,7 @@ def main() -> None:
             f"(geomean over tasks), at most {result['repeat_spread_max']:.1%}"
         )
     print_host_speed(result)
+    print_other_load(result)
     print_own_steps(result)
     print(f"wrote {out}")
 

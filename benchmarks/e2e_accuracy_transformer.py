@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import (  # noqa: E402
+    LaunchLog,
     add_host_check_arguments,
     add_rounds_argument,
     champion_on_ray,
@@ -39,6 +40,7 @@ from benchmarks.e2e_accuracy import (  # noqa: E402
     measure_in_rounds,
     own_calibration,
     print_host_speed,
+    print_other_load,
     print_own_steps,
     repeat_spread,
     signed_error,
@@ -82,16 +84,17 @@ def main() -> None:
         fingerprint, model = champion_on_ray(scratch, args.tracking_uri, args.budget_s, args.seed)
         calibration = args.host_check or (None if args.tracking_uri else own_calibration(scratch))
         checks, own_steps, between = make_checks(calibration, args, "transformer", model, fingerprint.hardware_id)
+        log = LaunchLog(len(specs))
         launched = measure_in_rounds(
             [spec.name for spec in specs],
             args.rounds,
-            lambda i: (
-                launch_transformer(specs[i], iterations=args.iterations, storage=scratch / "ray_results").iteration_ms
+            lambda i: log.timed(
+                i, launch_transformer(specs[i], iterations=args.iterations, storage=scratch / "ray_results")
             ),
             between,
         )
         rows = []
-        for spec, times in zip(specs, launched):
+        for spec, times, shares in zip(specs, launched, log.other_shares):
             t0 = time.perf_counter()
             estimate = estimate_transformer_iteration(spec, model)
             predict_ms = (time.perf_counter() - t0) * 1e3
@@ -103,6 +106,7 @@ def main() -> None:
                 "tensor_parallel": spec.tensor_parallel,
                 "measured_ms": measured,
                 "measured_rounds_ms": times,
+                "host_other_share_rounds": shares,
                 "predicted_ms": predicted,
                 "error": abs(predicted - measured) / measured,
                 "baseline_ms": baseline,
@@ -136,6 +140,7 @@ def main() -> None:
         **signed_summary(dp),
         "baseline_geomean_error": geomean([r["baseline_error"] for r in dp]),
         **repeat_spread([r["measured_rounds_ms"] for r in dp]),
+        **log.result(),
         **checks.result(),
         **own_steps.result(),
         "tensor_parallel_tasks": tp,
@@ -162,6 +167,7 @@ def main() -> None:
             f"{result['repeat_spread_geomean']:.1%} (geomean over tasks), at most {result['repeat_spread_max']:.1%}"
         )
     print_host_speed(result)
+    print_other_load(result)
     print_own_steps(result)
     print(f"wrote {out}")
 

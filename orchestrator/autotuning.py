@@ -165,6 +165,9 @@ def autotune(
                     "prediction_error": error,
                     "loss_first": result.loss_first,
                     "loss_last": result.loss_last,
+                    # other processes' load on rank 0's host while the steps were timed: the
+                    # measured time's noise the prediction cannot see (absent: no rank 0 report)
+                    **({} if result.host_other_share is None else {"host_other_share": result.host_other_share}),
                 }
             )
             mlflow.log_dict(result.to_dict(), "launch.json")
@@ -179,7 +182,14 @@ def autotune(
                 f"ran {iterations} iterations; ranks ran {'as planned' if result.placement_as_planned else 'NOT as planned'} "
                 f"on {len(set(result.rank_nodes or []))} node(s)"
             )
-            summary.update({"measured_iteration_ms": result.iteration_ms, "prediction_error": error, "placement": ran})
+            summary.update(
+                {
+                    "measured_iteration_ms": result.iteration_ms,
+                    "prediction_error": error,
+                    "host_other_share": result.host_other_share,
+                    "placement": ran,
+                }
+            )
         summary["wall_s"] = round(time.monotonic() - started, 1)
         mlflow.log_metric("autotune_wall_s", summary["wall_s"])
     return summary

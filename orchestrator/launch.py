@@ -8,6 +8,7 @@ iteration time is the median over steps of the slowest rank's step time.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -28,6 +29,8 @@ class LaunchResult:
     loss_last: float
     quiet_wait_s: float | None = None  # how long the host took to go quiet before timing
     host_quiet: bool | None = None  # False: timed although the host never went quiet
+    # share of rank 0's host's cores busy outside the job's ranks there while the steps were timed
+    host_other_share: float | None = None
     rank_nodes: list[str] | None = None  # the Ray node id each rank ran on
     placement_as_planned: bool | None = None  # every rank on the node the prediction assumed (None: none asked)
 
@@ -43,7 +46,7 @@ def _train_loop(config: dict[str, Any]) -> dict[str, Any] | None:
     import torch
     import torch.distributed as dist
 
-    from orchestrator.quiet_host import wait_for_quiet_host
+    from orchestrator.quiet_host import cpu_mark, other_share, wait_for_quiet_host
 
     torch.set_num_threads(config["threads_per_worker"])
     ctx = ray.train.get_context()
@@ -59,6 +62,7 @@ def _train_loop(config: dict[str, Any]) -> dict[str, Any] | None:
     if "plans" in config:
         from probes.workloads.plan_race import race_plans
 
+        start = cpu_mark()  # the race builds each plan's model inside its timed span
         race = race_plans(
             JobSpec.from_dict(config["job"]),
             config["plans"],
@@ -69,6 +73,7 @@ def _train_loop(config: dict[str, Any]) -> dict[str, Any] | None:
             config["steps_per_round"],
             config["warmup"],
         )
+        end = cpu_mark()
         metrics = {
             "plans": [
                 {**_metrics(r), "iteration_ms": float(t) * 1e3, "raw_median_ms": r.median_s * 1e3}
@@ -103,10 +108,23 @@ def _train_loop(config: dict[str, Any]) -> dict[str, Any] | None:
                 chunk_schedule=config.get("chunk_schedule"),
                 overlap_slices=config.get("overlap_slices", {}).get("embedding_all_to_all", 1),
             )
-        metrics = summary = _metrics(model.run(config["iterations"], config["warmup"]))
+        start = cpu_mark()
+        result = model.run(config["iterations"], config["warmup"])
+        end = cpu_mark()
+        metrics = summary = _metrics(result)
+    # Each rank's own CPU over its timed span, so rank 0 can tell its host's other load from the job's.
+    own_s: list = [None] * ctx.get_world_size()
+    dist.all_gather_object(own_s, end.own_s - start.own_s)
     if quiet is not None:
+        here = rank_nodes[ctx.get_world_rank()]
         metrics.update(
-            quiet_wait_s=quiet.waited_s, host_busy_share=quiet.busy_share, host_quiet=quiet.quiet, rank_nodes=rank_nodes
+            quiet_wait_s=quiet.waited_s,
+            host_busy_share=quiet.busy_share,
+            host_quiet=quiet.quiet,
+            rank_nodes=rank_nodes,
+            host_other_share=other_share(
+                start, end, [s for s, node in zip(own_s, rank_nodes) if node == here], os.cpu_count() or 1
+            ),
         )
     ray.train.report(summary)
     return metrics if ctx.get_world_rank() == 0 else None
@@ -175,7 +193,7 @@ def race_dlrm_plans(
         "warmup": spec.warmup_iterations,
     }
     metrics = _run(config, spec.world_size, f"dlrm-race-{spec.name}", use_gpu, storage, placement)
-    host = {k: metrics[k] for k in ("quiet_wait_s", "host_quiet", "rank_nodes") if k in metrics}
+    host = {k: metrics[k] for k in ("quiet_wait_s", "host_quiet", "host_other_share", "rank_nodes") if k in metrics}
     return [_result({**m, **host}, rounds * steps_per_round, placement) for m in metrics["plans"]]
 
 
@@ -248,6 +266,7 @@ def _result(metrics: dict[str, Any], iterations: int, placement: dict[str, Any] 
         float(metrics["loss_last"]),
         metrics.get("quiet_wait_s"),
         metrics.get("host_quiet"),
+        metrics.get("host_other_share"),
         rank_nodes,
         None if planned is None or rank_nodes is None else list(rank_nodes) == planned,
     )

@@ -32,3 +32,39 @@ def wait_for_quiet_host(busy_below: float = 0.25, sample_s: float = 0.5, max_wai
     while busy >= busy_below and time.monotonic() - t0 < max_wait_s:
         busy = psutil.cpu_percent(interval=sample_s) / 100.0
     return QuietWait(time.monotonic() - t0, busy, busy < busy_below)
+
+
+@dataclass(frozen=True)
+class CpuMark:
+    """CPU seconds spent so far, host-wide (busy time summed over all cores) and by this process,
+    at a wall-clock instant: two marks bound a timed span."""
+
+    host_busy_s: float
+    own_s: float
+    wall_s: float
+
+
+def cpu_mark() -> CpuMark:
+    import psutil
+
+    host = psutil.cpu_times()
+    own = psutil.Process().cpu_times()
+    # work done on the host's cores; guest time is inside user already, steal is the hypervisor's
+    busy = host.user + host.system + sum(getattr(host, f, 0.0) for f in ("nice", "irq", "softirq"))
+    return CpuMark(busy, own.user + own.system, time.monotonic())
+
+
+def other_share(start: CpuMark, end: CpuMark, ranks_own_s: list[float], cores: int) -> float:
+    """The share of the host's `cores` kept busy by processes other than the job's ranks on it
+    (`ranks_own_s`: each such rank's CPU seconds over the span) between two marks.
+
+    The quiet wait starts the timing once the host is quiet; this says whether it stayed so.
+    On a 2-core host two gloo ranks each need a core: another process's tenth of a core there
+    stretches both ranks' waits on each other, while a rank's own kernels time unchanged, so a
+    step can run slower than its calibration's probes with no kernel check seeing it. Clamped
+    at 0: /proc/stat counts in clock ticks and a quiet span's remainder can round below."""
+    wall = end.wall_s - start.wall_s
+    if wall <= 0 or cores <= 0:
+        return 0.0
+    other = (end.host_busy_s - start.host_busy_s) - sum(ranks_own_s)
+    return max(0.0, other) / (wall * cores)

@@ -70,6 +70,7 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     rows = first["calibration"]["rows_per_op"]
     assert {"gemm", "embedding_fwd", "embedding_bwd", "all_reduce", "all_to_all", "dlrm_step"} <= set(rows)
     assert first["measured_iteration_ms"] > 0 and first["predicted_iteration_ms"] > 0
+    assert 0 <= first["host_other_share"] <= 1  # the host's other load while the steps were timed
     assert first["prediction_error"] == pytest.approx(
         abs(first["predicted_iteration_ms"] - first["measured_iteration_ms"]) / first["measured_iteration_ms"]
     )
@@ -86,7 +87,9 @@ def test_autotune_twice_then_plan_predict_run(tmp_path, tiny_job_dict):
     mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/.autotune/mlflow.db")
     client = MlflowClient()
     run = client.get_run(first["run_id"])
-    assert {"predicted_iteration_ms", "measured_iteration_ms", "prediction_error"} <= set(run.data.metrics)
+    assert {"predicted_iteration_ms", "measured_iteration_ms", "prediction_error", "host_other_share"} <= set(
+        run.data.metrics
+    )
     assert {"plan.json", "job.json", "plan_candidates.json"} <= {a.path for a in client.list_artifacts(first["run_id"])}
     assert run.data.params["world_size"] == "2" and run.data.params["tables"] == "5"
     # the calibration it started is a run of its own, nested under it, with the host's system metrics
