@@ -15,7 +15,9 @@ error (its lean by batch with the run's level taken out: the host's spell moves 
 a model's slope moves one batch against another), and the milliseconds a step measured over
 its prediction (a missing fixed cost is the same at every batch). Intervals are over runs, not tasks: a
 run's tasks share its calibration and its spell. And, per workload, how a run's signed error
-follows the champion's on its calibration's own steps timed during the run (`own_steps`).
+follows the champion's on its calibration's own steps timed during the run (`own_steps`), and
+whether a task's slower launches are those beside more of the host's other load (`other_load`,
+runs whose launches report `host_other_share`).
 
 Writes benchmarks/results/issue26_tally.json.
 """
@@ -60,6 +62,9 @@ class Run:
     own_steps_signed: float | None = None
     # the same when those steps were stored (the calibration's moment): what the fit left on them
     own_steps_signed_stored: float | None = None
+    # per launch of a data-parallel task: (its other-load share less its task's mean share, log
+    # of its ms over its task's median ms); None when the run's launches report no share
+    other_load: list[tuple[float, float]] | None = None
 
 
 def meets_bars(geomean: float, worst: float, signed: float) -> bool:
@@ -82,7 +87,46 @@ def judge(data: dict) -> Run:
         tasks_by_batch(data.get("tasks") or []) or None,
         data.get("own_steps_signed"),
         stored_signed(data),
+        other_load_launches(data),
     )
+
+
+def other_load_launches(data: dict) -> list[tuple[float, float]] | None:
+    """Each launch of a task (tensor-parallel ones left out, as from the bars), its share of
+    the host's other load and its time each taken relative to its task's: a task's own size
+    and level drop out, what is left is how its launches moved with the load beside them."""
+    pairs: list[tuple[float, float]] = []
+    for task in data.get("tasks") or []:
+        if (task.get("tensor_parallel") or 1) > 1:
+            continue
+        launches = [
+            (share, ms)
+            for share, ms in zip(task.get("host_other_share_rounds") or [], task.get("measured_rounds_ms") or [])
+            if share is not None
+        ]
+        if len(launches) < 2:
+            continue
+        mean_share = float(np.mean([share for share, _ in launches]))
+        median_ms = float(np.median([ms for _, ms in launches]))
+        pairs += [(share - mean_share, float(np.log(ms / median_ms))) for share, ms in launches]
+    return pairs or None
+
+
+def other_load_pairing(runs: list[Run]) -> dict | None:
+    """Over the `runs` whose launches report their other load: the correlation of a launch's
+    share (less its task's mean) with its time (over its task's median), and the slope (log time
+    per unit of share). A positive correlation would say the launches beside more load ran
+    slower; None with no such launches."""
+    pairs = [pair for run in runs for pair in run.other_load or []]
+    if len(pairs) < 3:
+        return None
+    share, log_ms = np.asarray(pairs).T
+    return {
+        "runs": sum(run.other_load is not None for run in runs),
+        "launches": len(pairs),
+        "correlation": float(np.corrcoef(share, log_ms)[0, 1]),
+        "slope": float(np.polyfit(share, log_ms, 1)[0]),
+    }
 
 
 def stored_signed(data: dict) -> float | None:
@@ -230,7 +274,7 @@ def cycle_of(path: Path, commits: dict[str, datetime]) -> tuple[str, str] | None
 
 def _figures(run: Run) -> dict:
     """A run as the tally records it: its figures, not its tasks' errors."""
-    return {k: v for k, v in asdict(run).items() if k != "by_batch"}
+    return {k: v for k, v in asdict(run).items() if k not in ("by_batch", "other_load")}
 
 
 def cell(run: Run | None) -> str:
@@ -269,12 +313,21 @@ def main() -> None:
     pairing = {kind: own_steps_pairing(runs) for kind, runs in counted.items()}
     for kind, figures in pairing.items():
         print_pairing(kind, figures)
+    load = {kind: other_load_pairing(runs) for kind, runs in counted.items()}
+    for kind, figures in load.items():
+        if figures is not None:
+            print(
+                f"{kind}: a launch's other load (less its task's mean) against its time (over its task's median): "
+                f"correlation {figures['correlation']:+.2f}, slope {figures['slope']:+.2f} log-ms per unit share "
+                f"({figures['launches']} launches of {figures['runs']} run(s))"
+            )
     command = "python benchmarks/issue26_tally.py " + " ".join(sys.argv[1:])
     record = {
         "command": command.strip(),
         "summary": summary,
         "by_batch": lean,
         "own_steps": pairing,
+        "other_load": load,
         "cycles": {k: {n: _figures(r) for n, r in v.items()} for k, v in found.items()},
     }
     Path(args.out).write_text(json.dumps(record, indent=1))

@@ -90,6 +90,38 @@ def test_the_tally_pairs_a_runs_lean_with_its_own_steps_timed_beside_it():
     assert own_steps_pairing(following[:2]) is None
 
 
+def test_the_tally_reads_a_tasks_launches_against_the_other_load_beside_them():
+    """Launches taken relative to their task's: the load's shares less the task's mean, the times
+    over the task's median; tensor-parallel tasks, launches without a share and runs without any
+    are left out, and launches slower beside more load correlate positively."""
+    from benchmarks.issue26_tally import judge, other_load_pairing
+
+    def task(shares: list, ms: list[float], tensor_parallel: int = 1) -> dict:
+        row = {"measured_ms": float(np.median(ms)), "predicted_ms": 10.0, "error": 0.1, "batch_size": 128}
+        return {**row, "measured_rounds_ms": ms, "host_other_share_rounds": shares, "tensor_parallel": tensor_parallel}
+
+    def data(tasks: list[dict]) -> dict:
+        return {"tasks": tasks, "geomean_error": 0.1, "max_error": 0.2, "mean_signed_error": 0.0, "task_seed": 1}
+
+    slowed = judge(data([task([0.0, 0.1, 0.2], [10.0, 11.0, 12.0]), task([0.3, None, 0.1], [50.0, 1.0, 40.0])]))
+    expected = [
+        (-0.1, np.log(10 / 11)),
+        (0.0, 0.0),
+        (0.1, np.log(12 / 11)),
+        (0.1, np.log(50 / 45)),
+        (-0.1, np.log(40 / 45)),
+    ]
+    assert np.asarray(slowed.other_load) == pytest.approx(np.asarray(expected))
+    left_out = judge(data([task([0.0, 0.5], [10.0, 20.0], tensor_parallel=2), task([None, None], [1.0, 2.0])]))
+    assert left_out.other_load is None
+    pairing = other_load_pairing([slowed, left_out])
+    assert (pairing["runs"], pairing["launches"]) == (1, 5)
+    assert pairing["correlation"] > 0.9 and pairing["slope"] > 0
+    sped = judge(data([task([0.0, 0.1, 0.2], [12.0, 11.0, 10.0])]))
+    assert other_load_pairing([sped])["correlation"] < 0
+    assert other_load_pairing([left_out]) is None
+
+
 def test_a_lean_that_follows_the_table_count_is_told_and_a_redrawn_mismatch_is_left_out(tmp_path):
     """`lean_by_task` redraws each task's tables from its run's seed: a lean made to follow the
     table count correlates with it within a batch (after the run's level is taken out), one made
