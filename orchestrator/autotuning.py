@@ -175,6 +175,7 @@ def autotune(
                 "planned": plan.placement,
                 "rank_nodes": result.rank_nodes,
                 "as_planned": result.placement_as_planned,
+                "rank_cores": result.rank_cores,  # each rank's share of its host's cores (`core_binding`)
             }
             mlflow.log_dict(ran, "placement.json")
             mlflow.set_tag("placement_as_planned", str(result.placement_as_planned))

@@ -33,6 +33,7 @@ class LaunchResult:
     host_other_share: float | None = None
     rank_nodes: list[str] | None = None  # the Ray node id each rank ran on
     placement_as_planned: bool | None = None  # every rank on the node the prediction assumed (None: none asked)
+    rank_cores: list[list[int] | None] | None = None  # the cores each rank was bound to (None: unbound)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -46,6 +47,7 @@ def _train_loop(config: dict[str, Any]) -> dict[str, Any] | None:
     import torch
     import torch.distributed as dist
 
+    from orchestrator.core_binding import bind_slot, host_name, host_slots
     from orchestrator.quiet_host import cpu_mark, other_share, wait_for_quiet_host
 
     torch.set_num_threads(config["threads_per_worker"])
@@ -56,6 +58,13 @@ def _train_loop(config: dict[str, Any]) -> dict[str, Any] | None:
     # Where every rank runs, as run (the launcher compares it with the placement it asked for).
     rank_nodes: list = [None] * ctx.get_world_size()
     dist.all_gather_object(rank_nodes, ray.get_runtime_context().get_node_id())
+    # Each rank on its own share of its host's cores, as the calibration's probe actors ran
+    # (`core_binding`): bound after the process group is up, so its threads are bound too.
+    hosts: list = [None] * ctx.get_world_size()
+    dist.all_gather_object(hosts, host_name())
+    cores = bind_slot(host_slots(hosts)[ctx.get_world_rank()], config["core_binding"])
+    rank_cores: list = [None] * ctx.get_world_size()
+    dist.all_gather_object(rank_cores, cores)
     # Rank 0 waits out Ray Train's start-up on the host; the others sleep in the barrier.
     quiet = wait_for_quiet_host() if ctx.get_world_rank() == 0 else None
     dist.barrier()
@@ -122,6 +131,7 @@ def _train_loop(config: dict[str, Any]) -> dict[str, Any] | None:
             host_busy_share=quiet.busy_share,
             host_quiet=quiet.quiet,
             rank_nodes=rank_nodes,
+            rank_cores=rank_cores,
             host_other_share=other_share(
                 start, end, [s for s, node in zip(own_s, rank_nodes) if node == here], os.cpu_count() or 1
             ),
@@ -193,7 +203,11 @@ def race_dlrm_plans(
         "warmup": spec.warmup_iterations,
     }
     metrics = _run(config, spec.world_size, f"dlrm-race-{spec.name}", use_gpu, storage, placement)
-    host = {k: metrics[k] for k in ("quiet_wait_s", "host_quiet", "host_other_share", "rank_nodes") if k in metrics}
+    host = {
+        k: metrics[k]
+        for k in ("quiet_wait_s", "host_quiet", "host_other_share", "rank_nodes", "rank_cores")
+        if k in metrics
+    }
     return [_result({**m, **host}, rounds * steps_per_round, placement) for m in metrics["plans"]]
 
 
@@ -269,6 +283,7 @@ def _result(metrics: dict[str, Any], iterations: int, placement: dict[str, Any] 
         metrics.get("host_other_share"),
         rank_nodes,
         None if planned is None or rank_nodes is None else list(rank_nodes) == planned,
+        rank_cores=metrics.get("rank_cores"),
     )
 
 
@@ -310,6 +325,9 @@ def _run(
     from ray.train import RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
+    from orchestrator.core_binding import binding_mode
+
+    binding = binding_mode()  # read (and refused) here, not on the workers, whose env may differ
     available = ray.cluster_resources().get("GPU" if use_gpu else "CPU", 0)
     if available < world_size:
         raise RuntimeError(
@@ -318,7 +336,7 @@ def _run(
         )
     trainer = TorchTrainer(
         _train_loop,
-        train_loop_config={**config, "threads_per_worker": 1},
+        train_loop_config={**config, "threads_per_worker": 1, "core_binding": binding},
         scaling_config=ScalingConfig(
             num_workers=world_size,
             use_gpu=use_gpu,

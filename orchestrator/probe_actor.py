@@ -56,6 +56,7 @@ class ProbeActor:
             "node_id": ray.get_runtime_context().get_node_id(),
             "ip": ray.util.get_node_ip_address(),
             "pid": os.getpid(),
+            "host": socket.gethostname(),
             "niceness": os.nice(0),
             "device_free_bytes": free,
         }
@@ -68,6 +69,13 @@ class ProbeActor:
         from orchestrator.quiet_host import wait_for_quiet_host
 
         return {"node": self.node, **asdict(wait_for_quiet_host(max_wait_s=max_wait_s))}
+
+    def bind(self, index: int, count: int, mode: str) -> list[int] | None:
+        """Bind this actor to slot `index` of `count` on its host (`core_binding`): the cores
+        bound, or None when unbound."""
+        from orchestrator.core_binding import Slot, bind_slot
+
+        return bind_slot(Slot(index, count), mode)
 
     def run_local(self, spec: ProbeSpec) -> list[Measurement]:
         started = time.perf_counter()

@@ -14,6 +14,7 @@ from ray.exceptions import GetTimeoutError, RayError
 from ray.util.placement_group import placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from orchestrator.core_binding import Slot, binding_mode, host_slots
 from orchestrator.probe_actor import ProbeActor
 from probes.collective_sweep import default_max_collective_bytes
 from probes.probe import ProbeSpec
@@ -31,9 +32,12 @@ class ActorPool:
     hardware_id: str
     num_devices: int
     strategy: str = "PACK"
+    mode: str = "off"  # the core binding, read from the driver's environment at `start`
     pg: object = None
     actors: list = field(default_factory=list)
     replaced: int = 0
+    slots: list[Slot] = field(default_factory=list)  # each actor's place on its host (`core_binding`)
+    cores: list[list[int] | None] = field(default_factory=list)  # the cores each actor is bound to
 
     def start(self, ready_timeout_s: float = 120.0) -> "ActorPool":
         bundle = {"CPU": 1, "GPU": 1} if self.device_kind == "cuda" else {"CPU": 1}
@@ -48,10 +52,18 @@ class ActorPool:
             ) from None
         self.actors = [self._spawn(i) for i in range(self.num_devices)]
         try:
-            ray.get([a.where.remote() for a in self.actors], timeout=ready_timeout_s)
+            where = ray.get([a.where.remote() for a in self.actors], timeout=ready_timeout_s)
         except GetTimeoutError:
             self.stop()
             raise RuntimeError(f"{self.num_devices} probe actor(s) not ready within {ready_timeout_s:.0f}s") from None
+        # Each actor on its own share of its host's cores, as the launched job's ranks will be:
+        # the steps and kernels the models are fitted on run as the job's do (`core_binding`).
+        self.mode = binding_mode()
+        self.slots = host_slots([w["host"] for w in where])
+        self.cores = ray.get(
+            [a.bind.remote(s.index, s.count, self.mode) for a, s in zip(self.actors, self.slots)],
+            timeout=ACTOR_CALL_TIMEOUT_S,
+        )
         return self
 
     def _spawn(self, index: int):
@@ -72,6 +84,9 @@ class ActorPool:
             pass
         self.actors[index] = self._spawn(index)
         self.replaced += 1
+        if self.slots:  # the same bundle, so the same host: the same slot
+            slot = self.slots[index]
+            self.actors[index].bind.remote(slot.index, slot.count, self.mode)
 
     def stop(self) -> None:
         for a in self.actors:

@@ -2,6 +2,7 @@
 a head that offers no devices, and two worker nodes of different sizes (2 and 1 CPU slots)."""
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,10 @@ def test_autotune_cycle_on_a_cluster_whose_head_offers_no_devices(tmp_path, tiny
     assert placement["planned"]["node_ids"] == [big, small]
     assert placement["rank_nodes"] == [big, big, small] and placement["as_planned"] is True
     assert head not in placement["rank_nodes"]
+    # the simulated nodes share this host: its 3 ranks split its cores as one host's (`core_binding`)
+    assert len(placement["rank_cores"]) == 3
+    if len(os.sched_getaffinity(0)) >= 2:
+        assert placement["rank_cores"][0] != placement["rank_cores"][1]
 
     # calibration measured groups on one node and across nodes, and training at both worlds
     import mlflow

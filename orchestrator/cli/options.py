@@ -37,7 +37,9 @@ EXIT_CODES = """exit codes:
 ENVIRONMENT = """environment:
   AUTOTUNE_HOME        calibrations, plans, Ray results, the default MLflow store (default .autotune)
   MLFLOW_TRACKING_URI  the MLflow store when --tracking-uri is not given
-  RAY_ADDRESS          the Ray cluster when --ray-address is not given (ray job submit sets it)"""
+  RAY_ADDRESS          the Ray cluster when --ray-address is not given (ray job submit sets it)
+  AUTOTUNE_CORE_BINDING  exclusive (default: each rank and probe actor on its own share of its
+                       host's cores) or off"""
 
 
 class UsageError(SystemExit):
@@ -276,6 +278,7 @@ def known_failure(exc: BaseException) -> tuple[str, str, int, dict[str, Any]] | 
 
     The error types live in the heavy modules; by the time one is raised they are imported, so
     they are looked up here, not imported with the parser."""
+    from orchestrator.core_binding import BINDING_ENV, BindingError
     from orchestrator.lease import LeaseTimeout
     from orchestrator.registry import RegistryUnavailable
     from policies.plan import PlanError
@@ -306,6 +309,8 @@ def known_failure(exc: BaseException) -> tuple[str, str, int, dict[str, Any]] | 
         return f"invalid placement: {exc}", "placement", EXIT_BAD_INPUT, {}
     if isinstance(exc, UncalibratedGroupError):
         return f"cannot price this job's collectives: {exc}", "world_size", EXIT_BAD_INPUT, {}
+    if isinstance(exc, BindingError):
+        return str(exc), BINDING_ENV, EXIT_BAD_INPUT, {}
     if isinstance(exc, FileNotFoundError):
         return f"file not found: {exc}", str(exc.filename or "file"), EXIT_BAD_INPUT, {}
     if isinstance(exc, RegistryUnavailable):  # failed closed: nothing was promoted on a guess
