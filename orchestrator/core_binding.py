@@ -3,11 +3,13 @@ host's cores, as `torchrun --numa-binding=exclusive` does for GPU jobs.
 
 Why: unbound, the scheduler moves a rank's threads and its gloo / NCCL proxy threads between
 cores, and a collective's helper thread can wake on the core where the other rank is computing.
-Small steps then run in one of two modes a whole launch long (#26, 12-05: a one-layer, hidden-64,
-batch-2 data-parallel step on 2 ranks, six launches each, alternating: unbound launch medians
-3.5-7.0 ms, sd/mean 0.25; bound 3.3-4.1 ms, sd/mean 0.09; a 34 ms step alike either way). A
-calibration's steps and the launched job's must run bound the same way, or the model prices a
-mode the job does not run in: the probe actors and the launcher's ranks both bind here.
+Small steps pay for it (#26, 12-05, `benchmarks/core_binding.py`: a one-layer, hidden-64,
+batch-2 data-parallel step on 2 ranks, six fresh launches each way, alternating: the launch
+medians' median 3.36 ms bound against 5.87 ms unbound in a first, scratch run, and 4.14
+against 6.88 in the committed one; a 34 ms step 1.00x and 0.96x). Binding does not remove slow
+launches (the committed run had two bound launches of 6.5-7.7 ms). A calibration's steps and
+the launched job's must run bound the same way, or the model prices a mode the job does not
+run in: the probe actors and the launcher's ranks both bind here.
 
 The share is of the cores this process may run on (`os.sched_getaffinity`, which a container's
 cpuset narrows), split among the job's processes on the same host (`socket.gethostname`: the

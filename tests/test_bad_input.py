@@ -149,6 +149,15 @@ def test_memory_cap_nan_exits_2_before_anything_starts(scratch, capsys, tiny_job
     assert not (scratch / ".autotune").exists()
 
 
+@pytest.mark.parametrize("module", ["run", "autotune", "calibrate", "nightly"])
+def test_a_bad_core_binding_exits_2_naming_the_variable_before_anything_starts(scratch, capsys, monkeypatch, module):
+    monkeypatch.setenv("AUTOTUNE_CORE_BINDING", "numa")
+    argv = {"run": ["--job", "good.yaml", "--plan", "p.json"], "autotune": ["--job", "good.yaml"]}.get(module, [])
+    obj = check_refused(capsys, cli_main(module)([*argv, "--json"]), "AUTOTUNE_CORE_BINDING", "allowed: exclusive, off")
+    assert "'numa'" in obj["error"]
+    assert not (scratch / ".autotune").exists()
+
+
 # --- 4. tables too large: TorchRec's PlannerError ----------------------------------------------
 
 

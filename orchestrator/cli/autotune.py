@@ -84,6 +84,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 def _main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    from orchestrator.core_binding import binding_mode
+
+    binding_mode()  # a bad AUTOTUNE_CORE_BINDING is refused (exit 2) before anything starts
     t0 = time.monotonic()
     from orchestrator.jobfile import load_any_job
 

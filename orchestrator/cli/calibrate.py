@@ -77,6 +77,9 @@ def _main(argv: Sequence[str] | None = None) -> int:
     args = parse(build_parser(), argv)
     if args.refit:
         return refit_main(Path(args.refit), args.tracking_uri, args.seed, args.json)
+    from orchestrator.core_binding import binding_mode
+
+    binding_mode()  # a bad AUTOTUNE_CORE_BINDING is refused (exit 2) before anything starts
     from orchestrator.jobfile import load_job
     from probes.vocabulary.jobspec import JobSpecError
 

@@ -72,6 +72,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _main(argv: Sequence[str] | None = None) -> int:
     args = options.parse(build_parser(), argv)
+    from orchestrator.core_binding import binding_mode
+
+    binding_mode()  # a bad AUTOTUNE_CORE_BINDING is refused (exit 2) before anything starts
     from orchestrator import registry
     from orchestrator.cli.common import fingerprint
     from orchestrator.nightly import NightlySettings, nightly_lease, run_nightly

@@ -30,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _main(argv: Sequence[str] | None = None) -> int:
     args = parse(build_parser(), argv)
+    from orchestrator.core_binding import binding_mode
+
+    binding_mode()  # a bad AUTOTUNE_CORE_BINDING is refused (exit 2) before anything starts
     from orchestrator.jobfile import load_job
     from policies.plan import Plan
 
