@@ -12,8 +12,9 @@ the launched job's must run bound the same way, or the model prices a mode the j
 run in: the probe actors and the launcher's ranks both bind here.
 
 The share is of the cores this process may run on (`os.sched_getaffinity`, which a container's
-cpuset narrows), split among the job's processes on the same host (`socket.gethostname`: the
-nodes of a simulated Ray cluster share one host and its cores). `AUTOTUNE_CORE_BINDING=off`
+cpuset narrows), whole physical cores in socket order (`physical_cores`), split among the job's
+processes on the same host (`socket.gethostname`: the nodes of a simulated Ray cluster share
+one host and its cores). `AUTOTUNE_CORE_BINDING=off`
 leaves every process unbound: in a pod without Kubernetes' static CPU manager the allowed set
 is the whole machine's, which pods beside it share too.
 """
@@ -23,9 +24,11 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
-from typing import Sequence
+from pathlib import Path
+from typing import Iterable, Sequence
 
 BINDING_ENV = "AUTOTUNE_CORE_BINDING"
+TOPOLOGY = Path("/sys/devices/system/cpu")
 MODES = ("exclusive", "off")
 
 
@@ -59,19 +62,50 @@ def host_slots(hosts: Sequence[str]) -> list[Slot]:
     return [Slot(s.index, seen[h]) for s, h in zip(slots, hosts)]
 
 
-def core_share(cores: Sequence[int], slot: Slot) -> list[int]:
-    """Slot `slot.index` of `slot.count`'s disjoint, contiguous share of `cores` (sorted); with
-    more processes than cores, the processes share the cores in turn (one core each)."""
-    ordered = sorted(cores)
-    if not ordered:
+def cpu_list(text: str) -> list[int]:
+    """A kernel CPU list (`0-3,8,10-11`) as CPU numbers."""
+    cpus: list[int] = []
+    for part in text.strip().split(","):
+        if part:
+            first, _, last = part.partition("-")
+            cpus.extend(range(int(first), int(last or first) + 1))
+    return cpus
+
+
+def physical_cores(cpus: Iterable[int], topology: Path = TOPOLOGY) -> list[list[int]]:
+    """The logical CPUs of `cpus` grouped by physical core (hyperthread siblings together),
+    socket by socket, from the kernel's topology; each CPU alone where it is not readable.
+
+    Why grouped: Linux numbers a 2-socket node's first hyperthreads 0..n-1 and their siblings
+    n..2n-1, so a split of the numbers in order gives rank 0 CPUs 0-11 and rank 4 CPUs 48-59,
+    the same physical cores; a split of physical cores in socket order keeps each rank's CPUs
+    its own, on one socket where they fit."""
+    wanted = set(cpus)
+    groups: dict[tuple[int, ...], int] = {}  # siblings -> socket
+    for cpu in sorted(wanted):
+        base = topology / f"cpu{cpu}" / "topology"
+        try:
+            siblings = tuple(c for c in cpu_list((base / "thread_siblings_list").read_text()) if c in wanted)
+            socket_id = int((base / "physical_package_id").read_text())
+        except (OSError, ValueError):
+            siblings, socket_id = (cpu,), 0
+        groups.setdefault(siblings or (cpu,), socket_id)
+    return [list(g) for g, _ in sorted(groups.items(), key=lambda kv: (kv[1], kv[0][0]))]
+
+
+def core_share(cores: Sequence[Sequence[int]], slot: Slot) -> list[int]:
+    """Slot `slot.index` of `slot.count`'s disjoint, contiguous share of `cores` (physical
+    cores, each its logical CPUs: `physical_cores`), as logical CPUs; with more processes than
+    cores, the processes share the cores in turn (one core each)."""
+    if not cores:
         raise ValueError("no cores to share")
     if slot.count <= 0 or not 0 <= slot.index < slot.count:
         raise ValueError(f"slot {slot.index} of {slot.count} is not a slot")
-    if slot.count >= len(ordered):
-        return [ordered[slot.index % len(ordered)]]
-    size, extra = divmod(len(ordered), slot.count)  # the first `extra` slots take one core more
+    if slot.count >= len(cores):
+        return sorted(cores[slot.index % len(cores)])
+    size, extra = divmod(len(cores), slot.count)  # the first `extra` slots take one core more
     start = slot.index * size + min(slot.index, extra)
-    return ordered[start : start + size + (slot.index < extra)]
+    return sorted(cpu for core in cores[start : start + size + (slot.index < extra)] for cpu in core)
 
 
 def bind_process(cores: Sequence[int]) -> int:
@@ -97,7 +131,7 @@ def bind_slot(slot: Slot, mode: str) -> list[int] | None:
         raise BindingError(f"{BINDING_ENV}={mode!r} is not a binding; allowed: {', '.join(MODES)}")
     if mode == "off" or not hasattr(os, "sched_setaffinity"):
         return None
-    share = core_share(sorted(os.sched_getaffinity(0)), slot)
+    share = core_share(physical_cores(os.sched_getaffinity(0)), slot)
     bind_process(share)
     return share
 
