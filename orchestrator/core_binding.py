@@ -5,9 +5,8 @@ Why: unbound, the scheduler moves a rank's threads and its gloo / NCCL proxy thr
 cores, and a collective's helper thread can wake on the core where the other rank is computing.
 Small steps pay for it (#26, 12-05, `benchmarks/core_binding.py`: a one-layer, hidden-64,
 batch-2 data-parallel step on 2 ranks, six fresh launches each way, alternating: the launch
-medians' median 3.36 ms bound against 5.87 ms unbound in a first, scratch run, and 4.14
-against 6.88 in the committed one; a 34 ms step 1.00x and 0.96x). Binding does not remove slow
-launches (the committed run had two bound launches of 6.5-7.7 ms). A calibration's steps and
+medians' median 4.14 ms bound against 6.88 ms unbound; a 34 ms step 33.8 against 35.1 ms).
+Binding does not remove slow launches (two of the six bound ones ran 6.5-7.7 ms). A calibration's steps and
 the launched job's must run bound the same way, or the model prices a mode the job does not
 run in: the probe actors and the launcher's ranks both bind here.
 
@@ -22,7 +21,6 @@ is the whole machine's, which pods beside it share too.
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -38,7 +36,11 @@ class BindingError(ValueError):
 
 def binding_mode() -> str:
     """The binding asked for by `AUTOTUNE_CORE_BINDING` (default `exclusive`)."""
-    mode = os.environ.get(BINDING_ENV, "exclusive").strip().lower()
+    return checked(os.environ.get(BINDING_ENV, "exclusive").strip().lower())
+
+
+def checked(mode: str) -> str:
+    """`mode` when it is a binding, else a `BindingError` naming the variable and its values."""
     if mode not in MODES:
         raise BindingError(f"{BINDING_ENV}={mode!r} is not a binding; allowed: {', '.join(MODES)}")
     return mode
@@ -127,14 +129,8 @@ def bind_slot(slot: Slot, mode: str) -> list[int] | None:
     """Bind this process to its slot's share of the cores it may run on under `mode` (the
     driver's `binding_mode()`: a worker's environment may differ); the cores bound, or None
     where binding is off or the platform has none (macOS)."""
-    if mode not in MODES:
-        raise BindingError(f"{BINDING_ENV}={mode!r} is not a binding; allowed: {', '.join(MODES)}")
-    if mode == "off" or not hasattr(os, "sched_setaffinity"):
+    if checked(mode) == "off" or not hasattr(os, "sched_setaffinity"):
         return None
     share = core_share(physical_cores(os.sched_getaffinity(0)), slot)
     bind_process(share)
     return share
-
-
-def host_name() -> str:
-    return socket.gethostname()

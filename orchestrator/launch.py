@@ -9,6 +9,7 @@ iteration time is the median over steps of the slowest rank's step time.
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -47,7 +48,7 @@ def _train_loop(config: dict[str, Any]) -> dict[str, Any] | None:
     import torch
     import torch.distributed as dist
 
-    from orchestrator.core_binding import bind_slot, host_name, host_slots
+    from orchestrator.core_binding import bind_slot, host_slots
     from orchestrator.quiet_host import cpu_mark, other_share, wait_for_quiet_host
 
     torch.set_num_threads(config["threads_per_worker"])
@@ -55,14 +56,14 @@ def _train_loop(config: dict[str, Any]) -> dict[str, Any] | None:
     device = ray.train.torch.get_device()
     if device.type == "cuda":
         torch.cuda.set_device(device)  # NCCL collectives and batched point-to-point use the current device
-    # Where every rank runs, as run (the launcher compares it with the placement it asked for).
-    rank_nodes: list = [None] * ctx.get_world_size()
-    dist.all_gather_object(rank_nodes, ray.get_runtime_context().get_node_id())
+    # Where every rank runs, as run (the launcher compares its node with the placement it asked
+    # for; its host decides its share of the cores).
+    where: list = [None] * ctx.get_world_size()
+    dist.all_gather_object(where, (ray.get_runtime_context().get_node_id(), socket.gethostname()))
+    rank_nodes = [node for node, _ in where]
     # Each rank on its own share of its host's cores, as the calibration's probe actors ran
     # (`core_binding`): bound after the process group is up, so its threads are bound too.
-    hosts: list = [None] * ctx.get_world_size()
-    dist.all_gather_object(hosts, host_name())
-    cores = bind_slot(host_slots(hosts)[ctx.get_world_rank()], config["core_binding"])
+    cores = bind_slot(host_slots([host for _, host in where])[ctx.get_world_rank()], config["core_binding"])
     rank_cores: list = [None] * ctx.get_world_size()
     dist.all_gather_object(rank_cores, cores)
     # Rank 0 waits out Ray Train's start-up on the host; the others sleep in the barrier.

@@ -37,7 +37,8 @@ class ActorPool:
     actors: list = field(default_factory=list)
     replaced: int = 0
     slots: list[Slot] = field(default_factory=list)  # each actor's place on its host (`core_binding`)
-    cores: list[list[int] | None] = field(default_factory=list)  # the cores each actor is bound to
+    # the cores each actor was bound to at `start` (a replacement is rebound to its slot, unawaited)
+    cores: list[list[int] | None] = field(default_factory=list)
 
     def start(self, ready_timeout_s: float = 120.0) -> "ActorPool":
         bundle = {"CPU": 1, "GPU": 1} if self.device_kind == "cuda" else {"CPU": 1}
