@@ -221,9 +221,13 @@ class LaunchLog:
 
     def __init__(self, count: int):
         self.other_shares: list[list[float | None]] = [[] for _ in range(count)]
+        self.ended_unix: list[list[float]] = [[] for _ in range(count)]
 
     def timed(self, i: int, result: LaunchResult) -> float:
+        """Also the wall-clock second each launch ended, so its time can be set beside a host
+        sampler's series (benchmarks/host_canary.py) taken over the same run."""
         self.other_shares[i].append(result.host_other_share)
+        self.ended_unix[i].append(round(time.time(), 1))
         return result.iteration_ms
 
     def result(self) -> dict[str, float | None]:
@@ -425,7 +429,9 @@ def main() -> None:
             between,
         )
         rows = []
-        for spec, (sharder, placement), times, shares in zip(tasks, plans, launched, log.other_shares):
+        for spec, (sharder, placement), times, shares, ended in zip(
+            tasks, plans, launched, log.other_shares, log.ended_unix
+        ):
             t0 = time.perf_counter()
             predicted = estimate_iteration(spec, placement, model).iteration_s * 1e3
             predict_ms = (time.perf_counter() - t0) * 1e3
@@ -444,6 +450,7 @@ def main() -> None:
                 "measured_ms": measured,
                 "measured_rounds_ms": times,
                 "host_other_share_rounds": shares,
+                "launch_ended_unix": ended,
                 "predicted_ms": predicted,
                 "error": abs(predicted - measured) / measured,
                 "sum_overhead_ms": summed,

@@ -94,7 +94,7 @@ def main() -> None:
             between,
         )
         rows = []
-        for spec, times, shares in zip(specs, launched, log.other_shares):
+        for spec, times, shares, ended in zip(specs, launched, log.other_shares, log.ended_unix):
             t0 = time.perf_counter()
             estimate = estimate_transformer_iteration(spec, model)
             predict_ms = (time.perf_counter() - t0) * 1e3
@@ -107,6 +107,7 @@ def main() -> None:
                 "measured_ms": measured,
                 "measured_rounds_ms": times,
                 "host_other_share_rounds": shares,
+                "launch_ended_unix": ended,
                 "predicted_ms": predicted,
                 "error": abs(predicted - measured) / measured,
                 "baseline_ms": baseline,

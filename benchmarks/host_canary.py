@@ -1,0 +1,249 @@
+"""Sample the host beside a run, then set the run's launches against the samples.
+
+    .venv/bin/python benchmarks/host_canary.py sample --out FILE.jsonl [--every-s 5] [--for-s 4000]
+    .venv/bin/python benchmarks/host_canary.py join FILE.jsonl RESULT.json [RESULT.json ...] [--out J]
+
+The e2e benchmarks' small steps run in a fast and a slow mode, whole launches at a time, in
+spells of minutes (README, 12-05); neither the kernel checks' single-rank speed nor the share of
+the cores other processes kept busy follows them. `sample` writes one line every `--every-s`
+seconds with what the kernel says of the host (the CPU time split since the last line from
+/proc/stat, steal included; /proc/pressure/cpu; context switches; anonymous huge pages and
+available memory; how many Ray worker processes are alive) and three canaries small enough to
+leave the run alone (a few ms each): a cross-core wakeup round trip (200 one-byte pipe
+ping-pongs between two processes held on the first and the last core), a fixed arithmetic loop
+and a 16 MiB copy. `join` takes the benchmarks' JSON (each launch's end time,
+`launch_ended_unix`), averages the samples of the `--window-s` seconds before each launch ended,
+and prints how each sampled figure ranks against the launch's measured time over its
+prediction (Spearman), so a host-side cause of the slow mode shows as a rank correlation, and
+its absence as none.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
+ROUND_TRIPS = 200
+LOOP_TURNS = 50_000
+COPY_BYTES = 16 * 2**20
+
+
+@dataclass
+class Sample:
+    """One line of `sample`'s output."""
+
+    unix: float
+    steal_share: float
+    busy_share: float
+    iowait_share: float
+    context_switches_per_s: float
+    pressure_some_avg10: float | None
+    anon_huge_mb: float
+    available_mb: float
+    ray_workers: int
+    wakeup_us_median: float | None
+    wakeup_us_p90: float | None
+    loop_ms: float
+    copy_ms: float
+
+
+def cpu_times() -> tuple[dict[str, int], int]:
+    """/proc/stat's whole-host CPU ticks by field, and the context switch count."""
+    lines = Path("/proc/stat").read_text().splitlines()
+    ticks = dict(zip(STAT_FIELDS, (int(v) for v in lines[0].split()[1:9])))
+    switches = next(int(line.split()[1]) for line in lines if line.startswith("ctxt "))
+    return ticks, switches
+
+
+def pressure_some_avg10() -> float | None:
+    """The share of the last 10 s some runnable task waited for a CPU (None: no PSI here)."""
+    try:
+        first = Path("/proc/pressure/cpu").read_text().splitlines()[0]
+    except OSError:
+        return None
+    return float(dict(kv.split("=") for kv in first.split()[1:])["avg10"])
+
+
+def memory_mb() -> tuple[float, float]:
+    """AnonHugePages and MemAvailable from /proc/meminfo, in MiB."""
+    info = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, value = line.split(":", 1)
+        info[key] = float(value.split()[0]) / 1024
+    return info.get("AnonHugePages", 0.0), info.get("MemAvailable", 0.0)
+
+
+def ray_workers() -> int:
+    """Processes whose command line Ray renamed to `ray::...` (actors and tasks)."""
+    count = 0
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if (entry / "cmdline").read_bytes().startswith(b"ray::"):
+                    count += 1
+            except OSError:
+                continue
+    return count
+
+
+class Echo:
+    """A child process on the last core that answers each byte on one pipe with a byte on
+    another: the parent, on the first core, times the round trips, which are the cost of waking
+    a process on another core (what a gloo collective between two ranks pays each step)."""
+
+    def __init__(self) -> None:
+        cores = sorted(os.sched_getaffinity(0))
+        self.active = len(cores) > 1
+        if not self.active:
+            return
+        self.to_child_r, self.to_child_w = os.pipe()
+        self.to_parent_r, self.to_parent_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:
+            os.sched_setaffinity(0, {cores[-1]})
+            while os.read(self.to_child_r, 1):
+                os.write(self.to_parent_w, b"x")
+            os._exit(0)
+        os.sched_setaffinity(0, {cores[0]})
+
+    def round_trips_us(self, count: int) -> list[float]:
+        trips = []
+        for _ in range(count):
+            t0 = time.perf_counter_ns()
+            os.write(self.to_child_w, b"x")
+            os.read(self.to_parent_r, 1)
+            trips.append((time.perf_counter_ns() - t0) / 1e3)
+        return trips
+
+    def close(self) -> None:
+        if self.active:
+            os.close(self.to_child_w)
+            os.waitpid(self.pid, 0)
+
+
+def loop_ms() -> float:
+    t0 = time.perf_counter()
+    total = 0
+    for i in range(LOOP_TURNS):
+        total += i * i
+    return (time.perf_counter() - t0) * 1e3
+
+
+def copy_ms(source: bytearray, target: bytearray) -> float:
+    t0 = time.perf_counter()
+    target[:] = source
+    return (time.perf_counter() - t0) * 1e3
+
+
+def sample(out: Path, every_s: float, for_s: float) -> None:
+    echo = Echo()
+    source, target = bytearray(os.urandom(COPY_BYTES)), bytearray(COPY_BYTES)
+    ticks, switches = cpu_times()
+    last = time.time()
+    end = last + for_s
+    try:
+        with out.open("a") as stream:
+            while time.time() < end:
+                time.sleep(every_s)
+                now_ticks, now_switches = cpu_times()
+                now = time.time()
+                delta = {k: now_ticks[k] - ticks[k] for k in STAT_FIELDS}
+                total = sum(delta.values()) or 1
+                trips = sorted(echo.round_trips_us(ROUND_TRIPS)) if echo.active else []
+                huge, available = memory_mb()
+                row = Sample(
+                    unix=round(now, 1),
+                    steal_share=delta["steal"] / total,
+                    busy_share=1 - (delta["idle"] + delta["iowait"] + delta["steal"]) / total,
+                    iowait_share=delta["iowait"] / total,
+                    context_switches_per_s=(now_switches - switches) / (now - last),
+                    pressure_some_avg10=pressure_some_avg10(),
+                    anon_huge_mb=huge,
+                    available_mb=available,
+                    ray_workers=ray_workers(),
+                    wakeup_us_median=statistics.median(trips) if trips else None,
+                    wakeup_us_p90=trips[int(0.9 * len(trips))] if trips else None,
+                    loop_ms=loop_ms(),
+                    copy_ms=copy_ms(source, target),
+                )
+                stream.write(json.dumps(asdict(row)) + "\n")
+                stream.flush()
+                ticks, switches, last = now_ticks, now_switches, now
+    finally:
+        echo.close()
+
+
+def spearman(xs: list[float], ys: list[float]) -> float | None:
+    from scipy.stats import spearmanr
+
+    if len(xs) < 4 or len(set(xs)) < 2 or len(set(ys)) < 2:
+        return None
+    rho = spearmanr(xs, ys).statistic
+    return None if math.isnan(rho) else float(rho)
+
+
+def launches(result: dict) -> list[dict]:
+    """Every launch of a benchmark JSON: its task, end time and measured over predicted."""
+    rows = []
+    for task in result["tasks"]:
+        for ms, ended in zip(task["measured_rounds_ms"], task.get("launch_ended_unix") or []):
+            rows.append({"task": task["name"], "ended": ended, "measured_ms": ms, "over": ms / task["predicted_ms"]})
+    return rows
+
+
+def join(samples_path: Path, results: list[Path], window_s: float) -> dict:
+    samples = [json.loads(line) for line in samples_path.read_text().splitlines() if line.strip()]
+    fields = [f for f in Sample.__dataclass_fields__ if f != "unix"]
+    joined = []
+    for path in results:
+        for launch in launches(json.loads(path.read_text())):
+            near = [s for s in samples if launch["ended"] - window_s <= s["unix"] <= launch["ended"]]
+            if not near:
+                continue
+            means = {}
+            for f in fields:
+                values = [s[f] for s in near if s[f] is not None]
+                means[f] = statistics.fmean(values) if values else None
+            joined.append({**launch, "result": path.name, "samples": len(near), **means})
+    ranks = {}
+    for f in fields:
+        pairs = [(j[f], j["over"]) for j in joined if j[f] is not None]
+        ranks[f] = spearman([p[0] for p in pairs], [p[1] for p in pairs])
+    return {"window_s": window_s, "launches": len(joined), "spearman_vs_over": ranks, "joined": joined}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    sampler = sub.add_parser("sample", help="write one line of host figures every --every-s seconds")
+    sampler.add_argument("--out", type=Path, required=True)
+    sampler.add_argument("--every-s", type=float, default=5.0)
+    sampler.add_argument("--for-s", type=float, default=4000.0)
+    joiner = sub.add_parser("join", help="rank each sampled figure against the launches' measured/predicted")
+    joiner.add_argument("samples", type=Path)
+    joiner.add_argument("results", type=Path, nargs="+")
+    joiner.add_argument("--window-s", type=float, default=20.0)
+    joiner.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args()
+    if args.command == "sample":
+        sample(args.out, args.every_s, args.for_s)
+        return
+    report = join(args.samples, args.results, args.window_s)
+    print(f"{report['launches']} launches joined (samples of the {args.window_s:g} s before each ended)")
+    for field, rho in report["spearman_vs_over"].items():
+        print(f"  {field:24s} spearman vs measured/predicted {'-' if rho is None else f'{rho:+.2f}'}")
+    if args.out:
+        args.out.write_text(json.dumps(report, indent=1) + "\n")
+        print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
