@@ -101,17 +101,22 @@ class Echo:
 
     def __init__(self) -> None:
         cores = sorted(os.sched_getaffinity(0))
+        self.cores = set(cores)
         self.active = len(cores) > 1
         if not self.active:
             return
         self.to_child_r, self.to_child_w = os.pipe()
         self.to_parent_r, self.to_parent_w = os.pipe()
         self.pid = os.fork()
-        if self.pid == 0:
+        if self.pid == 0:  # each side keeps only its own ends, so closing the parent's ends the child
+            os.close(self.to_child_w)
+            os.close(self.to_parent_r)
             os.sched_setaffinity(0, {cores[-1]})
             while os.read(self.to_child_r, 1):
                 os.write(self.to_parent_w, b"x")
             os._exit(0)
+        os.close(self.to_child_r)
+        os.close(self.to_parent_w)
         os.sched_setaffinity(0, {cores[0]})
 
     def round_trips_us(self, count: int) -> list[float]:
@@ -124,9 +129,21 @@ class Echo:
         return trips
 
     def close(self) -> None:
+        """Stop the child, and give this process back every core it had."""
         if self.active:
             os.close(self.to_child_w)
             os.waitpid(self.pid, 0)
+            os.close(self.to_parent_r)
+            os.sched_setaffinity(0, self.cores)
+
+
+def wakeup_us(count: int = ROUND_TRIPS) -> list[float]:
+    """`count` cross-core round trips, sorted (empty with a single core)."""
+    echo = Echo()
+    try:
+        return sorted(echo.round_trips_us(count)) if echo.active else []
+    finally:
+        echo.close()
 
 
 def loop_ms() -> float:
