@@ -11,7 +11,9 @@ seconds with what the kernel says of the host (the CPU time split since the last
 available memory; how many Ray worker processes are alive) and three canaries small enough to
 leave the run alone (a few ms each): a cross-core wakeup round trip (200 one-byte pipe
 ping-pongs between two processes held on the first and the last core), a fixed arithmetic loop
-and a 16 MiB copy. `join` takes the benchmarks' JSON (each launch's end time,
+alone and two copies of it at once on those two cores (their time over the loop's alone: near 1
+while the host runs the two CPUs side by side, near 2 while it runs them in turns), and a 16 MiB
+copy. `join` takes the benchmarks' JSON (each launch's end time,
 `launch_ended_unix`), averages the samples of the `--window-s` seconds before each launch ended,
 and prints how each sampled figure ranks against the launch's measured time over its
 prediction (Spearman), so a host-side cause of the slow mode shows as a rank correlation, and
@@ -25,6 +27,7 @@ import json
 import math
 import os
 import statistics
+import struct
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -52,6 +55,7 @@ class Sample:
     wakeup_us_median: float | None
     wakeup_us_p90: float | None
     loop_ms: float
+    loops_at_once_over_alone: float | None
     copy_ms: float
 
 
@@ -112,8 +116,8 @@ class Echo:
             os.close(self.to_child_w)
             os.close(self.to_parent_r)
             os.sched_setaffinity(0, {cores[-1]})
-            while os.read(self.to_child_r, 1):
-                os.write(self.to_parent_w, b"x")
+            while byte := os.read(self.to_child_r, 1):
+                os.write(self.to_parent_w, struct.pack("d", loop_ms()) if byte == b"L" else b"x")
             os._exit(0)
         os.close(self.to_child_r)
         os.close(self.to_parent_w)
@@ -127,6 +131,15 @@ class Echo:
             os.read(self.to_parent_r, 1)
             trips.append((time.perf_counter_ns() - t0) / 1e3)
         return trips
+
+    def loops_at_once_ms(self) -> float:
+        """The slower of two copies of the arithmetic loop started together, one on each core:
+        the loop's time alone while the host runs both CPUs at once, up to twice it while it
+        runs them in turns on one CPU of its own."""
+        os.write(self.to_child_w, b"L")
+        mine = loop_ms()
+        theirs = struct.unpack("d", os.read(self.to_parent_r, 8))[0]
+        return max(mine, theirs)
 
     def close(self) -> None:
         """Stop the child, and give this process back every core it had."""
@@ -176,6 +189,7 @@ def sample(out: Path, every_s: float, for_s: float) -> None:
                 total = sum(delta.values()) or 1
                 trips = sorted(echo.round_trips_us(ROUND_TRIPS)) if echo.active else []
                 huge, available = memory_mb()
+                alone = loop_ms()
                 row = Sample(
                     unix=round(now, 1),
                     steal_share=delta["steal"] / total,
@@ -188,7 +202,8 @@ def sample(out: Path, every_s: float, for_s: float) -> None:
                     ray_workers=ray_workers(),
                     wakeup_us_median=statistics.median(trips) if trips else None,
                     wakeup_us_p90=trips[int(0.9 * len(trips))] if trips else None,
-                    loop_ms=loop_ms(),
+                    loop_ms=alone,
+                    loops_at_once_over_alone=echo.loops_at_once_ms() / alone if echo.active else None,
                     copy_ms=copy_ms(source, target),
                 )
                 stream.write(json.dumps(asdict(row)) + "\n")
@@ -227,7 +242,7 @@ def join(samples_path: Path, results: list[Path], window_s: float) -> dict:
                 continue
             means = {}
             for f in fields:
-                values = [s[f] for s in near if s[f] is not None]
+                values = [s[f] for s in near if s.get(f) is not None]
                 means[f] = statistics.fmean(values) if values else None
             joined.append({**launch, "result": path.name, "samples": len(near), **means})
     ranks = {}
