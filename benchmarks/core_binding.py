@@ -82,6 +82,15 @@ def spread(launches: list[list[float]]) -> dict[str, float]:
     }
 
 
+def spread_text(key: str, s: dict, width: int) -> str:
+    """One case's `spread` in a line, its name padded to `width`."""
+    return (
+        f"{key:{width}s} launch medians {s['launch_medians_ms']}: median {s['median_ms']:.2f} ms, "
+        f"sd/mean {s['sd_over_mean']:.3f}, max/min {s['max_over_min']:.2f}; "
+        f"steps p10-p90 {s['steps_p10_ms']:.2f}-{s['steps_p90_ms']:.2f} ms"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--launches", type=int, default=6, help="launches per case and binding")
@@ -105,11 +114,7 @@ def main() -> None:
                 )
     cases = {key: spread(launches) for key, launches in runs.items()}
     for key, s in cases.items():
-        print(
-            f"{key:13s} launch medians {s['launch_medians_ms']}: median {s['median_ms']:.2f} ms, "
-            f"sd/mean {s['sd_over_mean']:.3f}, max/min {s['max_over_min']:.2f}; "
-            f"steps p10-p90 {s['steps_p10_ms']:.2f}-{s['steps_p90_ms']:.2f} ms"
-        )
+        print(spread_text(key, s, 13))
     write_result(
         Path(args.out),
         {

@@ -27,7 +27,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.core_binding import CASES, WORLD, launch, spread  # noqa: E402
+from benchmarks.core_binding import CASES, WORLD, launch, spread, spread_text  # noqa: E402
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
 from benchmarks.host_canary import wakeup_us  # noqa: E402
 
@@ -70,11 +70,7 @@ def main() -> None:
         POLL.write_text(found)
     cases = {key: spread(launches) for key, launches in runs.items()}
     for key, s in cases.items():
-        print(
-            f"{key:16s} launch medians {s['launch_medians_ms']}: median {s['median_ms']:.2f} ms, "
-            f"sd/mean {s['sd_over_mean']:.3f}, max/min {s['max_over_min']:.2f}; "
-            f"steps p10-p90 {s['steps_p10_ms']:.2f}-{s['steps_p90_ms']:.2f} ms"
-        )
+        print(spread_text(key, s, 16))
     for name, values in wakeups.items():
         print(f"wakeup round trip, polling {name}: median of launches {statistics.median(values):.1f} us {values}")
     write_result(
