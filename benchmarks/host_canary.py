@@ -16,7 +16,7 @@ while the host runs the two CPUs side by side, near 2 while it runs them in turn
 copy. `join` takes the benchmarks' JSON (each launch's end time,
 `launch_ended_unix`), averages the samples of the `--window-s` seconds before each launch ended,
 and prints how each sampled figure ranks against the launch's measured time over its
-prediction (Spearman), so a host-side cause of the slow mode shows as a rank correlation, and
+prediction (Spearman), and, per result, against the launch over its task's median launch, so a host-side cause of the slow mode shows as a rank correlation, and
 its absence as none.
 """
 
@@ -33,7 +33,6 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-STAT_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 ROUND_TRIPS = 200
 LOOP_TURNS = 50_000
 COPY_BYTES = 16 * 2**20
@@ -59,14 +58,6 @@ class Sample:
     copy_ms: float
 
 
-def cpu_times() -> tuple[dict[str, int], int]:
-    """/proc/stat's whole-host CPU ticks by field, and the context switch count."""
-    lines = Path("/proc/stat").read_text().splitlines()
-    ticks = dict(zip(STAT_FIELDS, (int(v) for v in lines[0].split()[1:9])))
-    switches = next(int(line.split()[1]) for line in lines if line.startswith("ctxt "))
-    return ticks, switches
-
-
 def pressure_some_avg10() -> float | None:
     """The share of the last 10 s some runnable task waited for a CPU (None: no PSI here)."""
     try:
@@ -76,26 +67,22 @@ def pressure_some_avg10() -> float | None:
     return float(dict(kv.split("=") for kv in first.split()[1:])["avg10"])
 
 
-def memory_mb() -> tuple[float, float]:
-    """AnonHugePages and MemAvailable from /proc/meminfo, in MiB."""
-    info = {}
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        key, value = line.split(":", 1)
-        info[key] = float(value.split()[0]) / 1024
-    return info.get("AnonHugePages", 0.0), info.get("MemAvailable", 0.0)
+def anon_huge_mb() -> float:
+    """AnonHugePages from /proc/meminfo (which psutil does not report), in MiB; 0 where absent."""
+    try:
+        lines = Path("/proc/meminfo").read_text().splitlines()
+    except OSError:
+        return 0.0
+    return next((float(line.split()[1]) / 1024 for line in lines if line.startswith("AnonHugePages:")), 0.0)
 
 
 def ray_workers() -> int:
     """Processes whose command line Ray renamed to `ray::...` (actors and tasks)."""
-    count = 0
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if (entry / "cmdline").read_bytes().startswith(b"ray::"):
-                    count += 1
-            except OSError:
-                continue
-    return count
+    import psutil
+
+    return sum(
+        1 for process in psutil.process_iter(["cmdline"]) if (process.info["cmdline"] or [""])[0].startswith("ray::")
+    )
 
 
 class Echo:
@@ -124,13 +111,14 @@ class Echo:
         os.sched_setaffinity(0, {cores[0]})
 
     def round_trips_us(self, count: int) -> list[float]:
+        """`count` round trips, sorted (none with a single core)."""
         trips = []
-        for _ in range(count):
+        for _ in range(count if self.active else 0):
             t0 = time.perf_counter_ns()
             os.write(self.to_child_w, b"x")
             os.read(self.to_parent_r, 1)
             trips.append((time.perf_counter_ns() - t0) / 1e3)
-        return trips
+        return sorted(trips)
 
     def loops_at_once_ms(self) -> float:
         """The slower of two copies of the arithmetic loop started together, one on each core:
@@ -154,7 +142,7 @@ def wakeup_us(count: int = ROUND_TRIPS) -> list[float]:
     """`count` cross-core round trips, sorted (empty with a single core)."""
     echo = Echo()
     try:
-        return sorted(echo.round_trips_us(count)) if echo.active else []
+        return echo.round_trips_us(count)
     finally:
         echo.close()
 
@@ -174,31 +162,32 @@ def copy_ms(source: bytearray, target: bytearray) -> float:
 
 
 def sample(out: Path, every_s: float, for_s: float) -> None:
+    import psutil
+
     echo = Echo()
     source, target = bytearray(os.urandom(COPY_BYTES)), bytearray(COPY_BYTES)
-    ticks, switches = cpu_times()
+    psutil.cpu_times_percent()  # the first call only sets the mark the next one is measured from
+    switches = psutil.cpu_stats().ctx_switches
     last = time.time()
     end = last + for_s
     try:
         with out.open("a") as stream:
             while time.time() < end:
                 time.sleep(every_s)
-                now_ticks, now_switches = cpu_times()
+                split = psutil.cpu_times_percent()
+                now_switches = psutil.cpu_stats().ctx_switches
                 now = time.time()
-                delta = {k: now_ticks[k] - ticks[k] for k in STAT_FIELDS}
-                total = sum(delta.values()) or 1
-                trips = sorted(echo.round_trips_us(ROUND_TRIPS)) if echo.active else []
-                huge, available = memory_mb()
+                trips = echo.round_trips_us(ROUND_TRIPS)
                 alone = loop_ms()
                 row = Sample(
                     unix=round(now, 1),
-                    steal_share=delta["steal"] / total,
-                    busy_share=1 - (delta["idle"] + delta["iowait"] + delta["steal"]) / total,
-                    iowait_share=delta["iowait"] / total,
+                    steal_share=getattr(split, "steal", 0.0) / 100,
+                    busy_share=1 - (split.idle + getattr(split, "iowait", 0.0) + getattr(split, "steal", 0.0)) / 100,
+                    iowait_share=getattr(split, "iowait", 0.0) / 100,
                     context_switches_per_s=(now_switches - switches) / (now - last),
                     pressure_some_avg10=pressure_some_avg10(),
-                    anon_huge_mb=huge,
-                    available_mb=available,
+                    anon_huge_mb=anon_huge_mb(),
+                    available_mb=psutil.virtual_memory().available / 2**20,
                     ray_workers=ray_workers(),
                     wakeup_us_median=statistics.median(trips) if trips else None,
                     wakeup_us_p90=trips[int(0.9 * len(trips))] if trips else None,
@@ -208,7 +197,7 @@ def sample(out: Path, every_s: float, for_s: float) -> None:
                 )
                 stream.write(json.dumps(asdict(row)) + "\n")
                 stream.flush()
-                ticks, switches, last = now_ticks, now_switches, now
+                switches, last = now_switches, now
     finally:
         echo.close()
 
@@ -245,11 +234,28 @@ def join(samples_path: Path, results: list[Path], window_s: float) -> dict:
                 values = [s[f] for s in near if s.get(f) is not None]
                 means[f] = statistics.fmean(values) if values else None
             joined.append({**launch, "result": path.name, "samples": len(near), **means})
-    ranks = {}
-    for f in fields:
-        pairs = [(j[f], j["over"]) for j in joined if j[f] is not None]
-        ranks[f] = spearman([p[0] for p in pairs], [p[1] for p in pairs])
-    return {"window_s": window_s, "launches": len(joined), "spearman_vs_over": ranks, "joined": joined}
+    by_task: dict[tuple[str, str], list[float]] = {}
+    for j in joined:
+        by_task.setdefault((j["result"], j["task"]), []).append(j["measured_ms"])
+    for j in joined:  # the launch against its own task's others: what the host, not the model, moved
+        j["within_task"] = j["measured_ms"] / statistics.median(by_task[(j["result"], j["task"])])
+    within = {}
+    for path in results:
+        of_result = [j for j in joined if j["result"] == path.name]
+        within[path.name] = {f: ranked(of_result, f, "within_task") for f in fields}
+    return {
+        "window_s": window_s,
+        "launches": len(joined),
+        "spearman_vs_over": {f: ranked(joined, f, "over") for f in fields},
+        "spearman_within_task": within,
+        "joined": joined,
+    }
+
+
+def ranked(joined: list[dict], field: str, against: str) -> float | None:
+    """Spearman of a sampled figure against `against` over the launches that have the figure."""
+    pairs = [(j[field], j[against]) for j in joined if j[field] is not None]
+    return spearman([p[0] for p in pairs], [p[1] for p in pairs])
 
 
 def main() -> None:
@@ -272,6 +278,10 @@ def main() -> None:
     print(f"{report['launches']} launches joined (samples of the {args.window_s:g} s before each ended)")
     for field, rho in report["spearman_vs_over"].items():
         print(f"  {field:24s} spearman vs measured/predicted {'-' if rho is None else f'{rho:+.2f}'}")
+    for name, ranks in report["spearman_within_task"].items():
+        print(f"{name}, a launch over its task's median:")
+        for field, rho in ranks.items():
+            print(f"  {field:24s} spearman {'-' if rho is None else f'{rho:+.2f}'}")
     if args.out:
         args.out.write_text(json.dumps(report, indent=1) + "\n")
         print(f"wrote {args.out}", file=sys.stderr)
