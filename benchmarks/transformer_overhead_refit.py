@@ -65,6 +65,14 @@ VARIANTS: dict[str, list[str]] = {
     "default + layout_work": [*OVERHEAD_FEATURES, "layout_work"],
     "one slowdown + layout_work": [*one_slowdown(OVERHEAD_FEATURES), "layout_work"],
     "default + wrapped_passes": [*OVERHEAD_FEATURES, "wrapped_passes"],
+    # `collectives` split into the layout's own and DDP's gradient all-reduces, each its own cost
+    "collectives split": [
+        *(f for f in OVERHEAD_FEATURES if f != "collectives"),
+        "layout_collectives",
+        "gradient_reduces",
+    ],
+    # the layout's own collectives counted, DDP's left to the collective kernels' slowdown
+    "layout collectives": [f if f != "collectives" else "layout_collectives" for f in OVERHEAD_FEATURES],
 }
 RUN_FIGURES = ("geomean_error", "max_error", "mean_signed_error")
 

@@ -48,6 +48,9 @@ FEATURES: dict[str, Callable[[Params], float]] = {
     "layers": lambda p: float(p["layers"]),
     "ops": lambda p: float(p["ops"]),  # graph ops a step issues on its busiest rank
     "collectives": lambda p: float(p["collectives"]),  # of them, collectives
+    # of those, the layout's own (TP, FSDP) and DDP's gradient all-reduces (a transformer's)
+    "layout_collectives": lambda p: float(p["layout_collectives"]),
+    "gradient_reduces": lambda p: float(p["gradient_reduces"]),
     # 1 for a layout with hooks or several passes (FSDP, pipeline, micro-batches, recompute)
     "layout_work": lambda p: float(p["layout_work"]),
     # of those, the module passes wrapped (FSDP units' hooks, recomputed blocks, extra micro-batches)

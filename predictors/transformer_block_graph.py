@@ -175,6 +175,9 @@ def block_forward(g: RankOps, x: BlockSizes, p: str, waits: int | None = None) -
     g.row_parallel_output(p + "fc2", 4 * local, x.bias, x.dropout, residual)
 
 
+GRADIENT_REDUCE = "ddp_all_reduce"  # the name each of DDP's gradient all-reduces starts with
+
+
 class DdpBuckets:
     """DDP's gradient all-reduces of one rank: a bucket's is launched once its last gradient is written.
 
@@ -198,7 +201,7 @@ class DdpBuckets:
             params = {"bytes": size, "world": g.spec.data_parallel, "scope": g.dp_scope}
             self.reduces.append(
                 g.add(
-                    f"ddp_all_reduce{len(self.reduces)}",
+                    f"{GRADIENT_REDUCE}{len(self.reduces)}",
                     "collective",
                     "all_reduce",
                     params,

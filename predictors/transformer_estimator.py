@@ -13,12 +13,13 @@ from typing import Any, Sequence
 import numpy as np
 
 from predictors.evaluation import ErrorStats, error_stats
-from predictors.graph import ExecutionGraph
+from predictors.graph import ExecutionGraph, GraphOp
 from predictors.kernel_classes import KERNEL_CLASSES, busiest_rank
 from predictors.memory import MemoryEstimate
 from predictors.opmodels import fit_step_overhead, step_metrics
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import CostFn, SimResult, model_cost, model_cpu_overhead, simulate
+from predictors.transformer_block_graph import GRADIENT_REDUCE
 from predictors.transformer_graph import build_transformer_graph, is_transfer
 from predictors.transformer_memory import transformer_memory
 from probes.vocabulary.ops import TRANSFORMER_OVERHEAD_OP, TRANSFORMER_STEP_OP
@@ -51,7 +52,15 @@ OVERHEAD_FEATURES = ["one", "ops", "collectives", *KERNEL_CLASSES]
 # stated before the run, it took the own steps' lean out (FSDP -6.0% -> -0.1%, data parallel
 # +3.9% -> +2.1%; steps left out 7.3% -> 6.6%), but the DP runs' geomean change came out
 # +0.4 points [-1.1, +1.9], past the +1 point its interval was allowed: not in the default.
-CANDIDATE_FEATURES = ["layout_work", "wrapped_passes"]
+# `layout_collectives` and `gradient_reduces`: the `collectives` count split into the layout's
+# own (TP's all-reduces, FSDP's gathers and reduce-scatters) and DDP's gradient all-reduces,
+# which its reducer launches as buckets fill, beside the backward. One cost per collective is
+# set by the steps with many (a TP or FSDP step issues 8-24, at 0.5-0.9 ms each on 12-05's
+# calibrations) and lent to a plain data-parallel step's one or two all-reduces, whose price is
+# then a third of a 3 ms step: the small data-parallel stacks are priced 6-9% high on their own
+# steps (`benchmarks/transformer_step_lean.py`). Judged as the others
+# (`benchmarks/transformer_overhead_refit.py`).
+CANDIDATE_FEATURES = ["layout_work", "wrapped_passes", "layout_collectives", "gradient_reduces"]
 
 
 def layout_work(spec: TransformerSpec) -> float:
@@ -72,18 +81,29 @@ def wrapped_passes(spec: TransformerSpec) -> float:
     return float(spec.micro_batches * (2 * units + recomputed) + 2 * (spec.micro_batches - 1))
 
 
+def is_gradient_reduce(op: GraphOp) -> bool:
+    """Whether `op` is one of DDP's gradient all-reduces (`transformer_block_graph.DdpBuckets`)."""
+    return op.kind == "collective" and op.name.startswith(GRADIENT_REDUCE)
+
+
 def overhead_params(
     spec: TransformerSpec, graph: ExecutionGraph, kernels_s: float, cost: CostFn | None = None
 ) -> dict[str, float]:
     """The step overhead's features for one layout (and `layers` and `kernels_s`, which bundles
-    fitted before read, and the candidates `layout_work` and `wrapped_passes`); with `cost`,
+    fitted before read, and the candidates `CANDIDATE_FEATURES`); with `cost`,
     the busiest rank's kernels by class (`kernel_classes`)."""
     ops = max(sum(1 for o in rank if o.params) for rank in graph.ranks)
     collectives = max(sum(1 for o in rank if o.kind == "collective" and not is_transfer(o)) for rank in graph.ranks)
+    reduces = max(sum(1 for o in rank if is_gradient_reduce(o)) for rank in graph.ranks)
     counts: dict[str, float] = {
         "layers": spec.layers,
         "ops": ops,
         "collectives": collectives,
+        "layout_collectives": max(
+            sum(1 for o in rank if o.kind == "collective" and not is_transfer(o) and not is_gradient_reduce(o))
+            for rank in graph.ranks
+        ),
+        "gradient_reduces": reduces,
         "kernels_s": kernels_s,
         "layout_work": layout_work(spec),
         "wrapped_passes": wrapped_passes(spec),

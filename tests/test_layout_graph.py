@@ -159,6 +159,27 @@ def test_the_step_overheads_features_are_read_from_every_layouts_graph():
     assert sharded[1] > plain[1]  # FSDP's gathers and reduce-scatters
 
 
+def test_the_collectives_count_splits_into_the_layouts_own_and_ddps_gradient_reduces():
+    """The candidate features `layout_collectives` and `gradient_reduces` add up to `collectives`:
+    a plain data-parallel step has only DDP's, a TP or FSDP step on two ranks only its own, and a
+    TP step with data parallel beside it both."""
+    from predictors.transformer_estimator import overhead_params
+
+    def split(world: int, **kw) -> tuple[float, float, float]:
+        s = spec(world=world, **kw)
+        p = overhead_params(s, build_transformer_graph(s, fold=True), 0.0)
+        assert p["layout_collectives"] + p["gradient_reduces"] == p["collectives"]
+        return p["collectives"], p["layout_collectives"], p["gradient_reduces"]
+
+    collectives, own, reduces = split(2)
+    assert own == 0 and reduces == collectives > 0
+    for kw in (dict(tensor_parallel=2), dict(fsdp="full_shard")):
+        collectives, own, reduces = split(2, **kw)
+        assert reduces == 0 and own == collectives > 0
+    _, own, reduces = split(4, tensor_parallel=2)
+    assert own > 0 and reduces > 0
+
+
 @pytest.mark.parametrize("kw", [dict(), dict(tensor_parallel=2), dict(pipeline_parallel=2, micro_batches=2)])
 def test_micro_batches_split_the_work_not_repeat_it(kw):
     """Every micro-batch's ops are sized for its share of the batch: the step's GEMM flops and
