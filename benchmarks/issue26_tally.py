@@ -17,7 +17,10 @@ its prediction (a missing fixed cost is the same at every batch). Intervals are 
 run's tasks share its calibration and its spell. And, per workload, how a run's signed error
 follows the champion's on its calibration's own steps timed during the run (`own_steps`), and
 whether a task's slower launches are those beside more of the host's other load (`other_load`,
-runs whose launches report `host_other_share`).
+runs whose launches report `host_other_share`). And the transformer's data-parallel tasks'
+signed error less their run's by the share of the predicted step that its exposed
+communication takes (`by_exposed`, runs whose tasks report `exposed_comm_ms`): whether the
+steps whose gradient all-reduce the graph leaves exposed lean apart from the rest.
 
 Writes benchmarks/results/issue26_tally.json.
 """
@@ -65,6 +68,9 @@ class Run:
     # per launch of a data-parallel task: (its other-load share less its task's mean share, log
     # of its ms over its task's median ms); None when the run's launches report no share
     other_load: list[tuple[float, float]] | None = None
+    # transformer: per data-parallel task, (its exposed communication's share of its predicted
+    # step, its signed error); None when the run's tasks report no exposed communication
+    exposed: list[tuple[float, float]] | None = None
 
 
 def meets_bars(geomean: float, worst: float, signed: float) -> bool:
@@ -88,7 +94,50 @@ def judge(data: dict) -> Run:
         data.get("own_steps_signed"),
         stored_signed(data),
         other_load_launches(data),
+        exposed_tasks(data),
     )
+
+
+# the bands of `lean_by_exposed`: the exposed communication's share of a predicted step
+EXPOSED_BANDS = ((0.0, 0.1), (0.1, 0.2), (0.2, 0.35), (0.35, float("inf")))
+
+
+def exposed_tasks(data: dict) -> list[tuple[float, float]] | None:
+    """Each data-parallel task's exposed communication over its predicted step and its signed
+    error (tensor-parallel tasks are not in a transformer run's `tasks`; a DLRM's have no
+    `exposed_comm_ms`)."""
+    pairs = [
+        (t["exposed_comm_ms"] / t["predicted_ms"], (t["predicted_ms"] - t["measured_ms"]) / t["measured_ms"])
+        for t in data.get("tasks") or []
+        if t.get("exposed_comm_ms") is not None and t.get("predicted_ms")
+    ]
+    return pairs or None
+
+
+def lean_by_exposed(runs: list[Run]) -> dict[str, dict]:
+    """Per band of exposed share (`EXPOSED_BANDS`) over the `runs` whose tasks report it: the
+    mean over runs of their tasks' signed error less the run's own mean signed error there, its
+    95% interval over the runs (a run's tasks share its calibration and spell), the runs and the
+    tasks. A band above zero is priced higher than its run's other tasks."""
+    out: dict[str, dict] = {}
+    for low, high in EXPOSED_BANDS:
+        means: list[float] = []
+        tasks = 0
+        for run in runs:
+            inside = [signed for share, signed in run.exposed or [] if low <= share < high]
+            if inside:
+                means.append(float(np.mean(inside)) - run.signed)
+                tasks += len(inside)
+        if means:
+            array = np.asarray(means)
+            interval = list(mean_interval(array)) if len(array) >= 2 else None
+            out[f"{low:.2f}-{high:.2f}"] = {
+                "relative": float(array.mean()),
+                "relative_interval": interval,
+                "runs": len(means),
+                "tasks": tasks,
+            }
+    return out
 
 
 def other_load_launches(data: dict) -> list[tuple[float, float]] | None:
@@ -219,6 +268,17 @@ def print_lean(lean: dict[int, dict]) -> None:
         )
 
 
+def print_exposed(lean: dict[str, dict]) -> None:
+    if not lean:
+        return
+    print(
+        "transformer DP signed error less the run's, by exposed communication over the predicted step (95% over runs)"
+    )
+    for band, e in lean.items():
+        interval = "" if e["relative_interval"] is None else " [{:+.1%}, {:+.1%}]".format(*e["relative_interval"])
+        print(f"  {band}: {e['relative']:+6.1%}{interval}  ({e['runs']} runs, {e['tasks']} tasks)")
+
+
 def added(root: Path) -> dict[str, datetime]:
     """When git first committed each stored result (its path -> commit time)."""
     log = subprocess.run(
@@ -310,6 +370,8 @@ def main() -> None:
     print("; ".join(f"{kind}: {s['met']} of {s['judged']} met every bar" for kind, s in summary.items()))
     lean = lean_by_batch(counted["dlrm"])
     print_lean(lean)
+    exposed = lean_by_exposed(counted["transformer"])
+    print_exposed(exposed)
     pairing = {kind: own_steps_pairing(runs) for kind, runs in counted.items()}
     for kind, figures in pairing.items():
         print_pairing(kind, figures)
@@ -326,6 +388,7 @@ def main() -> None:
         "command": command.strip(),
         "summary": summary,
         "by_batch": lean,
+        "by_exposed": exposed,
         "own_steps": pairing,
         "other_load": load,
         "cycles": {k: {n: _figures(r) for n, r in v.items()} for k, v in found.items()},

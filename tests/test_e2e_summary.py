@@ -68,6 +68,34 @@ def test_the_tally_tells_a_missing_fixed_cost_from_a_runs_level():
     assert lean[1024]["missing_ms"] == pytest.approx((1.0 + 5.4) / 2)
 
 
+def test_the_tally_sets_the_steps_with_exposed_communication_against_their_run():
+    """Tasks whose exposed communication is a large share of their predicted step, priced 20%
+    over their run's others: their band sits above zero with each run's level taken out, the
+    other band below; tasks without the figure (a DLRM run's) give no band."""
+    from benchmarks.issue26_tally import judge, lean_by_exposed
+
+    def run(level: float) -> dict:
+        tasks = [
+            {"measured_ms": 10.0, "predicted_ms": 10.0 * (1 + level + extra), "exposed_comm_ms": exposed}
+            for exposed, extra in ((0.5, 0.0), (0.8, 0.0), (6.0, 0.2))
+        ]
+        errors = [(t["predicted_ms"] - t["measured_ms"]) / t["measured_ms"] for t in tasks]
+        return {"tasks": tasks, "geomean_error": 0.1, "max_error": 0.3, "mean_signed_error": sum(errors) / 3}
+
+    lean = lean_by_exposed([judge(run(0.0)), judge(run(-0.1))])
+    assert set(lean) == {"0.00-0.10", "0.35-inf"}
+    assert lean["0.35-inf"]["relative"] > 0 > lean["0.00-0.10"]["relative"]
+    assert lean["0.35-inf"]["relative"] - lean["0.00-0.10"]["relative"] == pytest.approx(0.2, rel=0.1)
+    assert lean["0.35-inf"]["runs"] == 2 and lean["0.00-0.10"]["tasks"] == 4
+    dlrm = {
+        "tasks": [{"batch_size": 128, "measured_ms": 10.0, "predicted_ms": 11.0}],
+        "geomean_error": 0.1,
+        "max_error": 0.1,
+        "mean_signed_error": 0.1,
+    }
+    assert lean_by_exposed([judge(dlrm)]) == {}
+
+
 def test_the_tally_pairs_a_runs_lean_with_its_own_steps_timed_beside_it():
     """Runs whose lean is their own steps' plus a little: a gap near zero, a high correlation;
     runs without step checks are left out, and fewer than three paired runs give no figure."""
