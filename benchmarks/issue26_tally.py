@@ -106,12 +106,9 @@ def exposed_tasks(data: dict) -> list[tuple[float, float]] | None:
     """Each data-parallel task's exposed communication over its predicted step and its signed
     error (tensor-parallel tasks are not in a transformer run's `tasks`; a DLRM's have no
     `exposed_comm_ms`)."""
-    pairs = [
-        (t["exposed_comm_ms"] / t["predicted_ms"], (t["predicted_ms"] - t["measured_ms"]) / t["measured_ms"])
-        for t in data.get("tasks") or []
-        if t.get("exposed_comm_ms") is not None and t.get("predicted_ms")
-    ]
-    return pairs or None
+    rows = [t for t in data.get("tasks") or [] if t.get("exposed_comm_ms") is not None and t.get("predicted_ms")]
+    shares = [t["exposed_comm_ms"] / t["predicted_ms"] for t in rows]
+    return list(zip(shares, map(float, signed_errors(rows)))) or None
 
 
 def lean_by_exposed(runs: list[Run]) -> dict[str, dict]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Sequence
 
 DDP_FIRST_BUCKET_BYTES = 1 * 2**20
+GRADIENT_REDUCE = "ddp_all_reduce"  # the name each bucket's all-reduce in a graph starts with
 DDP_BUCKET_BYTES = 25 * 2**20
 
 

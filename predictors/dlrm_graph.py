@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
-from predictors.ddp_buckets import DDP_BUCKET_BYTES, BucketFill, ddp_buckets
+from predictors.ddp_buckets import DDP_BUCKET_BYTES, GRADIENT_REDUCE, BucketFill, ddp_buckets
 from predictors.graph import ExecutionGraph, GraphOp
 from probes.vocabulary.jobspec import JobSpec, TableShape
 from probes.vocabulary.ops import elementwise_params, gemm_params, memcpy_params
@@ -299,7 +299,9 @@ def _dense_backward(g: _RankBuilder, x: _Layout, prev: int) -> tuple[list[int], 
             ar = {"bytes": size, "world": x.spec.world_size, "scope": x.scope}
             reduces.append(
                 g.add(
-                    GraphOp(f"ddp_all_reduce{len(reduces)}", "collective", "all_reduce", ar, "comm", [filled], x.group)
+                    GraphOp(
+                        f"{GRADIENT_REDUCE}{len(reduces)}", "collective", "all_reduce", ar, "comm", [filled], x.group
+                    )
                 )
             )
         if li == x.n_bottom:

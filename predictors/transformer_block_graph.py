@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from predictors.ddp_buckets import BucketFill
+from predictors.ddp_buckets import GRADIENT_REDUCE, BucketFill
 from predictors.dlrm_graph import FLOAT
 from predictors.graph import GraphOp
 from probes.vocabulary.ops import element_bytes, elementwise_params, gemm_params, memcpy_params
@@ -173,9 +173,6 @@ def block_forward(g: RankOps, x: BlockSizes, p: str, waits: int | None = None) -
     g.linear_forward(p + "fc1", T, 4 * local, H, "addmm", bias=True, float32_input=True)
     g.elementwise(p + "gelu", "gelu", T, 4 * local, low=True)
     g.row_parallel_output(p + "fc2", 4 * local, x.bias, x.dropout, residual)
-
-
-GRADIENT_REDUCE = "ddp_all_reduce"  # the name each of DDP's gradient all-reduces starts with
 
 
 class DdpBuckets:

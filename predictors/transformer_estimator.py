@@ -12,6 +12,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from predictors.ddp_buckets import GRADIENT_REDUCE
 from predictors.evaluation import ErrorStats, error_stats
 from predictors.graph import ExecutionGraph, GraphOp
 from predictors.kernel_classes import KERNEL_CLASSES, busiest_rank
@@ -19,7 +20,6 @@ from predictors.memory import MemoryEstimate
 from predictors.opmodels import fit_step_overhead, step_metrics
 from predictors.performance_model import PerformanceModel
 from predictors.simulator import CostFn, SimResult, model_cost, model_cpu_overhead, simulate
-from predictors.transformer_block_graph import GRADIENT_REDUCE
 from predictors.transformer_graph import build_transformer_graph, is_transfer
 from predictors.transformer_memory import transformer_memory
 from probes.vocabulary.ops import TRANSFORMER_OVERHEAD_OP, TRANSFORMER_STEP_OP
@@ -57,7 +57,7 @@ OVERHEAD_FEATURES = ["one", "ops", "collectives", *KERNEL_CLASSES]
 # which its reducer launches as buckets fill, beside the backward. One cost per collective is
 # set by the steps with many (a TP or FSDP step issues 8-24, at 0.5-0.9 ms each on 12-05's
 # calibrations) and lent to a plain data-parallel step's one or two all-reduces, whose price is
-# then a third of a 3 ms step: the small data-parallel stacks are priced 6-9% high on their own
+# then a quarter of a 3.5 ms step: the small data-parallel stacks are priced 6-9% high on their own
 # steps (`benchmarks/transformer_step_lean.py`). Judged as the others on the twelve newest
 # cycles (12-06, `transformer_overhead_refit_collectives.json`) by criteria written first: the
 # split took the DP steps' own lean from +3.0% to +1.1% and the DP runs' geomean by -0.4 points
@@ -89,6 +89,19 @@ def is_gradient_reduce(op: GraphOp) -> bool:
     return op.kind == "collective" and op.name.startswith(GRADIENT_REDUCE)
 
 
+def collective_counts(rank: Sequence[GraphOp]) -> tuple[int, int]:
+    """One rank's group collectives (a pipeline's transfers are not): the layout's own, and
+    DDP's gradient all-reduces."""
+    own = reduces = 0
+    for op in rank:
+        if op.kind == "collective" and not is_transfer(op):
+            if is_gradient_reduce(op):
+                reduces += 1
+            else:
+                own += 1
+    return own, reduces
+
+
 def overhead_params(
     spec: TransformerSpec, graph: ExecutionGraph, kernels_s: float, cost: CostFn | None = None
 ) -> dict[str, float]:
@@ -96,17 +109,13 @@ def overhead_params(
     fitted before read, and the candidates `CANDIDATE_FEATURES`); with `cost`,
     the busiest rank's kernels by class (`kernel_classes`)."""
     ops = max(sum(1 for o in rank if o.params) for rank in graph.ranks)
-    collectives = max(sum(1 for o in rank if o.kind == "collective" and not is_transfer(o)) for rank in graph.ranks)
-    reduces = max(sum(1 for o in rank if is_gradient_reduce(o)) for rank in graph.ranks)
+    own, reduces = zip(*(collective_counts(rank) for rank in graph.ranks))
     counts: dict[str, float] = {
         "layers": spec.layers,
         "ops": ops,
-        "collectives": collectives,
-        "layout_collectives": max(
-            sum(1 for o in rank if o.kind == "collective" and not is_transfer(o) and not is_gradient_reduce(o))
-            for rank in graph.ranks
-        ),
-        "gradient_reduces": reduces,
+        "collectives": max(o + r for o, r in zip(own, reduces)),
+        "layout_collectives": max(own),
+        "gradient_reduces": max(reduces),
         "kernels_s": kernels_s,
         "layout_work": layout_work(spec),
         "wrapped_passes": wrapped_passes(spec),
