@@ -27,19 +27,9 @@ are heavy tailed: most calls run near their isolated time and a few stall for mi
 (a backend thread waiting for a core, a rank late to the rendezvous). A step adds several
 collectives up, and the expected sum is the sum of the means: calibrations of issue #26 had
 in-step/isolated ratios with medians of 1.1 (all-to-all) and 1.5-2.6 (all-reduce) but means
-of 2.6-3.2, and the typical-call factor left every small-batch step short. So it is fitted to
-the seconds, not their logs, and judged on what the simulator sums: the held-out collectives'
-total time.
-
-It is a line, not a ratio: in-step = slope x isolated + a stall per call (`fit_line`). What a
-step adds to a collective is mostly a stall per call (a core to wait for, a rank to meet),
-which a ratio prices only at the sizes it was learned on. A DLRM step's all-reduces are all
-small, a transformer's mostly layout all-reduces of a few megabytes: a ratio learned there
-priced a data-parallel step's one large gradient all-reduce at 2.4x its isolated time where
-the captured steps ran it at about 1.2x (the 12-06 01:17 calibration of #26, whose smallest
-data-parallel stacks were predicted 16-24% long). The least-squares line keeps the ratio's
-sum (its residuals add to zero while the stall is free), and its slope is held at 1 or more:
-inside a step a collective moves its bytes no faster than alone.
+of 2.6-3.2, and the typical-call factor left every small-batch step short. So the factor is
+the ratio of the summed in-step times to the summed isolated prices (per collective op), and
+it is judged on what the simulator sums: the held-out collectives' total time.
 """
 
 from __future__ import annotations
@@ -48,9 +38,8 @@ from collections import defaultdict
 from typing import Any, Sequence
 
 import numpy as np
-from scipy.optimize import lsq_linear
 
-from predictors.context_model import CLIP, MIN_ROWS
+from predictors.context_model import CLIP, MIN_ROWS, ContextFactorModel
 from predictors.dlrm_graph import build_dlrm_graph
 from predictors.evaluation import error_stats, split_by_op
 from predictors.graph import GraphOp
@@ -65,7 +54,6 @@ from probes.vocabulary.transformer_spec import TransformerSpec
 # A traced kind the graph's op may run as: gloo has no reduce-scatter of its own and runs
 # `reduce_scatter_single` as an all-reduce.
 RUNS_AS = {"reduce_scatter": {"reduce_scatter", "all_reduce"}}
-SLOPE_FLOOR = 1.0  # a collective inside a step moves its bytes no faster than alone
 
 
 def collective_pairs(model: PerformanceModel, step_rows: Sequence[Measurement]) -> dict[str, list[tuple[float, float]]]:
@@ -114,13 +102,14 @@ def learn_collective_factors(
     model is left as it is: `predictors.step_fit.fit_steps` decides what it keeps."""
     train, test = split_by_op(step_rows, seed)
     fitted = collective_pairs(model, train)
-    lines = {op: fit_line(np.asarray(v)) for op, v in sorted(fitted.items()) if len(v) >= MIN_ROWS}
-    if not lines:
+    learned = ContextFactorModel()
+    for op, v in sorted(fitted.items()):
+        if len(v) >= MIN_ROWS:
+            learned.factors[op], learned.counts[op] = mean_ratio(np.asarray(v)), len(v)
+    if not learned.counts:
         return None
-    factors, adds = {op: f for op, (f, _) in lines.items()}, {op: a for op, (_, a) in lines.items()}
-    counts = {op: len(fitted[op]) for op in lines}
     held = [(op, iso, s) for op, v in collective_pairs(model, test).items() for iso, s in v]
-    priced = np.asarray([factors.get(op, 1.0) * iso + adds.get(op, 0.0) for op, iso, _ in held])
+    priced = np.asarray([learned.in_step(op, iso) for op, iso, _ in held])
     isolated = np.asarray([iso for _, iso, _ in held])
     measured = np.asarray([s for _, _, s in held])
     stats = error_stats(np.abs(priced - measured) / measured).to_dict()
@@ -128,27 +117,16 @@ def learn_collective_factors(
     stats["total_error"] = total_error(priced, measured)
     stats["baseline_total_error"] = total_error(isolated, measured)
     stats["n_train"] = sum(len(v) for v in fitted.values())
-    stats["factors"], stats["adds"], stats["counts"] = factors, adds, counts
+    stats["factors"], stats["counts"] = dict(learned.factors), dict(learned.counts)
     stats["borne_out"] = bool(held) and stats["total_error"] < stats["baseline_total_error"]
     return stats
 
 
-def fit_line(pairs: np.ndarray) -> tuple[float, float]:
-    """(slope, seconds added per call) of in-step against isolated time over `pairs` (rows of
-    (isolated, in-step)), least squares on the seconds: the line whose priced total matches the
-    measured total while the stall is free. The slope lies in [1, CLIP's top] (a step slows a
-    collective, it does not speed it) and the stall is not negative; calls of one size leave
-    the slope to the ratio of their sums (clipped as every in-step factor is)."""
-    isolated, in_step = pairs[:, 0], pairs[:, 1]
-    if np.ptp(isolated) <= 1e-12 * isolated.max():
-        return float(np.clip(in_step.sum() / isolated.sum(), *CLIP)), 0.0
-    scale = float(np.median(isolated))  # fit the stall in units of a typical call: well conditioned
-    fit = lsq_linear(
-        np.column_stack([isolated, np.full_like(isolated, scale)]),
-        in_step,
-        bounds=([SLOPE_FLOOR, 0.0], [CLIP[1], np.inf]),
-    )
-    return float(fit.x[0]), float(fit.x[1] * scale)
+def mean_ratio(pairs: np.ndarray) -> float:
+    """Summed in-step seconds over summed isolated prices (`pairs`: rows of (isolated,
+    in-step)): the factor whose priced total matches the measured total, clipped as every
+    in-step factor is."""
+    return float(np.clip(pairs[:, 1].sum() / pairs[:, 0].sum(), *CLIP))
 
 
 def total_error(priced: np.ndarray, measured: np.ndarray) -> float:

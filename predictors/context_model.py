@@ -11,10 +11,9 @@ every size.
 Both terms are fitted on log time with a soft-L1 loss, robust to the few ops a busy step
 stretches by scheduling; factor in [0.5, 8], add_s >= 0. Fitted on a seeded split and scored
 on the held-out rows against the isolated model alone (the baseline). An op never seen in a
-step keeps factor 1, add 0. A workload may have factors and adds of its own (`by_workload`,
-`workload_adds`: the collectives' lines, learned from that workload's captured steps and kept
-where its whole steps bear them out, `predictors.step_fit.fit_steps`); an op some workload
-prices so is priced as in isolation
+step keeps factor 1, add 0. A workload may have factors of its own (`by_workload`: the
+collectives', learned from that workload's captured steps and kept where its whole steps bear
+them out, `predictors.step_fit.fit_steps`); an op some workload prices so is priced as in isolation
 in a step of any other workload. Stored as plain JSON like every other model.
 """
 
@@ -46,7 +45,6 @@ class ContextFactorModel(OpModel):
         # workload -> op -> its steps' own factor (the collectives'); such an op prices no
         # other workload's step
         self.by_workload: dict[str, dict[str, float]] = {}
-        self.workload_adds: dict[str, dict[str, float]] = {}  # workload -> op -> seconds added a call
         self.workload_counts: dict[str, dict[str, int]] = {}
 
     def fit_against(self, rows: Sequence[Measurement], isolated: Any) -> "ContextFactorModel":
@@ -63,7 +61,7 @@ class ContextFactorModel(OpModel):
             if predicted > 0:
                 pairs[op].append((predicted, r.median_s))
         self.factors, self.adds, self.counts = {}, {}, {}
-        self.by_workload, self.workload_adds, self.workload_counts = {}, {}, {}
+        self.by_workload, self.workload_counts = {}, {}
         for op, v in pairs.items():
             if len(v) >= MIN_ROWS:
                 self.factors[op], self.adds[op] = fit_affine(np.asarray(v))
@@ -73,16 +71,12 @@ class ContextFactorModel(OpModel):
     def fit(self, rows: Sequence[Measurement]) -> "ContextFactorModel":
         raise TypeError("ContextFactorModel is fitted against a bundle: use fit_context_factors")
 
-    def set_workload(
-        self, workload: str, factors: dict[str, float], counts: dict[str, int], adds: dict[str, float] | None = None
-    ) -> None:
-        """`workload`'s own factors and seconds added per call (none: ratios; replacing any it had)."""
+    def set_workload(self, workload: str, factors: dict[str, float], counts: dict[str, int]) -> None:
+        """`workload`'s own factors (replacing any it had)."""
         self.by_workload[workload], self.workload_counts[workload] = dict(factors), dict(counts)
-        self.workload_adds[workload] = {op: add for op, add in (adds or {}).items() if op in factors}
 
     def drop_workload(self, workload: str) -> None:
         self.by_workload.pop(workload, None)
-        self.workload_adds.pop(workload, None)
         self.workload_counts.pop(workload, None)
 
     def owned(self, op: str) -> bool:
@@ -100,11 +94,7 @@ class ContextFactorModel(OpModel):
         return self.factors.get(op, 1.0)
 
     def add_s(self, op: str, workload: str | None = None) -> float:
-        """Seconds added per call in a step of `workload`: its own (the collectives' stall per
-        call), none for an op another workload owns, else the kernels'."""
-        own = self.by_workload.get(workload or "", {})
-        if op in own:
-            return self.workload_adds.get(workload or "", {}).get(op, 0.0)
+        """Seconds added per call: the kernels' only (a workload's own factors add none)."""
         return 0.0 if self.owned(op) else self.adds.get(op, 0.0)
 
     def in_step(self, op: str, isolated_s: float, workload: str | None = None) -> float:
@@ -131,7 +121,6 @@ class ContextFactorModel(OpModel):
             "adds": self.adds,
             "counts": self.counts,
             "by_workload": self.by_workload,
-            "workload_adds": self.workload_adds,
             "workload_counts": self.workload_counts,
         }
 
@@ -142,8 +131,6 @@ class ContextFactorModel(OpModel):
         model.adds = {k: float(v) for k, v in data.get("adds", {}).items()}  # older bundles: ratios only
         model.counts = {k: int(v) for k, v in data.get("counts", {}).items()}
         model.by_workload = {w: {k: float(v) for k, v in f.items()} for w, f in data.get("by_workload", {}).items()}
-        # bundles before 12-06: a workload's own factors were ratios, adding nothing a call
-        model.workload_adds = {w: {k: float(v) for k, v in a.items()} for w, a in data.get("workload_adds", {}).items()}
         model.workload_counts = {
             w: {k: int(v) for k, v in c.items()} for w, c in data.get("workload_counts", {}).items()
         }

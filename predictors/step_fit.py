@@ -107,7 +107,7 @@ def _judge_on_steps(
     isolated_scores = {w: model.metrics[STEP_OP_OF[w]] for w in steps}
     before, context = model.in_step, model.in_step if model.in_step is not None else ContextFactorModel()
     for workload, verdict in verdicts.items():
-        context.set_workload(workload, verdict["factors"], verdict["counts"], verdict.get("adds"))
+        context.set_workload(workload, verdict["factors"], verdict["counts"])
     model.in_step = context
     fit_step_overheads(model, steps.get("dlrm", []), steps.get("transformer", []), overhead_features)
     for workload, verdict in verdicts.items():
@@ -132,11 +132,7 @@ def in_step_verdict(stats: dict[str, Any]) -> str:
         verdict = stats.get(workload)
         if not verdict:
             continue
-        adds = verdict.get("adds") or {}
-        factors = ", ".join(
-            f"{op} {f:.2f}x" + (f" + {adds[op] * 1e3:.2f} ms" if adds.get(op) else "")
-            for op, f in sorted(verdict["factors"].items())
-        )
+        factors = ", ".join(f"{op} {f:.2f}x" for op, f in sorted(verdict["factors"].items()))
         if "kept" in verdict:
             verdicts.append(
                 f"{workload} ({factors}) {'kept' if verdict['kept'] else 'dropped'}: its steps left out in turn "
