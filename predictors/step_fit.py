@@ -138,7 +138,7 @@ def steps_bear_out(isolated_errors: Sequence[float], learned_errors: Sequence[fl
     (2.37x on every all-reduce) on 5.8% against 6.3%, and its run's small data-parallel
     stacks, whose one large gradient all-reduce it priced at 2.37x where the captured steps ran
     it at about 1.2x, came out 16-24% long."""
-    if not learned_errors or len(learned_errors) != len(isolated_errors):
+    if len(learned_errors) == 0 or len(learned_errors) != len(isolated_errors):
         return False
     floor = 1e-6  # an exact hit must not send a log to minus infinity
     return clearly_better(
