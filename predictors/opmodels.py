@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 from scipy.optimize import least_squares, nnls
 
-from predictors.evaluation import ErrorStats, error_stats, leave_one_out_errors
+from predictors.evaluation import ErrorStats, leave_one_out
 from predictors.features import feature_vector
 from predictors.kernel_classes import one_slowdown
 from probes.vocabulary.records import Measurement
@@ -202,7 +202,6 @@ def step_kernels(rows: Sequence[Measurement]) -> list[float]:
 class StepOverheadFit:
     model: "LinearCostModel"  # fitted on every step's residual, on the log of the whole step
     judged: ErrorStats  # each step predicted by an overhead fitted on the others (leave-one-out)
-    errors: list[float]  # each step's relative error so predicted, in the steps' order
 
 
 def fit_step_overhead(
@@ -234,8 +233,7 @@ def fit_step_overhead(
     `benchmarks/refit_e2e.py` at 45d5450 and now, README):
     on 6-14 steps the choice followed their noise, not the tasks."""
     fit = step_overhead_fitter(op, features, len(residuals))  # the left-out fits judge this same model
-    errors = leave_one_out_errors(residuals, kernels_s, [r.median_s for r in step_rows], fit)
-    return StepOverheadFit(fit(residuals), error_stats(errors), [float(e) for e in errors])
+    return StepOverheadFit(fit(residuals), leave_one_out(residuals, kernels_s, [r.median_s for r in step_rows], fit))
 
 
 def step_overhead_fitter(
@@ -260,7 +258,6 @@ def step_metrics(fitted: StepOverheadFit, baseline: ErrorStats) -> dict[str, Any
         "baseline_gmae": baseline.gmae,
         "n_train": fitted.judged.n,
         "judged": "leave-one-out",
-        "errors": fitted.errors,  # each step's, in order: what another fit of them is paired with
     }
 
 

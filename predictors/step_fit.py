@@ -6,14 +6,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping, Sequence
 
-import numpy as np
-
 from predictors.collective_context import learn_collective_factors
 from predictors.context_model import ContextFactorModel
 from predictors.dlrm_estimator import OVERHEAD_FEATURES as DLRM_OVERHEAD_FEATURES
 from predictors.dlrm_estimator import fit_overhead
-from predictors.evaluation import clearly_better
-from predictors.learned_model import CHOICE_SE
 from predictors.opmodels import SPARE_ROWS
 from predictors.performance_model import PerformanceModel
 from predictors.transformer_estimator import OVERHEAD_FEATURES as TRANSFORMER_OVERHEAD_FEATURES
@@ -27,7 +23,6 @@ STEP_WORKLOADS = {DLRM_STEP_OP: "dlrm", TRANSFORMER_STEP_OP: "transformer"}  # w
 STEP_OP_OF = {workload: op for op, workload in STEP_WORKLOADS.items()}
 OVERHEAD_FEATURES = {"dlrm": DLRM_OVERHEAD_FEATURES, "transformer": TRANSFORMER_OVERHEAD_FEATURES}
 OverheadFeatures = Mapping[str, Sequence[str]]  # workload -> what its step overhead is fitted on
-KEEP_SE = CHOICE_SE  # how clearly the steps must bear a workload's in-step factors out (`steps_bear_out`)
 
 
 def fit_steps(
@@ -52,8 +47,8 @@ def fit_steps(
     of #26 the transformer's steps left out in turn were 15.4% off with a factor learned from
     DLRM steps, 8.1% without). So each workload's overhead is fitted at the isolated prices
     and again on its proposed factors, which it keeps (`ContextFactorModel.by_workload`) only
-    when its steps, each left out in turn, come out clearly closer with them
-    (`steps_bear_out`; else the isolated prices). A workload's overhead is fitted on its own steps alone and its factors
+    when its steps, each left out in turn, come out closer with them (a tie keeps the
+    isolated prices). A workload's overhead is fitted on its own steps alone and its factors
     price no other workload's step, so each verdict leaves the other's fit as it is.
 
     The DLRM's factors and overhead rest on its task-shaped steps (`task_shaped_steps`)."""
@@ -107,8 +102,7 @@ def _judge_on_steps(
     overhead_features: OverheadFeatures,
 ) -> None:
     """Refit each proposed workload's overhead on its factors and keep them where its steps,
-    each left out in turn, come out clearly closer than at the isolated prices (fitted
-    already; `steps_bear_out`)."""
+    each left out in turn, come out closer than at the isolated prices (fitted already)."""
     isolated_overheads = dict(model.step_overheads)
     isolated_scores = {w: model.metrics[STEP_OP_OF[w]] for w in steps}
     before, context = model.in_step, model.in_step if model.in_step is not None else ContextFactorModel()
@@ -118,32 +112,15 @@ def _judge_on_steps(
     fit_step_overheads(model, steps.get("dlrm", []), steps.get("transformer", []), overhead_features)
     for workload, verdict in verdicts.items():
         op = STEP_OP_OF[workload]
-        learned, isolated = model.metrics[op], isolated_scores[workload]
-        verdict["steps_gmae"], verdict["baseline_steps_gmae"] = learned["gmae"], isolated["gmae"]
-        verdict["kept"] = steps_bear_out(isolated.get("errors") or [], learned.get("errors") or [])
+        learned, isolated = model.metrics[op]["gmae"], isolated_scores[workload]["gmae"]
+        verdict["steps_gmae"], verdict["baseline_steps_gmae"] = learned, isolated
+        verdict["kept"] = bool(learned < isolated)
         if not verdict["kept"]:
             context.drop_workload(workload)
             model.step_overheads[workload] = isolated_overheads[workload]
             model.metrics[op] = isolated_scores[workload]
     if before is None and not context.by_workload:
         model.in_step = None  # nothing was kept and the bundle had no in-step factors
-
-
-def steps_bear_out(isolated_errors: Sequence[float], learned_errors: Sequence[float]) -> bool:
-    """Whether the same steps, each left out in turn, come out clearly closer with a
-    workload's in-step factors than at the isolated prices: their paired log errors gain more
-    than `KEEP_SE` standard errors (`evaluation.clearly_better`), as a learned kernel model
-    must beat its plain one. A lower GMAE alone used to keep them, and on 12-24 steps that
-    followed the steps' noise: the 12-06 01:17 calibration of #26 kept the transformer's
-    (2.37x on every all-reduce) on 5.8% against 6.3%, and its run's small data-parallel
-    stacks, whose one large gradient all-reduce it priced at 2.37x where the captured steps ran
-    it at about 1.2x, came out 16-24% long."""
-    if len(learned_errors) == 0 or len(learned_errors) != len(isolated_errors):
-        return False
-    floor = 1e-6  # an exact hit must not send a log to minus infinity
-    return clearly_better(
-        np.log(np.maximum(isolated_errors, floor)), np.log(np.maximum(learned_errors, floor)), KEEP_SE
-    )
 
 
 def in_step_verdict(stats: dict[str, Any]) -> str:
@@ -160,7 +137,6 @@ def in_step_verdict(stats: dict[str, Any]) -> str:
             verdicts.append(
                 f"{workload} ({factors}) {'kept' if verdict['kept'] else 'dropped'}: its steps left out in turn "
                 f"{verdict['steps_gmae']:.1%} with them, {verdict['baseline_steps_gmae']:.1%} without"
-                + ("" if verdict["kept"] else " (kept only when clearly closer)")
             )
         else:  # the collectives' totals did not bear them out: no step was priced on them
             verdicts.append(
