@@ -18,6 +18,11 @@ each cycle's below-steps bundle there (plain JSON, `PerformanceModel.save`) and 
 there next time: a fit is 15-30 minutes on 2 cores, a step stage seconds.
 
 Writes benchmarks/results/overhead_feature_<FEATURE>.json.
+
+    .venv/bin/python benchmarks/overhead_feature_refit.py pair BEFORE.json AFTER.json
+
+pairs two such outputs written by two codes on the same cycles (`pair_outputs`): the default
+fits' change in the DLRM runs' figures, nothing refitted.
 """
 
 from __future__ import annotations
@@ -210,9 +215,59 @@ def paired(cycles: list[dict], key: str) -> dict:
     return {"mean_change": float(changes.mean()), "interval": interval, "cycles": len(changes)}
 
 
+def default_arm(feature: str) -> str:
+    """The arm of a run that is the default fit: "with" a default feature, "without" a candidate."""
+    return "with" if feature in dlrm_estimator.OVERHEAD_FEATURES else "without"
+
+
+def pair_outputs(before: dict, after: dict) -> dict:
+    """Two outputs of this benchmark written by two codes on the same cycles (and bundles):
+    their default fits' change, cycle by cycle matched by their rows' file, as the mean change
+    with its interval of the run's geomean, worst and |mean signed| error and of the steps left
+    out in turn, and the cycles meeting #26's bars each way. How a change below the overhead
+    (a step-stage rule, the in-step factors) is judged on the DLRM runs."""
+
+    def key(cycle: dict) -> str:  # the rows may have been named from another directory
+        return "/".join(cycle["rows"].split("/")[-2:])
+
+    earlier = {key(c): c[default_arm(before["feature"])] for c in before["cycles"]}
+    pairs = [(earlier[key(c)], c[default_arm(after["feature"])]) for c in after["cycles"] if key(c) in earlier]
+    figures = {
+        "geomean_error": lambda arm: arm["geomean_error"],
+        "max_error": lambda arm: arm["max_error"],
+        "abs_mean_signed_error": lambda arm: abs(arm["mean_signed_error"]),
+        "steps_left_out_gmae": lambda arm: arm["steps_left_out_gmae"],
+    }
+    out: dict = {}
+    for name, of in figures.items():
+        changes = np.array([of(b) - of(a) for a, b in pairs if of(a) is not None and of(b) is not None])
+        interval = list(mean_interval(changes)) if len(changes) >= 2 else None
+        out[name] = {"mean_change": float(changes.mean()), "interval": interval, "cycles": len(changes)}
+    out["bars_met"] = [sum(a["met"] for a, _ in pairs), sum(b["met"] for _, b in pairs)]
+    return out
+
+
+def print_pairing(paired_figures: dict) -> None:
+    for name, row in paired_figures.items():
+        if name == "bars_met":
+            print(f"bars met: {row[0]} -> {row[1]}")
+            continue
+        ci = row["interval"]
+        span = f" [{ci[0]:+.2%}, {ci[1]:+.2%}]" if ci else ""
+        print(f"{name}: after - before {row['mean_change']:+.2%}{span} over {row['cycles']} cycles")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     features = [f for f in dlrm_estimator.OVERHEAD_FEATURES if f != "one"] + dlrm_estimator.CANDIDATE_FEATURES
+    if sys.argv[1:2] == ["pair"]:  # two stored outputs, nothing fitted
+        pairing = argparse.ArgumentParser(description=pair_outputs.__doc__)
+        pairing.add_argument("pair")
+        pairing.add_argument("before", type=Path)
+        pairing.add_argument("after", type=Path)
+        named = pairing.parse_args()
+        print_pairing(pair_outputs(json.loads(named.before.read_text()), json.loads(named.after.read_text())))
+        return
     parser.add_argument("feature", choices=features)
     add_cycle_arguments(parser)
     args = parser.parse_args()

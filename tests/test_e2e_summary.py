@@ -432,3 +432,44 @@ def test_transformer_overhead_refit_pairs_the_default_with_another_codes_on_the_
     assert changes["abs_mean_signed_error"]["mean_change"] == pytest.approx(-0.01)
     assert changes["tp_geomean_error"] == {"mean_change": pytest.approx(-0.03), "interval": None, "cycles": 1}
     assert changes["bars_met"] == [1, 2]  # the cycle only one side judged is left out
+
+
+def test_two_codes_outputs_are_paired_cycle_by_cycle_on_their_default_fits():
+    from benchmarks.overhead_feature_refit import pair_outputs
+
+    def arm(geomean: float, signed: float, steps: float, met: bool) -> dict:
+        return {
+            "geomean_error": geomean,
+            "max_error": 2 * geomean,
+            "mean_signed_error": signed,
+            "steps_left_out_gmae": steps,
+            "met": met,
+        }
+
+    def output(feature: str, arms: dict[str, dict], other: dict) -> dict:
+        default = "with" if feature == "tables_total" else "without"
+        cycles = [
+            {
+                "rows": f"/elsewhere/e2e_issue26_x/measurements_{k}.jsonl.gz",
+                default: a,
+                ("without" if default == "with" else "with"): other,
+            }
+            for k, a in arms.items()
+        ]
+        return {"feature": feature, "cycles": cycles}
+
+    junk = arm(9.0, 9.0, 9.0, False)  # the other arm: never read
+    before = output("tables_total", {"a": arm(0.05, -0.02, 0.05, True), "b": arm(0.08, 0.06, 0.06, False)}, junk)
+    # written by a candidate's run: its default fit is "without"; cycle c has no pair
+    after = output(
+        "memory_alongside_s",
+        {"a": arm(0.06, -0.04, 0.05, True), "b": arm(0.06, 0.04, 0.05, True), "c": arm(0.5, 0.5, 0.5, False)},
+        junk,
+    )
+    paired = pair_outputs(before, after)
+    assert paired["geomean_error"]["cycles"] == 2
+    assert paired["geomean_error"]["mean_change"] == pytest.approx(-0.005)
+    assert paired["abs_mean_signed_error"]["mean_change"] == pytest.approx(0.0)  # 0.02 -> 0.04, 0.06 -> 0.04
+    assert paired["steps_left_out_gmae"]["mean_change"] == pytest.approx(-0.005)
+    assert paired["max_error"]["interval"] is not None
+    assert paired["bars_met"] == [1, 2]
