@@ -40,7 +40,6 @@ from typing import Any, Sequence
 import numpy as np
 
 from predictors.context_model import CLIP, MIN_ROWS, ContextFactorModel
-from predictors.ddp_buckets import GRADIENT_REDUCE
 from predictors.dlrm_graph import build_dlrm_graph
 from predictors.evaluation import error_stats, split_by_op
 from predictors.graph import GraphOp
@@ -70,8 +69,6 @@ def collective_pairs(model: PerformanceModel, step_rows: Sequence[Measurement]) 
             if not _matches(collectives, step):
                 continue
             for op, (_, seconds) in zip(collectives, step):
-                if op.name.startswith(GRADIENT_REDUCE):  # priced at its isolated time (trial)
-                    continue
                 if op.op in model.models and seconds > 0:
                     pairs[op.op].append((model.predict_params(op.op, op.params), float(seconds)))
     return pairs

@@ -28,7 +28,6 @@ from collections import defaultdict, deque
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from predictors.ddp_buckets import GRADIENT_REDUCE
 from predictors.graph import ExecutionGraph, GraphOp, is_comm_stream
 
 CostFn = Callable[[GraphOp], float]
@@ -308,12 +307,11 @@ def model_cost(
         if unpriced is not None and op.op not in model.models:
             unpriced.add(op.op)
             return 0.0
-        gradient = op.kind == "collective" and op.name.startswith(GRADIENT_REDUCE)
-        key = (in_context and not gradient, workload, op.op, frozen(op.params))
+        key = (in_context, workload, op.op, frozen(op.params))
         if key in priced:
             return priced[key]
         seconds = model.predict_params(op.op, op.params)
-        if context is not None and not gradient:  # kernels and layout collectives (collective_context.py)
+        if context is not None:  # kernels and collectives alike (predictors/collective_context.py)
             seconds = context.in_step(op.op, seconds, workload)
         priced[key] = seconds
         return seconds
