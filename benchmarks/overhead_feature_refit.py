@@ -35,8 +35,6 @@ import sys
 from pathlib import Path
 from typing import Callable, Iterator
 
-import numpy as np
-
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -46,7 +44,7 @@ from benchmarks.issue26_tally import meets_bars  # noqa: E402
 from benchmarks.refit_e2e import dlrm_predictions, read_rows, run_summary  # noqa: E402
 from predictors import dlrm_estimator  # noqa: E402
 from predictors.dlrm_estimator import estimate_step  # noqa: E402
-from predictors.evaluation import mean_interval  # noqa: E402
+from predictors.evaluation import mean_change  # noqa: E402
 from predictors.fit import fit_below_steps, fit_step_stage  # noqa: E402
 from predictors.kernel_classes import KERNEL_CLASSES  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
@@ -208,11 +206,9 @@ def print_large_steps(steps: list[dict], above_ms: float = 10.0) -> None:
             )
 
 
-def paired(cycles: list[dict], key: str) -> dict:
+def paired(cycles: list[dict], key: str) -> dict | None:
     """The mean change with / without the feature in `key` over the cycles, and its interval."""
-    changes = np.array([c["with"][key] - c["without"][key] for c in cycles])
-    interval = list(mean_interval(changes)) if len(changes) >= 2 else None
-    return {"mean_change": float(changes.mean()), "interval": interval, "cycles": len(changes)}
+    return mean_change([c["with"][key] - c["without"][key] for c in cycles])
 
 
 def default_arm(feature: str) -> str:
@@ -240,15 +236,15 @@ def pair_outputs(before: dict, after: dict) -> dict:
     }
     out: dict = {}
     for name, of in figures.items():
-        changes = np.array([of(b) - of(a) for a, b in pairs if of(a) is not None and of(b) is not None])
-        interval = list(mean_interval(changes)) if len(changes) >= 2 else None
-        out[name] = {"mean_change": float(changes.mean()), "interval": interval, "cycles": len(changes)}
+        out[name] = mean_change([of(b) - of(a) for a, b in pairs if of(a) is not None and of(b) is not None])
     out["bars_met"] = [sum(a["met"] for a, _ in pairs), sum(b["met"] for _, b in pairs)]
     return out
 
 
 def print_pairing(paired_figures: dict) -> None:
     for name, row in paired_figures.items():
+        if row is None:  # no cycle had the figure both ways
+            continue
         if name == "bars_met":
             print(f"bars met: {row[0]} -> {row[1]}")
             continue

@@ -43,7 +43,7 @@ from benchmarks.overhead_feature_refit import (  # noqa: E402
 )
 from benchmarks.refit_e2e import run_summary  # noqa: E402
 from predictors.dlrm_estimator import OVERHEAD_FEATURES, step_residuals  # noqa: E402
-from predictors.evaluation import leave_one_out_signed, mean_interval  # noqa: E402
+from predictors.evaluation import leave_one_out_signed, mean_change  # noqa: E402
 from predictors.kernel_classes import KERNEL_CLASSES  # noqa: E402
 from predictors.opmodels import LinearCostModel, step_overhead_fitter  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
@@ -105,11 +105,9 @@ def judge_cycle(rows_path: Path, models: Path | None) -> dict:
     return {"rows": shown_path(rows_path), **{fit: judge_fit(below, rows, result, fit == FITS[0]) for fit in FITS}}
 
 
-def paired_change(values: list[float]) -> dict:
+def paired_change(values: list[float]) -> dict | None:
     """The mean of task steps' less every step's figure over the cycles, with its interval."""
-    changes = np.asarray([v for v in values if v == v])  # a run without a batch size has none there
-    interval = list(mean_interval(changes)) if len(changes) >= 2 else None
-    return {"mean_change": float(changes.mean()), "interval": interval, "cycles": len(changes)}
+    return mean_change([v for v in values if v == v])  # a run without a batch size has none there
 
 
 def summarise(cycles: list[dict]) -> dict:
@@ -146,6 +144,8 @@ def main() -> None:
             print_fit(fit, cycle[fit])
     summary = summarise(cycles)
     for key, row in summary.items():
+        if row is None:  # a batch no cycle's both fits had
+            continue
         ci = row["interval"]
         span = f" [{ci[0]:+.1%}, {ci[1]:+.1%}]" if ci else ""
         print(f"{key}: task steps - every step {row['mean_change']:+.1%}{span} over {row['cycles']} cycles")

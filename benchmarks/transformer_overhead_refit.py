@@ -48,7 +48,7 @@ from benchmarks.overhead_feature_refit import run_of as shared_run_of  # noqa: E
 from benchmarks.overhead_feature_refit import stored_cycles as shared_stored_cycles  # noqa: E402
 from benchmarks.refit_e2e import read_rows, run_summary, transformer_predictions  # noqa: E402
 from benchmarks.transformer_step_lean import layout_family, signed_errors  # noqa: E402
-from predictors.evaluation import mean_interval  # noqa: E402
+from predictors.evaluation import mean_change  # noqa: E402
 from predictors.fit import fit_step_stage  # noqa: E402
 from predictors.kernel_classes import one_slowdown  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
@@ -131,14 +131,6 @@ def paired(cycles: list[dict], label: str, figure: str, kind: str = "data_parall
         if kind in c["variants"][label]
     ]
     return mean_change(changes)
-
-
-def mean_change(changes: list[float]) -> dict | None:
-    """Paired changes over cycles: their mean, its 95% interval (from two cycles) and the count."""
-    if not changes:
-        return None
-    interval = list(mean_interval(np.array(changes))) if len(changes) >= 2 else None
-    return {"mean_change": float(np.mean(changes)), "interval": interval, "cycles": len(changes)}
 
 
 def change_text(change: dict) -> str:

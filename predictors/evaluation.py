@@ -65,6 +65,17 @@ def mean_interval(values: np.ndarray) -> tuple[float, float]:
     return float(values.mean() - half), float(values.mean() + half)
 
 
+def mean_change(changes: Sequence[float] | np.ndarray) -> dict | None:
+    """Paired changes over cycles (one figure of two codes or fits, cycle by cycle): their
+    mean, its 95% interval (from two cycles) and the count, as the refit benchmarks report
+    them. None when there are none."""
+    values = np.asarray(changes, dtype=np.float64)
+    if len(values) == 0:
+        return None
+    interval = list(mean_interval(values)) if len(values) >= 2 else None
+    return {"mean_change": float(values.mean()), "interval": interval, "cycles": len(values)}
+
+
 def _exp_interval(logs: np.ndarray) -> tuple[float, float]:
     """exp of the 95% t-interval of the mean of `logs` (two or more values)."""
     low, high = mean_interval(logs)

@@ -473,3 +473,14 @@ def test_two_codes_outputs_are_paired_cycle_by_cycle_on_their_default_fits():
     assert paired["steps_left_out_gmae"]["mean_change"] == pytest.approx(-0.005)
     assert paired["max_error"]["interval"] is not None
     assert paired["bars_met"] == [1, 2]
+
+
+def test_paired_changes_give_their_mean_interval_and_count():
+    from predictors.evaluation import mean_change
+
+    assert mean_change([]) is None
+    assert mean_change([0.02]) == {"mean_change": pytest.approx(0.02), "interval": None, "cycles": 1}
+    change = mean_change(np.array([0.01, 0.03, 0.02]))
+    assert change["mean_change"] == pytest.approx(0.02) and change["cycles"] == 3
+    low, high = change["interval"]
+    assert low < 0.02 < high  # a t-interval around the mean over the cycles
