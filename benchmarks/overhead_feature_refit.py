@@ -211,6 +211,20 @@ def paired(cycles: list[dict], key: str) -> dict | None:
     return mean_change([c["with"][key] - c["without"][key] for c in cycles])
 
 
+def cycle_key(cycle: dict) -> str:
+    """A judged cycle's rows file as two outputs are matched by: its folder and name (the rows
+    may have been named from another directory)."""
+    return "/".join(cycle["rows"].split("/")[-2:])
+
+
+def change_text(change: dict, digits: int = 1) -> str:
+    """A paired change (`evaluation.mean_change`) as text: its mean and, from two cycles, its
+    interval, in percent to `digits` places."""
+    ci = change["interval"]
+    mean = f"{change['mean_change']:+.{digits}%}"
+    return mean + (f" [{ci[0]:+.{digits}%}, {ci[1]:+.{digits}%}]" if ci else "")
+
+
 def default_arm(feature: str) -> str:
     """The arm of a run that is the default fit: "with" a default feature, "without" a candidate."""
     return "with" if feature in dlrm_estimator.OVERHEAD_FEATURES else "without"
@@ -222,12 +236,10 @@ def pair_outputs(before: dict, after: dict) -> dict:
     with its interval of the run's geomean, worst and |mean signed| error and of the steps left
     out in turn, and the cycles meeting #26's bars each way. How a change below the overhead
     (a step-stage rule, the in-step factors) is judged on the DLRM runs."""
-
-    def key(cycle: dict) -> str:  # the rows may have been named from another directory
-        return "/".join(cycle["rows"].split("/")[-2:])
-
-    earlier = {key(c): c[default_arm(before["feature"])] for c in before["cycles"]}
-    pairs = [(earlier[key(c)], c[default_arm(after["feature"])]) for c in after["cycles"] if key(c) in earlier]
+    earlier = {cycle_key(c): c[default_arm(before["feature"])] for c in before["cycles"]}
+    pairs = [
+        (earlier[cycle_key(c)], c[default_arm(after["feature"])]) for c in after["cycles"] if cycle_key(c) in earlier
+    ]
     figures = {
         "geomean_error": lambda arm: arm["geomean_error"],
         "max_error": lambda arm: arm["max_error"],
@@ -248,9 +260,7 @@ def print_pairing(paired_figures: dict) -> None:
         if name == "bars_met":
             print(f"bars met: {row[0]} -> {row[1]}")
             continue
-        ci = row["interval"]
-        span = f" [{ci[0]:+.2%}, {ci[1]:+.2%}]" if ci else ""
-        print(f"{name}: after - before {row['mean_change']:+.2%}{span} over {row['cycles']} cycles")
+        print(f"{name}: after - before {change_text(row, 2)} over {row['cycles']} cycles")
 
 
 def main() -> None:
@@ -283,9 +293,7 @@ def main() -> None:
     summary = {key: paired(cycles, key) for key in ("geomean_error", "max_error", "mean_signed_error")}
     met = {label: sum(c[label]["met"] for c in cycles) for label in ("with", "without")}
     for key, row in summary.items():
-        ci = row["interval"]
-        span = f" [{ci[0]:+.1%}, {ci[1]:+.1%}]" if ci else ""
-        print(f"{key}: with - without {row['mean_change']:+.1%}{span} over {row['cycles']} cycles")
+        print(f"{key}: with - without {change_text(row)} over {row['cycles']} cycles")
     print(f"bars met: {met['with']} of {len(cycles)} with, {met['without']} without")
     named = " ".join(map(str, args.rows)) if args.rows else f"--last {args.last}"
     command = f"python benchmarks/overhead_feature_refit.py {args.feature} {named}"

@@ -35,6 +35,7 @@ from benchmarks.e2e_accuracy import geomean, signed_errors, tasks_by_batch, writ
 from benchmarks.issue26_tally import meets_bars  # noqa: E402
 from benchmarks.overhead_feature_refit import (  # noqa: E402
     add_cycle_arguments,
+    change_text,
     chosen_cycles,
     each_cycle,
     load_cycle,
@@ -146,9 +147,7 @@ def main() -> None:
     for key, row in summary.items():
         if row is None:  # a batch no cycle's both fits had
             continue
-        ci = row["interval"]
-        span = f" [{ci[0]:+.1%}, {ci[1]:+.1%}]" if ci else ""
-        print(f"{key}: task steps - every step {row['mean_change']:+.1%}{span} over {row['cycles']} cycles")
+        print(f"{key}: task steps - every step {change_text(row)} over {row['cycles']} cycles")
     met = {fit: sum(c[fit]["met"] for c in cycles) for fit in FITS}
     print(f"bars met: {met[FITS[1]]} of {len(cycles)} on task steps, {met[FITS[0]]} on every step")
     named = " ".join(map(str, args.rows)) if args.rows else f"--last {args.last}"

@@ -43,7 +43,15 @@ if str(REPO) not in sys.path:
 
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
 from benchmarks.issue26_tally import meets_bars  # noqa: E402
-from benchmarks.overhead_feature_refit import add_cycle_arguments, below_steps, chosen_cycles, each_cycle, shown_path  # noqa: E402
+from benchmarks.overhead_feature_refit import (  # noqa: E402
+    add_cycle_arguments,
+    below_steps,
+    change_text,
+    chosen_cycles,
+    cycle_key,
+    each_cycle,
+    shown_path,
+)
 from benchmarks.overhead_feature_refit import run_of as shared_run_of  # noqa: E402
 from benchmarks.overhead_feature_refit import stored_cycles as shared_stored_cycles  # noqa: E402
 from benchmarks.refit_e2e import read_rows, run_summary, transformer_predictions  # noqa: E402
@@ -133,21 +141,12 @@ def paired(cycles: list[dict], label: str, figure: str, kind: str = "data_parall
     return mean_change(changes)
 
 
-def change_text(change: dict) -> str:
-    ci = change["interval"]
-    return f"{change['mean_change']:+.1%}" + (f" [{ci[0]:+.1%}, {ci[1]:+.1%}]" if ci else "")
-
-
 def against(cycles: list[dict], before: dict) -> dict:
     """The default's change from `before` (this benchmark's JSON from other code, e.g. another
     graph) on the cycles both judged, matched by their rows' file: a paired comparison of two
     code versions on the same stored kernel rows and runs."""
-
-    def key(cycle: dict) -> str:  # the rows may have been named from another directory
-        return "/".join(cycle["rows"].split("/")[-2:])
-
-    earlier = {key(c): c["variants"][DEFAULT] for c in before["cycles"]}
-    pairs = [(earlier[key(c)], c["variants"][DEFAULT]) for c in cycles if key(c) in earlier]
+    earlier = {cycle_key(c): c["variants"][DEFAULT] for c in before["cycles"]}
+    pairs = [(earlier[cycle_key(c)], c["variants"][DEFAULT]) for c in cycles if cycle_key(c) in earlier]
 
     def change(of: Callable[[dict], float | None]) -> dict | None:
         values = [(of(a), of(b)) for a, b in pairs]
