@@ -263,20 +263,23 @@ def print_pairing(paired_figures: dict) -> None:
         print(f"{name}: after - before {change_text(row, 2)} over {row['cycles']} cycles")
 
 
+PAIR = "pair"  # FEATURE's other use: pair two stored outputs
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     features = [f for f in dlrm_estimator.OVERHEAD_FEATURES if f != "one"] + dlrm_estimator.CANDIDATE_FEATURES
-    if sys.argv[1:2] == ["pair"]:  # two stored outputs, nothing fitted
-        pairing = argparse.ArgumentParser(description=pair_outputs.__doc__)
-        pairing.add_argument("pair")
-        pairing.add_argument("before", type=Path)
-        pairing.add_argument("after", type=Path)
-        named = pairing.parse_args()
-        print_pairing(pair_outputs(json.loads(named.before.read_text()), json.loads(named.after.read_text())))
-        return
-    parser.add_argument("feature", choices=features)
+    parser.add_argument(
+        "feature", choices=[*features, PAIR], help=f"a feature to judge, or {PAIR} with two outputs as ROWS"
+    )
     add_cycle_arguments(parser)
     args = parser.parse_args()
+    if args.feature == PAIR:  # two stored outputs, nothing fitted
+        if len(args.rows) != 2:
+            parser.error(f"{PAIR} takes two of this benchmark's outputs: BEFORE.json AFTER.json, got {len(args.rows)}")
+        before, after = (json.loads(path.read_text()) for path in args.rows)
+        print_pairing(pair_outputs(before, after))
+        return
     cycles = []
     for cycle in each_cycle(chosen_cycles(args), lambda path: judge_cycle(path, args.feature, args.models)):
         cycles.append(cycle)
