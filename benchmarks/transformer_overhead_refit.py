@@ -81,6 +81,8 @@ VARIANTS: dict[str, list[str]] = {
     ],
     # the layout's own collectives counted, DDP's left to the collective kernels' slowdown
     "layout collectives": [f if f != "collectives" else "layout_collectives" for f in OVERHEAD_FEATURES],
+    # the kernels' collective slowdown on the layout's own collectives only, DDP's at their simulated time
+    "layout collective_s": [f if f != "collective_s" else "layout_collective_s" for f in OVERHEAD_FEATURES],
 }
 RUN_FIGURES = ("geomean_error", "max_error", "mean_signed_error")
 

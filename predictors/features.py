@@ -61,6 +61,8 @@ FEATURES: dict[str, Callable[[Params], float]] = {
     "gemm_s": lambda p: float(p["gemm_s"]),
     "memory_s": lambda p: float(p["memory_s"]),
     "collective_s": lambda p: float(p["collective_s"]),
+    # of those, the layout's own (a transformer's: DDP's gradient all-reduces left out)
+    "layout_collective_s": lambda p: float(p["layout_collective_s"]),
     # of the memory-bound time, what the node's other ranks run beside it (a shared memory system)
     "memory_alongside_s": lambda p: float(p["memory_alongside_s"]),
 }

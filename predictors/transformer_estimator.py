@@ -15,7 +15,7 @@ import numpy as np
 from predictors.ddp_buckets import GRADIENT_REDUCE
 from predictors.evaluation import ErrorStats, error_stats
 from predictors.graph import ExecutionGraph, GraphOp
-from predictors.kernel_classes import KERNEL_CLASSES, busiest_rank
+from predictors.kernel_classes import COLLECTIVE, KERNEL_CLASSES, busiest_rank
 from predictors.memory import MemoryEstimate
 from predictors.opmodels import fit_step_overhead, step_metrics
 from predictors.performance_model import PerformanceModel
@@ -63,7 +63,12 @@ OVERHEAD_FEATURES = ["one", "ops", "collectives", *KERNEL_CLASSES]
 # split took the DP steps' own lean from +3.0% to +1.1% and the DP runs' geomean by -0.4 points
 # [-1.2, +0.3], but the steps left out in turn rose 5.6% -> 6.4% (DDP's count took a cost in 3
 # of 12 fits, so leaving it to the kernels' slowdown is the same verdict): not in the default.
-CANDIDATE_FEATURES = ["layout_work", "wrapped_passes", "layout_collectives", "gradient_reduces"]
+# `layout_collective_s`: the busiest rank's collective seconds (`collective_s`) less its DDP
+# gradient all-reduces'. The overhead's `collective_s` coefficient (0-2.58 over 18 stored
+# cycles, README 12-06 06:35) is set mostly by TP's and FSDP's blocking collectives and lent to a
+# data-parallel step's gradient all-reduces, which run beside the backward: on a synchronous
+# device the simulation already charges both, so a large bucket is priced several times over.
+CANDIDATE_FEATURES = ["layout_work", "wrapped_passes", "layout_collectives", "gradient_reduces", "layout_collective_s"]
 
 
 def layout_work(spec: TransformerSpec) -> float:
@@ -121,7 +126,10 @@ def overhead_params(
         "wrapped_passes": wrapped_passes(spec),
     }
     if cost is not None:
-        counts.update(busiest_rank(graph.ranks, cost)[1])
+        busiest, classes = busiest_rank(graph.ranks, cost)
+        counts.update(classes)
+        reduces = [op for op in graph.ranks[busiest] if is_gradient_reduce(op)] if graph.ranks else []
+        counts["layout_collective_s"] = classes[COLLECTIVE] - sum(cost(op) for op in reduces)
     return counts
 
 

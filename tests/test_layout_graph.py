@@ -180,6 +180,24 @@ def test_the_collectives_count_splits_into_the_layouts_own_and_ddps_gradient_red
     assert own > 0 and reduces > 0
 
 
+def test_the_layouts_collective_seconds_leave_out_ddps_gradient_reduces():
+    """The candidate `layout_collective_s` is the busiest rank's collective seconds less DDP's
+    gradient all-reduces': none of a plain data-parallel step's, all of a TP step's on two ranks."""
+    from predictors.transformer_estimator import overhead_params
+
+    def seconds(world: int, **kw) -> tuple[float, float]:
+        s = spec(world=world, **kw)
+        p = overhead_params(s, build_transformer_graph(s, fold=True), 0.0, cost=lambda op: 1e-5)
+        return p["collective_s"], p["layout_collective_s"]
+
+    total, own = seconds(2)
+    assert total > 0 and own == 0
+    total, own = seconds(2, tensor_parallel=2)
+    assert own == total > 0
+    total, own = seconds(4, tensor_parallel=2)
+    assert 0 < own < total
+
+
 @pytest.mark.parametrize("kw", [dict(), dict(tensor_parallel=2), dict(pipeline_parallel=2, micro_batches=2)])
 def test_micro_batches_split_the_work_not_repeat_it(kw):
     """Every micro-batch's ops are sized for its share of the batch: the step's GEMM flops and
