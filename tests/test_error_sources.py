@@ -1,0 +1,61 @@
+"""Where a stored e2e run's error comes from (`benchmarks/error_sources.py`): the run's lean
+against its tasks' scatter, the measurement's share of that scatter, and prices re-anchored on
+a reading of the host's speed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from benchmarks.error_sources import Stored, Task, anchoring, bars, decomposition, load, median_noise
+
+
+def run(cycle: str, pairs: list[tuple[float, float]], drift: float | None = None, rounds: int = 3) -> Stored:
+    tasks = [Task(p, m, [m] * rounds) for p, m in pairs]
+    return Stored(cycle, tasks, drift, None, drift)
+
+
+def test_the_median_of_more_rounds_moves_less_and_one_round_moves_by_its_own_scatter():
+    assert median_noise(0.1, 1) == pytest.approx(0.1, rel=0.01)
+    three, five = median_noise(0.1, 3), median_noise(0.1, 5)
+    assert five < three < 0.1
+    assert three == pytest.approx(0.067, abs=0.002)  # the median of three normals: 0.67 of one's sd
+
+
+def test_a_lean_every_task_shares_is_told_from_the_scatter_about_it():
+    scatter = [(1.1, 1.0), (0.9, 1.0), (1.05, 1.0), (0.95, 1.0)]
+    leaning = [(p * 1.3, m) for p, m in scatter]
+    parts = decomposition([run("a", scatter), run("b", leaning)])
+    within = np.log([1.1, 0.9, 1.05, 0.95])
+    assert parts["lean_sd"] == pytest.approx(np.log(1.3) / np.sqrt(2), rel=0.05)
+    assert parts["within_sd"] == pytest.approx(np.sqrt(2 * np.sum((within - within.mean()) ** 2) / 6), rel=1e-6)
+    assert parts["round_sd"] == 0.0 and parts["model_within_sd"] == pytest.approx(parts["within_sd"])
+
+
+def test_prices_re_anchored_on_the_hosts_drift_meet_the_bars_only_where_the_drift_was_the_lean():
+    slower_host = run("a", [(10.0, 12.0), (20.0, 24.5), (5.0, 5.9)] * 4, drift=1.2)  # everything ran 20% slow
+    assert not bars(slower_host, 1.0)["met"]
+    assert bars(slower_host, 1.2)["met"]
+    misread = run("b", [(10.0, 10.2), (20.0, 19.8), (5.0, 5.1)] * 4, drift=1.2)  # a reading the run did not bear
+    verdict = anchoring([slower_host, misread])["first_steps"]
+    assert (verdict["met_as_priced"], verdict["met_anchored"], verdict["runs"]) == (1, 1, 2)
+
+
+def test_a_check_not_taken_before_the_first_round_is_not_a_plans_reading():
+    task = {"predicted_ms": 10.0, "measured_ms": 11.0, "measured_rounds_ms": [11.0, 10.5, 11.5]}
+    data = {
+        "tasks": [task, {**task, "tensor_parallel": 2}],
+        "step_checks": [{"label": "after round 1", "now_over_stored": 1.1}],
+        "host_checks": [{"label": "before round 1", "all": {"geomean_ratio": 0.95}}],
+    }
+    stored = load(data, "2026-12-07 02:00")
+    assert len(stored.tasks) == 1  # the tensor-parallel task is not one the bars judge
+    assert stored.first_steps is None and stored.first_kernels == 0.95 and stored.all_steps == pytest.approx(1.1)
+
+
+def test_the_bars_hit_rate_falls_as_the_runs_lean_or_their_tasks_scatter():
+    from benchmarks.error_sources import hit_rate
+
+    assert hit_rate(0.0, 0.001) == 1.0
+    assert hit_rate(0.5, 0.5) < 0.01
+    assert hit_rate(0.06, 0.07) > hit_rate(0.09, 0.07) and hit_rate(0.06, 0.07) > hit_rate(0.06, 0.10)
