@@ -128,8 +128,8 @@ def overhead_params(
     if cost is not None:
         busiest, classes = busiest_rank(graph.ranks, cost)
         counts.update(classes)
-        reduces = [op for op in graph.ranks[busiest] if is_gradient_reduce(op)] if graph.ranks else []
-        counts["layout_collective_s"] = classes[COLLECTIVE] - sum(cost(op) for op in reduces)
+        gradient = [op for op in graph.ranks[busiest] if is_gradient_reduce(op)] if graph.ranks else []
+        counts["layout_collective_s"] = classes[COLLECTIVE] - sum(cost(op) for op in gradient)
     return counts
 
 
