@@ -35,7 +35,16 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from benchmarks.issue26_tally import GEOMEAN_BAR, MAX_BAR, SIGNED_BAR, added, cycle_of, judge, meets_bars  # noqa: E402
+from benchmarks.issue26_tally import (  # noqa: E402
+    GEOMEAN_BAR,
+    MAX_BAR,
+    SIGNED_BAR,
+    add_cycle_arguments,
+    added,
+    cycle_of,
+    judge,
+    meets_bars,
+)
 from predictors.evaluation import geomean, mean_change  # noqa: E402
 
 OUT = REPO / "benchmarks/results/error_sources.json"
@@ -253,9 +262,7 @@ def report(kind: str, result: dict) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--since", default="", help='the first cycle counted, "YYYY-MM-DD HH:MM"')
-    parser.add_argument("--root", default=str(REPO / "benchmarks/results"))
-    parser.add_argument("--out", default=str(OUT))
+    add_cycle_arguments(parser, OUT)
     args = parser.parse_args()
     record: dict = {"command": ("python benchmarks/error_sources.py " + " ".join(sys.argv[1:])).strip()}
     for kind, runs in stored_runs(Path(args.root), args.since).items():

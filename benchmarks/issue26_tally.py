@@ -342,11 +342,17 @@ def cell(run: Run | None) -> str:
     return f"{run.geomean:5.1%} {run.max:5.1%} {run.signed:+6.1%} {verdict:<6}{own}"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def add_cycle_arguments(parser: argparse.ArgumentParser, out: Path) -> None:
+    """The options of a benchmark over the stored cycles: the first counted, where they lie,
+    and where its JSON goes."""
     parser.add_argument("--since", default="", help='the first cycle counted, "YYYY-MM-DD HH:MM"')
     parser.add_argument("--root", default=str(REPO / "benchmarks/results"))
-    parser.add_argument("--out", default=str(OUT))
+    parser.add_argument("--out", default=str(out))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    add_cycle_arguments(parser, OUT)
     args = parser.parse_args()
     found = cycles(Path(args.root), args.since)
     print(f"{'cycle':<16} {'DLRM geomean max signed':<27} | {'transformer DP geomean max signed':<27}")
