@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -67,9 +68,24 @@ class Stored:
     first_steps: float | None  # the first step check's own steps now / stored (before round 1)
     first_kernels: float | None  # the first host check's kernel time now / calibration's
     all_steps: float | None  # the geomean of every step check's now / stored (a ceiling, not a plan's)
+    # the run's mean signed error less the champion's on its own steps re-timed beside it: how
+    # the calibration carries its fit to jobs it never saw, the host's drift taken out
+    transfer: float | None = None
+    in_step: str | None = None  # "kept" or "dropped": the workload's in-step collective factors
 
 
-def load(data: dict, cycle: str) -> Stored:
+IN_STEP = re.compile(r"in-step collective factors: .*")
+
+
+def in_step_verdict(calibration: str, kind: str) -> str | None:
+    """Whether the calibration kept `kind`'s in-step collective factors ("kept", "dropped"), from
+    its printed lines (`predictors.step_fit`'s verdicts); None when it does not say."""
+    line = IN_STEP.search(calibration)
+    found = re.search(rf"{kind} \([^)]*\) (kept|dropped)", line.group(0)) if line else None
+    return found.group(1) if found else None
+
+
+def load(data: dict, cycle: str, calibration: str = "", kind: str = "") -> Stored:
     tasks = [
         Task(t["predicted_ms"], t["measured_ms"], list(t.get("measured_rounds_ms") or []))
         for t in data["tasks"]
@@ -85,6 +101,8 @@ def load(data: dict, cycle: str) -> Stored:
         steps[0] if steps and first_label == "before round 1" else None,
         kernels if first_check.get("label") == "before round 1" else None,
         float(np.exp(np.mean(np.log(steps)))) if steps else None,
+        data["mean_signed_error"] - data["own_steps_signed"] if data.get("own_steps_signed") is not None else None,
+        in_step_verdict(calibration, kind),
     )
 
 
@@ -99,7 +117,9 @@ def stored_runs(root: Path, since: str) -> dict[str, list[Stored]]:
         data = json.loads(path.read_text())
         if judge(data).met is None:
             continue
-        out[found[0]].append(load(data, found[1]))
+        lines = path.with_name(f"calibration_{path.stem.split('_')[-1]}.txt")
+        calibration = lines.read_text() if lines.exists() else ""
+        out[found[0]].append(load(data, found[1], calibration, found[0]))
     return {kind: sorted(runs, key=lambda r: r.cycle) for kind, runs in out.items()}
 
 
@@ -157,6 +177,17 @@ def drift_pairing(runs: list[Stored]) -> dict | None:
                 "lean_sd_less_drift": float(rest.std(ddof=2)),
             }
     return out or None
+
+
+def transfer_by_in_step(runs: list[Stored]) -> dict:
+    """The transfer (`Stored.transfer`) over the runs that have it, in all and by whether the
+    calibration kept the workload's in-step collective factors: runs, mean and sd."""
+    out: dict = {}
+    for name in ("all", "kept", "dropped"):
+        values = [r.transfer for r in runs if r.transfer is not None and (name == "all" or r.in_step == name)]
+        if len(values) >= 2:
+            out[name] = {"runs": len(values), "mean": float(np.mean(values)), "sd": float(np.std(values, ddof=1))}
+    return out
 
 
 def bars(run: Stored, factor: float) -> dict:
@@ -248,6 +279,11 @@ def report(kind: str, result: dict) -> None:
     if "host_alone" in rates:
         line += f"; the host alone (lean sd {rates['host_lean_sd']:.3f}, scatter {d['median_noise_sd']:.3f}) {rates['host_alone']:.0%}"
     print(line)
+    for name, t in result["transfer"].items():
+        print(
+            f"  the run's signed error less the champion's on its own steps beside it, in-step factors {name}: "
+            f"{t['runs']} runs, mean {t['mean']:+.3f}, sd {t['sd']:.3f}"
+        )
     for name, a in result["anchoring"].items():
         c = a["change_points"]
         text = ", ".join(
@@ -273,6 +309,7 @@ def main() -> None:
             "decomposition": parts,
             "drift": drift,
             "hit_rates": hit_rates(parts, drift),
+            "transfer": transfer_by_in_step(runs),
             "anchoring": anchoring(runs),
             "cycles": [{k: v for k, v in asdict(r).items() if k != "tasks"} for r in runs],
         }

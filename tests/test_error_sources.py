@@ -59,3 +59,25 @@ def test_the_bars_hit_rate_falls_as_the_runs_lean_or_their_tasks_scatter():
     assert hit_rate(0.0, 0.001) == 1.0
     assert hit_rate(0.5, 0.5) < 0.01
     assert hit_rate(0.06, 0.07) > hit_rate(0.09, 0.07) and hit_rate(0.06, 0.07) > hit_rate(0.06, 0.10)
+
+
+def test_the_transfer_is_told_apart_by_whether_the_calibration_kept_its_in_step_factors():
+    from benchmarks.error_sources import in_step_verdict, transfer_by_in_step
+
+    lines = (
+        "[autotune]   in-step collective factors: dlrm (all_gather 4.14x, all_reduce 4.15x) dropped: its steps left "
+        "out in turn 8.0% with them, 4.3% without; transformer (all_reduce 2.91x) kept: its steps left out in turn"
+    )
+    assert in_step_verdict(lines, "dlrm") == "dropped" and in_step_verdict(lines, "transformer") == "kept"
+    assert in_step_verdict("[autotune] fitting", "dlrm") is None
+    data = {"tasks": [], "mean_signed_error": 0.10, "own_steps_signed": 0.02}
+    kept = [
+        load(data, "a", lines, "transformer"),
+        load({**data, "mean_signed_error": -0.06}, "b", lines, "transformer"),
+    ]
+    dropped = [load(data, "c", lines, "dlrm"), load({**data, "mean_signed_error": 0.04}, "d", lines, "dlrm")]
+    assert kept[0].transfer == pytest.approx(0.08)
+    figures = transfer_by_in_step(kept + dropped)
+    assert figures["all"]["runs"] == 4 and figures["kept"]["runs"] == figures["dropped"]["runs"] == 2
+    assert figures["kept"]["sd"] > figures["dropped"]["sd"]
+    assert figures["dropped"]["mean"] == pytest.approx(0.05)
