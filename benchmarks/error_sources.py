@@ -41,12 +41,11 @@ from benchmarks.issue26_tally import (  # noqa: E402
     MAX_BAR,
     SIGNED_BAR,
     add_cycle_arguments,
-    added,
-    cycle_of,
     judge,
     meets_bars,
+    stored_results,
 )
-from predictors.evaluation import geomean, mean_change  # noqa: E402
+from predictors.evaluation import ERROR_FLOOR, geomean, mean_change  # noqa: E402
 
 OUT = REPO / "benchmarks/results/error_sources.json"
 NOISE_DRAWS = 200_000  # Monte Carlo draws for the median's spread (seeded: the figure is deterministic)
@@ -108,18 +107,13 @@ def load(data: dict, cycle: str, calibration: str = "", kind: str = "") -> Store
 
 def stored_runs(root: Path, since: str) -> dict[str, list[Stored]]:
     """The counted runs per workload ("dlrm", "transformer"), in time order."""
-    commits = added(root)
     out: dict[str, list[Stored]] = {"dlrm": [], "transformer": []}
-    for path in sorted(root.glob("e2e_issue26_*/*.json")):
-        found = cycle_of(path, commits)
-        if found is None or found[1] < since:
-            continue
-        data = json.loads(path.read_text())
+    for kind, cycle, path, data in stored_results(root, since):
         if judge(data).met is None:
             continue
         lines = path.with_name(f"calibration_{path.stem.split('_')[-1]}.txt")
         calibration = lines.read_text() if lines.exists() else ""
-        out[found[0]].append(load(data, found[1], calibration, found[0]))
+        out[kind].append(load(data, cycle, calibration, kind))
     return {kind: sorted(runs, key=lambda r: r.cycle) for kind, runs in out.items()}
 
 
@@ -130,10 +124,15 @@ def median_noise(sigma: float, rounds: int) -> float:
     return float(sigma * np.median(draws, axis=1).std())
 
 
+def log_errors(run: Stored) -> np.ndarray:
+    """Each task's log(predicted / measured): its mean is the run's lean."""
+    return np.log([t.predicted_ms / t.measured_ms for t in run.tasks])
+
+
 def decomposition(runs: list[Stored]) -> dict:
     """The log errors' spread: in all, between runs' leans, within runs, and the part of the
     within-run spread the measurement's own round-to-round scatter accounts for."""
-    logs = [np.log([t.predicted_ms / t.measured_ms for t in run.tasks]) for run in runs]
+    logs = [log_errors(run) for run in runs]
     within = np.concatenate([run_logs - run_logs.mean() for run_logs in logs])
     leans = np.array([run_logs.mean() for run_logs in logs])
     spreads = [np.std(np.log(t.rounds_ms), ddof=1) for run in runs for t in run.tasks if len(t.rounds_ms) >= 3]
@@ -159,11 +158,7 @@ def drift_pairing(runs: list[Stored]) -> dict | None:
     and by the mean of all step checks: correlation and slope (-1: the lean is the drift)."""
     out: dict = {}
     for name in ("first_steps", "first_kernels", "all_steps"):
-        pairs = [
-            (np.log(getattr(run, name)), np.mean(np.log([t.predicted_ms / t.measured_ms for t in run.tasks])))
-            for run in runs
-            if getattr(run, name)
-        ]
+        pairs = [(np.log(getattr(run, name)), float(log_errors(run).mean())) for run in runs if getattr(run, name)]
         if len(pairs) >= 3:
             drift, lean = np.asarray(pairs).T
             lean_sd = float(lean.std(ddof=1))
@@ -209,7 +204,7 @@ def hit_rate(lean_sd: float, within_sd: float, tasks: int = BAR_TASKS) -> float:
     rng = np.random.default_rng(0)
     logs = rng.normal(0.0, lean_sd, (BAR_DRAWS, 1)) + rng.normal(0.0, within_sd, (BAR_DRAWS, tasks))
     signed = np.expm1(logs)
-    errors = np.maximum(np.abs(signed), 1e-6)
+    errors = np.maximum(np.abs(signed), ERROR_FLOOR)
     met = (
         (np.exp(np.log(errors).mean(axis=1)) <= GEOMEAN_BAR)
         & (np.abs(signed.mean(axis=1)) <= SIGNED_BAR)

@@ -35,6 +35,7 @@ import sys
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 
@@ -305,17 +306,22 @@ def started(stamp: str, committed: datetime | None) -> str:
     return (at if at <= committed else at - timedelta(days=1)).strftime("%Y-%m-%d %H:%M")
 
 
+def stored_results(root: Path, since: str) -> Iterator[tuple[str, str, Path, dict]]:
+    """(benchmark, cycle start, path, its JSON) for every stored cycle's result started at or
+    after `since` (`cycle_of`), in path order."""
+    commits = added(root)
+    for path in sorted(root.glob("e2e_issue26_*/*.json")):
+        found = cycle_of(path, commits)
+        if found is not None and found[1] >= since:
+            yield found[0], found[1], path, json.loads(path.read_text())
+
+
 def cycles(root: Path, since: str) -> dict[str, dict[str, Run]]:
     """{"YYYY-MM-DD HH:MM": {"dlrm": Run, "transformer": Run}} for every stored cycle started at
     or after `since`, in time order."""
-    commits = added(root)
     out: dict[str, dict[str, Run]] = {}
-    for path in sorted(root.glob("e2e_issue26_*/*.json")):
-        found = cycle_of(path, commits)
-        if found is None or found[1] < since:
-            continue
-        kind, cycle = found
-        out.setdefault(cycle, {})[kind] = judge(json.loads(path.read_text()))
+    for kind, cycle, _, data in stored_results(root, since):
+        out.setdefault(cycle, {})[kind] = judge(data)
     return dict(sorted(out.items()))
 
 
