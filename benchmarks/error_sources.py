@@ -30,6 +30,7 @@ import re
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -84,6 +85,13 @@ def in_step_verdict(calibration: str, kind: str) -> str | None:
     return found.group(1) if found else None
 
 
+def plan_reading(checks: list[dict] | None, reading: Callable[[dict], float | None]) -> float | None:
+    """The first check's `reading` when that check ran before round 1 (a reading a plan could
+    take); None when it ran later or failed: a later check's reading is not put in its place."""
+    first = next(iter(checks or []), {})
+    return reading(first) if first.get("label") == "before round 1" else None
+
+
 def load(data: dict, cycle: str, calibration: str = "", kind: str = "") -> Stored:
     tasks = [
         Task(t["predicted_ms"], t["measured_ms"], list(t.get("measured_rounds_ms") or []))
@@ -91,14 +99,11 @@ def load(data: dict, cycle: str, calibration: str = "", kind: str = "") -> Store
         if (t.get("tensor_parallel") or 1) == 1 and t.get("predicted_ms") and t.get("measured_ms")
     ]
     steps = [c["now_over_stored"] for c in data.get("step_checks") or [] if c.get("now_over_stored")]
-    first_check = next(iter(data.get("host_checks") or []), {})
-    kernels = (first_check.get("all") or {}).get("geomean_ratio")
-    first_label = next(iter(data.get("step_checks") or []), {}).get("label")
     return Stored(
         cycle,
         tasks,
-        steps[0] if steps and first_label == "before round 1" else None,
-        kernels if first_check.get("label") == "before round 1" else None,
+        plan_reading(data.get("step_checks"), lambda c: c.get("now_over_stored")),
+        plan_reading(data.get("host_checks"), lambda c: (c.get("all") or {}).get("geomean_ratio")),
         float(np.exp(np.mean(np.log(steps)))) if steps else None,
         data["mean_signed_error"] - data["own_steps_signed"] if data.get("own_steps_signed") is not None else None,
         in_step_verdict(calibration, kind),

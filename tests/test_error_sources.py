@@ -81,3 +81,17 @@ def test_the_transfer_is_told_apart_by_whether_the_calibration_kept_its_in_step_
     assert figures["all"]["runs"] == 4 and figures["kept"]["runs"] == figures["dropped"]["runs"] == 2
     assert figures["kept"]["sd"] > figures["dropped"]["sd"]
     assert figures["dropped"]["mean"] == pytest.approx(0.05)
+
+
+def test_a_failed_first_check_leaves_the_run_without_a_plans_reading():
+    task = {"predicted_ms": 10.0, "measured_ms": 11.0, "measured_rounds_ms": [11.0, 10.5, 11.5]}
+    data = {
+        "tasks": [task],
+        "step_checks": [
+            {"label": "before round 1", "error": "a step failed to run again"},
+            {"label": "after round 1", "now_over_stored": 1.1},
+        ],
+    }
+    stored = load(data, "2026-12-06 03:40")
+    assert stored.first_steps is None  # the reading after round 1 is not one a plan could take
+    assert stored.all_steps == pytest.approx(1.1)
