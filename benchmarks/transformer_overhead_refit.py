@@ -6,14 +6,18 @@
 ROWS: a stored cycle's `measurements_HHMM.jsonl.gz` with its `transformer_HHMM.json` beside it
 (default: the last `--last` stored cycles that have both). Each cycle's bundle is fitted from its
 rows once below the steps (`overhead_feature_refit.below_steps`, kept in `--models DIR`), then its
-step stage once per variant (`VARIANTS`) on those same kernel models. Each variant prices:
+step stage once per variant (`VARIANTS`: the overhead's features, and whether the transformer's
+in-step collective factors may be kept) on those same kernel models. Each variant prices:
 
 - the cycle's own transformer steps, each left out in turn (GMAE), and its signed error on them
   by layout family (`transformer_step_lean.layout_family`): one overhead over every layout fits
   plain data parallel high and the layouts with hooks or several passes low, and a plan that
   chooses between layouts inherits that;
 - the cycle's measured data-parallel and tensor-parallel tasks (`refit_e2e.transformer_predictions`):
-  geomean, worst and mean signed error, and whether #26's bars are met.
+  geomean, worst and mean signed error, and whether #26's bars are met;
+- the calibration's own steps as the run's step checks re-timed them (`own_steps_signed`), and
+  the transfer: the DP run's mean signed error less that (how the fit carries from its own steps
+  to jobs it never saw, the host's drift taken out; its sd over the cycles in the summary).
 
 The tasks' times are one spell's and only the overhead differs, so each variant against the
 default is a paired comparison; over the cycles, the mean paired change with its 95% interval.
@@ -30,7 +34,9 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 import sys
+from dataclasses import asdict, dataclass
 from functools import partial
 from pathlib import Path
 from typing import Callable
@@ -55,11 +61,13 @@ from benchmarks.overhead_feature_refit import (  # noqa: E402
 from benchmarks.overhead_feature_refit import run_of as shared_run_of  # noqa: E402
 from benchmarks.overhead_feature_refit import stored_cycles as shared_stored_cycles  # noqa: E402
 from benchmarks.refit_e2e import read_rows, run_summary, transformer_predictions  # noqa: E402
+from benchmarks.step_checks import OWN_STEPS  # noqa: E402
 from benchmarks.transformer_step_lean import layout_family, signed_errors  # noqa: E402
 from predictors.evaluation import mean_change  # noqa: E402
 from predictors.fit import fit_step_stage  # noqa: E402
 from predictors.kernel_classes import one_slowdown  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
+from predictors.step_fit import IN_STEP_WORKLOADS  # noqa: E402
 from predictors.transformer_estimator import OVERHEAD_FEATURES  # noqa: E402
 from probes.vocabulary.ops import TRANSFORMER_STEP_OP  # noqa: E402
 from probes.vocabulary.records import Measurement  # noqa: E402
@@ -67,23 +75,39 @@ from probes.vocabulary.transformer_spec import TransformerSpec  # noqa: E402
 
 WORKLOAD = "transformer"
 DEFAULT = "default"
-VARIANTS: dict[str, list[str]] = {
-    DEFAULT: list(OVERHEAD_FEATURES),
-    "one slowdown": one_slowdown(OVERHEAD_FEATURES),  # fewer coefficients on 16 noisy steps
-    "default + layout_work": [*OVERHEAD_FEATURES, "layout_work"],
-    "one slowdown + layout_work": [*one_slowdown(OVERHEAD_FEATURES), "layout_work"],
-    "default + wrapped_passes": [*OVERHEAD_FEATURES, "wrapped_passes"],
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of fitting the transformer's step stage: its overhead's features, and whether its
+    in-step collective factors may be kept (`step_fit.fit_steps`' `in_step_workloads`)."""
+
+    features: list[str]
+    in_step: bool = True
+
+    def in_step_workloads(self) -> tuple[str, ...]:
+        return tuple(w for w in IN_STEP_WORKLOADS if self.in_step or w != WORKLOAD)
+
+
+VARIANTS: dict[str, Variant] = {
+    DEFAULT: Variant(list(OVERHEAD_FEATURES)),
+    "one slowdown": Variant(one_slowdown(OVERHEAD_FEATURES)),  # fewer coefficients on 16 noisy steps
+    "default + layout_work": Variant([*OVERHEAD_FEATURES, "layout_work"]),
+    "one slowdown + layout_work": Variant([*one_slowdown(OVERHEAD_FEATURES), "layout_work"]),
+    "default + wrapped_passes": Variant([*OVERHEAD_FEATURES, "wrapped_passes"]),
     # `collectives` split into the layout's own and DDP's gradient all-reduces, each its own cost
-    "collectives split": [
-        *(f for f in OVERHEAD_FEATURES if f != "collectives"),
-        "layout_collectives",
-        "gradient_reduces",
-    ],
+    "collectives split": Variant(
+        [*(f for f in OVERHEAD_FEATURES if f != "collectives"), "layout_collectives", "gradient_reduces"]
+    ),
     # the layout's own collectives counted, DDP's left to the collective kernels' slowdown
-    "layout collectives": [f if f != "collectives" else "layout_collectives" for f in OVERHEAD_FEATURES],
+    "layout collectives": Variant([f if f != "collectives" else "layout_collectives" for f in OVERHEAD_FEATURES]),
     # the kernels' collective slowdown on the layout's own collectives only, DDP's at their simulated time
-    "layout collective_s": [f if f != "collective_s" else "layout_collective_s" for f in OVERHEAD_FEATURES],
+    "layout collective_s": Variant([f if f != "collective_s" else "layout_collective_s" for f in OVERHEAD_FEATURES]),
+    # the steps' collectives at the isolated curves always: a keep decided on 16 steps left out in
+    # turn moves every task's collectives at once (#26, 12-07: the transfer's sd 0.100 where kept)
+    "in-step factors never kept": Variant(list(OVERHEAD_FEATURES), in_step=False),
 }
+
 RUN_FIGURES = ("geomean_error", "max_error", "mean_signed_error")
 
 
@@ -104,18 +128,51 @@ def run_figures(tasks: list[dict]) -> dict:
     return {**figures, "met": meets_bars(*(summary[k] for k in RUN_FIGURES))}
 
 
-def judge_variant(below: PerformanceModel, rows: list[Measurement], run: dict, features: list[str]) -> dict:
-    """The step stage fitted with the transformer overhead on `features`, and what it prices."""
+def own_steps_signed(model: PerformanceModel, rows: list[Measurement], run: dict) -> float | None:
+    """`model`'s signed error on the calibration's own steps as the run's step checks re-timed
+    them (`step_checks.StepChecks.result`'s `own_steps_signed`, repriced): the median over the
+    checks that returned of the mean over their steps. None when the run has no such check."""
+    kind = OWN_STEPS[WORKLOAD]
+    by_name = {kind.name(r): r for r in rows if r.op == kind.op and kind.like_tasks(r)}
+    prices: dict[str, float] = {}
+    signed = []
+    for check in run.get("step_checks") or []:
+        if "error" in check:
+            continue
+        errors = []
+        for step in check["steps"]:
+            name = step["name"]
+            if name not in prices:
+                prices[name] = kind.price_s(model, by_name[name]) * 1e3
+            errors.append((prices[name] - step["now_ms"]) / step["now_ms"])
+        signed.append(statistics.fmean(errors))
+    return statistics.median(signed) if signed else None
+
+
+def judge_variant(below: PerformanceModel, rows: list[Measurement], run: dict, variant: Variant) -> dict:
+    """The step stage fitted as `variant` says, and what it prices. `transfer`: the DP runs'
+    mean signed error less the model's on its own steps re-timed beside them (`own_steps_signed`)."""
     model = copy.deepcopy(below)
-    fit_step_stage(model, rows, seed=0, overhead_features={"transformer": features})
-    overhead = model.step_overheads.get("transformer")
+    fit_step_stage(
+        model,
+        rows,
+        seed=0,
+        overhead_features={WORKLOAD: variant.features},
+        in_step_workloads=variant.in_step_workloads(),
+    )
+    overhead = model.step_overheads.get(WORKLOAD)
     steps = model.metrics.get(TRANSFORMER_STEP_OP) or {}
+    data_parallel = run_figures(transformer_predictions(model, run["tasks"]))
+    own = own_steps_signed(model, rows, run)
     judged = {
         "steps_left_out_gmae": steps.get("gmae"),
         "steps": steps.get("n"),
         "coefficients": None if overhead is None else dict(zip(overhead.features, map(float, overhead.coef))),
+        "in_step_kept": model.in_step is not None and WORKLOAD in model.in_step.by_workload,
         "lean_by_layout": lean_by_layout(model, rows),
-        "data_parallel": run_figures(transformer_predictions(model, run["tasks"])),
+        "data_parallel": data_parallel,
+        "own_steps_signed": own,
+        "transfer": None if own is None else data_parallel["mean_signed_error"] - own,
     }
     if run.get("tensor_parallel_tasks"):
         judged["tensor_parallel"] = run_figures(transformer_predictions(model, run["tensor_parallel_tasks"]))
@@ -135,12 +192,14 @@ def judge_cycle(rows_path: Path, models: Path | None, labels: list[str]) -> dict
 
 def paired(cycles: list[dict], label: str, figure: str, kind: str = "data_parallel") -> dict | None:
     """The mean change of `figure` from the default to `label` over the cycles, with its interval."""
-    changes = [
-        c["variants"][label][kind][figure] - c["variants"][DEFAULT][kind][figure]
-        for c in cycles
-        if kind in c["variants"][label]
-    ]
-    return mean_change(changes)
+    return paired_by(cycles, label, lambda judged: judged[kind][figure] if kind in judged else None)
+
+
+def paired_by(cycles: list[dict], label: str, of: Callable[[dict], float | None]) -> dict | None:
+    """The mean change of `of` (a judged variant's figure; None where it has none) from the
+    default to `label` over the cycles where both have it, with its interval."""
+    pairs = [(of(c["variants"][DEFAULT]), of(c["variants"][label])) for c in cycles]
+    return mean_change([b - a for a, b in pairs if a is not None and b is not None])
 
 
 def against(cycles: list[dict], before: dict) -> dict:
@@ -198,13 +257,29 @@ def summarize(cycles: list[dict]) -> dict[str, dict]:
                 for f in families
             },
             "cycles": len(cycles),
+            "in_step_kept": sum(bool(j.get("in_step_kept")) for j in judged),
+            **transfer_spread([j.get("transfer") for j in judged]),
         }
         if label != DEFAULT:
             out[label]["paired"] = {
                 **{figure: paired(cycles, label, figure) for figure in RUN_FIGURES},
+                "abs_mean_signed_error": paired_by(
+                    cycles, label, lambda j: abs(j["data_parallel"]["mean_signed_error"])
+                ),
                 "tp_geomean_error": paired(cycles, label, "geomean_error", "tensor_parallel"),
+                "steps_left_out_gmae": paired_by(cycles, label, lambda j: j["steps_left_out_gmae"]),
             }
     return out
+
+
+def transfer_spread(transfers: list[float | None]) -> dict:
+    """The transfer's spread over the runs that have it (a step check returned): its sd and mean."""
+    values = [t for t in transfers if t is not None]
+    return {
+        "transfer_runs": len(values),
+        "transfer_mean": float(np.mean(values)) if values else None,
+        "transfer_sd": float(np.std(values, ddof=1)) if len(values) > 1 else None,
+    }
 
 
 def print_cycle(cycle: dict) -> None:
@@ -215,6 +290,8 @@ def print_cycle(cycle: dict) -> None:
             f"  {label:27s} steps left out {judged['steps_left_out_gmae']:.1%}; DP {dp['geomean_error']:.1%} / "
             f"max {dp['max_error']:.1%} / signed {dp['mean_signed_error']:+.1%} ({'met' if dp['met'] else 'missed'})"
             + (f"; TP {tp['geomean_error']:.1%}" if tp else "")
+            + (f"; transfer {judged['transfer']:+.1%}" if judged.get("transfer") is not None else "")
+            + f"; in-step factors {'kept' if judged.get('in_step_kept') else 'not kept'}"
             + f"\n      own steps by layout: {lean}",
             flush=True,
         )
@@ -227,6 +304,12 @@ def print_summary(summary: dict[str, dict]) -> None:
             f"(sd {s['dp_signed_sd'] or 0:.1%}, mean |signed| {s['dp_mean_abs_signed']:.1%}), geomean "
             f"{s['dp_mean_geomean']:.1%}, max {s['dp_mean_max']:.1%}, bars met {s['dp_bars_met']} of {s['cycles']}"
             + (f"; TP geomean {s['tp_mean_geomean']:.1%}" if s["tp_mean_geomean"] is not None else "")
+            + f"; in-step factors kept in {s['in_step_kept']}"
+            + (
+                f"; transfer sd {s['transfer_sd']:.3f} over {s['transfer_runs']} runs (mean {s['transfer_mean']:+.1%})"
+                if s["transfer_sd"] is not None
+                else ""
+            )
         )
         print("      own steps by layout: " + ", ".join(f"{f} {v:+.1%}" for f, v in s["lean_by_layout"].items()))
         for figure, change in s.get("paired", {}).items():
@@ -276,7 +359,7 @@ def main() -> None:
         command += f" --against {shown_path(args.against.resolve())}"
     result = {
         "command": command,
-        "variants": {label: VARIANTS[label] for label in labels},
+        "variants": {label: asdict(VARIANTS[label]) for label in labels},
         "cycles": cycles,
         "summary": summary,
     }

@@ -14,7 +14,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Collection, Sequence
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from predictors.opmodels import OpModel
 from predictors.overhead_model import OverheadModel
 from predictors.pair_estimator import fit_overlap_calibration, fit_symm_mem
 from predictors.performance_model import PerformanceModel, predictions
-from predictors.step_fit import OVERHEAD_FEATURES, OverheadFeatures
+from predictors.step_fit import IN_STEP_WORKLOADS, OVERHEAD_FEATURES, OverheadFeatures
 from predictors.step_pool import StepHistory, fit_pooled_steps
 from probes.vocabulary.nccl import NCCL_CHOICE_FAMILY
 from probes.vocabulary.ops import (
@@ -85,14 +85,18 @@ def fit_step_stage(
     overhead_features: OverheadFeatures = OVERHEAD_FEATURES,
     history: StepHistory | None = None,
     every_dlrm_step: bool = False,
+    in_step_workloads: Collection[str] = IN_STEP_WORKLOADS,
 ) -> list[Measurement]:
     """The last stage of `fit_bundle`: each workload's step overhead over `rows`' whole steps,
     on a `model` that has every other part (`fit_below_steps`). Apart, so that a benchmark
     can refit the steps on other features, or the DLRM's on every kind of step
-    (`every_dlrm_step`), without refitting every kernel (`benchmarks/overhead_feature_refit.py`,
+    (`every_dlrm_step`), or with a workload's in-step factors never kept (`in_step_workloads`
+    leaving it out), without refitting every kernel (`benchmarks/overhead_feature_refit.py`,
     `benchmarks/step_fit_kinds.py`). Returns the calibration's own steps, judged."""
     steps = [r for r in rows if r.op in (DLRM_STEP_OP, TRANSFORMER_STEP_OP)]
-    return fit_pooled_steps(model, steps, kernel_rows(rows), history, seed, overhead_features, every_dlrm_step)
+    return fit_pooled_steps(
+        model, steps, kernel_rows(rows), history, seed, overhead_features, every_dlrm_step, in_step_workloads
+    )
 
 
 def fit_below_steps(

@@ -4,7 +4,7 @@ the last stage of `fit.fit_bundle`, apart from the per-op fits it rests on."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Collection, Mapping, Sequence
 
 from predictors.collective_context import learn_collective_factors
 from predictors.context_model import ContextFactorModel
@@ -23,6 +23,7 @@ STEP_WORKLOADS = {DLRM_STEP_OP: "dlrm", TRANSFORMER_STEP_OP: "transformer"}  # w
 STEP_OP_OF = {workload: op for op, workload in STEP_WORKLOADS.items()}
 OVERHEAD_FEATURES = {"dlrm": DLRM_OVERHEAD_FEATURES, "transformer": TRANSFORMER_OVERHEAD_FEATURES}
 OverheadFeatures = Mapping[str, Sequence[str]]  # workload -> what its step overhead is fitted on
+IN_STEP_WORKLOADS = ("dlrm", "transformer")  # whose in-step collective factors may be kept
 
 
 def fit_steps(
@@ -32,13 +33,16 @@ def fit_steps(
     seed: int,
     overhead_features: OverheadFeatures = OVERHEAD_FEATURES,
     every_dlrm_step: bool = False,
+    in_step_workloads: Collection[str] = IN_STEP_WORKLOADS,
 ) -> list[Measurement]:
     """Each workload's step overhead, its collectives priced on its own in-step factors where
     its whole steps bear them out. Returns the steps fitted (each judged left out in turn; of
     the DLRM's, those `task_shaped_steps` keeps, so a champion is compared on the same ones).
     `overhead_features`: what each workload's overhead is fitted on (others for a paired
     "before"; a workload not named takes its default). `every_dlrm_step`: the DLRM's on every
-    kind of step, not the task-shaped ones alone (a paired "before").
+    kind of step, not the task-shaped ones alone (a paired "before"). `in_step_workloads`: the
+    workloads whose in-step factors are learned and may be kept; the others' collectives are
+    priced on the isolated curves whatever their steps say (a paired candidate).
 
     Each workload's factors are learned from the collectives its own steps captured and
     proposed when the held-out collectives add up closer with them
@@ -57,6 +61,8 @@ def fit_steps(
     steps = {"dlrm": dlrm_fitted, "transformer": list(transformer_steps)}
     verdicts: dict[str, dict[str, Any]] = {}
     for workload, rows in steps.items():
+        if workload not in in_step_workloads:
+            continue
         try:
             learned = learn_collective_factors(model, rows, seed)
         except KeyError as exc:  # a kernel of the steps has no model (a short sweep): nothing to fit on

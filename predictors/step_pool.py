@@ -19,13 +19,13 @@ calibration's own rows measured against the same models.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any, Collection, Sequence
 
 import numpy as np
 
 from predictors.evaluation import geomean
 from predictors.performance_model import PerformanceModel
-from predictors.step_fit import OVERHEAD_FEATURES, STEP_OPS, OverheadFeatures, fit_steps
+from predictors.step_fit import IN_STEP_WORKLOADS, OVERHEAD_FEATURES, STEP_OPS, OverheadFeatures, fit_steps
 from probes.vocabulary.nccl import NCCL_CHOICE_FAMILY
 from probes.vocabulary.ops import DLRM_STEP_OP, TRANSFORMER_STEP_OP
 from probes.vocabulary.records import Measurement
@@ -134,6 +134,7 @@ def fit_pooled_steps(
     seed: int,
     overhead_features: OverheadFeatures = OVERHEAD_FEATURES,
     every_dlrm_step: bool = False,
+    in_step_workloads: Collection[str] = IN_STEP_WORKLOADS,
 ) -> list[Measurement]:
     """`step_fit.fit_steps` on this calibration's whole steps and those its `history` lends
     (`pool_steps`; the verdicts in `meta["pooled_steps"]`). Returns this calibration's own
@@ -151,5 +152,6 @@ def fit_pooled_steps(
         seed,
         overhead_features,
         every_dlrm_step,
+        in_step_workloads,
     )
     return [r for r in fitted if id(r) not in borrowed]

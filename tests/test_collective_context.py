@@ -235,25 +235,15 @@ def test_the_factors_stay_only_where_the_whole_steps_bear_them_out(steps_slowed_
         assert model.metrics["dlrm_step"]["gmae"] == pytest.approx(stats["baseline_steps_gmae"])
 
 
-@pytest.mark.parametrize("captured_at, steps_slowed_by", [(1.5, 1.5), (3.0, 1.0)])
-def test_each_workload_learns_its_own_factors_and_keeps_them_where_its_steps_bear_them_out(
-    captured_at, steps_slowed_by
-):
-    # The DLRM steps ran their collectives at 3x their isolated price. The transformer's
-    # (data parallel: gradient all-reduces) were captured at `captured_at` and its steps took
-    # their graphs with them at `steps_slowed_by`: it learns its own factor from its own
-    # collectives, and keeps it only where its own steps bear it out; the DLRM's 3x stays
-    # the DLRM's either way.
-    from predictors.step_fit import fit_steps
+def transformer_steps(model, captured_at: float, steps_slowed_by: float, rng) -> list[Measurement]:
+    """Data-parallel transformer steps whose gradient all-reduces were captured at `captured_at`
+    their isolated price and whose whole steps took their graphs with them at `steps_slowed_by`."""
     from predictors.transformer_estimator import estimate_transformer_iteration
     from probes.vocabulary.transformer_spec import TransformerSpec
 
-    model, _ = bundle(job(), [0, 0, 1])
-    rng = np.random.default_rng(1)
-    dlrm_rows = dlrm_steps(model, 3.0, rng)
     truth = ContextFactorModel()
     truth.set_workload("transformer", {"all_reduce": steps_slowed_by}, {"all_reduce": 10})
-    transformer_rows = []
+    rows = []
     for layers in (1, 2, 4):
         for hidden in (32, 64, 128):
             spec = TransformerSpec(layers=layers, hidden=hidden, heads=4, seq_len=16, batch_size=4, world_size=2)
@@ -267,7 +257,25 @@ def test_each_workload_learns_its_own_factors_and_keeps_them_where_its_steps_bea
             step_s = estimate_transformer_iteration(spec, model, include_overhead=False).iteration_s
             model.in_step = context
             row.median_s = (step_s + 2e-4) * rng.uniform(0.99, 1.01)
-            transformer_rows.append(row)
+            rows.append(row)
+    return rows
+
+
+@pytest.mark.parametrize("captured_at, steps_slowed_by", [(1.5, 1.5), (3.0, 1.0)])
+def test_each_workload_learns_its_own_factors_and_keeps_them_where_its_steps_bear_them_out(
+    captured_at, steps_slowed_by
+):
+    # The DLRM steps ran their collectives at 3x their isolated price. The transformer's
+    # (data parallel: gradient all-reduces) were captured at `captured_at` and its steps took
+    # their graphs with them at `steps_slowed_by`: it learns its own factor from its own
+    # collectives, and keeps it only where its own steps bear it out; the DLRM's 3x stays
+    # the DLRM's either way.
+    from predictors.step_fit import fit_steps
+
+    model, _ = bundle(job(), [0, 0, 1])
+    rng = np.random.default_rng(1)
+    dlrm_rows = dlrm_steps(model, 3.0, rng)
+    transformer_rows = transformer_steps(model, captured_at, steps_slowed_by, rng)
     fit_steps(model, dlrm_rows, transformer_rows, seed=0, overhead_features=ONE_SLOWDOWN)
     stats = model.metrics["in_step_collective"]
     dlrm, transformer = stats["dlrm"], stats["transformer"]
@@ -283,6 +291,24 @@ def test_each_workload_learns_its_own_factors_and_keeps_them_where_its_steps_bea
         assert not transformer["kept"] and transformer["baseline_steps_gmae"] < transformer["steps_gmae"]
         assert model.in_step.factor("all_reduce", "transformer") == 1.0
         assert model.metrics["transformer_step"]["gmae"] == pytest.approx(transformer["baseline_steps_gmae"])
+
+
+def test_a_workload_left_out_of_in_step_workloads_keeps_the_isolated_prices_whatever_its_steps_say():
+    # The steps that bear out their factor of 1.5 (kept above) are fitted with the transformer
+    # left out: its collectives stay at their isolated prices and nothing is learned for it,
+    # while the DLRM's 3x is learned and kept as before.
+    from predictors.step_fit import fit_steps
+
+    model, _ = bundle(job(), [0, 0, 1])
+    rng = np.random.default_rng(1)
+    dlrm_rows = dlrm_steps(model, 3.0, rng)
+    transformer_rows = transformer_steps(model, 1.5, 1.5, rng)
+    fit_steps(model, dlrm_rows, transformer_rows, seed=0, overhead_features=ONE_SLOWDOWN, in_step_workloads=("dlrm",))
+    stats = model.metrics["in_step_collective"]
+    assert stats["dlrm"]["kept"] and "transformer" not in stats
+    assert model.in_step.factor("all_reduce", "dlrm") == pytest.approx(3.0, rel=0.05)
+    assert model.in_step.factor("all_reduce", "transformer") == 1.0
+    assert model.step_overheads["transformer"] is not None and "transformer_step" in model.metrics
 
 
 def test_the_calibration_says_whether_the_factors_were_kept_and_why():

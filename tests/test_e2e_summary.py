@@ -412,6 +412,48 @@ def test_transformer_overhead_refit_summarizes_the_variants_run_and_names_unknow
     assert exit_.value.code == 2 and "--variants: no such fit not among default" in capsys.readouterr().err
 
 
+def test_transformer_overhead_refit_reprices_the_runs_own_steps_and_spreads_the_transfer(monkeypatch):
+    """The candidate that never keeps the transformer's in-step factors leaves the DLRM's rule
+    as it is; a variant's signed error on the calibration's own steps is the median over the
+    step checks that returned of the mean over each check's steps, at the variant's prices,
+    against the times re-measured then; and the transfer's sd is over the runs that have one."""
+    import dataclasses
+
+    from benchmarks import transformer_overhead_refit as refit
+    from probes.vocabulary.records import Measurement
+
+    assert refit.VARIANTS["in-step factors never kept"].in_step_workloads() == ("dlrm",)
+    assert refit.VARIANTS[refit.DEFAULT].in_step_workloads() == ("dlrm", "transformer")
+    spec = {"layers": 1, "hidden": 32, "heads": 2, "seq_len": 16, "batch_size": 4, "world_size": 2}
+    rows = [
+        Measurement("transformer_step", {"transformer": {**spec, "name": name}}, seconds, 0.0, 5)
+        for name, seconds in (("a", 0.010), ("b", 0.020))
+    ]
+    prices = {"a": 0.011, "b": 0.018}  # seconds
+    kind = dataclasses.replace(
+        refit.OWN_STEPS["transformer"],
+        like_tasks=lambda row: True,
+        price_s=lambda model, row: prices[row.params["transformer"]["name"]],
+    )
+    monkeypatch.setattr(refit, "OWN_STEPS", {"transformer": kind})
+    run = {
+        "step_checks": [
+            {"label": "before round 1", "steps": [{"name": "a", "now_ms": 10.0}, {"name": "b", "now_ms": 20.0}]},
+            {"label": "after round 1", "error": "RuntimeError: the gang did not form"},
+            {"label": "after round 2", "steps": [{"name": "a", "now_ms": 11.0}, {"name": "b", "now_ms": 16.0}]},
+        ]
+    }
+    # each check's mean: (+10% - 10%) / 2 = 0 and (0% + 12.5%) / 2 = 6.25%; the failed one left out
+    assert refit.own_steps_signed(None, rows, run) == pytest.approx(0.03125)
+    late = {"label": "after round 3", "steps": [{"name": "a", "now_ms": 10.0}, {"name": "b", "now_ms": 15.0}]}
+    run["step_checks"].append(late)  # (+10% + 20%) / 2 = 15%
+    assert refit.own_steps_signed(None, rows, run) == pytest.approx(0.0625)  # the median of three
+    assert refit.own_steps_signed(None, rows, {}) is None
+    spread = refit.transfer_spread([0.02, None, -0.02])
+    assert spread["transfer_runs"] == 2 and spread["transfer_sd"] == pytest.approx(0.04 / np.sqrt(2))
+    assert refit.transfer_spread([None])["transfer_sd"] is None
+
+
 def test_transformer_overhead_refit_pairs_the_default_with_another_codes_on_the_same_cycles():
     from benchmarks.transformer_overhead_refit import DEFAULT, against
 
