@@ -83,6 +83,22 @@ def test_the_transfer_is_told_apart_by_whether_the_calibration_kept_its_in_step_
     assert figures["dropped"]["mean"] == pytest.approx(0.05)
 
 
+def test_the_verdict_is_read_back_from_the_line_the_calibration_prints():
+    """`error_sources.in_step_verdict` reads the stored cycles' printed calibration lines, so it
+    must read what `step_fit.in_step_verdict` writes: a change of wording there fails here, not
+    silently as every run's verdict turning None."""
+    from benchmarks.error_sources import in_step_verdict as read_verdict
+    from predictors.step_fit import in_step_verdict
+
+    stats = {
+        "kept": True,
+        "dlrm": {"factors": {"all_reduce": 3.92}, "kept": False, "steps_gmae": 0.08, "baseline_steps_gmae": 0.07},
+        "transformer": {"factors": {"all_reduce": 2.46}, "kept": True, "steps_gmae": 0.05, "baseline_steps_gmae": 0.09},
+    }
+    printed = f"[autotune]   {in_step_verdict(stats)}"
+    assert read_verdict(printed, "dlrm") == "dropped" and read_verdict(printed, "transformer") == "kept"
+
+
 def test_a_failed_first_check_leaves_the_run_without_a_plans_reading():
     task = {"predicted_ms": 10.0, "measured_ms": 11.0, "measured_rounds_ms": [11.0, 10.5, 11.5]}
     data = {
