@@ -76,7 +76,12 @@ class Run:
 
 def meets_bars(geomean: float, worst: float, signed: float) -> bool:
     """#26's bars for one run: geomean <= 10%, mean signed within +-5%, no task above 25%."""
-    return geomean <= GEOMEAN_BAR and abs(signed) <= SIGNED_BAR and worst <= MAX_BAR
+    return bool(each_meets_bars(np.asarray(geomean), np.asarray(worst), np.asarray(signed)))
+
+
+def each_meets_bars(geomean: np.ndarray, worst: np.ndarray, signed: np.ndarray) -> np.ndarray:
+    """`meets_bars` element by element: for many simulated runs at once (`error_sources.hit_rate`)."""
+    return (geomean <= GEOMEAN_BAR) & (np.abs(signed) <= SIGNED_BAR) & (worst <= MAX_BAR)
 
 
 def judge(data: dict) -> Run:
