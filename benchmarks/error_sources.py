@@ -198,23 +198,39 @@ BAR_DRAWS = 20_000  # simulated runs per hit rate (seeded)
 def hit_rate(lean_sd: float, within_sd: float, tasks: int = BAR_TASKS) -> float:
     """The share of simulated runs meeting #26's bars when a run's lean and its tasks' scatter
     about it are normal in log time with these sds: what the bars allow for a given spread."""
+    return bar_shares(lean_sd, within_sd, tasks)["all"]
+
+
+def bar_shares(lean_sd: float, within_sd: float, tasks: int = BAR_TASKS) -> dict[str, float]:
+    """`hit_rate`'s simulated runs: the share meeting every bar ("all") and each bar alone
+    ("geomean", "max", "signed"), to say which bar a spread misses most."""
     rng = np.random.default_rng(0)
     logs = rng.normal(0.0, lean_sd, (BAR_DRAWS, 1)) + rng.normal(0.0, within_sd, (BAR_DRAWS, tasks))
     signed = np.expm1(logs)
     errors = np.maximum(np.abs(signed), ERROR_FLOOR)
-    met = each_meets_bars(np.exp(np.log(errors).mean(axis=1)), errors.max(axis=1), signed.mean(axis=1))
-    return float(met.mean())
+    figures = {"geomean": np.exp(np.log(errors).mean(axis=1)), "max": errors.max(axis=1), "signed": signed.mean(axis=1)}
+    zero = np.zeros(BAR_DRAWS)
+    alone = {  # each bar with the other two passed: a geomean and max of 0, a signed error of 0
+        "geomean": each_meets_bars(figures["geomean"], zero, zero),
+        "max": each_meets_bars(zero, figures["max"], zero),
+        "signed": each_meets_bars(zero, zero, figures["signed"]),
+    }
+    met = each_meets_bars(figures["geomean"], figures["max"], figures["signed"])
+    return {"all": float(met.mean()), **{name: float(v.mean()) for name, v in alone.items()}}
 
 
 def hit_rates(parts: dict, drift: dict | None) -> dict:
     """The bars' simulated hit rate (`hit_rate`) at the spread measured, and with the model's
     part taken out: the tasks scattered by the measurement's noise alone and the runs leaning by
-    the host's drift alone (the lean's share that the mean of the step checks accounts for)."""
-    out = {"as_measured": hit_rate(parts["lean_sd"], parts["within_sd"])}
+    the host's drift alone (the lean's share that the mean of the step checks accounts for).
+    Each with the share meeting each bar alone (`bar_shares`)."""
+    measured = bar_shares(parts["lean_sd"], parts["within_sd"])
+    out: dict = {"as_measured": measured["all"], "as_measured_by_bar": measured}
     steps = (drift or {}).get("all_steps")
     if parts["median_noise_sd"] is not None and steps is not None:
         host_lean = steps["lean_sd"] * abs(steps["correlation"])  # over the runs with step checks
-        out["host_alone"] = hit_rate(host_lean, parts["median_noise_sd"])
+        host = bar_shares(host_lean, parts["median_noise_sd"])
+        out["host_alone"], out["host_alone_by_bar"] = host["all"], host
         out["host_lean_sd"] = host_lean
     return out
 
@@ -267,6 +283,13 @@ def report(kind: str, result: dict) -> None:
     if "host_alone" in rates:
         line += f"; the host alone (lean sd {rates['host_lean_sd']:.3f}, scatter {d['median_noise_sd']:.3f}) {rates['host_alone']:.0%}"
     print(line)
+    for name in ("as_measured", "host_alone"):
+        if f"{name}_by_bar" in rates:
+            shares = rates[f"{name}_by_bar"]
+            print(
+                f"    {name.replace('_', ' ')}, each bar alone: geomean {shares['geomean']:.0%}, max {shares['max']:.0%}, "
+                f"signed {shares['signed']:.0%}"
+            )
     for name, t in result["transfer"].items():
         print(
             f"  the run's signed error less the champion's on its own steps beside it, in-step factors {name}: "

@@ -54,11 +54,17 @@ def test_a_check_not_taken_before_the_first_round_is_not_a_plans_reading():
 
 
 def test_the_bars_hit_rate_falls_as_the_runs_lean_or_their_tasks_scatter():
-    from benchmarks.error_sources import hit_rate
+    from benchmarks.error_sources import bar_shares, hit_rate
 
     assert hit_rate(0.0, 0.001) == 1.0
     assert hit_rate(0.5, 0.5) < 0.01
     assert hit_rate(0.06, 0.07) > hit_rate(0.09, 0.07) and hit_rate(0.06, 0.07) > hit_rate(0.06, 0.10)
+    # a lean alone misses the signed bar and leaves the others (its tasks' errors sit at the floor's
+    # side of 10% and 25% while the lean is small); a scatter alone misses the max and geomean most
+    leaning = bar_shares(0.07, 0.001)
+    assert leaning["signed"] < 0.6 and leaning["geomean"] > leaning["signed"] and leaning["all"] <= leaning["signed"]
+    scattered = bar_shares(0.0, 0.2)
+    assert scattered["max"] < scattered["geomean"] < scattered["signed"]
 
 
 def test_the_transfer_is_told_apart_by_whether_the_calibration_kept_its_in_step_factors():
