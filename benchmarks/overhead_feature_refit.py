@@ -33,7 +33,7 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterator, TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -83,7 +83,10 @@ def chosen_cycles(args: argparse.Namespace, workload: str = "dlrm") -> list[Path
     return paths
 
 
-def each_cycle(paths: list[Path], judge: Callable[[Path], dict]) -> Iterator[dict]:
+Judged = TypeVar("Judged")
+
+
+def each_cycle(paths: list[Path], judge: Callable[[Path], Judged]) -> Iterator[Judged]:
     """`judge` of each cycle's rows in turn, each announced as it starts (a fit takes minutes)."""
     for path in paths:
         print(f"{path.parent.name}/{path.name}: fitting ...", flush=True)

@@ -149,14 +149,14 @@ def own_steps_signed(model: PerformanceModel, rows: list[Measurement], run: dict
     return statistics.median(signed) if signed else None
 
 
-def judge_variant(below: PerformanceModel, rows: list[Measurement], run: dict, variant: Variant) -> dict:
+def judge_variant(below: PerformanceModel, rows: list[Measurement], run: dict, variant: Variant, seed: int = 0) -> dict:
     """The step stage fitted as `variant` says, and what it prices. `transfer`: the DP runs'
     mean signed error less the model's on its own steps re-timed beside them (`own_steps_signed`)."""
     model = copy.deepcopy(below)
     fit_step_stage(
         model,
         rows,
-        seed=0,
+        seed=seed,
         overhead_features={WORKLOAD: variant.features},
         in_step_workloads=variant.in_step_workloads(),
     )
@@ -179,15 +179,21 @@ def judge_variant(below: PerformanceModel, rows: list[Measurement], run: dict, v
     return judged
 
 
-def judge_cycle(rows_path: Path, models: Path | None, labels: list[str]) -> dict:
+def judge_cycle(rows_path: Path, models: Path | None, labels: list[str], seeds: list[int]) -> list[dict]:
+    """The cycle's step stage fitted as each variant says at each of `seeds` (the held-out split
+    of the in-step factors' collectives: a keep can turn on it), on one below-steps bundle."""
     rows = read_rows(rows_path)
     run = json.loads(run_of(rows_path).read_text())
     below = below_steps(rows, rows_path, models)
-    return {
-        "rows": shown_path(rows_path),
-        "task_seed": run.get("task_seed"),
-        "variants": {label: judge_variant(below, rows, run, VARIANTS[label]) for label in labels},
-    }
+    return [
+        {
+            "rows": shown_path(rows_path),
+            "task_seed": run.get("task_seed"),
+            "seed": seed,
+            "variants": {label: judge_variant(below, rows, run, VARIANTS[label], seed) for label in labels},
+        }
+        for seed in seeds
+    ]
 
 
 def paired(cycles: list[dict], label: str, figure: str, kind: str = "data_parallel") -> dict | None:
@@ -197,17 +203,26 @@ def paired(cycles: list[dict], label: str, figure: str, kind: str = "data_parall
 
 def paired_by(cycles: list[dict], label: str, of: Callable[[dict], float | None]) -> dict | None:
     """The mean change of `of` (a judged variant's figure; None where it has none) from the
-    default to `label` over the cycles where both have it, with its interval."""
-    pairs = [(of(c["variants"][DEFAULT]), of(c["variants"][label])) for c in cycles]
-    return mean_change([b - a for a, b in pairs if a is not None and b is not None])
+    default to `label` over the cycles where both have it, with its interval. A cycle judged at
+    several seeds counts once, at its mean change over them: its run was measured once."""
+    by_cycle: dict[str, list[float]] = {}
+    for c in cycles:
+        a, b = of(c["variants"][DEFAULT]), of(c["variants"][label])
+        if a is not None and b is not None:
+            by_cycle.setdefault(c.get("rows") or str(id(c)), []).append(b - a)
+    return mean_change([float(np.mean(v)) for v in by_cycle.values()])
 
 
 def against(cycles: list[dict], before: dict) -> dict:
     """The default's change from `before` (this benchmark's JSON from other code, e.g. another
     graph) on the cycles both judged, matched by their rows' file: a paired comparison of two
     code versions on the same stored kernel rows and runs."""
-    earlier = {cycle_key(c): c["variants"][DEFAULT] for c in before["cycles"]}
-    pairs = [(earlier[cycle_key(c)], c["variants"][DEFAULT]) for c in cycles if cycle_key(c) in earlier]
+
+    def key(cycle: dict) -> tuple[str, int]:  # an output from before `--seeds` fitted at seed 0
+        return cycle_key(cycle), cycle.get("seed", 0)
+
+    earlier = {key(c): c["variants"][DEFAULT] for c in before["cycles"]}
+    pairs = [(earlier[key(c)], c["variants"][DEFAULT]) for c in cycles if key(c) in earlier]
 
     def change(of: Callable[[dict], float | None]) -> dict | None:
         values = [(of(a), of(b)) for a, b in pairs]
@@ -256,25 +271,44 @@ def summarize(cycles: list[dict]) -> dict[str, dict]:
                 f: float(np.mean([j["lean_by_layout"][f]["mean_signed"] for j in judged if f in j["lean_by_layout"]]))
                 for f in families
             },
-            "cycles": len(cycles),
+            "fits": len(cycles),
+            "cycles": len({c.get("rows") or str(id(c)) for c in cycles}),
             "in_step_kept": sum(bool(j.get("in_step_kept")) for j in judged),
-            **transfer_spread([j.get("transfer") for j in judged]),
+            **transfer_spread(cycles, label),
         }
-        if label != DEFAULT:
-            out[label]["paired"] = {
-                **{figure: paired(cycles, label, figure) for figure in RUN_FIGURES},
-                "abs_mean_signed_error": paired_by(
-                    cycles, label, lambda j: abs(j["data_parallel"]["mean_signed_error"])
-                ),
-                "tp_geomean_error": paired(cycles, label, "geomean_error", "tensor_parallel"),
-                "steps_left_out_gmae": paired_by(cycles, label, lambda j: j["steps_left_out_gmae"]),
+        if label == DEFAULT:
+            continue
+        out[label]["paired"] = paired_figures(cycles, label)
+        if not VARIANTS[label].in_step:  # it can move a fit only where the default kept the factors
+            kept = [c for c in cycles if c["variants"][DEFAULT].get("in_step_kept")]
+            out[label]["where_default_kept"] = {
+                "fits": len(kept),
+                "cycles": len({c.get("rows") or str(id(c)) for c in kept}),
+                "paired": paired_figures(kept, label),
+                "transfer": {name: transfer_spread(kept, name) for name in (DEFAULT, label)},
             }
     return out
 
 
-def transfer_spread(transfers: list[float | None]) -> dict:
-    """The transfer's spread over the runs that have it (a step check returned): its sd and mean."""
-    values = [t for t in transfers if t is not None]
+def paired_figures(cycles: list[dict], label: str) -> dict:
+    """Each figure's paired change from the default to `label` over `cycles` (`paired_by`)."""
+    return {
+        **{figure: paired(cycles, label, figure) for figure in RUN_FIGURES},
+        "abs_mean_signed_error": paired_by(cycles, label, lambda j: abs(j["data_parallel"]["mean_signed_error"])),
+        "tp_geomean_error": paired(cycles, label, "geomean_error", "tensor_parallel"),
+        "steps_left_out_gmae": paired_by(cycles, label, lambda j: j["steps_left_out_gmae"]),
+    }
+
+
+def transfer_spread(cycles: list[dict], label: str) -> dict:
+    """`label`'s transfer over the cycles' runs that have it (a step check returned): its sd and
+    mean over the runs, a run judged at several seeds at its mean over them."""
+    by_cycle: dict[str, list[float]] = {}
+    for c in cycles:
+        transfer = c["variants"][label].get("transfer")
+        if transfer is not None:
+            by_cycle.setdefault(c.get("rows") or str(id(c)), []).append(transfer)
+    values = [float(np.mean(v)) for v in by_cycle.values()]
     return {
         "transfer_runs": len(values),
         "transfer_mean": float(np.mean(values)) if values else None,
@@ -282,7 +316,19 @@ def transfer_spread(transfers: list[float | None]) -> dict:
     }
 
 
+def seed_list(text: str) -> list[int]:
+    """`--seeds`: comma-separated non-negative integers."""
+    try:
+        seeds = [int(part) for part in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated non-negative integers, e.g. 0,1,2") from None
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated non-negative integers, e.g. 0,1,2")
+    return seeds
+
+
 def print_cycle(cycle: dict) -> None:
+    print(f"  fit seed {cycle['seed']}:", flush=True)
     for label, judged in cycle["variants"].items():
         dp, tp = judged["data_parallel"], judged.get("tensor_parallel")
         lean = ", ".join(f"{f} {v['mean_signed']:+.1%}" for f, v in judged["lean_by_layout"].items())
@@ -302,7 +348,7 @@ def print_summary(summary: dict[str, dict]) -> None:
         print(
             f"{label:27s} steps left out {s['steps_left_out_gmae']:.1%}; DP signed {s['dp_mean_signed']:+.1%} "
             f"(sd {s['dp_signed_sd'] or 0:.1%}, mean |signed| {s['dp_mean_abs_signed']:.1%}), geomean "
-            f"{s['dp_mean_geomean']:.1%}, max {s['dp_mean_max']:.1%}, bars met {s['dp_bars_met']} of {s['cycles']}"
+            f"{s['dp_mean_geomean']:.1%}, max {s['dp_mean_max']:.1%}, bars met {s['dp_bars_met']} of {s['fits']} fits"
             + (f"; TP geomean {s['tp_mean_geomean']:.1%}" if s["tp_mean_geomean"] is not None else "")
             + f"; in-step factors kept in {s['in_step_kept']}"
             + (
@@ -315,6 +361,15 @@ def print_summary(summary: dict[str, dict]) -> None:
         for figure, change in s.get("paired", {}).items():
             if change is not None:
                 print(f"      {figure} - default: {change_text(change)}")
+        kept = s.get("where_default_kept")
+        if kept:
+            print(f"    where the default kept its in-step factors ({kept['fits']} fits of {kept['cycles']} cycles):")
+            for figure, change in kept["paired"].items():
+                if change is not None:
+                    print(f"      {figure} - default: {change_text(change)} over {change['cycles']} cycles")
+            for name, t in kept["transfer"].items():
+                if t["transfer_sd"] is not None:
+                    print(f"      transfer, {name}: sd {t['transfer_sd']:.3f} over {t['transfer_runs']} runs")
 
 
 def print_against(changes: dict, before: Path) -> None:
@@ -337,6 +392,12 @@ def main() -> None:
     parser.add_argument(
         "--against", type=Path, help="this benchmark's JSON from other code: the default's paired change from it"
     )
+    parser.add_argument(
+        "--seeds",
+        type=seed_list,
+        default=[0],
+        help="comma-separated step-stage fit seeds, each cycle fitted at each (default 0)",
+    )
     args = parser.parse_args()
     unknown = sorted(set(args.variants) - set(VARIANTS))
     if unknown:
@@ -344,17 +405,20 @@ def main() -> None:
     labels = [DEFAULT, *(label for label in VARIANTS if label in args.variants and label != DEFAULT)]
     paths = chosen_cycles(args, WORKLOAD)
     cycles = []
-    for cycle in each_cycle(paths, lambda path: judge_cycle(path, args.models, labels)):
-        cycles.append(cycle)
-        print_cycle(cycle)
+    for judged in each_cycle(paths, lambda path: judge_cycle(path, args.models, labels, args.seeds)):
+        for cycle in judged:
+            cycles.append(cycle)
+            print_cycle(cycle)
     summary = summarize(cycles)
-    print(f"over {len(cycles)} cycles:")
+    print(f"over {len(paths)} cycles, {len(cycles)} fits:")
     print_summary(summary)
     named = " ".join(shown_path(p) for p in paths) if args.rows else f"--last {args.last}"
     command = f"python benchmarks/transformer_overhead_refit.py {named}"
     out = args.out or str(REPO / "benchmarks/results/transformer_overhead_refit.json")
     if labels != list(VARIANTS):
         command += f" --variants '{','.join(labels)}'"
+    if args.seeds != [0]:
+        command += f" --seeds {','.join(map(str, args.seeds))}"
     if args.against:
         command += f" --against {shown_path(args.against.resolve())}"
     result = {

@@ -449,9 +449,60 @@ def test_transformer_overhead_refit_reprices_the_runs_own_steps_and_spreads_the_
     run["step_checks"].append(late)  # (+10% + 20%) / 2 = 15%
     assert refit.own_steps_signed(None, rows, run) == pytest.approx(0.0625)  # the median of three
     assert refit.own_steps_signed(None, rows, {}) is None
-    spread = refit.transfer_spread([0.02, None, -0.02])
-    assert spread["transfer_runs"] == 2 and spread["transfer_sd"] == pytest.approx(0.04 / np.sqrt(2))
-    assert refit.transfer_spread([None])["transfer_sd"] is None
+
+
+def test_transformer_overhead_refit_counts_a_cycle_fitted_at_several_seeds_once():
+    """A cycle fitted at several seeds (`--seeds`) is one measured run: each paired change and
+    the transfer's spread take its mean over the seeds; and the candidate that never keeps the
+    transformer's in-step factors is also judged over the fits where the default kept them."""
+    from benchmarks import transformer_overhead_refit as refit
+
+    candidate = "in-step factors never kept"
+
+    def fit(rows: str, seed: int, signed: float, kept: bool, transfer: float | None) -> dict:
+        def judged(signed: float, kept: bool, transfer: float | None) -> dict:
+            run = {"geomean_error": 0.05, "max_error": 0.1, "mean_signed_error": signed, "met": abs(signed) <= 0.05}
+            return {
+                "steps_left_out_gmae": 0.05,
+                "lean_by_layout": {},
+                "data_parallel": run,
+                "in_step_kept": kept,
+                "transfer": transfer,
+            }
+
+        moved = 0.04 if kept else 0.0  # the candidate moves a fit only where the default kept
+        return {
+            "rows": rows,
+            "seed": seed,
+            "variants": {
+                refit.DEFAULT: judged(signed, kept, transfer),
+                candidate: judged(signed + moved, False, None if transfer is None else transfer + moved),
+            },
+        }
+
+    cycles = [
+        fit("a", 0, 0.0, True, 0.02),
+        fit("a", 1, 0.0, False, 0.00),
+        fit("b", 0, 0.0, False, -0.02),
+        fit("b", 1, 0.0, False, None),
+        fit("c", 0, 0.0, True, 0.06),
+    ]
+    summary = refit.summarize(cycles)
+    assert summary[refit.DEFAULT]["fits"] == 5 and summary[refit.DEFAULT]["cycles"] == 3
+    assert summary[refit.DEFAULT]["in_step_kept"] == 2 and summary[candidate]["in_step_kept"] == 0
+    # the transfer by cycle: a (0.02 + 0) / 2, b -0.02, c 0.06
+    assert summary[refit.DEFAULT]["transfer_runs"] == 3
+    assert summary[refit.DEFAULT]["transfer_mean"] == pytest.approx(0.05 / 3)
+    change = summary[candidate]["paired"]["mean_signed_error"]
+    assert change["cycles"] == 3 and change["mean_change"] == pytest.approx((0.02 + 0.0 + 0.04) / 3)
+    kept = summary[candidate]["where_default_kept"]
+    assert kept["fits"] == 2 and kept["cycles"] == 2
+    assert kept["paired"]["mean_signed_error"]["mean_change"] == pytest.approx(0.04)
+    assert kept["transfer"][refit.DEFAULT]["transfer_sd"] == pytest.approx(np.std([0.02, 0.06], ddof=1))
+    assert "where_default_kept" not in summary[refit.DEFAULT]
+    assert refit.seed_list("0,3") == [0, 3]
+    with pytest.raises(Exception, match="comma-separated non-negative integers"):
+        refit.seed_list("0,-1")
 
 
 def test_transformer_overhead_refit_pairs_the_default_with_another_codes_on_the_same_cycles():
