@@ -62,6 +62,7 @@ from benchmarks.overhead_feature_refit import run_of as shared_run_of  # noqa: E
 from benchmarks.overhead_feature_refit import stored_cycles as shared_stored_cycles  # noqa: E402
 from benchmarks.refit_e2e import read_rows, run_summary, transformer_predictions  # noqa: E402
 from benchmarks.step_checks import OWN_STEPS  # noqa: E402
+from benchmarks.step_checks import summary as check_summary  # noqa: E402
 from benchmarks.transformer_step_lean import layout_family, signed_errors  # noqa: E402
 from predictors.evaluation import mean_change  # noqa: E402
 from predictors.fit import fit_step_stage  # noqa: E402
@@ -131,21 +132,19 @@ def run_figures(tasks: list[dict]) -> dict:
 def own_steps_signed(model: PerformanceModel, rows: list[Measurement], run: dict) -> float | None:
     """`model`'s signed error on the calibration's own steps as the run's step checks re-timed
     them (`step_checks.StepChecks.result`'s `own_steps_signed`, repriced): the median over the
-    checks that returned of the mean over their steps. None when the run has no such check."""
+    checks that returned of `step_checks.summary`'s mean over their steps. None when the run
+    has no such check."""
     kind = OWN_STEPS[WORKLOAD]
     by_name = {kind.name(r): r for r in rows if r.op == kind.op and kind.like_tasks(r)}
     prices: dict[str, float] = {}
-    signed = []
-    for check in run.get("step_checks") or []:
-        if "error" in check:
-            continue
-        errors = []
-        for step in check["steps"]:
-            name = step["name"]
-            if name not in prices:
-                prices[name] = kind.price_s(model, by_name[name]) * 1e3
-            errors.append((prices[name] - step["now_ms"]) / step["now_ms"])
-        signed.append(statistics.fmean(errors))
+
+    def repriced(step: dict) -> dict:
+        if step["name"] not in prices:
+            prices[step["name"]] = kind.price_s(model, by_name[step["name"]]) * 1e3
+        return {**step, "predicted_ms": prices[step["name"]]}
+
+    checks = [c for c in run.get("step_checks") or [] if "error" not in c]
+    signed = [check_summary([repriced(step) for step in c["steps"]])["signed_now"] for c in checks]
     return statistics.median(signed) if signed else None
 
 

@@ -438,14 +438,29 @@ def test_transformer_overhead_refit_reprices_the_runs_own_steps_and_spreads_the_
     monkeypatch.setattr(refit, "OWN_STEPS", {"transformer": kind})
     run = {
         "step_checks": [
-            {"label": "before round 1", "steps": [{"name": "a", "now_ms": 10.0}, {"name": "b", "now_ms": 20.0}]},
+            {
+                "label": "before round 1",
+                "steps": [
+                    {"name": "a", "now_ms": 10.0, "stored_ms": 10.0},
+                    {"name": "b", "now_ms": 20.0, "stored_ms": 20.0},
+                ],
+            },
             {"label": "after round 1", "error": "RuntimeError: the gang did not form"},
-            {"label": "after round 2", "steps": [{"name": "a", "now_ms": 11.0}, {"name": "b", "now_ms": 16.0}]},
+            {
+                "label": "after round 2",
+                "steps": [
+                    {"name": "a", "now_ms": 11.0, "stored_ms": 10.0},
+                    {"name": "b", "now_ms": 16.0, "stored_ms": 20.0},
+                ],
+            },
         ]
     }
     # each check's mean: (+10% - 10%) / 2 = 0 and (0% + 12.5%) / 2 = 6.25%; the failed one left out
     assert refit.own_steps_signed(None, rows, run) == pytest.approx(0.03125)
-    late = {"label": "after round 3", "steps": [{"name": "a", "now_ms": 10.0}, {"name": "b", "now_ms": 15.0}]}
+    late = {
+        "label": "after round 3",
+        "steps": [{"name": "a", "now_ms": 10.0, "stored_ms": 10.0}, {"name": "b", "now_ms": 15.0, "stored_ms": 20.0}],
+    }
     run["step_checks"].append(late)  # (+10% + 20%) / 2 = 15%
     assert refit.own_steps_signed(None, rows, run) == pytest.approx(0.0625)  # the median of three
     assert refit.own_steps_signed(None, rows, {}) is None
