@@ -204,12 +204,27 @@ def paired_by(cycles: list[dict], label: str, of: Callable[[dict], float | None]
     """The mean change of `of` (a judged variant's figure; None where it has none) from the
     default to `label` over the cycles where both have it, with its interval. A cycle judged at
     several seeds counts once, at its mean change over them: its run was measured once."""
-    by_cycle: dict[str, list[float]] = {}
-    for c in cycles:
-        a, b = of(c["variants"][DEFAULT]), of(c["variants"][label])
-        if a is not None and b is not None:
-            by_cycle.setdefault(c.get("rows") or str(id(c)), []).append(b - a)
-    return mean_change([float(np.mean(v)) for v in by_cycle.values()])
+
+    def change(cycle: dict) -> float | None:
+        a, b = of(cycle["variants"][DEFAULT]), of(cycle["variants"][label])
+        return None if a is None or b is None else b - a
+
+    return mean_change(per_run(cycles, change))
+
+
+def run_key(cycle: dict) -> str:
+    """Which measured run a judged fit belongs to: its rows' file (a fit per seed shares it)."""
+    return cycle.get("rows") or str(id(cycle))
+
+
+def per_run(cycles: list[dict], of: Callable[[dict], float | None]) -> list[float]:
+    """`of` of each fit, averaged over each run's fits (`run_key`), the fits without it left out."""
+    by_run: dict[str, list[float]] = {}
+    for cycle in cycles:
+        value = of(cycle)
+        if value is not None:
+            by_run.setdefault(run_key(cycle), []).append(value)
+    return [float(np.mean(values)) for values in by_run.values()]
 
 
 def against(cycles: list[dict], before: dict) -> dict:
@@ -271,7 +286,7 @@ def summarize(cycles: list[dict]) -> dict[str, dict]:
                 for f in families
             },
             "fits": len(cycles),
-            "cycles": len({c.get("rows") or str(id(c)) for c in cycles}),
+            "cycles": len({run_key(c) for c in cycles}),
             "in_step_kept": sum(bool(j.get("in_step_kept")) for j in judged),
             **transfer_spread(cycles, label),
         }
@@ -282,7 +297,7 @@ def summarize(cycles: list[dict]) -> dict[str, dict]:
             kept = [c for c in cycles if c["variants"][DEFAULT].get("in_step_kept")]
             out[label]["where_default_kept"] = {
                 "fits": len(kept),
-                "cycles": len({c.get("rows") or str(id(c)) for c in kept}),
+                "cycles": len({run_key(c) for c in kept}),
                 "paired": paired_figures(kept, label),
                 "transfer": {name: transfer_spread(kept, name) for name in (DEFAULT, label)},
             }
@@ -302,12 +317,7 @@ def paired_figures(cycles: list[dict], label: str) -> dict:
 def transfer_spread(cycles: list[dict], label: str) -> dict:
     """`label`'s transfer over the cycles' runs that have it (a step check returned): its sd and
     mean over the runs, a run judged at several seeds at its mean over them."""
-    by_cycle: dict[str, list[float]] = {}
-    for c in cycles:
-        transfer = c["variants"][label].get("transfer")
-        if transfer is not None:
-            by_cycle.setdefault(c.get("rows") or str(id(c)), []).append(transfer)
-    values = [float(np.mean(v)) for v in by_cycle.values()]
+    values = per_run(cycles, lambda cycle: cycle["variants"][label].get("transfer"))
     return {
         "transfer_runs": len(values),
         "transfer_mean": float(np.mean(values)) if values else None,
@@ -320,7 +330,7 @@ def seed_list(text: str) -> list[int]:
     try:
         seeds = [int(part) for part in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated non-negative integers, e.g. 0,1,2") from None
+        seeds = []
     if not seeds or min(seeds) < 0:
         raise argparse.ArgumentTypeError(f"{text!r}: comma-separated non-negative integers, e.g. 0,1,2")
     return seeds

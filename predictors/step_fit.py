@@ -23,7 +23,7 @@ STEP_WORKLOADS = {DLRM_STEP_OP: "dlrm", TRANSFORMER_STEP_OP: "transformer"}  # w
 STEP_OP_OF = {workload: op for op, workload in STEP_WORKLOADS.items()}
 OVERHEAD_FEATURES = {"dlrm": DLRM_OVERHEAD_FEATURES, "transformer": TRANSFORMER_OVERHEAD_FEATURES}
 OverheadFeatures = Mapping[str, Sequence[str]]  # workload -> what its step overhead is fitted on
-IN_STEP_WORKLOADS = ("dlrm", "transformer")  # whose in-step collective factors may be kept
+IN_STEP_WORKLOADS = tuple(STEP_WORKLOADS.values())  # whose in-step collective factors may be kept
 
 
 def fit_steps(
