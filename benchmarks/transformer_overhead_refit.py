@@ -291,6 +291,7 @@ def summarize(cycles: list[dict]) -> dict[str, dict]:
             **transfer_spread(cycles, label),
         }
         if label == DEFAULT:
+            out[label]["by_seed"] = seed_turns(cycles)
             continue
         out[label]["paired"] = paired_figures(cycles, label)
         if not VARIANTS[label].in_step:  # it can move a fit only where the default kept the factors
@@ -302,6 +303,28 @@ def summarize(cycles: list[dict]) -> dict[str, dict]:
                 "transfer": {name: transfer_spread(kept, name) for name in (DEFAULT, label)},
             }
     return out
+
+
+def seed_turns(cycles: list[dict]) -> dict:
+    """How the default's in-step keep and its DP mean signed error move with the step fit's seed
+    alone, over the runs fitted at several seeds: the runs kept at some seed, at every seed, and
+    those whose keep turns on it, and the run whose mean signed error the seed moves most."""
+    by_run: dict[str, list[dict]] = {}
+    for cycle in cycles:
+        by_run.setdefault(run_key(cycle), []).append(cycle["variants"][DEFAULT])
+    several = {run: fits for run, fits in by_run.items() if len(fits) > 1}
+    kept = {run: [bool(f.get("in_step_kept")) for f in fits] for run, fits in several.items()}
+    signed = {run: [f["data_parallel"]["mean_signed_error"] for f in fits] for run, fits in several.items()}
+    widest = max(signed, key=lambda run: max(signed[run]) - min(signed[run]), default=None)
+    return {
+        "runs": len(several),
+        "kept_at_some_seed": sum(any(k) for k in kept.values()),
+        "kept_at_every_seed": sum(all(k) for k in kept.values()),
+        "turning_on_seed": sum(any(k) and not all(k) for k in kept.values()),
+        "widest_signed_range": None
+        if widest is None
+        else {"rows": widest, "low": min(signed[widest]), "high": max(signed[widest])},
+    }
 
 
 def paired_figures(cycles: list[dict], label: str) -> dict:
@@ -367,6 +390,15 @@ def print_summary(summary: dict[str, dict]) -> None:
             )
         )
         print("      own steps by layout: " + ", ".join(f"{f} {v:+.1%}" for f, v in s["lean_by_layout"].items()))
+        turns = s.get("by_seed")
+        if turns and turns["runs"]:
+            wide = turns["widest_signed_range"]
+            print(
+                f"      over {turns['runs']} runs fitted at several seeds: in-step factors kept at some seed in "
+                f"{turns['kept_at_some_seed']}, at every seed in {turns['kept_at_every_seed']}, turning on the seed in "
+                f"{turns['turning_on_seed']}; the DP mean signed moved most by the seed in {wide['rows']}: "
+                f"{wide['low']:+.1%} to {wide['high']:+.1%}"
+            )
         for figure, change in s.get("paired", {}).items():
             if change is not None:
                 print(f"      {figure} - default: {change_text(change)}")

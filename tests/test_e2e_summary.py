@@ -520,6 +520,35 @@ def test_transformer_overhead_refit_counts_a_cycle_fitted_at_several_seeds_once(
         refit.seed_list("0,-1")
 
 
+def test_transformer_overhead_refit_says_how_the_default_turns_on_the_seed():
+    from benchmarks import transformer_overhead_refit as refit
+
+    def fit(rows: str, kept: bool, signed: float) -> dict:
+        run = {"geomean_error": 0.05, "max_error": 0.1, "mean_signed_error": signed, "met": True}
+        return {"rows": rows, "variants": {refit.DEFAULT: {"in_step_kept": kept, "data_parallel": run}}}
+
+    cycles = [
+        fit("a", True, 0.01),
+        fit("a", True, 0.02),
+        fit("b", True, -0.02),
+        fit("b", False, -0.06),  # turns on the seed, and moves 4 points
+        fit("c", False, 0.0),
+        fit("c", False, 0.0),
+        fit("d", True, 0.3),  # one fit: not a run fitted at several seeds
+    ]
+    turns = refit.seed_turns(cycles)
+    assert turns["runs"] == 3
+    assert (turns["kept_at_some_seed"], turns["kept_at_every_seed"], turns["turning_on_seed"]) == (2, 1, 1)
+    assert turns["widest_signed_range"] == {"rows": "b", "low": -0.06, "high": -0.02}
+    assert refit.seed_turns(cycles[-1:]) == {
+        "runs": 0,
+        "kept_at_some_seed": 0,
+        "kept_at_every_seed": 0,
+        "turning_on_seed": 0,
+        "widest_signed_range": None,
+    }
+
+
 def test_transformer_overhead_refit_pairs_the_default_with_another_codes_on_the_same_cycles():
     from benchmarks.transformer_overhead_refit import DEFAULT, against
 
