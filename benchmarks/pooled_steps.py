@@ -1,24 +1,30 @@
 """Does fitting the step overheads on the whole steps of several calibrations of one hardware
 hold better on fresh jobs than fitting them on the newest calibration's steps alone?
 
-    .venv/bin/python benchmarks/pooled_steps.py [--pool 1 2 3] [--judge 4] MEASUREMENTS [MEASUREMENTS ...]
+    .venv/bin/python benchmarks/pooled_steps.py [--pool 1 2 3] [--judge 4] [--models DIR] MEASUREMENTS [...]
     .venv/bin/python benchmarks/pooled_steps.py --summarize benchmarks/results/pooled_steps.json
 
 MEASUREMENTS: stored calibrations of one hardware, oldest first (`measurements_T.jsonl.gz`,
 with that cycle's `dlrm_T.json` and `transformer_T.json` beside it, as the #26 cycles keep
 them; all of this host, on the same software, which the files do not record). Each of the
-newest `--judge` calibrations is fitted as it would be now without its steps
-(`fit.fit_bundle`), then its step overheads and in-step factors are fitted as a calibration
-fits them (`step_pool.fit_pooled_steps`) on its own steps alone and, for each `--pool` k,
-with the steps the k calibrations before it lend (only earlier ones: what a calibration
-would have found stored; one whose kernels ran off this one's speed lends none). Each variant re-predicts the jobs that cycle's e2e benchmarks measured, side by
-side with the others: the jobs' times are one spell's, only the step fit differs.
+newest `--judge` calibrations is fitted as it would be now below its steps
+(`overhead_feature_refit.below_steps`, kept in `--models DIR` to be reused), then its step
+overheads and in-step factors are fitted as a calibration fits them
+(`step_pool.fit_pooled_steps`) on its own steps alone and, for each `--pool` k, with the steps
+the k calibrations before it lend (only earlier ones: what a calibration would have found
+stored; one whose kernels ran off this one's speed lends none). Each variant re-predicts the
+jobs that cycle's e2e benchmarks measured (DLRM, transformer data and tensor parallel), side by
+side with the others: the jobs' times are one spell's, only the step fit differs, so each
+variant against its own steps is a paired comparison; over the runs, the summary gives the
+mean paired change of each run figure with its 95% interval.
 
 Why: three champions priced the same measured steps 10-14% apart
 (`benchmarks/step_drift_cross.py`), each within its interval of zero on its own
 calibration's eight table-wise steps: the step model's level follows the calibration's
-draw of steps, and more steps of the same hardware would average that draw out.
-Writes benchmarks/results/pooled_steps.json (or `--out`).
+draw of steps, and more steps of the same hardware would average that draw out. The #26
+cycles calibrate into fresh stores, so the product's pooling is never exercised by them; this
+is where it is judged. Writes benchmarks/results/pooled_steps.json (or `--out`) after every
+judged calibration, so a stopped run keeps what it judged.
 """
 
 from __future__ import annotations
@@ -36,8 +42,10 @@ sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
 from benchmarks.issue26_tally import meets_bars  # noqa: E402
+from benchmarks.overhead_feature_refit import below_steps  # noqa: E402
 from benchmarks.refit_e2e import dlrm_predictions, read_rows, run_summary, transformer_predictions  # noqa: E402
-from predictors.fit import fit_bundle, kernel_rows  # noqa: E402
+from predictors.evaluation import mean_change  # noqa: E402
+from predictors.fit import kernel_rows  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
 from predictors.step_fit import OVERHEAD_FEATURES, STEP_OPS, OverheadFeatures  # noqa: E402
 from predictors.step_pool import EarlierCalibration, StepHistory, fit_pooled_steps  # noqa: E402
@@ -67,53 +75,132 @@ def with_history(
     return model
 
 
+OWN = "own steps"
+WORKLOADS = ("dlrm", "transformer_dp")  # the runs #26's bars judge; TP's geomean is shown beside
+RUN_FIGURES = ("geomean_error", "max_error", "mean_signed_error")
+
+
 def judged(model: PerformanceModel, files: dict[str, Path | None]) -> dict[str, dict]:
-    """The cycle's e2e jobs re-predicted by `model`: DLRM and transformer data parallel."""
+    """The cycle's e2e jobs re-predicted by `model`: DLRM, transformer data parallel and (where
+    the run had them) tensor parallel."""
     out = {}
     if files["dlrm"] is not None:
         out["dlrm"] = run_summary(dlrm_predictions(model, json.loads(files["dlrm"].read_text())))
     if files["transformer"] is not None:
-        out["transformer_dp"] = run_summary(
-            transformer_predictions(model, json.loads(files["transformer"].read_text())["tasks"])
-        )
+        run = json.loads(files["transformer"].read_text())
+        out["transformer_dp"] = run_summary(transformer_predictions(model, run["tasks"]))
+        if run.get("tensor_parallel_tasks"):
+            out["transformer_tp"] = run_summary(transformer_predictions(model, run["tensor_parallel_tasks"]))
     return out
 
 
 def line(label: str, scores: dict[str, dict]) -> str:
     parts = [label.ljust(22)]
-    for name in ("dlrm", "transformer_dp"):
+    for name in WORKLOADS:
         s = scores.get(name)
         parts.append(
             f"{name} geomean {s['geomean_error']:5.1%} max {s['max_error']:5.1%} signed {s['mean_signed_error']:+6.1%}"
             if s
             else f"{name} not run"
         )
+    if "transformer_tp" in scores:
+        parts.append(f"tp geomean {scores['transformer_tp']['geomean_error']:5.1%}")
     return "  ".join(parts)
+
+
+def met(scores: dict) -> bool:
+    return meets_bars(*(scores[k] for k in RUN_FIGURES))
 
 
 def summarize(results: list[dict]) -> dict[str, dict[str, dict]]:
     """Per step-fit variant and workload, over the judged runs: the runs' mean signed error
-    (mean and spread), their mean |signed| error, and how many met every bar."""
+    (mean and spread), their mean |signed| error, how many met every bar, and (for a variant
+    other than the own steps) each run figure's mean paired change from the own steps' fit of
+    the same run, with its 95% interval (`paired_changes`)."""
     out: dict[str, dict[str, dict]] = {}
+    own = {r["cycle"]: r for r in results if r["variant"] == OWN}
     for variant in dict.fromkeys(r["variant"] for r in results):
-        for workload in ("dlrm", "transformer_dp"):
+        for workload in WORKLOADS:
             scores = [r[workload] for r in results if r["variant"] == variant and workload in r]
             if not scores:
                 continue
             signed = np.array([s["mean_signed_error"] for s in scores])
-            out.setdefault(variant, {})[workload] = {
+            figures: dict = {
                 "runs": len(scores),
                 "mean_signed": float(signed.mean()),
                 "sd_signed": float(signed.std()),
                 "mean_abs_signed": float(np.abs(signed).mean()),
-                "met": sum(meets_bars(s["geomean_error"], s["max_error"], s["mean_signed_error"]) for s in scores),
+                "mean_geomean": float(np.mean([s["geomean_error"] for s in scores])),
+                "met": sum(met(s) for s in scores),
             }
+            if variant != OWN:
+                pairs = [(own[r["cycle"]], r) for r in results if r["variant"] == variant and r["cycle"] in own]
+                figures["paired"] = paired_changes(pairs, workload)
+            out.setdefault(variant, {})[workload] = figures
             print(
                 f"{variant:18s} {workload:15s} over {len(scores)} runs: mean signed {signed.mean():+.1%} "
                 f"(sd {signed.std():.1%}), mean |signed| {np.abs(signed).mean():.1%}, "
-                f"bars met {out[variant][workload]['met']} of {len(scores)}"
+                f"mean geomean {figures['mean_geomean']:.1%}, bars met {figures['met']} of {len(scores)}"
             )
+            for figure, change in figures.get("paired", {}).items():
+                if change is not None:
+                    low, high = change["interval"] or (float("nan"), float("nan"))
+                    print(
+                        f"{'':34s}{figure} change {change['mean_change'] * 100:+.2f} points "
+                        f"[{low * 100:+.2f}, {high * 100:+.2f}] over {change['cycles']} runs"
+                    )
     return out
+
+
+def paired_changes(pairs: list[tuple[dict, dict]], workload: str) -> dict[str, dict | None]:
+    """Each of `workload`'s run figures (and |signed|, and for the transformer TP's geomean) as
+    the variant moves it from the own steps' fit of the same run: mean change and interval."""
+
+    def change(of) -> dict | None:  # of: a judged cycle -> the figure, None where it has none
+        values = [(of(a), of(b)) for a, b in pairs]
+        return mean_change([b - a for a, b in values if a is not None and b is not None])
+
+    def figure(name: str, kind: str = workload):
+        return lambda judged: judged[kind][name] if kind in judged else None
+
+    changes = {name: change(figure(name)) for name in RUN_FIGURES}
+    changes["abs_mean_signed_error"] = change(
+        lambda j: abs(j[workload]["mean_signed_error"]) if workload in j else None
+    )
+    if workload == "transformer_dp":
+        changes["tp_geomean_error"] = change(figure("geomean_error", "transformer_tp"))
+    return changes
+
+
+def judge_calibration(
+    i: int, cycles: list[dict], stored: list[list[Measurement]], pools: list[int], models: Path | None
+) -> list[dict]:
+    """The `i`th calibration's step stage fitted on its own steps and with each of `pools`'
+    earlier calibrations lending theirs, on one below-steps bundle; each variant's judged runs."""
+    below = below_steps(stored[i], cycles[i]["rows"], models)
+    base_state = below.to_dict()
+    variants: dict[str, StepHistory | None] = {OWN: None}
+    for k in pools:
+        if i - k >= 0:  # the k calibrations before this one, newest first (as a calibration finds them)
+            earlier = [EarlierCalibration(cycles[j]["rows"].name, stored[j]) for j in range(i - 1, i - k - 1, -1)]
+            variants[f"own + {k} earlier"] = StepHistory({}, earlier)
+    print(f"{cycles[i]['rows'].name}:", flush=True)
+    results = []
+    for label, history in variants.items():
+        model = with_history(base_state, stored[i], history)
+        verdicts = model.meta.get("pooled_steps", [])
+        lent = sum(v["steps"] for v in verdicts if v["pooled"])
+        scores = judged(model, cycles[i])
+        print("  " + line(f"{label} (+{lent})", scores), flush=True)
+        for v in verdicts:
+            print(f"      {v['label']}: {'pooled' if v['pooled'] else 'not pooled'}, {v['why']}")
+        cycle = (
+            str(cycles[i]["rows"].relative_to(REPO))
+            if cycles[i]["rows"].is_relative_to(REPO)
+            else cycles[i]["rows"].name
+        )
+        results.append({"cycle": cycle, "variant": label, "lent_steps": lent, "verdicts": verdicts, **scores})
+    return results
 
 
 def main() -> None:
@@ -121,6 +208,7 @@ def main() -> None:
     parser.add_argument("measurements", type=Path, nargs="*", help="stored calibrations of one hardware, oldest first")
     parser.add_argument("--pool", type=int, nargs="+", default=[1, 2, 3], help="earlier calibrations to add (each k)")
     parser.add_argument("--judge", type=int, default=4, help="how many of the newest calibrations to judge")
+    parser.add_argument("--models", type=Path, help="keep (and reuse) each calibration's below-steps bundle here")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "pooled_steps.json"))
     parser.add_argument("--summarize", type=Path, help="only summarize an earlier run's JSON (and write it back)")
     args = parser.parse_args()
@@ -133,34 +221,19 @@ def main() -> None:
         parser.error("MEASUREMENTS: expected stored calibrations' rows (or --summarize JSON)")
     if args.judge < 1 or any(k < 1 for k in args.pool):
         parser.error("--judge and every --pool must be >= 1")
-    cycles = [cycle_files(p) for p in args.measurements]
+    cycles = [cycle_files(p.resolve()) for p in args.measurements]
     stored = [read_rows(c["rows"]) for c in cycles]
-    results = []
-    for i in range(max(0, len(cycles) - args.judge), len(cycles)):
-        base, _ = fit_bundle([r for r in stored[i] if r.op not in STEP_OPS], "refit", seed=0)
-        base_state = base.to_dict()
-        variants: dict[str, StepHistory | None] = {"own steps": None}
-        for k in args.pool:
-            if i - k >= 0:  # the k calibrations before this one, newest first (as a calibration finds them)
-                earlier = [EarlierCalibration(cycles[j]["rows"].name, stored[j]) for j in range(i - 1, i - k - 1, -1)]
-                variants[f"own + {k} earlier"] = StepHistory({}, earlier)
-        print(f"{cycles[i]['rows'].name}:", flush=True)
-        for label, history in variants.items():
-            model = with_history(base_state, stored[i], history)
-            verdicts = model.meta.get("pooled_steps", [])
-            lent = sum(v["steps"] for v in verdicts if v["pooled"])
-            scores = judged(model, cycles[i])
-            print("  " + line(f"{label} (+{lent})", scores), flush=True)
-            for v in verdicts:
-                print(f"      {v['label']}: {'pooled' if v['pooled'] else 'not pooled'}, {v['why']}")
-            results.append(
-                {"cycle": cycles[i]["rows"].name, "variant": label, "lent_steps": lent, "verdicts": verdicts, **scores}
-            )
     command = "python benchmarks/pooled_steps.py " + " ".join(
         ["--pool", *map(str, args.pool), "--judge", str(args.judge), *map(str, args.measurements)]
     )
+    results: list[dict] = []
+    for i in range(max(0, len(cycles) - args.judge), len(cycles)):
+        results += judge_calibration(i, cycles, stored, args.pool, args.models)
+        write_result(args.out, {"command": command, "results": results, "complete": False})
     summary = summarize(results)
-    print(f"wrote {write_result(args.out, {'command': command, 'results': results, 'summary': summary})}")
+    print(
+        f"wrote {write_result(args.out, {'command': command, 'results': results, 'summary': summary, 'complete': True})}"
+    )
 
 
 if __name__ == "__main__":
