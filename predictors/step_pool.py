@@ -18,7 +18,7 @@ calibration's own rows measured against the same models.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Collection, Sequence
 
 import numpy as np
@@ -90,12 +90,31 @@ def kernel_speed(model: PerformanceModel, rows: Sequence[Measurement], sample: i
     return geomean(ratios), len(ratios)
 
 
+def at_speed(step: Measurement, speed: float) -> Measurement:
+    """A lent step as this calibration would have timed it: its times (the whole step, its
+    spread, the collectives it captured) over `speed`, its calibration's kernel time over this
+    one's. On a shared host the whole process slows, not the kernels alone."""
+    params = dict(step.params)
+    if params.get("in_step_collectives"):
+        params["in_step_collectives"] = [
+            [[kind, seconds / speed] for kind, seconds in captured] for captured in params["in_step_collectives"]
+        ]
+    return replace(step, params=params, median_s=step.median_s / speed, spread_s=step.spread_s / speed)
+
+
 def pool_steps(
-    model: PerformanceModel, own_kernels: Sequence[Measurement], history: StepHistory, bound: float = SPEED_BOUND
+    model: PerformanceModel,
+    own_kernels: Sequence[Measurement],
+    history: StepHistory,
+    bound: float = SPEED_BOUND,
+    rescale: bool = False,
 ) -> tuple[list[Measurement], list[PoolVerdict]]:
     """The whole steps of the `history`'s calibrations that measured this machine (its
     software, its kernels within `bound` of `own_kernels`' speed under `model`, the bundle's
-    kernel models fitted on them) and a verdict on each earlier calibration."""
+    kernel models fitted on them) and a verdict on each earlier calibration. `rescale`: each
+    lent step taken at this calibration's speed (`at_speed`), not as its own calibration
+    timed it (a candidate: within the bound a lender can still run 10% off, and its steps move
+    the fitted level with them)."""
     own_speed, own_points = kernel_speed(model, own_kernels)
     software = history.software
     pooled: list[Measurement] = []
@@ -121,6 +140,9 @@ def pool_steps(
                     verdict.why = f"its kernels ran {verdict.speed:.2f}x this calibration's (bound {bound:.2f}x)"
                 else:
                     verdict.pooled, verdict.why = True, f"same software, kernels at {verdict.speed:.3f}x"
+                    if rescale:
+                        verdict.why += ", its steps taken at this calibration's speed"
+                        steps = [at_speed(step, verdict.speed) for step in steps]
                     pooled += steps
         verdicts.append(verdict)
     return pooled, verdicts
@@ -135,13 +157,15 @@ def fit_pooled_steps(
     overhead_features: OverheadFeatures = OVERHEAD_FEATURES,
     every_dlrm_step: bool = False,
     in_step_workloads: Collection[str] = IN_STEP_WORKLOADS,
+    rescale_lent: bool = False,
 ) -> list[Measurement]:
     """`step_fit.fit_steps` on this calibration's whole steps and those its `history` lends
-    (`pool_steps`; the verdicts in `meta["pooled_steps"]`). Returns this calibration's own
-    steps, judged: a champion is compared on rows it never saw, and it fitted the lent ones."""
+    (`pool_steps`, each lent step at this calibration's speed where `rescale_lent`; the
+    verdicts in `meta["pooled_steps"]`). Returns this calibration's own steps, judged: a
+    champion is compared on rows it never saw, and it fitted the lent ones."""
     lent: list[Measurement] = []
     if history is not None and history.calibrations:
-        lent, verdicts = pool_steps(model, own_kernels, history)
+        lent, verdicts = pool_steps(model, own_kernels, history, rescale=rescale_lent)
         model.meta["pooled_steps"] = [v.to_dict() for v in verdicts]
     steps = list(own_steps) + lent
     borrowed = {id(r) for r in lent}
