@@ -203,6 +203,23 @@ def judge_calibration(
     return results
 
 
+def resummarized(paths: list[Path], out: str) -> tuple[str, dict]:
+    """Where to write and what: one earlier output summarized again (written back), or several
+    judged apart (one per host, whose calibrations never lend to each other) summarized as one
+    (written to `out`, their commands kept)."""
+    outputs = [json.loads(path.read_text()) for path in paths]
+    if len(outputs) == 1:
+        return str(paths[0]), {**outputs[0], "summary": summarize(outputs[0]["results"])}
+    results = [r for data in outputs for r in data["results"]]
+    commands = [data["command"] for data in outputs]
+    return out, {
+        "commands": commands,
+        "parts": [str(p) for p in paths],
+        "results": results,
+        "summary": summarize(results),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("measurements", type=Path, nargs="*", help="stored calibrations of one hardware, oldest first")
@@ -210,12 +227,15 @@ def main() -> None:
     parser.add_argument("--judge", type=int, default=4, help="how many of the newest calibrations to judge")
     parser.add_argument("--models", type=Path, help="keep (and reuse) each calibration's below-steps bundle here")
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "pooled_steps.json"))
-    parser.add_argument("--summarize", type=Path, help="only summarize an earlier run's JSON (and write it back)")
+    parser.add_argument(
+        "--summarize",
+        type=Path,
+        nargs="+",
+        help="only summarize earlier runs' JSON: one is written back, several (each host's, say) pooled into --out",
+    )
     args = parser.parse_args()
     if args.summarize is not None:
-        data = json.loads(args.summarize.read_text())
-        data["summary"] = summarize(data["results"])
-        print(f"wrote {write_result(str(args.summarize), data)}")
+        print(f"wrote {write_result(*resummarized(args.summarize, args.out))}")
         return
     if not args.measurements:
         parser.error("MEASUREMENTS: expected stored calibrations' rows (or --summarize JSON)")

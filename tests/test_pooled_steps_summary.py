@@ -1,0 +1,74 @@
+"""`benchmarks/pooled_steps.py`'s summary: a pooled fit judged against its own run's own-steps fit,
+pair by pair, never against another run's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks.pooled_steps import OWN, resummarized, summarize
+
+
+def run(geomean: float, worst: float, signed: float) -> dict:
+    return {"geomean_error": geomean, "max_error": worst, "mean_signed_error": signed}
+
+
+def judged(cycle: str, variant: str, dlrm: dict, dp: dict, tp: dict | None = None) -> dict:
+    out = {"cycle": cycle, "variant": variant, "lent_steps": 0 if variant == OWN else 40, "dlrm": dlrm}
+    out["transformer_dp"] = dp
+    if tp is not None:
+        out["transformer_tp"] = tp
+    return out
+
+
+def test_changes_are_paired_by_run_and_bars_counted():
+    pooled = "own + 3 earlier"
+    results = [
+        judged("a", OWN, run(0.06, 0.20, -0.08), run(0.05, 0.15, +0.02), run(0.10, 0.2, 0.0)),
+        judged("a", pooled, run(0.05, 0.18, -0.04), run(0.06, 0.16, +0.03), run(0.08, 0.2, 0.0)),
+        judged("b", OWN, run(0.12, 0.30, +0.10), run(0.04, 0.12, -0.01)),
+        judged("b", pooled, run(0.10, 0.24, +0.07), run(0.04, 0.12, -0.02)),
+    ]
+    summary = summarize(results)
+    own, pool = summary[OWN], summary[pooled]
+    assert own["dlrm"]["met"] == 0 and pool["dlrm"]["met"] == 1  # a: signed -8% -> -4%
+    assert own["transformer_dp"]["met"] == pool["transformer_dp"]["met"] == 2
+    assert "paired" not in own["dlrm"]
+    paired = pool["dlrm"]["paired"]
+    assert paired["geomean_error"]["mean_change"] == pytest.approx(-0.015)  # (-0.01 - 0.02) / 2
+    assert paired["abs_mean_signed_error"]["mean_change"] == pytest.approx(-0.035)  # (-0.04 - 0.03) / 2
+    assert paired["geomean_error"]["cycles"] == 2
+    tp = pool["transformer_dp"]["paired"]["tp_geomean_error"]
+    assert tp["cycles"] == 1 and tp["mean_change"] == pytest.approx(-0.02)  # only run a had TP tasks
+    assert pool["dlrm"]["sd_signed"] < own["dlrm"]["sd_signed"]
+
+
+def test_a_run_judged_only_pooled_is_not_paired_with_another_runs_own_fit():
+    pooled = "own + 3 earlier"
+    results = [
+        judged("a", OWN, run(0.06, 0.2, -0.08), run(0.05, 0.15, 0.0)),
+        judged("b", pooled, run(0.20, 0.4, +0.2), run(0.05, 0.15, 0.0)),
+    ]
+    summary = summarize(results)
+    assert summary[pooled]["dlrm"]["paired"]["geomean_error"] is None
+
+
+def test_runs_judged_apart_are_summarized_as_one(tmp_path):
+    pooled = "own + 3 earlier"
+    parts = []
+    for host, signed in (("amd", -0.08), ("intel", +0.08)):
+        path = tmp_path / f"{host}.json"
+        results = [
+            judged(host, OWN, run(0.06, 0.2, signed), run(0.05, 0.15, 0.0)),
+            judged(host, pooled, run(0.05, 0.2, signed / 2), run(0.05, 0.15, 0.0)),
+        ]
+        path.write_text(json.dumps({"command": f"python benchmarks/pooled_steps.py {host}", "results": results}))
+        parts.append(path)
+    out, data = resummarized(parts, str(tmp_path / "both.json"))
+    assert out == str(tmp_path / "both.json") and len(data["results"]) == 4
+    assert data["commands"] == ["python benchmarks/pooled_steps.py amd", "python benchmarks/pooled_steps.py intel"]
+    assert data["summary"][pooled]["dlrm"]["paired"]["abs_mean_signed_error"]["cycles"] == 2
+    assert data["summary"][pooled]["dlrm"]["met"] == 2 and data["summary"][OWN]["dlrm"]["met"] == 0
+    alone, again = resummarized(parts[:1], "unused")
+    assert alone == str(parts[0]) and again["summary"][pooled]["dlrm"]["runs"] == 1
