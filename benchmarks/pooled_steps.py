@@ -65,17 +65,23 @@ def cycle_files(path: Path) -> dict[str, Path | None]:
 
 
 def with_history(
-    base: dict, rows: list[Measurement], history: StepHistory | None, features: OverheadFeatures = OVERHEAD_FEATURES
+    base: dict,
+    rows: list[Measurement],
+    history: StepHistory | None,
+    features: OverheadFeatures = OVERHEAD_FEATURES,
+    rescale_lent: bool = False,
 ) -> PerformanceModel:
     """The bundle fitted without steps, its step overheads (on `features`) and in-step factors
     fitted as a calibration fits them (`step_pool.fit_pooled_steps`) on its own steps and what
-    `history` lends."""
+    `history` lends (at this calibration's speed where `rescale_lent`)."""
     model = PerformanceModel.from_dict(base)
-    fit_pooled_steps(model, [r for r in rows if r.op in STEP_OPS], kernel_rows(rows), history, 0, features)
+    steps = [r for r in rows if r.op in STEP_OPS]
+    fit_pooled_steps(model, steps, kernel_rows(rows), history, 0, features, rescale_lent=rescale_lent)
     return model
 
 
 OWN = "own steps"
+AT_SPEED = " at this speed"  # a pooled variant's label with its lent steps rescaled (`step_pool.at_speed`)
 WORKLOADS = ("dlrm", "transformer_dp")  # the runs #26's bars judge; TP's geomean is shown beside
 RUN_FIGURES = ("geomean_error", "max_error", "mean_signed_error")
 
@@ -116,8 +122,11 @@ def summarize(results: list[dict]) -> dict[str, dict[str, dict]]:
     """Per step-fit variant and workload, over the judged runs: the runs' mean signed error
     (mean and spread), their mean |signed| error, how many met every bar, and (for a variant
     other than the own steps) each run figure's mean paired change from the own steps' fit of
-    the same run, with its 95% interval (`paired_changes`)."""
+    the same run, with its 95% interval (`paired_changes`). A variant whose lent steps were
+    rescaled is also paired with the same pooling as it is (`against_as_is`), over the runs
+    that lent something: elsewhere the two fits are one."""
     out: dict[str, dict[str, dict]] = {}
+    by_run = {(r["cycle"], r["variant"]): r for r in results}
     own = {r["cycle"]: r for r in results if r["variant"] == OWN}
     for variant in dict.fromkeys(r["variant"] for r in results):
         for workload in WORKLOADS:
@@ -136,19 +145,28 @@ def summarize(results: list[dict]) -> dict[str, dict[str, dict]]:
             if variant != OWN:
                 pairs = [(own[r["cycle"]], r) for r in results if r["variant"] == variant and r["cycle"] in own]
                 figures["paired"] = paired_changes(pairs, workload)
+            if variant.endswith(AT_SPEED):
+                as_is = variant.removesuffix(AT_SPEED)
+                pairs = [
+                    (by_run[(r["cycle"], as_is)], r)
+                    for r in results
+                    if r["variant"] == variant and r["lent_steps"] > 0 and (r["cycle"], as_is) in by_run
+                ]
+                figures["against_as_is"] = paired_changes(pairs, workload)
             out.setdefault(variant, {})[workload] = figures
             print(
                 f"{variant:18s} {workload:15s} over {len(scores)} runs: mean signed {signed.mean():+.1%} "
                 f"(sd {signed.std():.1%}), mean |signed| {np.abs(signed).mean():.1%}, "
                 f"mean geomean {figures['mean_geomean']:.1%}, bars met {figures['met']} of {len(scores)}"
             )
-            for figure, change in figures.get("paired", {}).items():
-                if change is not None:
-                    low, high = change["interval"] or (float("nan"), float("nan"))
-                    print(
-                        f"{'':34s}{figure} change {change['mean_change'] * 100:+.2f} points "
-                        f"[{low * 100:+.2f}, {high * 100:+.2f}] over {change['cycles']} runs"
-                    )
+            for against, key in ((OWN, "paired"), ("as is", "against_as_is")):
+                for figure, change in figures.get(key, {}).items():
+                    if change is not None:
+                        low, high = change["interval"] or (float("nan"), float("nan"))
+                        print(
+                            f"{'':34s}{figure} change from {against} {change['mean_change'] * 100:+.2f} points "
+                            f"[{low * 100:+.2f}, {high * 100:+.2f}] over {change['cycles']} runs"
+                        )
     return out
 
 
@@ -173,21 +191,29 @@ def paired_changes(pairs: list[tuple[dict, dict]], workload: str) -> dict[str, d
 
 
 def judge_calibration(
-    i: int, cycles: list[dict], stored: list[list[Measurement]], pools: list[int], models: Path | None
+    i: int,
+    cycles: list[dict],
+    stored: list[list[Measurement]],
+    pools: list[int],
+    models: Path | None,
+    rescaled: bool = False,
 ) -> list[dict]:
     """The `i`th calibration's step stage fitted on its own steps and with each of `pools`'
-    earlier calibrations lending theirs, on one below-steps bundle; each variant's judged runs."""
+    earlier calibrations lending theirs (and, where `rescaled`, lending them at this
+    calibration's speed), on one below-steps bundle; each variant's judged runs."""
     below = below_steps(stored[i], cycles[i]["rows"], models)
     base_state = below.to_dict()
-    variants: dict[str, StepHistory | None] = {OWN: None}
+    variants: dict[str, tuple[StepHistory | None, bool]] = {OWN: (None, False)}
     for k in pools:
         if i - k >= 0:  # the k calibrations before this one, newest first (as a calibration finds them)
             earlier = [EarlierCalibration(cycles[j]["rows"].name, stored[j]) for j in range(i - 1, i - k - 1, -1)]
-            variants[f"own + {k} earlier"] = StepHistory({}, earlier)
+            variants[f"own + {k} earlier"] = (StepHistory({}, earlier), False)
+            if rescaled:
+                variants[f"own + {k} earlier{AT_SPEED}"] = (StepHistory({}, earlier), True)
     print(f"{cycles[i]['rows'].name}:", flush=True)
     results = []
-    for label, history in variants.items():
-        model = with_history(base_state, stored[i], history)
+    for label, (history, rescale_lent) in variants.items():
+        model = with_history(base_state, stored[i], history, rescale_lent=rescale_lent)
         verdicts = model.meta.get("pooled_steps", [])
         lent = sum(v["steps"] for v in verdicts if v["pooled"])
         scores = judged(model, cycles[i])
@@ -226,6 +252,11 @@ def main() -> None:
     parser.add_argument("--pool", type=int, nargs="+", default=[1, 2, 3], help="earlier calibrations to add (each k)")
     parser.add_argument("--judge", type=int, default=4, help="how many of the newest calibrations to judge")
     parser.add_argument("--models", type=Path, help="keep (and reuse) each calibration's below-steps bundle here")
+    parser.add_argument(
+        "--rescaled",
+        action="store_true",
+        help="each pooled variant also with its lent steps at this calibration's speed",
+    )
     parser.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "pooled_steps.json"))
     parser.add_argument(
         "--summarize",
@@ -244,11 +275,13 @@ def main() -> None:
     cycles = [cycle_files(p.resolve()) for p in args.measurements]
     stored = [read_rows(c["rows"]) for c in cycles]
     command = "python benchmarks/pooled_steps.py " + " ".join(
-        ["--pool", *map(str, args.pool), "--judge", str(args.judge), *map(str, args.measurements)]
+        ["--pool", *map(str, args.pool), "--judge", str(args.judge)]
+        + (["--rescaled"] if args.rescaled else [])
+        + list(map(str, args.measurements))
     )
     results: list[dict] = []
     for i in range(max(0, len(cycles) - args.judge), len(cycles)):
-        results += judge_calibration(i, cycles, stored, args.pool, args.models)
+        results += judge_calibration(i, cycles, stored, args.pool, args.models, args.rescaled)
         write_result(args.out, {"command": command, "results": results, "complete": False})
     summary = summarize(results)
     print(

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from benchmarks.pooled_steps import OWN, resummarized, summarize
+from benchmarks.pooled_steps import AT_SPEED, OWN, resummarized, summarize
 
 
 def run(geomean: float, worst: float, signed: float) -> dict:
@@ -72,3 +72,19 @@ def test_runs_judged_apart_are_summarized_as_one(tmp_path):
     assert data["summary"][pooled]["dlrm"]["met"] == 2 and data["summary"][OWN]["dlrm"]["met"] == 0
     alone, again = resummarized(parts[:1], "unused")
     assert alone == str(parts[0]) and again["summary"][pooled]["dlrm"]["runs"] == 1
+
+
+def test_rescaled_pooling_is_paired_with_pooling_as_is_where_steps_were_lent():
+    as_is, rescaled = "own + 3 earlier", "own + 3 earlier" + AT_SPEED
+    results = []
+    for cycle, lent, dlrm_as_is, dlrm_rescaled in (("a", 40, 0.08, 0.05), ("b", 120, 0.06, 0.05), ("c", 0, 0.1, 0.1)):
+        results.append(judged(cycle, OWN, run(0.07, 0.2, 0.0), run(0.05, 0.15, 0.0)))
+        for label, geomean in ((as_is, dlrm_as_is), (rescaled, dlrm_rescaled)):
+            row = judged(cycle, label, run(geomean, 0.2, 0.0), run(0.05, 0.15, 0.0))
+            results.append({**row, "lent_steps": lent})
+    summary = summarize(results)
+    change = summary[rescaled]["dlrm"]["against_as_is"]["geomean_error"]
+    assert change["cycles"] == 2  # c lent nothing: its two pooled fits are one
+    assert change["mean_change"] == pytest.approx(-0.02)  # (-0.03 - 0.01) / 2
+    assert "against_as_is" not in summary[as_is]["dlrm"]
+    assert summary[rescaled]["dlrm"]["paired"]["geomean_error"]["cycles"] == 3

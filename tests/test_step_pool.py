@@ -11,7 +11,7 @@ from synthetic_rows import gemm_rows, small_dlrm_job
 from orchestrator import registry
 from orchestrator.step_history import CALIBRATION_TAG, earlier_calibrations
 from predictors import fit_performance_model
-from predictors.step_pool import SPEED_BOUND, EarlierCalibration, StepHistory, kernel_speed, pool_steps
+from predictors.step_pool import SPEED_BOUND, EarlierCalibration, StepHistory, at_speed, kernel_speed, pool_steps
 from probes.vocabulary.ops import DLRM_STEP_OP
 from probes.vocabulary.records import Measurement
 
@@ -71,6 +71,32 @@ def test_the_speed_bound_is_either_way_and_unknown_software_is_never_the_same(ke
     lent, verdicts = pool_steps(model, own, history)
     assert lent == [] and not any(v.pooled for v in verdicts)
     assert verdicts[0].speed is not None and verdicts[0].speed < 1 / SPEED_BOUND
+
+
+def test_a_lender_at_another_speed_lends_its_steps_at_this_ones_when_asked(kernels):
+    model, own = kernels
+    slower = 1.06  # within the bound: lent, but its steps took 6% longer than this machine's now
+    lender = slowed(gemm_rows(np.random.default_rng(3), 120), slower) + slowed(steps(3), slower)
+    history = StepHistory(SOFTWARE, [EarlierCalibration("slower", lender, dict(SOFTWARE))])
+    as_is, _ = pool_steps(model, own, history)
+    rescaled, verdicts = pool_steps(model, own, history, rescale=True)
+    assert verdicts[0].pooled and "this calibration's speed" in verdicts[0].why
+    ratios = [a.median_s / r.median_s for a, r in zip(as_is, rescaled)]
+    assert ratios == pytest.approx([verdicts[0].speed] * 3) and verdicts[0].speed == pytest.approx(slower, rel=0.03)
+    assert [r.median_s for r in rescaled] == pytest.approx([s.median_s for s in steps(3)], rel=0.03)
+
+
+def test_at_speed_scales_every_time_a_step_carries():
+    captured = [[["all_reduce", 2e-4], ["all_to_all", 1e-4]], [["all_reduce", 4e-4], ["all_to_all", 3e-4]]]
+    step = Measurement(DLRM_STEP_OP, {"job": "j", "in_step_collectives": captured}, 6e-3, 1e-3, 5)
+    half = at_speed(step, 2.0)
+    assert (half.median_s, half.spread_s, half.repeats) == pytest.approx((3e-3, 5e-4, 5))
+    assert half.params["in_step_collectives"] == [
+        [["all_reduce", 1e-4], ["all_to_all", 5e-5]],
+        [["all_reduce", 2e-4], ["all_to_all", 1.5e-4]],
+    ]
+    assert step.params["in_step_collectives"] is captured and captured[0][0][1] == 2e-4  # the stored row untouched
+    assert half.params["job"] == "j"
 
 
 def test_kernel_speed_prices_a_sample_and_skips_what_the_model_lacks(kernels):
