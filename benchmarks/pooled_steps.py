@@ -142,7 +142,7 @@ def summarize(results: list[dict]) -> dict[str, dict[str, dict]]:
                 "mean_geomean": float(np.mean([s["geomean_error"] for s in scores])),
                 "met": sum(met(s) for s in scores),
             }
-            if variant != OWN:
+            if variant != OWN and own:  # no own-steps fit judged (another script's variants): nothing to pair
                 pairs = [(own[r["cycle"]], r) for r in results if r["variant"] == variant and r["cycle"] in own]
                 figures["paired"] = paired_changes(pairs, workload)
             if variant.endswith(AT_SPEED):
@@ -155,7 +155,7 @@ def summarize(results: list[dict]) -> dict[str, dict[str, dict]]:
                 figures["against_as_is"] = paired_changes(pairs, workload)
             out.setdefault(variant, {})[workload] = figures
             print(
-                f"{variant:18s} {workload:15s} over {len(scores)} runs: mean signed {signed.mean():+.1%} "
+                f"{variant:29s} {workload:15s} over {len(scores)} runs: mean signed {signed.mean():+.1%} "
                 f"(sd {signed.std():.1%}), mean |signed| {np.abs(signed).mean():.1%}, "
                 f"mean geomean {figures['mean_geomean']:.1%}, bars met {figures['met']} of {len(scores)}"
             )
@@ -164,7 +164,7 @@ def summarize(results: list[dict]) -> dict[str, dict[str, dict]]:
                     if change is not None:
                         low, high = change["interval"] or (float("nan"), float("nan"))
                         print(
-                            f"{'':34s}{figure} change from {against} {change['mean_change'] * 100:+.2f} points "
+                            f"{'':45s}{figure} change from {against} {change['mean_change'] * 100:+.2f} points "
                             f"[{low * 100:+.2f}, {high * 100:+.2f}] over {change['cycles']} runs"
                         )
     return out
@@ -232,15 +232,19 @@ def judge_calibration(
 def resummarized(paths: list[Path], out: str) -> tuple[str, dict]:
     """Where to write and what: one earlier output summarized again (written back), or several
     judged apart (one per host, whose calibrations never lend to each other) summarized as one
-    (written to `out`, their commands kept)."""
+    (written to `out`: the commands that judged them and the one that joined them kept, and
+    complete only where every part was)."""
     outputs = [json.loads(path.read_text()) for path in paths]
     if len(outputs) == 1:
         return str(paths[0]), {**outputs[0], "summary": summarize(outputs[0]["results"])}
     results = [r for data in outputs for r in data["results"]]
-    commands = [data["command"] for data in outputs]
+    commands = [c for data in outputs for c in data.get("commands") or [data["command"]]]
+    joined = " ".join(["python benchmarks/pooled_steps.py --summarize", *map(str, paths), "--out", out])
     return out, {
         "commands": commands,
+        "summarized_by": joined,
         "parts": [str(p) for p in paths],
+        "complete": all(data.get("complete", True) for data in outputs),
         "results": results,
         "summary": summarize(results),
     }
@@ -277,6 +281,8 @@ def main() -> None:
     command = "python benchmarks/pooled_steps.py " + " ".join(
         ["--pool", *map(str, args.pool), "--judge", str(args.judge)]
         + (["--rescaled"] if args.rescaled else [])
+        + (["--models", str(args.models)] if args.models else [])
+        + ["--out", str(args.out)]
         + list(map(str, args.measurements))
     )
     results: list[dict] = []

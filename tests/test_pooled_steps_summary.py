@@ -88,3 +88,23 @@ def test_rescaled_pooling_is_paired_with_pooling_as_is_where_steps_were_lent():
     assert change["mean_change"] == pytest.approx(-0.02)  # (-0.03 - 0.01) / 2
     assert "against_as_is" not in summary[as_is]["dlrm"]
     assert summary[rescaled]["dlrm"]["paired"]["geomean_error"]["cycles"] == 3
+
+
+def test_a_joined_output_can_be_joined_again_and_is_complete_only_where_its_parts_were(tmp_path):
+    paths = []
+    for name, complete in (("a", True), ("b", False), ("c", True)):
+        path = tmp_path / f"{name}.json"
+        results = [judged(name, OWN, run(0.06, 0.2, 0.0), run(0.05, 0.15, 0.0))]
+        path.write_text(json.dumps({"command": f"judge {name}", "results": results, "complete": complete}))
+        paths.append(path)
+    out, ab = resummarized(paths[:2], str(tmp_path / "ab.json"))
+    assert ab["complete"] is False and ab["commands"] == ["judge a", "judge b"]
+    assert ab["summarized_by"].endswith(f"--out {tmp_path / 'ab.json'}")
+    (tmp_path / "ab.json").write_text(json.dumps(ab))
+    _, abc = resummarized([tmp_path / "ab.json", paths[2]], str(tmp_path / "abc.json"))
+    assert abc["commands"] == ["judge a", "judge b", "judge c"] and len(abc["results"]) == 3
+
+
+def test_variants_without_an_own_steps_fit_are_summarized_unpaired():
+    results = [judged("a", "candidate", run(0.06, 0.2, 0.0), run(0.05, 0.15, 0.0))]
+    assert "paired" not in summarize(results)["candidate"]["dlrm"]
