@@ -74,6 +74,14 @@ class Run:
     exposed: list[tuple[float, float]] | None = None
 
 
+RUN_FIGURES = ("geomean_error", "max_error", "mean_signed_error")  # a run summary's figures the bars read
+
+
+def run_meets_bars(summary: dict) -> bool:
+    """`meets_bars` on a run's summary (`RUN_FIGURES`, as the e2e benchmarks and refits write them)."""
+    return meets_bars(*(summary[k] for k in RUN_FIGURES))
+
+
 def meets_bars(geomean: float, worst: float, signed: float) -> bool:
     """#26's bars for one run: geomean <= 10%, mean signed within +-5%, no task above 25%."""
     return bool(each_meets_bars(np.asarray(geomean), np.asarray(worst), np.asarray(signed)))

@@ -33,14 +33,14 @@ import json
 import re
 import sys
 from pathlib import Path
-from typing import Callable, Iterator, TypeVar
+from typing import Any, Callable, Iterator, Sequence, TypeVar
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
-from benchmarks.issue26_tally import meets_bars  # noqa: E402
+from benchmarks.issue26_tally import run_meets_bars  # noqa: E402
 from benchmarks.refit_e2e import dlrm_predictions, read_rows, run_summary  # noqa: E402
 from predictors import dlrm_estimator  # noqa: E402
 from predictors.dlrm_estimator import estimate_step  # noqa: E402
@@ -187,7 +187,7 @@ def judge_cycle(rows_path: Path, feature: str, models: Path | None = None) -> di
             "steps_left_out_gmae": steps.get("gmae"),
             "steps": steps.get("n"),
             "coefficients": None if overhead is None else dict(zip(overhead.features, map(float, overhead.coef))),
-            "met": meets_bars(summary["geomean_error"], summary["max_error"], summary["mean_signed_error"]),
+            "met": run_meets_bars(summary),
             **{k: summary[k] for k in ("geomean_error", "mean_signed_error", "max_error", "tasks")},
         }
     out["steps"] = step_table(fitted["without"], rows)  # priced as the default fit prices them
@@ -233,6 +233,13 @@ def default_arm(feature: str) -> str:
     return "with" if feature in dlrm_estimator.OVERHEAD_FEATURES else "without"
 
 
+def paired_change(pairs: Sequence[tuple[Any, Any]], of: Callable[[Any], float | None]) -> dict | None:
+    """The mean change of `of` from the first of each pair to the second (two fits or codes of
+    one run), over the pairs where both have it, with its interval (`evaluation.mean_change`)."""
+    values = [(of(a), of(b)) for a, b in pairs]
+    return mean_change([b - a for a, b in values if a is not None and b is not None])
+
+
 def pair_outputs(before: dict, after: dict) -> dict:
     """Two outputs of this benchmark written by two codes on the same cycles (and bundles):
     their default fits' change, cycle by cycle matched by their rows' file, as the mean change
@@ -251,7 +258,7 @@ def pair_outputs(before: dict, after: dict) -> dict:
     }
     out: dict = {}
     for name, of in figures.items():
-        out[name] = mean_change([of(b) - of(a) for a, b in pairs if of(a) is not None and of(b) is not None])
+        out[name] = paired_change(pairs, of)
     out["bars_met"] = [sum(a["met"] for a, _ in pairs), sum(b["met"] for _, b in pairs)]
     return out
 

@@ -41,10 +41,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
-from benchmarks.issue26_tally import meets_bars  # noqa: E402
-from benchmarks.overhead_feature_refit import below_steps  # noqa: E402
+from benchmarks.issue26_tally import RUN_FIGURES, run_meets_bars  # noqa: E402
+from benchmarks.overhead_feature_refit import below_steps, paired_change  # noqa: E402
 from benchmarks.refit_e2e import dlrm_predictions, read_rows, run_summary, transformer_predictions  # noqa: E402
-from predictors.evaluation import mean_change  # noqa: E402
 from predictors.fit import kernel_rows  # noqa: E402
 from predictors.performance_model import PerformanceModel  # noqa: E402
 from predictors.step_fit import OVERHEAD_FEATURES, STEP_OPS, OverheadFeatures  # noqa: E402
@@ -83,7 +82,6 @@ def with_history(
 OWN = "own steps"
 AT_SPEED = " at this speed"  # a pooled variant's label with its lent steps rescaled (`step_pool.at_speed`)
 WORKLOADS = ("dlrm", "transformer_dp")  # the runs #26's bars judge; TP's geomean is shown beside
-RUN_FIGURES = ("geomean_error", "max_error", "mean_signed_error")
 
 
 def judged(model: PerformanceModel, files: dict[str, Path | None]) -> dict[str, dict]:
@@ -114,10 +112,6 @@ def line(label: str, scores: dict[str, dict]) -> str:
     return "  ".join(parts)
 
 
-def met(scores: dict) -> bool:
-    return meets_bars(*(scores[k] for k in RUN_FIGURES))
-
-
 def summarize(results: list[dict]) -> dict[str, dict[str, dict]]:
     """Per step-fit variant and workload, over the judged runs: the runs' mean signed error
     (mean and spread), their mean |signed| error, how many met every bar, and (for a variant
@@ -140,7 +134,7 @@ def summarize(results: list[dict]) -> dict[str, dict[str, dict]]:
                 "sd_signed": float(signed.std()),
                 "mean_abs_signed": float(np.abs(signed).mean()),
                 "mean_geomean": float(np.mean([s["geomean_error"] for s in scores])),
-                "met": sum(met(s) for s in scores),
+                "met": sum(run_meets_bars(s) for s in scores),
             }
             if variant != OWN and own:  # no own-steps fit judged (another script's variants): nothing to pair
                 pairs = [(own[r["cycle"]], r) for r in results if r["variant"] == variant and r["cycle"] in own]
@@ -167,6 +161,11 @@ def summarize(results: list[dict]) -> dict[str, dict[str, dict]]:
                             f"{'':45s}{figure} change from {against} {change['mean_change'] * 100:+.2f} points "
                             f"[{low * 100:+.2f}, {high * 100:+.2f}] over {change['cycles']} runs"
                         )
+        judged_both = [r for r in results if r["variant"] == variant and all(w in r for w in WORKLOADS)]
+        if judged_both:  # the runs where both workloads met every bar (#26 asks it of both)
+            both = sum(all(run_meets_bars(r[w]) for w in WORKLOADS) for r in judged_both)
+            out.setdefault(variant, {})["both"] = {"runs": len(judged_both), "met": both}
+            print(f"{variant:29s} {'both':15s} bars met {both} of {len(judged_both)}")
     return out
 
 
@@ -175,8 +174,7 @@ def paired_changes(pairs: list[tuple[dict, dict]], workload: str) -> dict[str, d
     the variant moves it from the own steps' fit of the same run: mean change and interval."""
 
     def change(of) -> dict | None:  # of: a judged cycle -> the figure, None where it has none
-        values = [(of(a), of(b)) for a, b in pairs]
-        return mean_change([b - a for a, b in values if a is not None and b is not None])
+        return paired_change(pairs, of)
 
     def figure(name: str, kind: str = workload):
         return lambda judged: judged[kind][name] if kind in judged else None
@@ -210,7 +208,9 @@ def judge_calibration(
             variants[f"own + {k} earlier"] = (StepHistory({}, earlier), False)
             if rescaled:
                 variants[f"own + {k} earlier{AT_SPEED}"] = (StepHistory({}, earlier), True)
-    print(f"{cycles[i]['rows'].name}:", flush=True)
+    rows = cycles[i]["rows"]
+    cycle = str(rows.relative_to(REPO)) if rows.is_relative_to(REPO) else rows.name
+    print(f"{rows.name}:", flush=True)
     results = []
     for label, (history, rescale_lent) in variants.items():
         model = with_history(base_state, stored[i], history, rescale_lent=rescale_lent)
@@ -220,11 +220,6 @@ def judge_calibration(
         print("  " + line(f"{label} (+{lent})", scores), flush=True)
         for v in verdicts:
             print(f"      {v['label']}: {'pooled' if v['pooled'] else 'not pooled'}, {v['why']}")
-        cycle = (
-            str(cycles[i]["rows"].relative_to(REPO))
-            if cycles[i]["rows"].is_relative_to(REPO)
-            else cycles[i]["rows"].name
-        )
         results.append({"cycle": cycle, "variant": label, "lent_steps": lent, "verdicts": verdicts, **scores})
     return results
 

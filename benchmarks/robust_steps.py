@@ -13,7 +13,7 @@ differ in nothing else. Each is judged by its own steps left out in turn (for th
 mean signed error of its table-wise task steps, the calibration's steps most like a run's tasks,
 in all and by batch size: how far the fit leans on them) and by the stored runs' tasks
 re-predicted (`refit_e2e`): their geomean, worst task, mean signed error (in all and by batch
-size), and whether they meet #26's bars (`issue26_tally.meets_bars`). A run's jobs are one
+size), and whether they meet #26's bars (`issue26_tally.run_meets_bars`). A run's jobs are one
 spell's: what differs between the columns is the prediction alone; what differs between a
 run's lean and its task steps' is the run's. Writes benchmarks/results/robust_steps.json.
 """
@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import signed_errors, tasks_by_batch, write_result  # noqa: E402
-from benchmarks.issue26_tally import meets_bars  # noqa: E402
+from benchmarks.issue26_tally import run_meets_bars  # noqa: E402
 from benchmarks.refit_e2e import dlrm_predictions, read_rows, run_summary, transformer_predictions  # noqa: E402
 from predictors.dlrm_estimator import step_residuals  # noqa: E402
 from predictors.evaluation import leave_one_out_signed  # noqa: E402
@@ -142,7 +142,7 @@ def judged(model: PerformanceModel, rows: list[Measurement], runs: dict[str, dic
                 geomean=summary["geomean_error"],
                 max=summary["max_error"],
                 signed=summary["mean_signed_error"],
-                met=meets_bars(summary["geomean_error"], summary["max_error"], summary["mean_signed_error"]),
+                met=run_meets_bars(summary),
                 signed_by_batch=by_batch,
             )
         out[workload] = figures

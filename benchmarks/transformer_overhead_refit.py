@@ -48,7 +48,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from benchmarks.e2e_accuracy import write_result  # noqa: E402
-from benchmarks.issue26_tally import meets_bars  # noqa: E402
+from benchmarks.issue26_tally import RUN_FIGURES, run_meets_bars  # noqa: E402
 from benchmarks.overhead_feature_refit import (  # noqa: E402
     add_cycle_arguments,
     below_steps,
@@ -56,6 +56,7 @@ from benchmarks.overhead_feature_refit import (  # noqa: E402
     chosen_cycles,
     cycle_key,
     each_cycle,
+    paired_change,
     shown_path,
 )
 from benchmarks.overhead_feature_refit import run_of as shared_run_of  # noqa: E402
@@ -109,8 +110,6 @@ VARIANTS: dict[str, Variant] = {
     "in-step factors never kept": Variant(list(OVERHEAD_FEATURES), in_step=False),
 }
 
-RUN_FIGURES = ("geomean_error", "max_error", "mean_signed_error")
-
 
 # the cycles and runs of `overhead_feature_refit`, with the transformer's run beside the rows
 run_of = partial(shared_run_of, workload=WORKLOAD)
@@ -126,7 +125,7 @@ def lean_by_layout(model: PerformanceModel, rows: list[Measurement]) -> dict[str
 def run_figures(tasks: list[dict]) -> dict:
     summary = run_summary(tasks)
     figures = {k: summary[k] for k in (*RUN_FIGURES, "tasks")}
-    return {**figures, "met": meets_bars(*(summary[k] for k in RUN_FIGURES))}
+    return {**figures, "met": run_meets_bars(summary)}
 
 
 def own_steps_signed(model: PerformanceModel, rows: list[Measurement], run: dict) -> float | None:
@@ -239,8 +238,7 @@ def against(cycles: list[dict], before: dict) -> dict:
     pairs = [(earlier[key(c)], c["variants"][DEFAULT]) for c in cycles if key(c) in earlier]
 
     def change(of: Callable[[dict], float | None]) -> dict | None:
-        values = [(of(a), of(b)) for a, b in pairs]
-        return mean_change([b - a for a, b in values if a is not None and b is not None])
+        return paired_change(pairs, of)
 
     def dp(figure: str) -> Callable[[dict], float]:
         return lambda judged: judged["data_parallel"][figure]

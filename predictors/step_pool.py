@@ -110,11 +110,11 @@ def pool_steps(
     own_kernels: Sequence[Measurement],
     history: StepHistory,
     bound: float = SPEED_BOUND,
-    rescale: bool = False,
+    rescale_lent: bool = False,
 ) -> tuple[list[Measurement], list[PoolVerdict]]:
     """The whole steps of the `history`'s calibrations that measured this machine (its
     software, its kernels within `bound` of `own_kernels`' speed under `model`, the bundle's
-    kernel models fitted on them) and a verdict on each earlier calibration. `rescale`: each
+    kernel models fitted on them) and a verdict on each earlier calibration. `rescale_lent`: each
     lent step taken at this calibration's speed (`at_speed`), not as its own calibration
     timed it (a candidate: within the bound a lender can still run 10% off, and its steps move
     the fitted level with them)."""
@@ -143,7 +143,7 @@ def pool_steps(
                     verdict.why = f"its kernels ran {verdict.speed:.2f}x this calibration's (bound {bound:.2f}x)"
                 else:
                     verdict.pooled, verdict.why = True, f"same software, kernels at {verdict.speed:.3f}x"
-                    if rescale:
+                    if rescale_lent:
                         verdict.why += ", its steps taken at this calibration's speed"
                         steps = [at_speed(step, verdict.speed) for step in steps]
                     pooled += steps
@@ -168,7 +168,7 @@ def fit_pooled_steps(
     champion is compared on rows it never saw, and it fitted the lent ones."""
     lent: list[Measurement] = []
     if history is not None and history.calibrations:
-        lent, verdicts = pool_steps(model, own_kernels, history, rescale=rescale_lent)
+        lent, verdicts = pool_steps(model, own_kernels, history, rescale_lent=rescale_lent)
         model.meta["pooled_steps"] = [v.to_dict() for v in verdicts]
     steps = list(own_steps) + lent
     borrowed = {id(r) for r in lent}

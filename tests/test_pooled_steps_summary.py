@@ -34,6 +34,7 @@ def test_changes_are_paired_by_run_and_bars_counted():
     own, pool = summary[OWN], summary[pooled]
     assert own["dlrm"]["met"] == 0 and pool["dlrm"]["met"] == 1  # a: signed -8% -> -4%
     assert own["transformer_dp"]["met"] == pool["transformer_dp"]["met"] == 2
+    assert own["both"] == {"runs": 2, "met": 0} and pool["both"] == {"runs": 2, "met": 1}
     assert "paired" not in own["dlrm"]
     paired = pool["dlrm"]["paired"]
     assert paired["geomean_error"]["mean_change"] == pytest.approx(-0.015)  # (-0.01 - 0.02) / 2

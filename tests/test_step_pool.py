@@ -79,7 +79,7 @@ def test_a_lender_at_another_speed_lends_its_steps_at_this_ones_when_asked(kerne
     lender = slowed(gemm_rows(np.random.default_rng(3), 120), slower) + slowed(steps(3), slower)
     history = StepHistory(SOFTWARE, [EarlierCalibration("slower", lender, dict(SOFTWARE))])
     as_is, _ = pool_steps(model, own, history)
-    rescaled, verdicts = pool_steps(model, own, history, rescale=True)
+    rescaled, verdicts = pool_steps(model, own, history, rescale_lent=True)
     assert verdicts[0].pooled and "this calibration's speed" in verdicts[0].why
     ratios = [a.median_s / r.median_s for a, r in zip(as_is, rescaled)]
     assert ratios == pytest.approx([verdicts[0].speed] * 3) and verdicts[0].speed == pytest.approx(slower, rel=0.03)
