@@ -27,7 +27,7 @@ run() {
     echo "$CODE" > "$X/code_dir"
     "$PY" benchmarks/host_canary.py sample --out "$X/canary.jsonl" --every-s 5 --for-s 4000 \
         > "$X/canary.log" 2>&1 &
-    local CANARY=$!
+    CANARY=$!  # global: the trap runs after this function has returned
     trap 'kill $CANARY 2>/dev/null || true' EXIT
     "$PY" -m orchestrator.cli.calibrate --budget-s 600 --seed "$SEED" --tracking-uri "$URI" \
         > "$X/calibrate.log" 2>&1
@@ -39,6 +39,7 @@ run() {
         > "$X/dlrm.log" 2>&1
     "$PY" benchmarks/e2e_accuracy_transformer.py --tasks 12 "${CHECKS[@]}" --out "$X/transformer.json" \
         > "$X/transformer.log" 2>&1
+    pkill -f TrainController || true  # a run's leftover train workers, which would load the next
     echo done > "$X/done"
 }
 
