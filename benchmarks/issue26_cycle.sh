@@ -16,7 +16,7 @@ CODE=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-$CODE/.venv/bin/python}
 
 run() {
-    local X=$1 SEED=${2:-$(python3 -c 'import random; print(random.randrange(2**31))')}
+    local X=$1 SEED=${2:-$("$PY" -c 'import random; print(random.randrange(2**31))')}
     mkdir -p "$X"
     X=$(cd "$X" && pwd)
     cd "$CODE"
@@ -44,7 +44,8 @@ run() {
 }
 
 store() {
-    local X=$1 T=$2 D=$3
+    local X T=$2 D=$3
+    X=$(cd "$1" && pwd)  # as `run` wrote it into the files: absolute, so the paths strip
     cd "$CODE"
     local OUT=benchmarks/results/e2e_issue26_$D CAL RAN
     RAN=$(cat "$X/code_dir" 2>/dev/null || echo "$CODE")

@@ -33,6 +33,7 @@ import argparse
 import json
 import re
 import sys
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -173,8 +174,7 @@ def paired_changes(pairs: list[tuple[dict, dict]], workload: str) -> dict[str, d
     """Each of `workload`'s run figures (and |signed|, and for the transformer TP's geomean) as
     the variant moves it from the own steps' fit of the same run: mean change and interval."""
 
-    def change(of) -> dict | None:  # of: a judged cycle -> the figure, None where it has none
-        return paired_change(pairs, of)
+    change = partial(paired_change, pairs)  # of a function: a judged cycle -> the figure, or None
 
     def figure(name: str, kind: str = workload):
         return lambda judged: judged[kind][name] if kind in judged else None

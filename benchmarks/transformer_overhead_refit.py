@@ -237,8 +237,7 @@ def against(cycles: list[dict], before: dict) -> dict:
     earlier = {key(c): c["variants"][DEFAULT] for c in before["cycles"]}
     pairs = [(earlier[key(c)], c["variants"][DEFAULT]) for c in cycles if key(c) in earlier]
 
-    def change(of: Callable[[dict], float | None]) -> dict | None:
-        return paired_change(pairs, of)
+    change = partial(paired_change, pairs)
 
     def dp(figure: str) -> Callable[[dict], float]:
         return lambda judged: judged["data_parallel"][figure]
