@@ -10,14 +10,14 @@ FBGEMM := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/n
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.13.0 $(FBGEMM)
-	$(PY) -m pip install --quiet -e '.[test,torchrec,server]'
+	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0 $(FBGEMM)
+	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,torchrec,server]'
 	# torchrec declares fbgemm-gpu (the CUDA build); with fbgemm-gpu-cpu it is installed without
 	# its declared dependencies, which the `torchrec` extra lists instead.
-	$(PY) -m pip install --quiet --no-deps torchrec==1.8.0
+	$(PY) -m pip install --quiet --no-deps -c constraints.txt torchrec==1.8.0
 	$(PY) -c "import torch, fbgemm_gpu, ray, mlflow, sklearn, scipy, torchrec; print('setup ok: torch', torch.__version__, 'ray', ray.__version__, 'mlflow', mlflow.__version__, 'torchrec', torchrec.__version__)"
 	touch $(STAMP)
 

@@ -113,6 +113,9 @@ def test_mlflow_server_uses_postgres_and_basic_auth_with_secrets_from_the_enviro
         and "psycopg[binary]" in dockerfile
         and "mlflow[auth]" in dockerfile
     )
+    # `make setup` installs the client from constraints.txt: the image moves with that pin.
+    pins = (DEPLOY.parent / "constraints.txt").read_text().splitlines()
+    assert f"mlflow=={mlflow.__version__}" in pins, "constraints.txt pins the client the image serves"
     k8s = {(d["kind"], d["metadata"]["name"]): d for d in docs("mlflow/kubernetes.yaml")}
     server = containers(k8s[("Deployment", "mlflow")]["spec"]["template"])[0]
     assert {"secretRef": {"name": "mlflow-server"}} in server["envFrom"]
