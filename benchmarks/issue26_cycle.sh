@@ -10,7 +10,8 @@
 # checkout). SEED is the calibration's; a fresh one is drawn when it is left out, and the e2e
 # benchmarks draw their own. `store` copies the calibration's measurements and fingerprint (what
 # `calibrate --refit` needs), the host samples, the printed calibration summary and both
-# benchmarks' JSON under benchmarks/results/e2e_issue26_YYYYMMDD/, with the local paths removed.
+# benchmarks' JSON under benchmarks/results/e2e_issue26_YYYYMMDD/ (or $RESULTS/...), with the
+# local paths removed.
 set -euo pipefail
 CODE=$(cd "$(dirname "$0")/.." && pwd)
 PY=${PY:-$CODE/.venv/bin/python}
@@ -47,7 +48,7 @@ store() {
     local X T=$2 D=$3
     X=$(cd "$1" && pwd)  # as `run` wrote it into the files: absolute, so the paths strip
     cd "$CODE"
-    local OUT=benchmarks/results/e2e_issue26_$D CAL RAN
+    local OUT=${RESULTS:-benchmarks/results}/e2e_issue26_$D CAL RAN
     RAN=$(cat "$X/code_dir" 2>/dev/null || echo "$CODE")
     mkdir -p "$OUT"
     CAL=$(awk '{print $2}' "$X/caldir")

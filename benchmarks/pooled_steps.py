@@ -99,8 +99,9 @@ def judged(model: PerformanceModel, files: dict[str, Path | None]) -> dict[str, 
     return out
 
 
-def line(label: str, scores: dict[str, dict]) -> str:
-    parts = [label.ljust(22)]
+def line(label: str, scores: dict[str, dict], width: int = 22) -> str:
+    """One run's figures after `label`, padded to `width` (the longest label beside it)."""
+    parts = [label.ljust(width)]
     for name in WORKLOADS:
         s = scores.get(name)
         parts.append(
@@ -123,7 +124,9 @@ def summarize(results: list[dict]) -> dict[str, dict[str, dict]]:
     out: dict[str, dict[str, dict]] = {}
     by_run = {(r["cycle"], r["variant"]): r for r in results}
     own = {r["cycle"]: r for r in results if r["variant"] == OWN}
-    for variant in dict.fromkeys(r["variant"] for r in results):
+    variants = list(dict.fromkeys(r["variant"] for r in results))
+    width = max(map(len, variants), default=0)  # the variants' column, and the changes' indent below it
+    for variant in variants:
         for workload in WORKLOADS:
             scores = [r[workload] for r in results if r["variant"] == variant and workload in r]
             if not scores:
@@ -150,7 +153,7 @@ def summarize(results: list[dict]) -> dict[str, dict[str, dict]]:
                 figures["against_as_is"] = paired_changes(pairs, workload)
             out.setdefault(variant, {})[workload] = figures
             print(
-                f"{variant:29s} {workload:15s} over {len(scores)} runs: mean signed {signed.mean():+.1%} "
+                f"{variant:{width}s} {workload:15s} over {len(scores)} runs: mean signed {signed.mean():+.1%} "
                 f"(sd {signed.std():.1%}), mean |signed| {np.abs(signed).mean():.1%}, "
                 f"mean geomean {figures['mean_geomean']:.1%}, bars met {figures['met']} of {len(scores)}"
             )
@@ -159,14 +162,14 @@ def summarize(results: list[dict]) -> dict[str, dict[str, dict]]:
                     if change is not None:
                         low, high = change["interval"] or (float("nan"), float("nan"))
                         print(
-                            f"{'':45s}{figure} change from {against} {change['mean_change'] * 100:+.2f} points "
+                            f"{'':{width + 16}s}{figure} change from {against} {change['mean_change'] * 100:+.2f} points "
                             f"[{low * 100:+.2f}, {high * 100:+.2f}] over {change['cycles']} runs"
                         )
         judged_both = [r for r in results if r["variant"] == variant and all(w in r for w in WORKLOADS)]
         if judged_both:  # the runs where both workloads met every bar (#26 asks it of both)
             both = sum(all(run_meets_bars(r[w]) for w in WORKLOADS) for r in judged_both)
             out.setdefault(variant, {})["both"] = {"runs": len(judged_both), "met": both}
-            print(f"{variant:29s} {'both':15s} bars met {both} of {len(judged_both)}")
+            print(f"{variant:{width}s} {'both':15s} bars met {both} of {len(judged_both)}")
     return out
 
 
@@ -212,12 +215,13 @@ def judge_calibration(
     cycle = str(rows.relative_to(REPO)) if rows.is_relative_to(REPO) else rows.name
     print(f"{rows.name}:", flush=True)
     results = []
+    width = max(map(len, variants)) + len(" (+000)")  # a label and the steps it was lent
     for label, (history, rescale_lent) in variants.items():
         model = with_history(base_state, stored[i], history, rescale_lent=rescale_lent)
         verdicts = model.meta.get("pooled_steps", [])
         lent = sum(v["steps"] for v in verdicts if v["pooled"])
         scores = judged(model, cycles[i])
-        print("  " + line(f"{label} (+{lent})", scores), flush=True)
+        print("  " + line(f"{label} (+{lent})", scores, width), flush=True)
         for v in verdicts:
             print(f"      {v['label']}: {'pooled' if v['pooled'] else 'not pooled'}, {v['why']}")
         results.append({"cycle": cycle, "variant": label, "lent_steps": lent, "verdicts": verdicts, **scores})
