@@ -55,7 +55,11 @@ def test_store_keeps_the_cycle_as_committed_with_local_paths_removed(tmp_path):
     )
     summary = (out / f"calibration_{HHMM}.txt").read_text()  # the [autotune] lines alone, paths gone
     kept = (STORED / f"calibration_{HHMM}.txt").read_text()
-    assert summary == kept + "[autotune] wrote home/calibrations/20261207-165438-cpu2c-n1-bc3cb441b9/performance_model.json via orchestrator\n"
+    assert (
+        summary
+        == kept
+        + "[autotune] wrote home/calibrations/20261207-165438-cpu2c-n1-bc3cb441b9/performance_model.json via orchestrator\n"
+    )
     assert str(tmp_path) not in "".join(p.read_text() for p in out.glob("*.json*") if p.suffix == ".json")
 
 
@@ -66,10 +70,17 @@ def test_a_relative_directory_is_stored_as_an_absolute_one(tmp_path):
     results = tmp_path / "results"
     env = {**os.environ, "PY": sys.executable, "RESULTS": str(results)}
     done = subprocess.run(
-        ["bash", str(SCRIPT), "store", "c_1654", HHMM, "20261207"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+        ["bash", str(SCRIPT), "store", "c_1654", HHMM, "20261207"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr
-    assert (results / f"e2e_issue26_20261207/dlrm_{HHMM}.json").read_bytes() == (STORED / f"dlrm_{HHMM}.json").read_bytes()
+    assert (results / f"e2e_issue26_20261207/dlrm_{HHMM}.json").read_bytes() == (
+        STORED / f"dlrm_{HHMM}.json"
+    ).read_bytes()
 
 
 def test_an_unknown_command_names_the_allowed_ones_and_exits_2(tmp_path):
