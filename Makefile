@@ -3,6 +3,8 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 JOB    ?= examples/dlrm_small.yaml
 STAMP  := $(VENV)/.setup-stamp
+# Every install takes the versions the suite last passed with (constraints.txt).
+PIP    := $(PY) -m pip install --quiet -c constraints.txt
 # fbgemm-gpu when a GPU is visible, the CPU build otherwise.
 FBGEMM := $(shell command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1 && echo fbgemm-gpu==1.8.0 || echo fbgemm-gpu-cpu==1.8.0)
 
@@ -13,11 +15,11 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt torch==2.13.0 $(FBGEMM)
-	$(PY) -m pip install --quiet -c constraints.txt -e '.[test,torchrec,server]'
+	$(PIP) torch==2.13.0 $(FBGEMM)
+	$(PIP) -e '.[test,torchrec,server]'
 	# torchrec declares fbgemm-gpu (the CUDA build); with fbgemm-gpu-cpu it is installed without
 	# its declared dependencies, which the `torchrec` extra lists instead.
-	$(PY) -m pip install --quiet --no-deps -c constraints.txt torchrec==1.8.0
+	$(PIP) --no-deps torchrec==1.8.0
 	$(PY) -c "import torch, fbgemm_gpu, ray, mlflow, sklearn, scipy, torchrec; print('setup ok: torch', torch.__version__, 'ray', ray.__version__, 'mlflow', mlflow.__version__, 'torchrec', torchrec.__version__)"
 	touch $(STAMP)
 

@@ -83,6 +83,7 @@ def with_history(
 OWN = "own steps"
 AT_SPEED = " at this speed"  # a pooled variant's label with its lent steps rescaled (`step_pool.at_speed`)
 WORKLOADS = ("dlrm", "transformer_dp")  # the runs #26's bars judge; TP's geomean is shown beside
+WORKLOAD_WIDTH = 15  # the workload column of `summarize`'s lines
 
 
 def judged(model: PerformanceModel, files: dict[str, Path | None]) -> dict[str, dict]:
@@ -153,7 +154,7 @@ def summarize(results: list[dict]) -> dict[str, dict[str, dict]]:
                 figures["against_as_is"] = paired_changes(pairs, workload)
             out.setdefault(variant, {})[workload] = figures
             print(
-                f"{variant:{width}s} {workload:15s} over {len(scores)} runs: mean signed {signed.mean():+.1%} "
+                f"{variant:{width}s} {workload:{WORKLOAD_WIDTH}s} over {len(scores)} runs: mean signed {signed.mean():+.1%} "
                 f"(sd {signed.std():.1%}), mean |signed| {np.abs(signed).mean():.1%}, "
                 f"mean geomean {figures['mean_geomean']:.1%}, bars met {figures['met']} of {len(scores)}"
             )
@@ -162,14 +163,14 @@ def summarize(results: list[dict]) -> dict[str, dict[str, dict]]:
                     if change is not None:
                         low, high = change["interval"] or (float("nan"), float("nan"))
                         print(
-                            f"{'':{width + 16}s}{figure} change from {against} {change['mean_change'] * 100:+.2f} points "
+                            f"{'':{width + 1 + WORKLOAD_WIDTH + 1}s}{figure} change from {against} {change['mean_change'] * 100:+.2f} points "
                             f"[{low * 100:+.2f}, {high * 100:+.2f}] over {change['cycles']} runs"
                         )
         judged_both = [r for r in results if r["variant"] == variant and all(w in r for w in WORKLOADS)]
         if judged_both:  # the runs where both workloads met every bar (#26 asks it of both)
             both = sum(all(run_meets_bars(r[w]) for w in WORKLOADS) for r in judged_both)
             out.setdefault(variant, {})["both"] = {"runs": len(judged_both), "met": both}
-            print(f"{variant:{width}s} {'both':15s} bars met {both} of {len(judged_both)}")
+            print(f"{variant:{width}s} {'both':{WORKLOAD_WIDTH}s} bars met {both} of {len(judged_both)}")
     return out
 
 
