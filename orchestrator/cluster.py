@@ -8,6 +8,7 @@ and compared separately, so a driver upgrade marks models stale instead of orpha
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import platform
@@ -15,6 +16,7 @@ import re
 import socket
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 GIB = 2**30
@@ -285,16 +287,35 @@ def _link_kind(pynvml: Any, a: Any, b: Any) -> str:
         return "unknown"
 
 
+# fbgemm_gpu keeps its version in these files of its package, and `fbgemm_gpu.__version__`
+# is read from the first one present (fbgemm_gpu/__init__.py).
+FBGEMM_TARGETS = ("default", "genai", "hstu")
+
+
+def fbgemm_version() -> str:
+    """fbgemm_gpu's version, as `fbgemm_gpu.__version__` states it, read from the package's
+    files without importing it: the import loads its kernel libraries (about 3 s on 2 cores),
+    which a command that only prices or plans never needs, and every command fingerprints."""
+    spec = importlib.util.find_spec("fbgemm_gpu")
+    if spec is None or not spec.submodule_search_locations:
+        return "missing"
+    docs = Path(next(iter(spec.submodule_search_locations))) / "docs"
+    for target in FBGEMM_TARGETS:
+        try:
+            return str(json.loads((docs / f"target.{target}.json.py").read_text())["version"])
+        except (OSError, ValueError, KeyError):
+            continue
+    try:  # a layout without those files: the package says it itself
+        import fbgemm_gpu
+    except ImportError:
+        return "missing"
+    return str(getattr(fbgemm_gpu, "__version__", "unknown"))
+
+
 def software_versions() -> dict[str, str]:
     import torch
 
-    versions = {"torch": torch.__version__, "python": platform.python_version()}
-    try:
-        import fbgemm_gpu
-
-        versions["fbgemm_gpu"] = getattr(fbgemm_gpu, "__version__", "unknown")
-    except ImportError:
-        versions["fbgemm_gpu"] = "missing"
+    versions = {"torch": torch.__version__, "python": platform.python_version(), "fbgemm_gpu": fbgemm_version()}
     if torch.version.cuda:
         versions["cuda_runtime"] = torch.version.cuda
     if torch.cuda.is_available():

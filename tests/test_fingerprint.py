@@ -1,4 +1,7 @@
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 from orchestrator.cluster import HardwareFingerprint, local_node_fingerprint
 
@@ -12,6 +15,38 @@ def test_fingerprint_without_gpu_is_not_an_error():
     fp = HardwareFingerprint([node])
     assert fp.device_kind == "cpu"
     assert re.fullmatch(r"cpu\d+c-n1-[0-9a-f]{10}", fp.hardware_id)
+
+
+def test_fbgemm_version_is_the_packages_own_without_loading_its_kernels():
+    """Every command fingerprints; reading fbgemm_gpu's version must not cost the import of its
+    kernel libraries, and must say what `fbgemm_gpu.__version__` says (a model's freshness is
+    checked against it)."""
+    probe = (
+        "import sys; from orchestrator.cluster import software_versions; v = software_versions()['fbgemm_gpu']; "
+        "loaded = 'fbgemm_gpu' in sys.modules; import fbgemm_gpu; print(v, loaded, fbgemm_gpu.__version__)"
+    )
+    repo = Path(__file__).resolve().parents[1]
+    out = subprocess.run([sys.executable, "-c", probe], cwd=repo, capture_output=True, text=True, check=True)
+    read, loaded, stated = out.stdout.split()
+    assert loaded == "False" and read == stated
+
+
+def test_fbgemm_version_falls_back_to_the_import_and_says_when_it_is_missing(monkeypatch, tmp_path):
+    import importlib.machinery
+    import importlib.util
+
+    from orchestrator import cluster
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    assert cluster.fbgemm_version() == "missing"
+    package = tmp_path / "fbgemm_gpu"
+    package.mkdir()
+    (package / "__init__.py").write_text("__version__ = '0.0.test'\n")  # no docs/target.*.json.py
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "fbgemm_gpu", raising=False)
+    spec = importlib.machinery.PathFinder.find_spec("fbgemm_gpu", [str(tmp_path)])
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
+    assert cluster.fbgemm_version() == "0.0.test"
 
 
 def test_hardware_id_is_stable_and_ignores_software_and_hostnames():
