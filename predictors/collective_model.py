@@ -83,6 +83,36 @@ def _fit_tail(x: np.ndarray, t: np.ndarray, t_s: float) -> float:
     return 1.0 / inv_bw
 
 
+def _transition_bounds(x1: float, x2: float) -> tuple[list[float], list[float]]:
+    """Where (L, x0, k, b) are searched: x0 within 8 of the breakpoints (log2 bytes), the rest as
+    wide as a log10 bandwidth and its rise can sensibly be."""
+    return [0, x1 - 8, 1e-3, -30], [30, x2 + 8, 20, 30]
+
+
+def _fit_transition(xm: np.ndarray, ym: np.ndarray, x1: float, x2: float, start: np.ndarray) -> np.ndarray:
+    """(L, x0, k, b) of the sigmoid s(x) = L / (1 + exp(-k (x - x0))) + b through the transition's
+    points (xm, ym: log2 bytes, log10 achieved bandwidth), by bounded least squares from `start`.
+    The breakpoint search runs this for every pair and fold (`benchmarks/collective_fit_solvers.py`
+    times it against other solvers)."""
+
+    def resid(p: np.ndarray) -> np.ndarray:
+        L, x0, k, b = p
+        return L / (1.0 + np.exp(-k * (xm - x0))) + b - ym
+
+    def jac(p: np.ndarray) -> np.ndarray:
+        """The residuals' exact derivatives (finite differences cost most of a fit, and
+        a fit runs for each of ~100 breakpoint pairs and CV folds)."""
+        L, x0, k, _ = p
+        s = 1.0 / (1.0 + np.exp(-k * (xm - x0)))
+        slope = L * s * (1.0 - s)
+        return np.column_stack([s, -k * slope, (xm - x0) * slope, np.ones_like(xm)])
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fit = least_squares(resid, start, jac=jac, bounds=_transition_bounds(x1, x2))
+    return np.asarray(fit.x)
+
+
 def _fit_given_breaks(x: np.ndarray, t: np.ndarray, x1: float, x2: float) -> SigmoidCurve:
     low = x <= x1
     t_s = float(np.median(t[low])) if low.any() else float(t.min())
@@ -98,24 +128,7 @@ def _fit_given_breaks(x: np.ndarray, t: np.ndarray, x1: float, x2: float) -> Sig
     L0, b0 = max(bw_hi - bw_lo, 1e-3), bw_lo
     params = np.array([L0, (x1 + x2) / 2, 1.0, b0])
     if mid.sum() >= 2:
-        xm, ym = x[mid], np.log10(np.exp2(x[mid]) / t[mid])
-
-        def resid(p: np.ndarray) -> np.ndarray:
-            L, x0, k, b = p
-            return L / (1.0 + np.exp(-k * (xm - x0))) + b - ym
-
-        def jac(p: np.ndarray) -> np.ndarray:
-            """The residuals' exact derivatives (finite differences cost most of a fit, and
-            a fit runs for each of ~100 breakpoint pairs and CV folds)."""
-            L, x0, k, _ = p
-            s = 1.0 / (1.0 + np.exp(-k * (xm - x0)))
-            slope = L * s * (1.0 - s)
-            return np.column_stack([s, -k * slope, (xm - x0) * slope, np.ones_like(xm)])
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            fit = least_squares(resid, params, jac=jac, bounds=([0, x1 - 8, 1e-3, -30], [30, x2 + 8, 20, 30]))
-        params = fit.x
+        params = _fit_transition(x[mid], np.log10(np.exp2(x[mid]) / t[mid]), x1, x2, params)
     L, x0, k, b = (float(v) for v in params)
     return SigmoidCurve(t_s, float(x1), float(x2), L, x0, k, b, float(bw), float(x.min()), float(x.max()))
 
