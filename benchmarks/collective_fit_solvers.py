@@ -46,14 +46,10 @@ OUT = REPO / "benchmarks/results/collective_fit_solvers.json"
 DIFFERENT_RMS = 1e-3
 
 
-def sigmoid(xm: np.ndarray, x0: float, k: float) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-k * (xm - x0)))
-
-
 def rms(p: np.ndarray, xm: np.ndarray, ym: np.ndarray) -> float:
     """The root-mean-square residual of (L, x0, k, b) on the points (log10 bandwidth)."""
     L, x0, k, b = p
-    return float(np.sqrt(np.mean((L * sigmoid(xm, x0, k) + b - ym) ** 2)))
+    return float(np.sqrt(np.mean((L * collective_model._logistic(xm, x0, k) + b - ym) ** 2)))
 
 
 def linear_part(s: np.ndarray, ym: np.ndarray, lower: list[float], upper: list[float]) -> tuple[float, float]:
@@ -67,13 +63,15 @@ def linear_part(s: np.ndarray, ym: np.ndarray, lower: list[float], upper: list[f
     return L, b
 
 
-def variable_projection(xm: np.ndarray, ym: np.ndarray, x1: float, x2: float, start: np.ndarray) -> tuple:
+def variable_projection(
+    xm: np.ndarray, ym: np.ndarray, x1: float, x2: float, start: np.ndarray
+) -> tuple[np.ndarray, int]:
     """(L, x0, k, b) by least squares over (x0, k) alone, (L, b) solved for each: the parameters
     and the solver's residual evaluations."""
     lower, upper = collective_model._transition_bounds(x1, x2)
 
     def resid(q: np.ndarray) -> np.ndarray:
-        s = sigmoid(xm, *q)
+        s = collective_model._logistic(xm, *q)
         L, b = linear_part(s, ym, lower, upper)
         return L * s + b - ym
 
@@ -81,7 +79,7 @@ def variable_projection(xm: np.ndarray, ym: np.ndarray, x1: float, x2: float, st
         """Kaufman's: the derivative at fixed (L, b), projected off the span of what is solved for
         each q: [s, 1] while L is inside its bounds, [1] alone (b) while L sits on one."""
         x0, k = q
-        s = sigmoid(xm, x0, k)
+        s = collective_model._logistic(xm, x0, k)
         L, _ = linear_part(s, ym, lower, upper)
         slope = L * s * (1.0 - s)
         partial = np.column_stack([-k * slope, (xm - x0) * slope])
@@ -92,7 +90,7 @@ def variable_projection(xm: np.ndarray, ym: np.ndarray, x1: float, x2: float, st
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         fit = least_squares(resid, start[1:3], jac=jac, bounds=(lower[1:3], upper[1:3]))
-    L, b = linear_part(sigmoid(xm, *fit.x), ym, lower, upper)
+    L, b = linear_part(collective_model._logistic(xm, *fit.x), ym, lower, upper)
     return np.array([L, fit.x[0], fit.x[1], b]), fit.nfev
 
 

@@ -89,6 +89,11 @@ def _transition_bounds(x1: float, x2: float) -> tuple[list[float], list[float]]:
     return [0, x1 - 8, 1e-3, -30], [30, x2 + 8, 20, 30]
 
 
+def _logistic(x: np.ndarray, x0: float, k: float) -> np.ndarray:
+    """The transition's rise from 0 to 1, centred on x0 with steepness k."""
+    return 1.0 / (1.0 + np.exp(-k * (x - x0)))
+
+
 def _fit_transition(xm: np.ndarray, ym: np.ndarray, x1: float, x2: float, start: np.ndarray) -> np.ndarray:
     """(L, x0, k, b) of the sigmoid s(x) = L / (1 + exp(-k (x - x0))) + b through the transition's
     points (xm, ym: log2 bytes, log10 achieved bandwidth), by bounded least squares from `start`.
@@ -103,7 +108,7 @@ def _fit_transition(xm: np.ndarray, ym: np.ndarray, x1: float, x2: float, start:
         """The residuals' exact derivatives (finite differences cost most of a fit, and
         a fit runs for each of ~100 breakpoint pairs and CV folds)."""
         L, x0, k, _ = p
-        s = 1.0 / (1.0 + np.exp(-k * (xm - x0)))
+        s = _logistic(xm, x0, k)
         slope = L * s * (1.0 - s)
         return np.column_stack([s, -k * slope, (xm - x0) * slope, np.ones_like(xm)])
 

@@ -11,7 +11,7 @@ from benchmarks import collective_fit_solvers as solvers
 def test_variable_projection_recovers_a_transition_it_is_started_away_from():
     xm = np.arange(10.5, 20.0, 0.5)
     truth = np.array([2.5, 15.0, 0.9, 6.5])
-    ym = truth[0] * solvers.sigmoid(xm, truth[1], truth[2]) + truth[3]
+    ym = truth[0] * collective_model._logistic(xm, truth[1], truth[2]) + truth[3]
     start = np.array([1.0, 13.0, 2.0, 6.0])
     found, evaluations = solvers.variable_projection(xm, ym, 10.0, 20.0, start)
     assert found == pytest.approx(truth, rel=1e-5)

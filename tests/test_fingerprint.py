@@ -43,10 +43,13 @@ def test_fbgemm_version_falls_back_to_the_import_and_says_when_it_is_missing(mon
     package.mkdir()
     (package / "__init__.py").write_text("__version__ = '0.0.test'\n")  # no docs/target.*.json.py
     monkeypatch.syspath_prepend(str(tmp_path))
-    monkeypatch.delitem(sys.modules, "fbgemm_gpu", raising=False)
+    monkeypatch.delitem(sys.modules, "fbgemm_gpu", raising=False)  # put back after the test
     spec = importlib.machinery.PathFinder.find_spec("fbgemm_gpu", [str(tmp_path)])
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: spec)
-    assert cluster.fbgemm_version() == "0.0.test"
+    try:
+        assert cluster.fbgemm_version() == "0.0.test"
+    finally:
+        sys.modules.pop("fbgemm_gpu", None)  # the stand-in must not serve later imports
 
 
 def test_hardware_id_is_stable_and_ignores_software_and_hostnames():
